@@ -1,0 +1,25 @@
+//! Small models the library ships for examples, tests and benchmarks, selected with
+//! `backend: "identity"` or `backend: "add_sub"`. Both read the parameter
+//! `execute_delay_us` (simulated compute per execution) so batching effects can be
+//! measured without a real model.
+
+mod add_sub;
+mod identity;
+
+use super::Backend;
+use crate::config::ModelConfig;
+use crate::status::Result;
+use std::sync::Arc;
+
+/// The built-in backend called `name`, if there is one.
+pub fn lookup(name: &str) -> Option<Arc<dyn Backend>> {
+    match name {
+        "identity" => Some(Arc::new(identity::Identity)),
+        "add_sub" => Some(Arc::new(add_sub::AddSub)),
+        _ => None,
+    }
+}
+
+pub(crate) fn execute_delay_us(config: &ModelConfig) -> Result<u64> {
+    Ok(config.parameter_u64("execute_delay_us")?.unwrap_or(0))
+}

@@ -1,0 +1,256 @@
+//! Backends compute; everything else (queueing, batching, splitting) is the library's.
+//!
+//! A [`Backend`] makes [`ModelInstance`]s; each instance is driven by exactly one worker
+//! thread and sees one [`Batch`] at a time. Backends never see requests, callbacks or
+//! queues, and never hold a library lock while they run.
+
+pub mod builtin;
+pub mod custom;
+
+use crate::config::ModelConfig;
+use crate::request::{Request, Shape};
+use crate::status::{Error, Result};
+use crate::tensor::{count_bytes_elements, element_count, shape_string, DataType};
+use std::sync::Arc;
+
+pub trait Backend: Send + Sync {
+    /// Creates one instance; `gpu` is the device id or -1 for the CPU.
+    fn create_instance(
+        self: Arc<Self>,
+        config: &Arc<ModelConfig>,
+        index: u32,
+        gpu: i32,
+    ) -> Result<Box<dyn ModelInstance>>;
+}
+
+pub trait ModelInstance: Send {
+    /// Runs one batch. An error fails every request of the batch; per-row errors go
+    /// through [`Batch::set_row_error`].
+    fn execute(&mut self, batch: &mut Batch) -> Result<()>;
+}
+
+/// Where a batched input's bytes are.
+enum InputSource {
+    /// The batch has one request: its tensor is used in place (no copy).
+    Request { request: usize, input: usize },
+    /// Rows of several requests concatenated along dim 0.
+    Assembled(Vec<u8>),
+}
+
+pub struct BatchInput {
+    pub name: Arc<str>,
+    pub c_name: Arc<std::ffi::CString>,
+    pub dtype: DataType,
+    pub shape: Shape,
+    source: InputSource,
+}
+
+pub struct BatchOutput {
+    pub name: Arc<str>,
+    pub dtype: DataType,
+    pub shape: Shape,
+    pub data: Vec<u8>,
+}
+
+/// One execution's worth of requests, their batched inputs and the outputs the backend
+/// writes.
+pub struct Batch {
+    pub requests: Vec<Box<Request>>,
+    /// Rows in this execution (sum of the requests' batch sizes).
+    pub size: u32,
+    pub inputs: Vec<BatchInput>,
+    pub outputs: Vec<BatchOutput>,
+    /// (row, error) pairs set by the backend.
+    pub row_errors: Vec<(u32, Error)>,
+    pub config: Arc<ModelConfig>,
+    /// Message a custom backend gave for a failed execute.
+    pub error_message: Option<String>,
+}
+
+impl Batch {
+    /// Assembles the batched inputs. The scheduler has already checked that the requests
+    /// can be concatenated (same non-batch shapes unless ragged batching is allowed).
+    pub fn assemble(
+        config: Arc<ModelConfig>,
+        c_names: &[Arc<std::ffi::CString>],
+        requests: Vec<Box<Request>>,
+    ) -> Result<Batch> {
+        let size: u32 = requests.iter().map(|r| r.batch_size).sum();
+        let mut inputs = Vec::with_capacity(config.inputs.len());
+        for (ci, tc) in config.inputs.iter().enumerate() {
+            let first = match requests
+                .first()
+                .and_then(|r| r.inputs.iter().position(|t| t.name == tc.name))
+            {
+                Some(i) => i,
+                None => continue, // an optional input absent from this batch
+            };
+            let source = if requests.len() == 1 {
+                InputSource::Request {
+                    request: 0,
+                    input: first,
+                }
+            } else {
+                let total: usize = requests
+                    .iter()
+                    .map(|r| r.input(&tc.name).map_or(0, |t| t.data.len()))
+                    .sum();
+                let mut buf = Vec::with_capacity(total);
+                for r in &requests {
+                    let t = r.input(&tc.name).ok_or_else(|| {
+                        Error::internal(format!(
+                            "model '{}': input '{}' missing from request {} of a batch",
+                            config.name, tc.name, r.id
+                        ))
+                    })?;
+                    buf.extend_from_slice(t.data.as_slice());
+                }
+                InputSource::Assembled(buf)
+            };
+            let t0 = &requests[0].inputs[first];
+            let mut shape: Shape = t0.shape.clone();
+            if requests.len() > 1 {
+                if tc.allow_ragged_batch {
+                    // Ragged rows are handed over flattened: [total elements].
+                    let n: i64 = requests
+                        .iter()
+                        .filter_map(|r| r.input(&tc.name))
+                        .map(|t| t.shape.iter().product::<i64>())
+                        .sum();
+                    shape = Shape::from_slice(&[n]);
+                } else if let Some(d0) = shape.first_mut() {
+                    *d0 = size as i64;
+                }
+            }
+            inputs.push(BatchInput {
+                name: tc.name.clone(),
+                c_name: c_names[ci].clone(),
+                dtype: tc.data_type,
+                shape,
+                source,
+            });
+        }
+        Ok(Batch {
+            requests,
+            size,
+            inputs,
+            outputs: Vec::new(),
+            row_errors: Vec::new(),
+            config,
+            error_message: None,
+        })
+    }
+
+    pub fn input_data<'a>(&'a self, input: &'a BatchInput) -> &'a [u8] {
+        match &input.source {
+            InputSource::Request { request, input } => {
+                self.requests[*request].inputs[*input].data.as_slice()
+            }
+            InputSource::Assembled(v) => v,
+        }
+    }
+
+    pub fn input(&self, name: &str) -> Option<(&BatchInput, &[u8])> {
+        let i = self.inputs.iter().find(|i| &*i.name == name)?;
+        Some((i, self.input_data(i)))
+    }
+
+    /// Allocates the batched output `name` (datatype from the config) and returns its
+    /// bytes for the backend to fill. `byte_size` is required for BYTES outputs.
+    pub fn alloc_output(
+        &mut self,
+        name: &str,
+        shape: &[i64],
+        byte_size: Option<usize>,
+    ) -> Result<&mut [u8]> {
+        let cfg = &self.config;
+        let tc = cfg.output(name).ok_or_else(|| {
+            Error::invalid(format!("model '{}' has no output '{name}'", cfg.name))
+        })?;
+        if self.outputs.iter().any(|o| &*o.name == name) {
+            return Err(Error::invalid(format!(
+                "output '{name}' of model '{}' was already allocated in this batch",
+                cfg.name
+            )));
+        }
+        let elems = element_count(shape).ok_or_else(|| {
+            Error::invalid(format!(
+                "output '{name}' of model '{}': invalid shape {}",
+                cfg.name,
+                shape_string(shape)
+            ))
+        })?;
+        if cfg.max_batch_size > 0 && shape.first().copied() != Some(self.size as i64) {
+            return Err(Error::invalid(format!(
+                "output '{name}' of model '{}': dim 0 of shape {} must be the batch size {}",
+                cfg.name,
+                shape_string(shape),
+                self.size
+            )));
+        }
+        let bytes = if tc.data_type == DataType::Bytes {
+            byte_size.ok_or_else(|| {
+                Error::invalid(format!(
+                    "output '{name}' of model '{}' is BYTES: give its byte size",
+                    cfg.name
+                ))
+            })?
+        } else {
+            let b = elems
+                .checked_mul(tc.data_type.byte_size())
+                .ok_or_else(|| Error::invalid(format!("output '{name}': size overflows")))?;
+            if let Some(bs) = byte_size {
+                if bs != b {
+                    return Err(Error::invalid(format!(
+                        "output '{name}' of model '{}': byte size {bs} does not match shape {} of {}",
+                        cfg.name,
+                        shape_string(shape),
+                        tc.data_type.as_str()
+                    )));
+                }
+            }
+            b
+        };
+        self.outputs.push(BatchOutput {
+            name: tc.name.clone(),
+            dtype: tc.data_type,
+            shape: Shape::from_slice(shape),
+            data: vec![0u8; bytes],
+        });
+        let last = self.outputs.len() - 1;
+        Ok(&mut self.outputs[last].data)
+    }
+
+    pub fn set_row_error(&mut self, row: u32, err: Error) -> Result<()> {
+        if row >= self.size {
+            return Err(Error::invalid(format!(
+                "row {row} is out of range: the batch has {} rows",
+                self.size
+            )));
+        }
+        self.row_errors.push((row, err));
+        Ok(())
+    }
+
+    /// Checks a finished BYTES output before it is split.
+    pub(crate) fn check_bytes_output(out: &BatchOutput) -> Result<usize> {
+        count_bytes_elements(&out.data).map_err(|e| e.context(format!("output '{}'", out.name)))
+    }
+}
+
+/// Sleeps for `us` microseconds of simulated compute with good precision: the OS sleep
+/// overshoots by tens of microseconds, so the tail is spun.
+pub fn simulate_compute(us: u64) {
+    if us == 0 {
+        return;
+    }
+    let start = std::time::Instant::now();
+    let total = std::time::Duration::from_micros(us);
+    let spin = std::time::Duration::from_micros(80);
+    if total > spin {
+        std::thread::sleep(total - spin);
+    }
+    while start.elapsed() < total {
+        std::hint::spin_loop();
+    }
+}

@@ -1,0 +1,151 @@
+//! Model configuration: Triton's `config.pbtxt` (protobuf text format) or the same schema
+//! as JSON, parsed against a schema compiled at build time, then checked and turned into
+//! the typed [`ModelConfig`] the rest of the library reads.
+//!
+//! This module owns parsing and validation only; it never looks at the file system.
+
+mod parse;
+mod validate;
+
+pub use parse::{parse_config, parse_config_named};
+
+use crate::tensor::DataType;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// A checked model configuration.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub name: String,
+    /// `backend:`; empty when only `platform:` is given.
+    pub backend: String,
+    pub platform: String,
+    /// 0 = the model does not batch (no batch dimension).
+    pub max_batch_size: u32,
+    pub inputs: Vec<TensorConfig>,
+    pub outputs: Vec<TensorConfig>,
+    pub instance_groups: Vec<InstanceGroup>,
+    pub dynamic_batching: Option<DynamicBatching>,
+    /// Present when the config has a `sequence_batching` section (not served yet).
+    pub has_sequence_batching: bool,
+    /// Present when the config has an `ensemble_scheduling` section (not served yet).
+    pub has_ensemble_scheduling: bool,
+    pub parameters: BTreeMap<String, String>,
+    pub version_policy: VersionPolicy,
+    pub default_model_filename: String,
+    /// The whole configuration as JSON with Triton's field names (for
+    /// `infer_server_model_config_json` and custom backends' `instance_init`).
+    pub json: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorConfig {
+    pub name: Arc<str>,
+    pub data_type: DataType,
+    /// Without the batch dimension; -1 = any size.
+    pub dims: Vec<i64>,
+    pub reshape: Option<Vec<i64>>,
+    pub optional: bool,
+    pub allow_ragged_batch: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstanceKind {
+    Auto,
+    Cpu,
+    Gpu,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct InstanceGroup {
+    pub name: String,
+    /// At least 1.
+    pub count: u32,
+    pub kind: InstanceKind,
+    pub gpus: Vec<i32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeoutAction {
+    Reject,
+    Delay,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueuePolicy {
+    pub timeout_action: TimeoutAction,
+    /// 0 = no timeout.
+    pub default_timeout_us: u64,
+    pub allow_timeout_override: bool,
+    /// 0 = unbounded.
+    pub max_queue_size: u32,
+}
+
+impl Default for QueuePolicy {
+    fn default() -> Self {
+        QueuePolicy {
+            timeout_action: TimeoutAction::Reject,
+            default_timeout_us: 0,
+            allow_timeout_override: false,
+            max_queue_size: 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct DynamicBatching {
+    /// Sorted ascending, unique, each <= max_batch_size.
+    pub preferred_batch_size: Vec<u32>,
+    pub max_queue_delay_us: u64,
+    pub preserve_ordering: bool,
+    /// 0 = priorities off (one level).
+    pub priority_levels: u32,
+    /// In 1..=priority_levels when priority_levels > 0, else 0.
+    pub default_priority_level: u32,
+    pub default_queue_policy: QueuePolicy,
+    /// Per level (1-based) overrides of the default policy.
+    pub priority_queue_policy: BTreeMap<u32, QueuePolicy>,
+}
+
+impl DynamicBatching {
+    /// Number of queues the batcher keeps (at least one).
+    pub fn level_count(&self) -> usize {
+        self.priority_levels.max(1) as usize
+    }
+    /// The policy of a 1-based level (level 0 when priorities are off).
+    pub fn policy(&self, level: u32) -> QueuePolicy {
+        self.priority_queue_policy
+            .get(&level)
+            .copied()
+            .unwrap_or(self.default_queue_policy)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VersionPolicy {
+    /// The newest `n` versions (Triton's default is latest 1).
+    Latest(u32),
+    All,
+    Specific(Vec<i64>),
+}
+
+impl ModelConfig {
+    pub fn input(&self, name: &str) -> Option<&TensorConfig> {
+        self.inputs.iter().find(|t| &*t.name == name)
+    }
+    pub fn output(&self, name: &str) -> Option<&TensorConfig> {
+        self.outputs.iter().find(|t| &*t.name == name)
+    }
+    /// An integer `parameters { key: ... value { string_value: "..." } }` entry.
+    pub fn parameter_u64(&self, key: &str) -> crate::status::Result<Option<u64>> {
+        match self.parameters.get(key) {
+            None => Ok(None),
+            Some(v) => v.trim().parse::<u64>().map(Some).map_err(|_| {
+                crate::status::Error::invalid(format!(
+                    "model '{}': parameter '{key}' must be a non-negative integer, got '{v}'",
+                    self.name
+                ))
+            }),
+        }
+    }
+}

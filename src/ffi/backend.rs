@@ -1,0 +1,199 @@
+//! What a custom backend may call from inside `execute`.
+
+use super::*;
+use crate::backend::{Batch, BatchInput};
+use crate::status::Code;
+use std::ffi::c_void;
+
+pub use crate::backend::custom::infer_backend;
+
+/// Rows in this execution: the sum of the requests' batch sizes (the number of requests
+/// for models that do not batch). 0 for NULL.
+#[no_mangle]
+pub unsafe extern "C" fn infer_batch_size(b: *const Batch) -> u32 {
+    value_boundary(0, || b.as_ref().map_or(0, |b| b.size))
+}
+
+/// Number of requests in this execution (0 for NULL).
+#[no_mangle]
+pub unsafe extern "C" fn infer_batch_request_count(b: *const Batch) -> u32 {
+    value_boundary(0, || b.as_ref().map_or(0, |b| b.requests.len() as u32))
+}
+
+/// Number of batched inputs present (optional inputs no request gave are absent).
+#[no_mangle]
+pub unsafe extern "C" fn infer_batch_input_count(b: *const Batch) -> u32 {
+    value_boundary(0, || b.as_ref().map_or(0, |b| b.inputs.len() as u32))
+}
+
+unsafe fn write_input(
+    b: &Batch,
+    i: &BatchInput,
+    name: *mut *const c_char,
+    dt: *mut infer_datatype,
+    shape: *mut *const i64,
+    ndim: *mut usize,
+    data: *mut *const c_void,
+    byte_size: *mut usize,
+) {
+    let bytes = b.input_data(i);
+    if !name.is_null() {
+        name.write(i.c_name.as_ptr());
+    }
+    if !dt.is_null() {
+        dt.write(i.dtype as u32);
+    }
+    if !shape.is_null() {
+        shape.write(i.shape.as_ptr());
+    }
+    if !ndim.is_null() {
+        ndim.write(i.shape.len());
+    }
+    if !data.is_null() {
+        data.write(bytes.as_ptr() as *const c_void);
+    }
+    if !byte_size.is_null() {
+        byte_size.write(bytes.len());
+    }
+}
+
+/// Reads a batched input: the rows of all requests concatenated along dim 0 (dim 0 = the
+/// batch size when the model batches; inputs with allow_ragged_batch are flattened to one
+/// dimension). Out-pointers may be NULL when not wanted; the pointers written are valid
+/// until `execute` returns. NOT_FOUND if no request of the batch has the input.
+#[no_mangle]
+pub unsafe extern "C" fn infer_batch_input(
+    b: *const Batch,
+    name: *const c_char,
+    dt: *mut infer_datatype,
+    shape: *mut *const i64,
+    ndim: *mut usize,
+    data: *mut *const c_void,
+    byte_size: *mut usize,
+) -> infer_status {
+    status_boundary(|| {
+        let b = arg_ref(b, "b")?;
+        let n = arg_str(name, "name")?;
+        let i = b.inputs.iter().find(|i| &*i.name == n).ok_or_else(|| {
+            Error::not_found(format!(
+                "model '{}': the batch has no input '{n}'",
+                b.config.name
+            ))
+        })?;
+        write_input(b, i, std::ptr::null_mut(), dt, shape, ndim, data, byte_size);
+        Ok(())
+    })
+}
+
+/// Reads batched input `index` (0-based, < `infer_batch_input_count`), with its name.
+#[no_mangle]
+pub unsafe extern "C" fn infer_batch_input_by_index(
+    b: *const Batch,
+    index: u32,
+    name: *mut *const c_char,
+    dt: *mut infer_datatype,
+    shape: *mut *const i64,
+    ndim: *mut usize,
+    data: *mut *const c_void,
+    byte_size: *mut usize,
+) -> infer_status {
+    status_boundary(|| {
+        let b = arg_ref(b, "b")?;
+        let i = b.inputs.get(index as usize).ok_or_else(|| {
+            Error::invalid(format!(
+                "input index {index} is out of range: the batch has {} inputs",
+                b.inputs.len()
+            ))
+        })?;
+        write_input(b, i, name, dt, shape, ndim, data, byte_size);
+        Ok(())
+    })
+}
+
+/// Allocates batched output `name` (datatype from the config; dim 0 must be the batch
+/// size when the model batches) and writes its zeroed buffer to `*data_out` for the
+/// backend to fill. The library splits it into per-request responses. For BYTES outputs
+/// use `infer_batch_output_bytes`.
+#[no_mangle]
+pub unsafe extern "C" fn infer_batch_output(
+    b: *mut Batch,
+    name: *const c_char,
+    shape: *const i64,
+    ndim: usize,
+    data_out: *mut *mut c_void,
+) -> infer_status {
+    status_boundary(|| {
+        let b = arg_mut(b, "b")?;
+        let n = arg_str(name, "name")?;
+        let shape = arg_slice(shape, ndim, "shape")?;
+        if data_out.is_null() {
+            return Err(Error::invalid("argument 'data_out' must not be NULL"));
+        }
+        let buf = b.alloc_output(n, shape, None)?;
+        write_out(data_out, "data_out", buf.as_mut_ptr() as *mut c_void)
+    })
+}
+
+/// Like `infer_batch_output` with an explicit byte size, required for BYTES outputs
+/// (length-prefixed elements, rows in batch order).
+#[no_mangle]
+pub unsafe extern "C" fn infer_batch_output_bytes(
+    b: *mut Batch,
+    name: *const c_char,
+    shape: *const i64,
+    ndim: usize,
+    byte_size: usize,
+    data_out: *mut *mut c_void,
+) -> infer_status {
+    status_boundary(|| {
+        let b = arg_mut(b, "b")?;
+        let n = arg_str(name, "name")?;
+        let shape = arg_slice(shape, ndim, "shape")?;
+        if data_out.is_null() {
+            return Err(Error::invalid("argument 'data_out' must not be NULL"));
+        }
+        let buf = b.alloc_output(n, shape, Some(byte_size))?;
+        write_out(data_out, "data_out", buf.as_mut_ptr() as *mut c_void)
+    })
+}
+
+/// Fails the request that contains batch row `row` (0-based, < `infer_batch_size`) with
+/// `code` and `msg` (copied; NULL = a generic message); the other requests of the batch
+/// are answered normally.
+#[no_mangle]
+pub unsafe extern "C" fn infer_batch_set_request_error(
+    b: *mut Batch,
+    row: u32,
+    code: infer_status,
+    msg: *const c_char,
+) -> infer_status {
+    status_boundary(|| {
+        let b = arg_mut(b, "b")?;
+        let code = match Code::from_u32(code) {
+            Some(Code::Ok) | None => {
+                return Err(Error::invalid(format!(
+                    "status {code} is not an error status"
+                )))
+            }
+            Some(c) => c,
+        };
+        let msg = opt_str(msg, "msg")?
+            .map(str::to_owned)
+            .unwrap_or_else(|| format!("model '{}': the backend failed row {row}", b.config.name));
+        b.set_row_error(row, Error::new(code, msg))
+    })
+}
+
+/// Sets the message every request of the batch gets when `execute` returns an error
+/// status (copied). Without it, a generic message naming the backend and status is used.
+#[no_mangle]
+pub unsafe extern "C" fn infer_batch_set_error_message(
+    b: *mut Batch,
+    msg: *const c_char,
+) -> infer_status {
+    status_boundary(|| {
+        let b = arg_mut(b, "b")?;
+        b.error_message = Some(arg_str(msg, "msg")?.to_owned());
+        Ok(())
+    })
+}

@@ -1,0 +1,261 @@
+//! The C boundary. Only handle casts, argument checks, panic catching, status codes and
+//! the thread-local last error live here; every function body calls into the library.
+//!
+//! Every export runs inside [`status_boundary`] or [`value_boundary`], so no panic crosses
+//! into C, and every pointer argument goes through the `arg_*` helpers, so NULL is an
+//! INVALID_ARGUMENT, never a crash.
+
+#![allow(non_camel_case_types)]
+#![allow(clippy::missing_safety_doc)]
+
+pub mod backend;
+pub mod request;
+pub mod response;
+pub mod server;
+
+use crate::status::{Code, Error, Result};
+use std::cell::RefCell;
+use std::ffi::{c_char, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// A status code: `INFER_STATUS_OK` (0) or the error.
+pub type infer_status = u32;
+/// A tensor element type (`INFER_DATATYPE_*`).
+pub type infer_datatype = u32;
+/// Where memory lives (`INFER_MEMORY_*`).
+pub type infer_memory_type = u32;
+
+pub const INFER_STATUS_OK: infer_status = 0;
+pub const INFER_STATUS_INVALID_ARGUMENT: infer_status = 1;
+pub const INFER_STATUS_NOT_FOUND: infer_status = 2;
+pub const INFER_STATUS_ALREADY_EXISTS: infer_status = 3;
+/// Shutting down, model not ready, no GPU.
+pub const INFER_STATUS_UNAVAILABLE: infer_status = 4;
+pub const INFER_STATUS_UNSUPPORTED: infer_status = 5;
+pub const INFER_STATUS_INTERNAL: infer_status = 6;
+pub const INFER_STATUS_CANCELLED: infer_status = 7;
+/// Request timeout, sequence timeout.
+pub const INFER_STATUS_DEADLINE_EXCEEDED: infer_status = 8;
+/// Queue full, out of memory.
+pub const INFER_STATUS_RESOURCE_EXHAUSTED: infer_status = 9;
+
+pub const INFER_DATATYPE_INVALID: infer_datatype = 0;
+pub const INFER_DATATYPE_BOOL: infer_datatype = 1;
+pub const INFER_DATATYPE_UINT8: infer_datatype = 2;
+pub const INFER_DATATYPE_UINT16: infer_datatype = 3;
+pub const INFER_DATATYPE_UINT32: infer_datatype = 4;
+pub const INFER_DATATYPE_UINT64: infer_datatype = 5;
+pub const INFER_DATATYPE_INT8: infer_datatype = 6;
+pub const INFER_DATATYPE_INT16: infer_datatype = 7;
+pub const INFER_DATATYPE_INT32: infer_datatype = 8;
+pub const INFER_DATATYPE_INT64: infer_datatype = 9;
+pub const INFER_DATATYPE_FP16: infer_datatype = 10;
+pub const INFER_DATATYPE_FP32: infer_datatype = 11;
+pub const INFER_DATATYPE_FP64: infer_datatype = 12;
+/// Each element: a little-endian uint32 length, then that many bytes.
+pub const INFER_DATATYPE_BYTES: infer_datatype = 13;
+pub const INFER_DATATYPE_BF16: infer_datatype = 14;
+
+pub const INFER_MEMORY_CPU: infer_memory_type = 0;
+pub const INFER_MEMORY_CPU_PINNED: infer_memory_type = 1;
+pub const INFER_MEMORY_GPU: infer_memory_type = 2;
+
+pub const INFER_GPU_AUTO: u32 = 0;
+pub const INFER_GPU_OFF: u32 = 1;
+pub const INFER_GPU_REQUIRED: u32 = 2;
+
+pub const INFER_LOG_ERROR: u32 = 1;
+pub const INFER_LOG_WARN: u32 = 2;
+pub const INFER_LOG_INFO: u32 = 3;
+pub const INFER_LOG_DEBUG: u32 = 4;
+
+pub const INFER_REQUEST_FLAG_SEQUENCE_START: u32 = 1;
+pub const INFER_REQUEST_FLAG_SEQUENCE_END: u32 = 2;
+pub const INFER_RESPONSE_FLAG_FINAL: u32 = 1;
+
+/// The C API version this library implements. A client built against MAJOR.MINOR works
+/// with a library of the same MAJOR and a MINOR at least as high.
+pub const INFER_API_VERSION_MAJOR: u32 = 0;
+pub const INFER_API_VERSION_MINOR: u32 = 1;
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+pub(crate) fn set_last_error(e: &Error) {
+    let msg = CString::new(e.message.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|l| *l.borrow_mut() = msg);
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Runs an export that returns a status; errors set the thread's last error message.
+pub(crate) fn status_boundary(f: impl FnOnce() -> Result<()>) -> infer_status {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => INFER_STATUS_OK,
+        Ok(Err(e)) => {
+            set_last_error(&e);
+            e.code as u32
+        }
+        Err(p) => {
+            set_last_error(&Error::internal(format!(
+                "internal error (panic): {}",
+                panic_message(p.as_ref())
+            )));
+            Code::Internal as u32
+        }
+    }
+}
+
+/// Runs an export that returns a plain value; a panic gives `fallback`.
+pub(crate) fn value_boundary<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
+}
+
+pub(crate) unsafe fn arg_ref<'a, T>(p: *const T, what: &str) -> Result<&'a T> {
+    p.as_ref()
+        .ok_or_else(|| Error::invalid(format!("argument '{what}' must not be NULL")))
+}
+
+pub(crate) unsafe fn arg_mut<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T> {
+    p.as_mut()
+        .ok_or_else(|| Error::invalid(format!("argument '{what}' must not be NULL")))
+}
+
+pub(crate) unsafe fn arg_str<'a>(p: *const c_char, what: &str) -> Result<&'a str> {
+    if p.is_null() {
+        return Err(Error::invalid(format!(
+            "argument '{what}' must not be NULL"
+        )));
+    }
+    CStr::from_ptr(p)
+        .to_str()
+        .map_err(|_| Error::invalid(format!("argument '{what}' is not valid UTF-8")))
+}
+
+pub(crate) unsafe fn opt_str<'a>(p: *const c_char, what: &str) -> Result<Option<&'a str>> {
+    if p.is_null() {
+        Ok(None)
+    } else {
+        arg_str(p, what).map(Some)
+    }
+}
+
+/// Writes an out-parameter; fails (writing nothing) when the pointer is NULL.
+pub(crate) unsafe fn write_out<T>(p: *mut T, what: &str, v: T) -> Result<()> {
+    if p.is_null() {
+        return Err(Error::invalid(format!(
+            "argument '{what}' must not be NULL"
+        )));
+    }
+    p.write(v);
+    Ok(())
+}
+
+/// Reads a (pointer, count) array argument; NULL is allowed only with count 0.
+pub(crate) unsafe fn arg_slice<'a, T>(p: *const T, n: usize, what: &str) -> Result<&'a [T]> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(Error::invalid(format!(
+            "argument '{what}' must not be NULL when its length is {n}"
+        )));
+    }
+    Ok(std::slice::from_raw_parts(p, n))
+}
+
+/// A string the library hands over; the caller frees it with `infer_string_free`.
+pub(crate) fn owned_string(s: String) -> *mut c_char {
+    CString::new(s.replace('\0', " "))
+        .unwrap_or_default()
+        .into_raw()
+}
+
+/// The name of a status code, e.g. "INVALID_ARGUMENT"; "UNKNOWN" for other values.
+/// The string is static. May be called from any thread.
+#[no_mangle]
+pub extern "C" fn infer_status_string(status: infer_status) -> *const c_char {
+    value_boundary(c"UNKNOWN".as_ptr(), || {
+        Code::from_u32(status).map_or(c"UNKNOWN".as_ptr(), |c| c.as_cstr().as_ptr())
+    })
+}
+
+/// The message of the last failing call on this thread; never NULL ("" if none). Valid
+/// until the next failing call on the same thread.
+#[no_mangle]
+pub extern "C" fn infer_last_error_message() -> *const c_char {
+    value_boundary(c"".as_ptr(), || LAST_ERROR.with(|l| l.borrow().as_ptr()))
+}
+
+/// Writes the C API version this library implements (INFER_API_VERSION_MAJOR/MINOR of
+/// the header it was built with).
+#[no_mangle]
+pub unsafe extern "C" fn infer_api_version(major: *mut u32, minor: *mut u32) -> infer_status {
+    status_boundary(|| {
+        if major.is_null() || minor.is_null() {
+            return Err(Error::invalid(
+                "arguments 'major' and 'minor' must not be NULL",
+            ));
+        }
+        write_out(major, "major", INFER_API_VERSION_MAJOR)?;
+        write_out(minor, "minor", INFER_API_VERSION_MINOR)
+    })
+}
+
+static VERSION: &CStr =
+    match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+        Ok(s) => s,
+        Err(_) => c"0.0.0",
+    };
+
+/// The library version, e.g. "0.1.0". Static string.
+#[no_mangle]
+pub extern "C" fn infer_version() -> *const c_char {
+    VERSION.as_ptr()
+}
+
+/// The name of a datatype, e.g. "FP32"; "INVALID" for unknown values. Static string.
+#[no_mangle]
+pub extern "C" fn infer_datatype_string(dt: infer_datatype) -> *const c_char {
+    value_boundary(c"INVALID".as_ptr(), || {
+        crate::tensor::DataType::from_u32(dt)
+            .unwrap_or(crate::tensor::DataType::Invalid)
+            .as_cstr()
+            .as_ptr()
+    })
+}
+
+/// Parses "FP32" or "TYPE_FP32" ("STRING"/"TYPE_STRING" give BYTES); 0 (INVALID) for
+/// unknown names or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn infer_datatype_from_string(s: *const c_char) -> infer_datatype {
+    value_boundary(0, || {
+        arg_str(s, "s")
+            .ok()
+            .and_then(crate::tensor::DataType::parse)
+            .map_or(0, |d| d as u32)
+    })
+}
+
+/// Size of one element in bytes; 0 for BYTES and unknown types.
+#[no_mangle]
+pub extern "C" fn infer_datatype_byte_size(dt: infer_datatype) -> u32 {
+    crate::tensor::DataType::from_u32(dt).map_or(0, |d| d.byte_size() as u32)
+}
+
+/// Frees a string the library returned as owned (`char **` out-parameters). NULL is
+/// ignored.
+#[no_mangle]
+pub unsafe extern "C" fn infer_string_free(s: *mut c_char) {
+    value_boundary((), || {
+        if !s.is_null() {
+            drop(CString::from_raw(s));
+        }
+    })
+}

@@ -1,0 +1,345 @@
+//! Building requests.
+
+use super::server::ServerHandle;
+use super::*;
+use crate::model::check_input;
+use crate::request::{CorrelationId, ParamValue, Request};
+use crate::tensor::{
+    element_count, shape_string, Borrowed, DataType, ReleaseCallback, Shape, Tensor, TensorData,
+};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// Longest string correlation ID, in bytes.
+pub const INFER_MAX_CORRELATION_ID_BYTES: usize = 128;
+const MAX_DIMS: usize = 64;
+
+/// Creates a request for `version` (-1 = latest) of a loaded model. The caller owns
+/// `*out`: it passes it to `infer_server_enqueue` / `infer_server_infer` (which take
+/// ownership) or frees it with `infer_request_free`.
+#[no_mangle]
+pub unsafe extern "C" fn infer_request_new(
+    s: *mut ServerHandle,
+    model: *const c_char,
+    version: i64,
+    out: *mut *mut Request,
+) -> infer_status {
+    status_boundary(|| {
+        let s = arg_ref(s, "s")?;
+        let model = arg_str(model, "model")?;
+        if out.is_null() {
+            return Err(Error::invalid("argument 'out' must not be NULL"));
+        }
+        if version == 0 || version < -1 {
+            return Err(Error::invalid(format!("model '{model}': version {version} is invalid (use -1 for the latest, or a version >= 1)")));
+        }
+        let config = s
+            .server
+            .model_config(model)
+            .ok_or_else(|| Error::not_found(format!("model '{model}' is not loaded")))?;
+        write_out(
+            out,
+            "out",
+            Box::into_raw(Box::new(Request::new(model, version, Some(config)))),
+        )
+    })
+}
+
+/// Frees a request that was never enqueued (NULL is ignored). Borrowed inputs are
+/// released.
+#[no_mangle]
+pub unsafe extern "C" fn infer_request_free(r: *mut Request) {
+    value_boundary((), || {
+        if !r.is_null() {
+            drop(Box::from_raw(r));
+        }
+    })
+}
+
+/// Sets a numeric correlation ID (sequence models; 0 = none).
+#[no_mangle]
+pub unsafe extern "C" fn infer_request_set_correlation_id(
+    r: *mut Request,
+    id: u64,
+) -> infer_status {
+    status_boundary(|| {
+        arg_mut(r, "r")?.correlation_id = if id == 0 {
+            CorrelationId::None
+        } else {
+            CorrelationId::U64(id)
+        };
+        Ok(())
+    })
+}
+
+/// Sets a string correlation ID of at most 128 bytes (copied).
+#[no_mangle]
+pub unsafe extern "C" fn infer_request_set_correlation_id_str(
+    r: *mut Request,
+    id: *const c_char,
+) -> infer_status {
+    status_boundary(|| {
+        let r = arg_mut(r, "r")?;
+        let id = arg_str(id, "id")?;
+        if id.len() > INFER_MAX_CORRELATION_ID_BYTES {
+            return Err(Error::invalid(format!(
+                "correlation ID of {} bytes is longer than the limit of {INFER_MAX_CORRELATION_ID_BYTES}",
+                id.len()
+            )));
+        }
+        r.correlation_id = CorrelationId::Str(id.to_owned());
+        Ok(())
+    })
+}
+
+/// Sets INFER_REQUEST_FLAG_SEQUENCE_START / _END.
+#[no_mangle]
+pub unsafe extern "C" fn infer_request_set_flags(r: *mut Request, flags: u32) -> infer_status {
+    status_boundary(|| {
+        let r = arg_mut(r, "r")?;
+        let known = INFER_REQUEST_FLAG_SEQUENCE_START | INFER_REQUEST_FLAG_SEQUENCE_END;
+        if flags & !known != 0 {
+            return Err(Error::invalid(format!(
+                "request flags {flags:#x} contain unknown bits {:#x}",
+                flags & !known
+            )));
+        }
+        r.flags = flags;
+        Ok(())
+    })
+}
+
+/// Sets the priority level: 0 = the model's default, 1 = highest. Checked against the
+/// model's priority_levels at enqueue.
+#[no_mangle]
+pub unsafe extern "C" fn infer_request_set_priority(r: *mut Request, level: u32) -> infer_status {
+    status_boundary(|| {
+        arg_mut(r, "r")?.priority = level;
+        Ok(())
+    })
+}
+
+/// Sets the queue timeout in microseconds (0 = none). Where the model's queue policy has
+/// a default timeout, a request may only shorten it, and only with
+/// allow_timeout_override.
+#[no_mangle]
+pub unsafe extern "C" fn infer_request_set_timeout_us(r: *mut Request, us: u64) -> infer_status {
+    status_boundary(|| {
+        arg_mut(r, "r")?.timeout_us = us;
+        Ok(())
+    })
+}
+
+/// Checks an input and adds it; `make` builds its storage only after every check passed,
+/// so a failed call neither copies nor takes ownership of the caller's buffer.
+unsafe fn add_input(
+    r: *mut Request,
+    name: *const c_char,
+    dt: infer_datatype,
+    shape: *const i64,
+    ndim: usize,
+    data: *const c_void,
+    byte_size: usize,
+    make: impl FnOnce(&[u8]) -> TensorData,
+) -> Result<()> {
+    let r = arg_mut(r, "r")?;
+    let name = arg_str(name, "name")?;
+    let dtype = DataType::from_u32(dt)
+        .filter(|d| *d != DataType::Invalid)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "input '{name}' of model '{}': datatype {dt} is not valid",
+                r.model
+            ))
+        })?;
+    if ndim > MAX_DIMS {
+        return Err(Error::invalid(format!(
+            "input '{name}': {ndim} dimensions is more than {MAX_DIMS}"
+        )));
+    }
+    let shape: Shape = arg_slice(shape, ndim, "shape")?.iter().copied().collect();
+    let bytes: &[u8] = arg_slice(data as *const u8, byte_size, "data")?;
+    if r.input(name).is_some() {
+        return Err(Error::new(
+            Code::AlreadyExists,
+            format!("input '{name}' of model '{}' was already added", r.model),
+        ));
+    }
+    let shared_name: Arc<str> = match &r.checked_against {
+        Some(cfg) => check_input(cfg, name, dtype, &shape, bytes)?,
+        None => {
+            let elems = element_count(&shape).ok_or_else(|| {
+                Error::invalid(format!(
+                    "input '{name}': invalid shape {}",
+                    shape_string(&shape)
+                ))
+            })?;
+            if dtype != DataType::Bytes && elems.checked_mul(dtype.byte_size()) != Some(bytes.len())
+            {
+                return Err(Error::invalid(format!(
+                    "input '{name}': byte size {} does not match shape {} of {}",
+                    bytes.len(),
+                    shape_string(&shape),
+                    dtype.as_str()
+                )));
+            }
+            Arc::from(name)
+        }
+    };
+    let data = make(bytes);
+    r.inputs.push(Tensor {
+        name: shared_name,
+        dtype,
+        shape,
+        data,
+    });
+    Ok(())
+}
+
+/// Adds an input, copying `byte_size` bytes from `data`. Checked against the model's
+/// config: the name, datatype, shape (with the batch dimension when the model batches)
+/// and byte size (elements x type size; BYTES elements are length-prefixed).
+#[no_mangle]
+pub unsafe extern "C" fn infer_request_add_input(
+    r: *mut Request,
+    name: *const c_char,
+    dt: infer_datatype,
+    shape: *const i64,
+    ndim: usize,
+    data: *const c_void,
+    byte_size: usize,
+) -> infer_status {
+    status_boundary(|| {
+        add_input(r, name, dt, shape, ndim, data, byte_size, |b| {
+            TensorData::Owned(b.to_vec())
+        })
+    })
+}
+
+/// Release callback of a borrowed input.
+pub type infer_release_fn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
+
+/// Adds an input without copying: the library reads `data` until it calls `release`
+/// (at most once, from any thread; NULL `release` = never told). If this call fails the
+/// buffer was not taken and `release` is not called. Host memory only in this build
+/// (INFER_MEMORY_CPU or INFER_MEMORY_CPU_PINNED; GPU memory is UNSUPPORTED).
+#[no_mangle]
+pub unsafe extern "C" fn infer_request_add_input_borrowed(
+    r: *mut Request,
+    name: *const c_char,
+    dt: infer_datatype,
+    shape: *const i64,
+    ndim: usize,
+    data: *const c_void,
+    byte_size: usize,
+    mem: infer_memory_type,
+    device_id: i64,
+    release: infer_release_fn,
+    release_user_data: *mut c_void,
+) -> infer_status {
+    status_boundary(|| {
+        match mem {
+            INFER_MEMORY_CPU | INFER_MEMORY_CPU_PINNED => {}
+            INFER_MEMORY_GPU => {
+                return Err(Error::unsupported(format!(
+                    "input on GPU {device_id}: this build has no CUDA support; pass host memory"
+                )))
+            }
+            m => {
+                return Err(Error::invalid(format!(
+                    "memory type {m} is not one of CPU=0, CPU_PINNED=1, GPU=2"
+                )))
+            }
+        }
+        add_input(r, name, dt, shape, ndim, data, byte_size, |b| {
+            let release = release.map(|func| ReleaseCallback {
+                func,
+                user_data: release_user_data,
+            });
+            TensorData::Borrowed(Borrowed::new(b.as_ptr(), b.len(), release))
+        })
+    })
+}
+
+/// Asks for one output (call again for more); with none requested, every output is
+/// returned.
+#[no_mangle]
+pub unsafe extern "C" fn infer_request_add_requested_output(
+    r: *mut Request,
+    name: *const c_char,
+) -> infer_status {
+    status_boundary(|| {
+        let r = arg_mut(r, "r")?;
+        let name = arg_str(name, "name")?;
+        let shared: Arc<str> = match &r.checked_against {
+            Some(cfg) => cfg.output(name).map(|o| o.name.clone()).ok_or_else(|| {
+                Error::invalid(format!("model '{}' has no output '{name}'", cfg.name))
+            })?,
+            None => Arc::from(name),
+        };
+        if !r.requested_outputs.contains(&shared) {
+            r.requested_outputs.push(shared);
+        }
+        Ok(())
+    })
+}
+
+unsafe fn set_param(r: *mut Request, key: *const c_char, v: ParamValue) -> Result<()> {
+    let r = arg_mut(r, "r")?;
+    let key = arg_str(key, "key")?;
+    if key.is_empty() {
+        return Err(Error::invalid("parameter key must not be empty"));
+    }
+    match r.parameters.iter_mut().find(|(k, _)| k == key) {
+        Some(p) => p.1 = v,
+        None => r.parameters.push((key.to_owned(), v)),
+    }
+    Ok(())
+}
+
+/// Sets an integer request parameter (replacing one of the same key).
+#[no_mangle]
+pub unsafe extern "C" fn infer_request_set_parameter_int(
+    r: *mut Request,
+    key: *const c_char,
+    v: i64,
+) -> infer_status {
+    status_boundary(|| set_param(r, key, ParamValue::Int(v)))
+}
+
+/// Sets a floating-point request parameter.
+#[no_mangle]
+pub unsafe extern "C" fn infer_request_set_parameter_double(
+    r: *mut Request,
+    key: *const c_char,
+    v: f64,
+) -> infer_status {
+    status_boundary(|| set_param(r, key, ParamValue::Double(v)))
+}
+
+/// Sets a boolean request parameter.
+#[no_mangle]
+pub unsafe extern "C" fn infer_request_set_parameter_bool(
+    r: *mut Request,
+    key: *const c_char,
+    v: bool,
+) -> infer_status {
+    status_boundary(|| set_param(r, key, ParamValue::Bool(v)))
+}
+
+/// Sets a string request parameter (copied).
+#[no_mangle]
+pub unsafe extern "C" fn infer_request_set_parameter_string(
+    r: *mut Request,
+    key: *const c_char,
+    v: *const c_char,
+) -> infer_status {
+    status_boundary(|| {
+        let v = arg_str(v, "v")?;
+        set_param(
+            r,
+            key,
+            ParamValue::Str(std::ffi::CString::new(v).unwrap_or_default()),
+        )
+    })
+}

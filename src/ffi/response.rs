@@ -1,0 +1,195 @@
+//! Reading responses.
+
+use super::*;
+use crate::request::{OutputTensor, ParamValue, Response};
+
+/// The id `infer_server_enqueue` returned for the request (0 for NULL).
+#[no_mangle]
+pub unsafe extern "C" fn infer_response_request_id(r: *const Response) -> u64 {
+    value_boundary(0, || r.as_ref().map_or(0, |r| r.request_id))
+}
+
+/// OK, or the status the request ended with (INVALID_ARGUMENT for NULL).
+#[no_mangle]
+pub unsafe extern "C" fn infer_response_status(r: *const Response) -> infer_status {
+    value_boundary(INFER_STATUS_INTERNAL, || {
+        r.as_ref()
+            .map_or(INFER_STATUS_INVALID_ARGUMENT, |r| r.status as u32)
+    })
+}
+
+/// The error message, or NULL when the status is OK. Valid until the response is freed.
+#[no_mangle]
+pub unsafe extern "C" fn infer_response_error_message(r: *const Response) -> *const c_char {
+    value_boundary(std::ptr::null(), || {
+        r.as_ref()
+            .and_then(|r| r.error.as_ref())
+            .map_or(std::ptr::null(), |e| e.as_ptr())
+    })
+}
+
+/// The model that answered. Valid until the response is freed ("" for NULL).
+#[no_mangle]
+pub unsafe extern "C" fn infer_response_model_name(r: *const Response) -> *const c_char {
+    value_boundary(c"".as_ptr(), || {
+        r.as_ref().map_or(c"".as_ptr(), |r| r.model.name.as_ptr())
+    })
+}
+
+/// The version of the model that answered (0 for NULL).
+#[no_mangle]
+pub unsafe extern "C" fn infer_response_model_version(r: *const Response) -> i64 {
+    value_boundary(0, || r.as_ref().map_or(0, |r| r.model.version))
+}
+
+/// The request's numeric correlation ID (0 if none or a string ID).
+#[no_mangle]
+pub unsafe extern "C" fn infer_response_correlation_id(r: *const Response) -> u64 {
+    value_boundary(0, || r.as_ref().map_or(0, |r| r.correlation_id))
+}
+
+/// Number of output tensors (0 for NULL or an error response).
+#[no_mangle]
+pub unsafe extern "C" fn infer_response_output_count(r: *const Response) -> usize {
+    value_boundary(0, || r.as_ref().map_or(0, |r| r.outputs.len()))
+}
+
+unsafe fn write_output(
+    o: &OutputTensor,
+    name: *mut *const c_char,
+    dt: *mut infer_datatype,
+    shape: *mut *const i64,
+    ndim: *mut usize,
+    data: *mut *const c_void,
+    byte_size: *mut usize,
+) {
+    if !name.is_null() {
+        name.write(o.name.as_ptr());
+    }
+    if !dt.is_null() {
+        dt.write(o.dtype as u32);
+    }
+    if !shape.is_null() {
+        shape.write(o.shape.as_ptr());
+    }
+    if !ndim.is_null() {
+        ndim.write(o.shape.len());
+    }
+    if !data.is_null() {
+        data.write(o.data.as_slice().as_ptr() as *const c_void);
+    }
+    if !byte_size.is_null() {
+        byte_size.write(o.data.len());
+    }
+}
+
+use std::ffi::c_void;
+
+/// Reads output `index` (0-based). Each out-pointer may be NULL when not wanted. All
+/// pointers written stay valid until `infer_response_free`. For a model that batches,
+/// dim 0 is this request's own batch size.
+#[no_mangle]
+pub unsafe extern "C" fn infer_response_output(
+    r: *const Response,
+    index: usize,
+    name: *mut *const c_char,
+    dt: *mut infer_datatype,
+    shape: *mut *const i64,
+    ndim: *mut usize,
+    data: *mut *const c_void,
+    byte_size: *mut usize,
+) -> infer_status {
+    status_boundary(|| {
+        let r = arg_ref(r, "r")?;
+        let o = r.outputs.get(index).ok_or_else(|| {
+            Error::invalid(format!(
+                "output index {index} is out of range: the response has {} outputs",
+                r.outputs.len()
+            ))
+        })?;
+        write_output(o, name, dt, shape, ndim, data, byte_size);
+        Ok(())
+    })
+}
+
+/// Reads the output called `name`; NOT_FOUND when the response has none of that name.
+#[no_mangle]
+pub unsafe extern "C" fn infer_response_output_by_name(
+    r: *const Response,
+    name: *const c_char,
+    dt: *mut infer_datatype,
+    shape: *mut *const i64,
+    ndim: *mut usize,
+    data: *mut *const c_void,
+    byte_size: *mut usize,
+) -> infer_status {
+    status_boundary(|| {
+        let r = arg_ref(r, "r")?;
+        let n = arg_str(name, "name")?;
+        let o = r.output(n).ok_or_else(|| {
+            Error::not_found(format!(
+                "the response of model '{}' has no output '{n}'",
+                r.model.name_str()
+            ))
+        })?;
+        write_output(o, std::ptr::null_mut(), dt, shape, ndim, data, byte_size);
+        Ok(())
+    })
+}
+
+fn param<'a>(r: &'a Response, key: &str) -> Result<&'a ParamValue> {
+    r.parameters
+        .iter()
+        .find(|(k, _)| k.as_bytes() == key.as_bytes())
+        .map(|(_, v)| v)
+        .ok_or_else(|| Error::not_found(format!("the response has no parameter '{key}'")))
+}
+
+/// Reads an integer response parameter (NOT_FOUND if absent, INVALID_ARGUMENT if it is
+/// not an integer).
+#[no_mangle]
+pub unsafe extern "C" fn infer_response_parameter_int(
+    r: *const Response,
+    key: *const c_char,
+    v: *mut i64,
+) -> infer_status {
+    status_boundary(|| {
+        let r = arg_ref(r, "r")?;
+        let key = arg_str(key, "key")?;
+        match param(r, key)? {
+            ParamValue::Int(i) => write_out(v, "v", *i),
+            _ => Err(Error::invalid(format!(
+                "response parameter '{key}' is not an integer"
+            ))),
+        }
+    })
+}
+
+/// Reads a string response parameter; the string is valid until the response is freed.
+#[no_mangle]
+pub unsafe extern "C" fn infer_response_parameter_string(
+    r: *const Response,
+    key: *const c_char,
+    v: *mut *const c_char,
+) -> infer_status {
+    status_boundary(|| {
+        let r = arg_ref(r, "r")?;
+        let key = arg_str(key, "key")?;
+        match param(r, key)? {
+            ParamValue::Str(s) => write_out(v, "v", s.as_ptr()),
+            _ => Err(Error::invalid(format!(
+                "response parameter '{key}' is not a string"
+            ))),
+        }
+    })
+}
+
+/// Frees a response, on any thread (NULL is ignored).
+#[no_mangle]
+pub unsafe extern "C" fn infer_response_free(r: *mut Response) {
+    value_boundary((), || {
+        if !r.is_null() {
+            drop(Box::from_raw(r));
+        }
+    })
+}

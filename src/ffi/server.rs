@@ -1,0 +1,510 @@
+//! Server options, the server handle, models, enqueue and operations.
+
+use super::*;
+use crate::backend::custom::{infer_backend, CustomBackend};
+use crate::log::Logger;
+use crate::request::{in_callback, Request, Response, ResponseSink};
+use crate::server::{GpuMode, Server, ServerOptions};
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The server handle (`infer_server`).
+pub struct ServerHandle {
+    pub(crate) server: Arc<Server>,
+    freed_in_shutdown: std::sync::atomic::AtomicBool,
+}
+
+const DEFAULT_SHUTDOWN: Duration = Duration::from_secs(30);
+
+/// Creates server options with defaults: no repository, load every model at start-up,
+/// GPU AUTO, errors and warnings to stderr. The caller owns `*out` and frees it with
+/// `infer_server_options_free`.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_options_new(out: *mut *mut ServerOptions) -> infer_status {
+    status_boundary(|| {
+        if out.is_null() {
+            return Err(Error::invalid("argument 'out' must not be NULL"));
+        }
+        write_out(
+            out,
+            "out",
+            Box::into_raw(Box::new(ServerOptions::default())),
+        )
+    })
+}
+
+/// Frees options (NULL is ignored). Backends registered on options that never made a
+/// server are finalized here.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_options_free(opts: *mut ServerOptions) {
+    value_boundary((), || {
+        if !opts.is_null() {
+            drop(Box::from_raw(opts));
+        }
+    })
+}
+
+/// Sets the model repository: a folder of `<model>/config.pbtxt` (Triton's layout).
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_options_set_model_repository(
+    opts: *mut ServerOptions,
+    path: *const c_char,
+) -> infer_status {
+    status_boundary(|| {
+        let o = arg_mut(opts, "opts")?;
+        let p = arg_str(path, "path")?;
+        if p.is_empty() {
+            return Err(Error::invalid("model repository path must not be empty"));
+        }
+        o.repository = Some(p.into());
+        Ok(())
+    })
+}
+
+/// false (default): every model in the repository is loaded by `infer_server_new`;
+/// true: only models loaded with `infer_server_load_model`.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_options_set_model_control_explicit(
+    opts: *mut ServerOptions,
+    explicit_: bool,
+) -> infer_status {
+    status_boundary(|| {
+        arg_mut(opts, "opts")?.explicit_model_control = explicit_;
+        Ok(())
+    })
+}
+
+/// GPU use: INFER_GPU_AUTO (0, use one when present), INFER_GPU_OFF (1, never touch
+/// CUDA), INFER_GPU_REQUIRED (2, `infer_server_new` fails with UNAVAILABLE without one).
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_options_set_gpu(
+    opts: *mut ServerOptions,
+    mode: u32,
+) -> infer_status {
+    status_boundary(|| {
+        let o = arg_mut(opts, "opts")?;
+        o.gpu = match mode {
+            0 => GpuMode::Auto,
+            1 => GpuMode::Off,
+            2 => GpuMode::Required,
+            m => {
+                return Err(Error::invalid(format!(
+                    "GPU mode {m} is not one of AUTO=0, OFF=1, REQUIRED=2"
+                )))
+            }
+        };
+        Ok(())
+    })
+}
+
+/// Sends log messages of `min_level` and more severe (ERROR=1 WARN=2 INFO=3 DEBUG=4) to
+/// `fn`, from any library thread. NULL `fn` restores the default (stderr).
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_options_set_log_callback(
+    opts: *mut ServerOptions,
+    min_level: u32,
+    func: infer_log_fn,
+    user_data: *mut c_void,
+) -> infer_status {
+    status_boundary(|| {
+        let o = arg_mut(opts, "opts")?;
+        if !(1..=4).contains(&min_level) {
+            return Err(Error::invalid(format!(
+                "log level {min_level} is not one of ERROR=1..DEBUG=4"
+            )));
+        }
+        o.log = match func {
+            Some(_) => Logger::new(func, user_data, min_level),
+            None => Logger::default(),
+        };
+        Ok(())
+    })
+}
+
+unsafe fn make_backend(
+    name: *const c_char,
+    backend: *const infer_backend,
+    user_data: *mut c_void,
+) -> Result<(String, Arc<CustomBackend>)> {
+    let name = arg_str(name, "name")?;
+    if name.is_empty() {
+        return Err(Error::invalid("backend name must not be empty"));
+    }
+    arg_ref(backend, "backend")?;
+    Ok((
+        name.to_owned(),
+        Arc::new(CustomBackend::from_c(name, backend, user_data)?),
+    ))
+}
+
+/// Registers a custom backend on the options, for models loaded at start-up. The struct
+/// is copied; `finalize` runs once, when no server needs the backend any more.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_options_register_backend(
+    opts: *mut ServerOptions,
+    name: *const c_char,
+    backend: *const infer_backend,
+    backend_user_data: *mut c_void,
+) -> infer_status {
+    status_boundary(|| {
+        let o = arg_mut(opts, "opts")?;
+        let (name, b) = make_backend(name, backend, backend_user_data)?;
+        if o.backends.iter().any(|(n, _)| *n == name) {
+            return Err(Error::new(
+                Code::AlreadyExists,
+                format!("a backend named '{name}' is already registered"),
+            ));
+        }
+        o.backends.push((name, b));
+        Ok(())
+    })
+}
+
+/// Registers a custom backend on a running server; models using it can be loaded after.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_register_backend(
+    s: *mut ServerHandle,
+    name: *const c_char,
+    backend: *const infer_backend,
+    backend_user_data: *mut c_void,
+) -> infer_status {
+    status_boundary(|| {
+        let s = arg_ref(s, "s")?;
+        let (name, b) = make_backend(name, backend, backend_user_data)?;
+        s.server.register_backend(&name, b)
+    })
+}
+
+/// Creates a server (NULL options = defaults). With a repository and no explicit model
+/// control, every model in it is loaded; the first failure fails the call. The caller
+/// owns `*out` and frees it with `infer_server_free`.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_new(
+    opts: *const ServerOptions,
+    out: *mut *mut ServerHandle,
+) -> infer_status {
+    status_boundary(|| {
+        if out.is_null() {
+            return Err(Error::invalid("argument 'out' must not be NULL"));
+        }
+        let o = opts.as_ref().cloned().unwrap_or_default();
+        let server = Server::new(o)?;
+        write_out(
+            out,
+            "out",
+            Box::into_raw(Box::new(ServerHandle {
+                server,
+                freed_in_shutdown: std::sync::atomic::AtomicBool::new(false),
+            })),
+        )
+    })
+}
+
+/// Stops accepting requests (enqueue -> UNAVAILABLE), lets queued and running requests
+/// finish, and after `timeout_ms` cancels what remains (each gets a FINAL CANCELLED).
+/// Returns when every worker thread has stopped. Idempotent. Must not be called from a
+/// response callback (INVALID_ARGUMENT).
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_shutdown(
+    s: *mut ServerHandle,
+    timeout_ms: u64,
+) -> infer_status {
+    status_boundary(|| {
+        let s = arg_ref(s, "s")?;
+        if in_callback() {
+            return Err(Error::invalid(
+                "infer_server_shutdown must not be called from a response callback",
+            ));
+        }
+        s.server.shutdown(Duration::from_millis(timeout_ms));
+        s.freed_in_shutdown
+            .store(true, std::sync::atomic::Ordering::Release);
+        Ok(())
+    })
+}
+
+/// Shuts down (30 s drain) and releases the server. NULL is ignored. Calling it from a
+/// response callback is refused: the error is logged and set as this thread's last error,
+/// and the server stays alive.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_free(s: *mut ServerHandle) {
+    value_boundary((), || {
+        if s.is_null() {
+            return;
+        }
+        if in_callback() {
+            let e = Error::invalid("infer_server_free must not be called from a response callback; the server was not freed");
+            (*s).server.log().error(&e.message);
+            set_last_error(&e);
+            return;
+        }
+        let h = Box::from_raw(s);
+        h.server.shutdown(DEFAULT_SHUTDOWN);
+    })
+}
+
+/// Loads a model, or replaces it when the name is loaded (new requests go to the new
+/// model, in-flight ones finish on the old one). `config_text` is config.pbtxt text or
+/// the same schema as JSON; NULL reads `<model_dir>/config.pbtxt`. `model_dir` NULL means
+/// `<repository>/<name>` (or no directory).
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_load_model(
+    s: *mut ServerHandle,
+    name: *const c_char,
+    config_text: *const c_char,
+    model_dir: *const c_char,
+) -> infer_status {
+    status_boundary(|| {
+        let s = arg_ref(s, "s")?;
+        let name = arg_str(name, "name")?;
+        let text = opt_str(config_text, "config_text")?;
+        let dir = opt_str(model_dir, "model_dir")?;
+        s.server
+            .load_model(name, text, dir.map(std::path::Path::new))
+    })
+}
+
+/// Unloads a model after its queued and running requests finish.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_unload_model(
+    s: *mut ServerHandle,
+    name: *const c_char,
+) -> infer_status {
+    status_boundary(|| {
+        let s = arg_ref(s, "s")?;
+        s.server.unload_model(arg_str(name, "name")?)
+    })
+}
+
+/// Writes whether `version` (-1 = latest) of the model is loaded and serving.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_model_ready(
+    s: *mut ServerHandle,
+    name: *const c_char,
+    version: i64,
+    ready: *mut bool,
+) -> infer_status {
+    status_boundary(|| {
+        let s = arg_ref(s, "s")?;
+        let name = arg_str(name, "name")?;
+        write_out(ready, "ready", s.server.model_ready(name, version))
+    })
+}
+
+/// The model's configuration as JSON (Triton's field names). The caller frees `*json_out`
+/// with `infer_string_free`.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_model_config_json(
+    s: *mut ServerHandle,
+    name: *const c_char,
+    version: i64,
+    json_out: *mut *mut c_char,
+) -> infer_status {
+    status_boundary(|| {
+        let s = arg_ref(s, "s")?;
+        if json_out.is_null() {
+            return Err(Error::invalid("argument 'json_out' must not be NULL"));
+        }
+        let json = s
+            .server
+            .model_config_json(arg_str(name, "name")?, version)?;
+        write_out(json_out, "json_out", owned_string(json))
+    })
+}
+
+/// Statistics of one model (or all with NULL) as JSON. The caller frees `*json_out` with
+/// `infer_string_free`.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_statistics_json(
+    s: *mut ServerHandle,
+    name: *const c_char,
+    json_out: *mut *mut c_char,
+) -> infer_status {
+    status_boundary(|| {
+        let s = arg_ref(s, "s")?;
+        if json_out.is_null() {
+            return Err(Error::invalid("argument 'json_out' must not be NULL"));
+        }
+        let json = s.server.statistics_json(opt_str(name, "name")?)?;
+        write_out(json_out, "json_out", owned_string(json))
+    })
+}
+
+/// The same counters in Prometheus text format. The caller frees `*text_out` with
+/// `infer_string_free`.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_metrics_prometheus(
+    s: *mut ServerHandle,
+    text_out: *mut *mut c_char,
+) -> infer_status {
+    status_boundary(|| {
+        let s = arg_ref(s, "s")?;
+        if text_out.is_null() {
+            return Err(Error::invalid("argument 'text_out' must not be NULL"));
+        }
+        write_out(
+            text_out,
+            "text_out",
+            owned_string(s.server.metrics_prometheus()),
+        )
+    })
+}
+
+/// Holds batch formation for a model: requests are still accepted (queue limits and
+/// timeouts apply) but nothing starts until `infer_server_resume_model`.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_pause_model(
+    s: *mut ServerHandle,
+    name: *const c_char,
+) -> infer_status {
+    status_boundary(|| {
+        arg_ref(s, "s")?
+            .server
+            .set_paused(arg_str(name, "name")?, true)
+    })
+}
+
+/// Resumes a paused model.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_resume_model(
+    s: *mut ServerHandle,
+    name: *const c_char,
+) -> infer_status {
+    status_boundary(|| {
+        arg_ref(s, "s")?
+            .server
+            .set_paused(arg_str(name, "name")?, false)
+    })
+}
+
+/// Receives a response: `response` is owned by the receiver and freed with
+/// `infer_response_free` (any thread, any time); `flags` has INFER_RESPONSE_FLAG_FINAL on
+/// the last call for the request.
+pub type infer_response_fn =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, response: *mut Response, flags: u32)>;
+
+/// Receives a log message (ERROR=1 WARN=2 INFO=3 DEBUG=4), from any library thread.
+pub type infer_log_fn =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, level: u32, message: *const c_char)>;
+
+/// Queues a request. Always takes ownership of `r`, also on failure. On OK, `on_response`
+/// is called (on a library thread) one or more times, exactly one call carrying
+/// INFER_RESPONSE_FLAG_FINAL, and it is the last; on failure it is never called. Never
+/// blocks on execution: a full queue is RESOURCE_EXHAUSTED at once. `request_id_out` may
+/// be NULL. May be called from any thread, including from a callback.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_enqueue(
+    s: *mut ServerHandle,
+    r: *mut Request,
+    on_response: infer_response_fn,
+    user_data: *mut c_void,
+    request_id_out: *mut u64,
+) -> infer_status {
+    status_boundary(|| {
+        let req = if r.is_null() {
+            return Err(Error::invalid("argument 'r' must not be NULL"));
+        } else {
+            Box::from_raw(r)
+        };
+        let s = arg_ref(s, "s")?;
+        let f =
+            on_response.ok_or_else(|| Error::invalid("argument 'on_response' must not be NULL"))?;
+        enqueue_with(s, req, ResponseSink::new(f, user_data), request_id_out)
+    })
+}
+
+unsafe fn enqueue_with(
+    s: &ServerHandle,
+    mut req: Box<Request>,
+    sink: ResponseSink,
+    id_out: *mut u64,
+) -> Result<()> {
+    req.sink = Some(sink);
+    let id = s.server.enqueue(req)?;
+    if !id_out.is_null() {
+        id_out.write(id);
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Waiter {
+    slot: parking_lot::Mutex<Option<*mut Response>>,
+    cv: parking_lot::Condvar,
+}
+
+// SAFETY: the response pointer is handed from the callback thread to the waiting thread
+// exactly once.
+unsafe impl Send for Waiter {}
+unsafe impl Sync for Waiter {}
+
+/// `user_data` is an `Arc<Waiter>` reference that the FINAL call releases, so the waiter
+/// outlives the last touch of it whichever thread finishes first.
+unsafe extern "C" fn infer_wake(user_data: *mut c_void, resp: *mut Response, flags: u32) {
+    if flags & INFER_RESPONSE_FLAG_FINAL == 0 {
+        drop(Box::from_raw(resp)); // only the FINAL response is returned
+        return;
+    }
+    let w = Arc::from_raw(user_data as *const Waiter);
+    *w.slot.lock() = Some(resp);
+    w.cv.notify_one();
+}
+
+/// Runs a request and waits for its FINAL response (convenience for one-response
+/// models). Takes ownership of `r`. Returns OK with `*response_out` set (check
+/// `infer_response_status` for the model's result), or an error if the request was not
+/// accepted. Never call it from a response callback (INVALID_ARGUMENT).
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_infer(
+    s: *mut ServerHandle,
+    r: *mut Request,
+    response_out: *mut *mut Response,
+) -> infer_status {
+    status_boundary(|| {
+        let req = if r.is_null() {
+            return Err(Error::invalid("argument 'r' must not be NULL"));
+        } else {
+            Box::from_raw(r)
+        };
+        let s = arg_ref(s, "s")?;
+        if response_out.is_null() {
+            return Err(Error::invalid("argument 'response_out' must not be NULL"));
+        }
+        if in_callback() {
+            return Err(Error::invalid(
+                "infer_server_infer must not be called from a response callback",
+            ));
+        }
+        let waiter = Arc::new(Waiter::default());
+        let ud = Arc::into_raw(waiter.clone()) as *mut c_void;
+        if let Err(e) = enqueue_with(
+            s,
+            req,
+            ResponseSink::new(infer_wake, ud),
+            std::ptr::null_mut(),
+        ) {
+            drop(Arc::from_raw(ud as *const Waiter)); // not accepted: the callback never runs
+            return Err(e);
+        }
+        let mut slot = waiter.slot.lock();
+        while slot.is_none() {
+            waiter.cv.wait(&mut slot);
+        }
+        let resp = slot.take().unwrap_or(std::ptr::null_mut());
+        drop(slot);
+        response_out.write(resp);
+        Ok(())
+    })
+}
+
+/// Cancels a request: a queued one ends at once with a FINAL CANCELLED response; one that
+/// is executing finishes normally (OK is returned). Unknown or finished ids are
+/// NOT_FOUND. Idempotent, best effort, callable from any thread.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_cancel(
+    s: *mut ServerHandle,
+    request_id: u64,
+) -> infer_status {
+    status_boundary(|| arg_ref(s, "s")?.server.cancel(request_id))
+}

@@ -1,0 +1,20 @@
+//! libinfer: an inference server that lives inside the caller's process.
+//!
+//! The C API (`include/infer.h`, generated from [`ffi`]) is the product; the Rust modules
+//! behind it are public so tests and benchmarks can reach them, but they are not a stable
+//! Rust API.
+
+pub mod backend;
+pub mod config;
+pub mod ffi;
+pub mod log;
+pub mod model;
+pub mod request;
+pub mod scheduler;
+pub mod server;
+pub mod stats;
+pub mod status;
+pub mod tensor;
+
+/// The library version (Cargo package version).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

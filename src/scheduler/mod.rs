@@ -1,0 +1,559 @@
+//! Scheduling: the queue in front of a model version and the worker threads (one per
+//! model instance) that form batches from it and execute them.
+//!
+//! Workers pull: an idle worker locks the queue, applies timeouts, asks the pure batch
+//! decision ([`dynamic::decide`]) what to send, and executes it after unlocking. The
+//! default scheduler is the same machinery with a batch size of one. No lock is held while
+//! a backend or a response callback runs.
+
+pub mod dynamic;
+pub mod queue;
+
+use crate::backend::{Batch, ModelInstance};
+use crate::config::ModelConfig;
+use crate::log::Logger;
+use crate::request::{ModelIdentity, Request, Response, ResponseSink};
+use crate::stats::ModelStats;
+use crate::status::{Error, Result};
+use dynamic::{decide, BatchPolicy, Decision};
+use parking_lot::{Condvar, Mutex};
+use queue::{PriorityQueue, Queued};
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker spins before it sleeps: a request that arrives meanwhile
+/// starts without a thread wake-up, which dominates latency for small models.
+const IDLE_SPIN: Duration = Duration::from_micros(50);
+
+struct State {
+    queue: PriorityQueue,
+    paused: bool,
+    /// No new requests; workers finish what is queued and exit.
+    closed: bool,
+    /// Batches taken from the queue and not yet answered.
+    executing: usize,
+    next_batch_seq: u64,
+}
+
+/// Responses of finished batches waiting for earlier batches (preserve_ordering).
+#[derive(Default)]
+struct Reorder {
+    next: u64,
+    ready: BTreeMap<u64, Vec<(ResponseSink, Response)>>,
+    delivering: bool,
+}
+
+/// The outcome of a cancel request for one scheduler.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CancelOutcome {
+    Cancelled,
+    /// Executing: it finishes normally.
+    Running,
+    NotFound,
+}
+
+pub struct Scheduler {
+    pub model: ModelIdentity,
+    pub config: Arc<ModelConfig>,
+    pub stats: ModelStats,
+    policy: BatchPolicy,
+    preserve_ordering: bool,
+    in_names: Vec<Arc<CString>>,
+    out_names: Vec<Arc<CString>>,
+    state: Mutex<State>,
+    cv: Condvar,
+    /// Mirror of the queue length for spinning workers.
+    pending: AtomicUsize,
+    reorder: Mutex<Reorder>,
+    /// Request ids each worker is executing now (for cancel).
+    running: Vec<Mutex<Vec<u64>>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+    worker_threads: Mutex<Vec<std::thread::ThreadId>>,
+    log: Logger,
+}
+
+fn c_name(s: &str) -> Arc<CString> {
+    Arc::new(CString::new(s.replace('\0', "")).unwrap_or_default())
+}
+
+impl Scheduler {
+    /// Starts one worker thread per instance.
+    pub fn start(
+        model: ModelIdentity,
+        config: Arc<ModelConfig>,
+        instances: Vec<Box<dyn ModelInstance>>,
+        log: Logger,
+    ) -> Result<Arc<Scheduler>> {
+        let db = config.dynamic_batching.as_ref();
+        let policy = match db {
+            Some(db) => BatchPolicy {
+                max_batch_size: config.max_batch_size.max(1),
+                preferred: db.preferred_batch_size.clone(),
+                max_queue_delay: Duration::from_micros(db.max_queue_delay_us),
+            },
+            None => BatchPolicy::single(),
+        };
+        let sched = Arc::new(Scheduler {
+            model,
+            stats: ModelStats::new(config.max_batch_size),
+            policy,
+            preserve_ordering: db.is_some_and(|d| d.preserve_ordering),
+            in_names: config.inputs.iter().map(|t| c_name(&t.name)).collect(),
+            out_names: config.outputs.iter().map(|t| c_name(&t.name)).collect(),
+            state: Mutex::new(State {
+                queue: PriorityQueue::new(db),
+                paused: false,
+                closed: false,
+                executing: 0,
+                next_batch_seq: 0,
+            }),
+            cv: Condvar::new(),
+            pending: AtomicUsize::new(0),
+            reorder: Mutex::new(Reorder::default()),
+            running: instances.iter().map(|_| Mutex::new(Vec::new())).collect(),
+            workers: Mutex::new(Vec::new()),
+            worker_threads: Mutex::new(Vec::new()),
+            config,
+            log,
+        });
+        for (i, instance) in instances.into_iter().enumerate() {
+            let s = sched.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("infer-{}-{i}", s.model.name_str()))
+                .spawn(move || s.worker(i, instance))
+                .map_err(|e| Error::internal(format!("cannot start a worker thread: {e}")))?;
+            sched.worker_threads.lock().push(handle.thread().id());
+            sched.workers.lock().push(handle);
+        }
+        Ok(sched)
+    }
+
+    /// Queues a request. On failure the request comes back with the error so the caller
+    /// can retry elsewhere (a replaced model) or fail it; the callback is not called.
+    pub fn enqueue(
+        &self,
+        req: Box<Request>,
+        shape_key: Option<smallvec::SmallVec<[i64; 8]>>,
+    ) -> std::result::Result<(), (Box<Request>, Error)> {
+        let mut st = self.state.lock();
+        if st.closed {
+            drop(st);
+            let e = Error::unavailable(format!("model '{}' is unloading", self.model.name_str()));
+            return Err((req, e));
+        }
+        let level = match st.queue.level_of(req.priority) {
+            Ok(l) => l,
+            Err(e) => {
+                drop(st);
+                return Err((req, e.context(format!("model '{}'", self.model.name_str()))));
+            }
+        };
+        let deadline = st
+            .queue
+            .timeout_for(level, req.timeout_us)
+            .map(|t| req.enqueued_at + t);
+        let q = Queued {
+            req,
+            deadline,
+            shape_key,
+        };
+        if let Err((q, e)) = st.queue.push(level, q) {
+            drop(st);
+            return Err((
+                q.req,
+                e.context(format!("model '{}'", self.model.name_str())),
+            ));
+        }
+        self.pending.fetch_add(1, Ordering::Release);
+        drop(st);
+        self.cv.notify_one();
+        Ok(())
+    }
+
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    pub fn set_paused(&self, paused: bool) {
+        self.state.lock().paused = paused;
+        self.cv.notify_all();
+    }
+
+    /// Stops accepting requests; the workers drain the queue and exit.
+    pub fn close(&self) {
+        self.state.lock().closed = true;
+        self.cv.notify_all();
+    }
+
+    /// True when nothing is queued or executing.
+    pub fn is_idle(&self) -> bool {
+        let st = self.state.lock();
+        st.queue.is_empty() && st.executing == 0
+    }
+
+    /// Ends every queued request with CANCELLED.
+    pub fn cancel_all(&self, why: &str) {
+        let drained = {
+            let mut st = self.state.lock();
+            let d = st.queue.drain();
+            self.pending.store(0, Ordering::Release);
+            d
+        };
+        for q in drained {
+            self.fail(q.req, Error::cancelled(why.to_owned()));
+        }
+    }
+
+    pub fn cancel(&self, request_id: u64) -> CancelOutcome {
+        let removed = {
+            let mut st = self.state.lock();
+            let r = st.queue.remove(request_id);
+            if r.is_some() {
+                self.pending.fetch_sub(1, Ordering::Release);
+            }
+            r
+        };
+        if let Some(q) = removed {
+            let msg = format!(
+                "request {request_id} for model '{}' was cancelled",
+                self.model.name_str()
+            );
+            self.fail(q.req, Error::cancelled(msg));
+            return CancelOutcome::Cancelled;
+        }
+        if self.running.iter().any(|r| r.lock().contains(&request_id)) {
+            return CancelOutcome::Running;
+        }
+        CancelOutcome::NotFound
+    }
+
+    /// Waits for the worker threads to exit (after `close`). A worker of this model that
+    /// calls it (from a callback) does not wait for itself.
+    pub fn join(&self) {
+        let me = std::thread::current().id();
+        if self.worker_threads.lock().contains(&me) {
+            return;
+        }
+        let handles: Vec<_> = std::mem::take(&mut *self.workers.lock());
+        for h in handles {
+            let _ = h.join();
+        }
+    }
+
+    fn fail(&self, req: Box<Request>, err: Error) {
+        self.stats
+            .failure_count
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        req.fail(&self.model, err);
+    }
+
+    fn worker(self: Arc<Self>, index: usize, mut instance: Box<dyn ModelInstance>) {
+        let mut taken: Vec<Queued> = Vec::new();
+        let mut rejected: Vec<Queued> = Vec::new();
+        loop {
+            let seq = match self.next_batch(&mut taken, &mut rejected) {
+                Some(seq) => seq,
+                None => break,
+            };
+            for q in rejected.drain(..) {
+                let msg = format!(
+                    "request {} for model '{}' timed out in the queue",
+                    q.req.id,
+                    self.model.name_str()
+                );
+                self.fail(q.req, Error::deadline(msg));
+            }
+            if taken.is_empty() {
+                continue;
+            }
+            let requests: Vec<Box<Request>> = taken.drain(..).map(|q| q.req).collect();
+            {
+                let mut running = self.running[index].lock();
+                running.clear();
+                running.extend(requests.iter().map(|r| r.id));
+            }
+            let answers = self.execute(instance.as_mut(), requests);
+            self.running[index].lock().clear();
+            self.deliver(seq, answers);
+            let mut st = self.state.lock();
+            st.executing -= 1;
+        }
+        drop(instance);
+    }
+
+    /// Blocks until there is a batch (returns its sequence number, requests in `taken`)
+    /// or timed-out requests to answer (`taken` empty), or the scheduler is closed and
+    /// drained (None).
+    fn next_batch(&self, taken: &mut Vec<Queued>, rejected: &mut Vec<Queued>) -> Option<u64> {
+        let mut st = self.state.lock();
+        loop {
+            if st.queue.is_empty() {
+                if st.closed {
+                    return None;
+                }
+                // Spin briefly before sleeping: see IDLE_SPIN.
+                drop(st);
+                let start = Instant::now();
+                while self.pending.load(Ordering::Acquire) == 0 && start.elapsed() < IDLE_SPIN {
+                    std::hint::spin_loop();
+                }
+                st = self.state.lock();
+                if st.queue.is_empty() && !st.closed {
+                    self.cv.wait(&mut st);
+                }
+                continue;
+            }
+            if st.paused {
+                self.cv.wait(&mut st);
+                continue;
+            }
+            let now = Instant::now();
+            let before = st.queue.len();
+            st.queue.expire(now, rejected);
+            let expired = before - st.queue.len();
+            if expired > 0 {
+                self.pending.fetch_sub(expired, Ordering::Release);
+                return Some(0);
+            }
+            match decide(&self.policy, st.queue.iter().map(|q| q.candidate()), now) {
+                Decision::Execute(n) => {
+                    st.queue.pop_front(n, taken);
+                    self.pending.fetch_sub(taken.len(), Ordering::Release);
+                    st.executing += 1;
+                    let seq = st.next_batch_seq;
+                    st.next_batch_seq += 1;
+                    let more = !st.queue.is_empty();
+                    drop(st);
+                    if more {
+                        self.cv.notify_one();
+                    }
+                    return Some(seq);
+                }
+                Decision::WaitUntil(t) => {
+                    let t = st.queue.next_deadline().map_or(t, |d| d.min(t));
+                    self.cv.wait_until(&mut st, t);
+                }
+                Decision::Idle => {
+                    self.cv.wait(&mut st);
+                }
+            }
+        }
+    }
+
+    /// Runs one batch and turns the result into one FINAL response per request.
+    fn execute(
+        &self,
+        instance: &mut dyn ModelInstance,
+        requests: Vec<Box<Request>>,
+    ) -> Vec<(ResponseSink, Response)> {
+        let start = Instant::now();
+        for r in &requests {
+            self.stats
+                .queue_us
+                .record(start.saturating_duration_since(r.enqueued_at).as_micros() as u64);
+        }
+        let nreq = requests.len() as u64;
+        let mut batch = match Batch::assemble(self.config.clone(), &self.in_names, requests) {
+            Ok(b) => b,
+            Err(e) => {
+                // assemble only fails on an internal inconsistency; nothing ran.
+                self.log
+                    .error(&format!("model '{}': {}", self.model.name_str(), e.message));
+                return Vec::new();
+            }
+        };
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            instance.execute(&mut batch)
+        }));
+        let compute = start.elapsed().as_micros() as u64;
+        self.stats.record_execution(batch.size, nreq, compute);
+        let result = match result {
+            Ok(r) => r,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(Error::internal(format!(
+                    "model '{}': the backend panicked: {what}",
+                    self.model.name_str()
+                )))
+            }
+        };
+        self.split(batch, result)
+    }
+
+    fn split(&self, batch: Batch, result: Result<()>) -> Vec<(ResponseSink, Response)> {
+        let Batch {
+            requests,
+            size,
+            outputs,
+            row_errors,
+            config,
+            ..
+        } = batch;
+        let mut answers = Vec::with_capacity(requests.len());
+        let outputs_checked: Result<Vec<_>> = match &result {
+            Ok(()) => outputs
+                .into_iter()
+                .map(|o| {
+                    let name = self
+                        .out_names
+                        .iter()
+                        .zip(&config.outputs)
+                        .find(|(_, t)| t.name == o.name)
+                        .map(|(c, _)| c.clone())
+                        .unwrap_or_else(|| c_name(&o.name));
+                    let offsets = if o.dtype == crate::tensor::DataType::Bytes {
+                        Batch::check_bytes_output(&o)?;
+                        Some(crate::tensor::bytes_element_offsets(&o.data))
+                    } else {
+                        None
+                    };
+                    Ok((name, o.dtype, o.shape, Arc::new(o.data), offsets))
+                })
+                .collect(),
+            Err(e) => Err(e.clone()),
+        };
+        let mut row = 0u32;
+        for mut req in requests {
+            let rows = req.batch_size;
+            let first_row = row;
+            row += rows;
+            let Some(sink) = req.sink.take() else {
+                continue;
+            };
+            let outs = match &outputs_checked {
+                Ok(o) => o,
+                Err(e) => {
+                    self.stats.failure_count.fetch_add(1, Ordering::Relaxed);
+                    let resp = Response::error(req.id, &self.model, &req.correlation_id, e.clone());
+                    answers.push((sink, resp));
+                    continue;
+                }
+            };
+            if let Some((_, e)) = row_errors
+                .iter()
+                .find(|(r, _)| *r >= first_row && *r < first_row + rows)
+            {
+                self.stats.failure_count.fetch_add(1, Ordering::Relaxed);
+                let resp = Response::error(req.id, &self.model, &req.correlation_id, e.clone());
+                answers.push((sink, resp));
+                continue;
+            }
+            let mut resp = Response::ok(req.id, &self.model, &req.correlation_id);
+            let mut missing = None;
+            for want in &req.requested_outputs {
+                if !outs.iter().any(|o| o.0.as_bytes() == want.as_bytes()) {
+                    missing = Some(want.clone());
+                }
+            }
+            if let Some(m) = missing {
+                self.stats.failure_count.fetch_add(1, Ordering::Relaxed);
+                let e = Error::internal(format!(
+                    "model '{}': the backend did not produce output '{m}'",
+                    self.model.name_str()
+                ));
+                answers.push((
+                    sink,
+                    Response::error(req.id, &self.model, &req.correlation_id, e),
+                ));
+                continue;
+            }
+            resp.outputs.reserve(outs.len());
+            for (name, dtype, shape, buf, offsets) in outs {
+                if !req.wants_output(name.to_str().unwrap_or("")) {
+                    continue;
+                }
+                let (offset, len, shape) = row_window(
+                    &config,
+                    size,
+                    first_row,
+                    rows,
+                    shape,
+                    buf.len(),
+                    offsets.as_deref(),
+                );
+                resp.outputs.push(crate::request::OutputTensor {
+                    name: name.clone(),
+                    dtype: *dtype,
+                    shape,
+                    data: crate::tensor::TensorData::Shared {
+                        buf: buf.clone(),
+                        offset,
+                        len,
+                    },
+                });
+            }
+            self.stats.success_count.fetch_add(1, Ordering::Relaxed);
+            answers.push((sink, resp));
+        }
+        answers
+    }
+
+    /// Hands responses to their callbacks, in batch order when preserve_ordering is set.
+    fn deliver(&self, seq: u64, answers: Vec<(ResponseSink, Response)>) {
+        if !self.preserve_ordering {
+            for (sink, resp) in answers {
+                sink.send_final(resp);
+            }
+            return;
+        }
+        let mut ro = self.reorder.lock();
+        ro.ready.insert(seq, answers);
+        if ro.delivering {
+            return; // the worker delivering now will reach this batch
+        }
+        ro.delivering = true;
+        loop {
+            let next = ro.next;
+            let Some(batch) = ro.ready.remove(&next) else {
+                break;
+            };
+            ro.next += 1;
+            drop(ro);
+            for (sink, resp) in batch {
+                sink.send_final(resp);
+            }
+            ro = self.reorder.lock();
+        }
+        ro.delivering = false;
+    }
+}
+
+/// The byte window and shape of `rows` rows starting at `first_row` of a batch output.
+fn row_window(
+    config: &ModelConfig,
+    batch_rows: u32,
+    first_row: u32,
+    rows: u32,
+    shape: &crate::request::Shape,
+    total: usize,
+    bytes_offsets: Option<&[usize]>,
+) -> (usize, usize, crate::request::Shape) {
+    if config.max_batch_size == 0 || batch_rows == 0 {
+        return (0, total, shape.clone());
+    }
+    let mut s = shape.clone();
+    if let Some(d0) = s.first_mut() {
+        *d0 = rows as i64;
+    }
+    match bytes_offsets {
+        None => {
+            let per_row = total / batch_rows as usize;
+            (per_row * first_row as usize, per_row * rows as usize, s)
+        }
+        Some(offs) => {
+            let elems = offs.len().saturating_sub(1);
+            let per_row = elems / batch_rows as usize;
+            let a = offs[(per_row * first_row as usize).min(elems)];
+            let b = offs[(per_row * (first_row + rows) as usize).min(elems)];
+            (a, b - a, s)
+        }
+    }
+}

@@ -1,0 +1,535 @@
+//! The server: backends, the model registry (name -> versions -> scheduler), model
+//! lifecycle (load, replace, unload, shutdown with drain) and request routing.
+//!
+//! Lifecycle changes never fail or lose an accepted request: a replaced or unloaded
+//! version stops accepting work, finishes what it has queued and only then goes away.
+
+use crate::backend::{builtin, custom::CustomBackend, Backend};
+use crate::config::{parse_config_named, InstanceKind, ModelConfig, VersionPolicy};
+use crate::log::Logger;
+use crate::model::prepare;
+use crate::request::{ModelIdentity, Request};
+use crate::scheduler::{CancelOutcome, Scheduler};
+use crate::stats::PromText;
+use crate::status::{Code, Error, Result};
+use parking_lot::{Mutex, RwLock};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// GPU use, as `infer_server_options_set_gpu` sets it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuMode {
+    Auto = 0,
+    Off = 1,
+    Required = 2,
+}
+
+#[derive(Clone)]
+pub struct ServerOptions {
+    pub repository: Option<PathBuf>,
+    pub explicit_model_control: bool,
+    pub gpu: GpuMode,
+    pub log: Logger,
+    pub backends: Vec<(String, Arc<CustomBackend>)>,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            repository: None,
+            explicit_model_control: false,
+            gpu: GpuMode::Auto,
+            log: Logger::default(),
+            backends: Vec::new(),
+        }
+    }
+}
+
+/// A loaded model: its config and its ready versions.
+struct ModelEntry {
+    config: Arc<ModelConfig>,
+    versions: BTreeMap<i64, Arc<Scheduler>>,
+}
+
+impl ModelEntry {
+    fn version(&self, name: &str, version: i64) -> Result<&Arc<Scheduler>> {
+        let found = if version < 0 {
+            self.versions.values().next_back()
+        } else {
+            self.versions.get(&version)
+        };
+        found.ok_or_else(|| {
+            let have: Vec<String> = self.versions.keys().map(|v| v.to_string()).collect();
+            Error::not_found(format!(
+                "model '{name}' has no ready version {version} (ready: {})",
+                have.join(", ")
+            ))
+        })
+    }
+}
+
+pub struct Server {
+    opts: ServerOptions,
+    log: Logger,
+    backends: RwLock<HashMap<String, Arc<dyn Backend>>>,
+    models: RwLock<HashMap<String, ModelEntry>>,
+    /// Replaced or unloaded versions that may still hold queued or running requests.
+    retired: Mutex<Vec<Arc<Scheduler>>>,
+    /// Serialises load / unload / shutdown.
+    lifecycle: Mutex<()>,
+    next_request_id: AtomicU64,
+    accepting: AtomicBool,
+}
+
+/// How long enqueue retries when it meets a version that is being replaced.
+const REPLACE_RETRIES: usize = 8;
+
+impl Server {
+    pub fn new(opts: ServerOptions) -> Result<Arc<Server>> {
+        let log = opts.log.clone();
+        match opts.gpu {
+            GpuMode::Required => {
+                return Err(Error::unavailable(
+                    "GPU required but this build has no CUDA support: models run on the CPU only",
+                ))
+            }
+            GpuMode::Auto => log.info("no GPU support in this build: models run on the CPU"),
+            GpuMode::Off => {}
+        }
+        let mut backends: HashMap<String, Arc<dyn Backend>> = HashMap::new();
+        for (name, b) in &opts.backends {
+            backends.insert(name.clone(), b.clone());
+        }
+        let server = Arc::new(Server {
+            log,
+            backends: RwLock::new(backends),
+            models: RwLock::new(HashMap::new()),
+            retired: Mutex::new(Vec::new()),
+            lifecycle: Mutex::new(()),
+            next_request_id: AtomicU64::new(1),
+            accepting: AtomicBool::new(true),
+            opts,
+        });
+        if let (Some(repo), false) = (&server.opts.repository, server.opts.explicit_model_control) {
+            let mut names = Vec::new();
+            let entries = std::fs::read_dir(repo).map_err(|e| {
+                Error::not_found(format!("model repository '{}': {e}", repo.display()))
+            })?;
+            for e in entries.flatten() {
+                let p = e.path();
+                if p.join("config.pbtxt").is_file() || p.join("config.json").is_file() {
+                    if let Some(n) = p.file_name().and_then(|n| n.to_str()) {
+                        names.push(n.to_owned());
+                    }
+                }
+            }
+            names.sort();
+            for n in names {
+                if let Err(e) = server.load_model(&n, None, None) {
+                    server.shutdown(Duration::from_secs(1));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(server)
+    }
+
+    pub fn log(&self) -> &Logger {
+        &self.log
+    }
+
+    pub fn register_backend(&self, name: &str, backend: Arc<CustomBackend>) -> Result<()> {
+        let mut b = self.backends.write();
+        if b.contains_key(name) {
+            return Err(Error::new(
+                Code::AlreadyExists,
+                format!("a backend named '{name}' is already registered"),
+            ));
+        }
+        b.insert(name.to_owned(), backend);
+        Ok(())
+    }
+
+    fn backend_for(&self, config: &ModelConfig) -> Result<Arc<dyn Backend>> {
+        if config.has_sequence_batching {
+            return Err(Error::unsupported(format!(
+                "model '{}': sequence_batching is not supported yet",
+                config.name
+            )));
+        }
+        if config.has_ensemble_scheduling || config.platform == "ensemble" {
+            return Err(Error::unsupported(format!(
+                "model '{}': ensemble models are not supported yet",
+                config.name
+            )));
+        }
+        let key = if config.backend.is_empty() {
+            &config.platform
+        } else {
+            &config.backend
+        };
+        if let Some(b) = self.backends.read().get(key.as_str()) {
+            return Ok(b.clone());
+        }
+        if let Some(b) = builtin::lookup(key) {
+            return Ok(b);
+        }
+        Err(Error::unsupported(format!(
+            "model '{}': no backend '{key}' (built in: identity, add_sub; register custom backends before loading)",
+            config.name
+        )))
+    }
+
+    fn model_dir(&self, name: &str, model_dir: Option<&Path>) -> Option<PathBuf> {
+        match model_dir {
+            Some(d) => Some(d.to_path_buf()),
+            None => self.opts.repository.as_ref().map(|r| r.join(name)),
+        }
+    }
+
+    /// Loads (or replaces) a model. `config_text` None reads the model's directory.
+    pub fn load_model(
+        &self,
+        name: &str,
+        config_text: Option<&str>,
+        model_dir: Option<&Path>,
+    ) -> Result<()> {
+        if name.is_empty() {
+            return Err(Error::invalid("model name must not be empty"));
+        }
+        if !self.accepting.load(Ordering::Acquire) {
+            return Err(Error::unavailable("the server is shutting down"));
+        }
+        let _guard = self.lifecycle.lock();
+        let dir = self.model_dir(name, model_dir);
+        let text = match config_text {
+            Some(t) => t.to_owned(),
+            None => {
+                let dir = dir.as_ref().ok_or_else(|| {
+                    Error::invalid(format!(
+                        "model '{name}': no config given and the server has no model repository"
+                    ))
+                })?;
+                read_config(dir).map_err(|e| e.context(format!("model '{name}'")))?
+            }
+        };
+        let config = Arc::new(parse_config_named(&text, Some(name))?);
+        let backend = self.backend_for(&config)?;
+        let versions = select_versions(&config, dir.as_deref().filter(|d| d.is_dir()))?;
+        let mut started: BTreeMap<i64, Arc<Scheduler>> = BTreeMap::new();
+        for v in versions {
+            match self.start_version(&config, &backend, v) {
+                Ok(s) => {
+                    started.insert(v, s);
+                }
+                Err(e) => {
+                    for s in started.values() {
+                        s.close();
+                        s.join();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let old = self.models.write().insert(
+            name.to_owned(),
+            ModelEntry {
+                config,
+                versions: started,
+            },
+        );
+        self.log.info(&format!("model '{name}' loaded"));
+        if let Some(old) = old {
+            self.retire(old.versions.into_values().collect());
+        }
+        Ok(())
+    }
+
+    fn start_version(
+        &self,
+        config: &Arc<ModelConfig>,
+        backend: &Arc<dyn Backend>,
+        version: i64,
+    ) -> Result<Arc<Scheduler>> {
+        let mut instances = Vec::new();
+        let mut index = 0u32;
+        for g in &config.instance_groups {
+            if g.kind == InstanceKind::Gpu {
+                return Err(Error::unsupported(format!(
+                    "model '{}': instance_group '{}' asks for KIND_GPU, but this build has no CUDA support (use KIND_CPU or KIND_AUTO)",
+                    config.name, g.name
+                )));
+            }
+            for _ in 0..g.count.max(1) {
+                instances.push(backend.clone().create_instance(config, index, -1)?);
+                index += 1;
+            }
+        }
+        if instances.is_empty() {
+            instances.push(backend.clone().create_instance(config, 0, -1)?);
+        }
+        Scheduler::start(
+            ModelIdentity::new(&config.name, version),
+            config.clone(),
+            instances,
+            self.log.clone(),
+        )
+    }
+
+    /// Closes versions that no longer take requests and waits for them to drain.
+    fn retire(&self, versions: Vec<Arc<Scheduler>>) {
+        for s in &versions {
+            s.set_paused(false);
+            s.close();
+        }
+        self.retired.lock().extend(versions.iter().cloned());
+        for s in &versions {
+            s.join();
+        }
+        self.retired
+            .lock()
+            .retain(|r| !versions.iter().any(|v| Arc::ptr_eq(r, v)) || !r.is_idle());
+    }
+
+    pub fn unload_model(&self, name: &str) -> Result<()> {
+        let _guard = self.lifecycle.lock();
+        let entry = self
+            .models
+            .write()
+            .remove(name)
+            .ok_or_else(|| Error::not_found(format!("model '{name}' is not loaded")))?;
+        self.retire(entry.versions.into_values().collect());
+        self.log.info(&format!("model '{name}' unloaded"));
+        Ok(())
+    }
+
+    fn with_model<T>(&self, name: &str, f: impl FnOnce(&ModelEntry) -> Result<T>) -> Result<T> {
+        let models = self.models.read();
+        let e = models
+            .get(name)
+            .ok_or_else(|| Error::not_found(format!("model '{name}' is not loaded")))?;
+        f(e)
+    }
+
+    pub fn model_config(&self, name: &str) -> Option<Arc<ModelConfig>> {
+        self.models.read().get(name).map(|e| e.config.clone())
+    }
+
+    pub fn model_ready(&self, name: &str, version: i64) -> bool {
+        self.models
+            .read()
+            .get(name)
+            .is_some_and(|e| e.version(name, version).is_ok())
+    }
+
+    pub fn model_config_json(&self, name: &str, version: i64) -> Result<String> {
+        self.with_model(name, |e| {
+            e.version(name, version)?;
+            Ok(e.config.json.clone())
+        })
+    }
+
+    pub fn set_paused(&self, name: &str, paused: bool) -> Result<()> {
+        self.with_model(name, |e| {
+            for s in e.versions.values() {
+                s.set_paused(paused);
+            }
+            Ok(())
+        })
+    }
+
+    /// Routes a request to its model's scheduler. On error the request is dropped
+    /// without calling its callback (the caller reports the error).
+    pub fn enqueue(&self, mut req: Box<Request>) -> Result<u64> {
+        if !self.accepting.load(Ordering::Acquire) {
+            return Err(Error::unavailable("the server is shutting down"));
+        }
+        let id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+        req.id = id;
+        let mut last = None;
+        for _ in 0..REPLACE_RETRIES {
+            let result = self
+                .with_model(&req.model, |e| {
+                    Ok(e.version(&req.model, req.version)?.clone())
+                })
+                .and_then(|sched| Ok((prepare(&sched.config, &mut req)?, sched)));
+            let (key, sched) = match result {
+                Ok(v) => v,
+                Err(e) => {
+                    last = Some(e);
+                    break;
+                }
+            };
+            req.checked_against = Some(sched.config.clone());
+            if let Some(sink) = req.sink.as_mut() {
+                sink.set_fallback(id, sched.model.clone());
+            }
+            req.enqueued_at = Instant::now();
+            match sched.enqueue(req, key) {
+                Ok(()) => return Ok(id),
+                Err((r, e)) => {
+                    req = r;
+                    if e.code != Code::Unavailable {
+                        last = Some(e);
+                        break;
+                    }
+                    // The version was replaced between lookup and enqueue: look again.
+                    last = Some(e);
+                    std::thread::yield_now();
+                }
+            }
+        }
+        // Not accepted: the callback must never run.
+        if let Some(s) = req.sink.as_mut() {
+            s.disarm();
+        }
+        Err(last.unwrap_or_else(|| {
+            Error::unavailable(format!(
+                "model '{}' is being replaced; try again",
+                req.model
+            ))
+        }))
+    }
+
+    fn all_schedulers(&self) -> Vec<Arc<Scheduler>> {
+        let mut v: Vec<Arc<Scheduler>> = self
+            .models
+            .read()
+            .values()
+            .flat_map(|e| e.versions.values().cloned())
+            .collect();
+        v.extend(self.retired.lock().iter().cloned());
+        v
+    }
+
+    pub fn cancel(&self, request_id: u64) -> Result<()> {
+        for s in self.all_schedulers() {
+            match s.cancel(request_id) {
+                CancelOutcome::NotFound => continue,
+                CancelOutcome::Cancelled | CancelOutcome::Running => return Ok(()),
+            }
+        }
+        Err(Error::not_found(format!(
+            "request {request_id} is not queued or running (finished, or never enqueued)"
+        )))
+    }
+
+    pub fn statistics_json(&self, name: Option<&str>) -> Result<String> {
+        let models = self.models.read();
+        let mut names: Vec<&String> = models
+            .keys()
+            .filter(|n| name.is_none_or(|m| m == n.as_str()))
+            .collect();
+        if let (Some(n), true) = (name, names.is_empty()) {
+            return Err(Error::not_found(format!("model '{n}' is not loaded")));
+        }
+        names.sort();
+        let mut parts = Vec::new();
+        for n in names {
+            for (v, s) in &models[n].versions {
+                parts.push(s.stats.json(n, *v, s.pending()));
+            }
+        }
+        Ok(format!("{{\"models\":[{}]}}", parts.join(",")))
+    }
+
+    pub fn metrics_prometheus(&self) -> String {
+        let models = self.models.read();
+        let mut names: Vec<&String> = models.keys().collect();
+        names.sort();
+        let mut p = PromText::default();
+        for n in names {
+            for (v, s) in &models[n].versions {
+                s.stats.prometheus(&mut p, n, *v, s.pending());
+            }
+        }
+        p.render()
+    }
+
+    /// Stops accepting work, lets queued and running requests finish for up to `timeout`,
+    /// cancels what is left, and waits for every worker to stop. Idempotent.
+    pub fn shutdown(&self, timeout: Duration) {
+        self.accepting.store(false, Ordering::Release);
+        let _guard = self.lifecycle.lock();
+        let scheds = self.all_schedulers();
+        for s in &scheds {
+            s.set_paused(false);
+            s.close();
+        }
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline && !scheds.iter().all(|s| s.is_idle()) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for s in &scheds {
+            s.cancel_all("the server shut down before the request ran");
+        }
+        for s in &scheds {
+            s.join();
+        }
+        let entries: Vec<ModelEntry> = self.models.write().drain().map(|(_, e)| e).collect();
+        drop(entries);
+        self.retired.lock().clear();
+    }
+}
+
+fn read_config(dir: &Path) -> Result<String> {
+    for f in ["config.pbtxt", "config.json"] {
+        let p = dir.join(f);
+        if p.is_file() {
+            return std::fs::read_to_string(&p)
+                .map_err(|e| Error::invalid(format!("cannot read '{}': {e}", p.display())));
+        }
+    }
+    Err(Error::not_found(format!(
+        "no config.pbtxt in '{}'",
+        dir.display()
+    )))
+}
+
+/// The versions to serve: numbered folders chosen by the version policy, or version 1
+/// when the model has no numbered folders (built-in and custom backends need none).
+fn select_versions(config: &ModelConfig, dir: Option<&Path>) -> Result<Vec<i64>> {
+    let mut found: Vec<i64> = Vec::new();
+    if let Some(dir) = dir {
+        if let Ok(rd) = std::fs::read_dir(dir) {
+            for e in rd.flatten() {
+                if e.path().is_dir() {
+                    if let Some(v) = e.file_name().to_str().and_then(|s| s.parse::<i64>().ok()) {
+                        if v > 0 {
+                            found.push(v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    found.sort_unstable();
+    if found.is_empty() {
+        return Ok(vec![1]);
+    }
+    let chosen: Vec<i64> = match &config.version_policy {
+        VersionPolicy::All => found.clone(),
+        VersionPolicy::Latest(n) => found
+            .iter()
+            .rev()
+            .take((*n).max(1) as usize)
+            .rev()
+            .copied()
+            .collect(),
+        VersionPolicy::Specific(vs) => {
+            for v in vs {
+                if !found.contains(v) {
+                    return Err(Error::not_found(format!(
+                        "model '{}': version_policy names version {v}, but there is no folder {v}",
+                        config.name
+                    )));
+                }
+            }
+            vs.clone()
+        }
+    };
+    Ok(chosen)
+}

@@ -1,0 +1,332 @@
+//! Per model-version statistics: lock-free counters and log-bucketed latency histograms,
+//! rendered as JSON and Prometheus text.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Sub-buckets per power of two: bucket error is at most 1/SUB (about 6%).
+const SUB: u64 = 16;
+const OCTAVES: u64 = 40;
+
+/// A latency histogram in microseconds with percentile estimates.
+pub struct Histogram {
+    buckets: Box<[AtomicU64]>,
+    count: AtomicU64,
+    total: AtomicU64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            buckets: (0..(SUB * OCTAVES)).map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            total: AtomicU64::new(0),
+        }
+    }
+}
+
+fn bucket_of(v: u64) -> usize {
+    if v < SUB {
+        return v as usize;
+    }
+    let octave = 63 - v.leading_zeros() as u64; // >= 4
+    let shift = octave - 4;
+    let sub = (v >> shift) - SUB; // 0..SUB
+    (((octave - 3) * SUB + sub) as usize).min((SUB * OCTAVES - 1) as usize)
+}
+
+/// Upper bound of the values in a bucket (inclusive).
+fn bucket_upper(b: usize) -> u64 {
+    let b = b as u64;
+    if b < SUB {
+        return b;
+    }
+    let octave = b / SUB + 3;
+    let sub = b % SUB;
+    let shift = octave - 4;
+    ((SUB + sub + 1) << shift) - 1
+}
+
+impl Histogram {
+    pub fn record(&self, us: u64) {
+        self.buckets[bucket_of(us)].fetch_add(1, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+        self.total.fetch_add(us, Relaxed);
+    }
+    pub fn count(&self) -> u64 {
+        self.count.load(Relaxed)
+    }
+    pub fn total(&self) -> u64 {
+        self.total.load(Relaxed)
+    }
+    pub fn percentile(&self, p: f64) -> u64 {
+        let n = self.count();
+        if n == 0 {
+            return 0;
+        }
+        let rank = ((p * n as f64).ceil() as u64).clamp(1, n);
+        let mut seen = 0;
+        for (i, b) in self.buckets.iter().enumerate() {
+            seen += b.load(Relaxed);
+            if seen >= rank {
+                return bucket_upper(i);
+            }
+        }
+        bucket_upper(self.buckets.len() - 1)
+    }
+    fn json(&self) -> String {
+        format!(
+            "{{\"count\":{},\"total\":{},\"p50\":{},\"p99\":{}}}",
+            self.count(),
+            self.total(),
+            self.percentile(0.50),
+            self.percentile(0.99)
+        )
+    }
+}
+
+/// Counters of one model version.
+pub struct ModelStats {
+    pub inference_count: AtomicU64,
+    pub execution_count: AtomicU64,
+    pub success_count: AtomicU64,
+    pub failure_count: AtomicU64,
+    pub queue_us: Histogram,
+    pub compute_us: Histogram,
+    /// Index = executed batch size.
+    batch_sizes: Box<[AtomicU64]>,
+}
+
+impl ModelStats {
+    pub fn new(max_batch_size: u32) -> ModelStats {
+        ModelStats {
+            inference_count: AtomicU64::new(0),
+            execution_count: AtomicU64::new(0),
+            success_count: AtomicU64::new(0),
+            failure_count: AtomicU64::new(0),
+            queue_us: Histogram::default(),
+            compute_us: Histogram::default(),
+            batch_sizes: (0..=max_batch_size.max(1) as usize)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
+    }
+
+    pub fn record_execution(&self, batch_size: u32, requests: u64, compute_us: u64) {
+        self.execution_count.fetch_add(1, Relaxed);
+        self.inference_count.fetch_add(requests, Relaxed);
+        self.compute_us.record(compute_us);
+        let i = (batch_size as usize).min(self.batch_sizes.len() - 1);
+        self.batch_sizes[i].fetch_add(1, Relaxed);
+    }
+
+    /// (executed size, count) for every size seen.
+    pub fn batch_sizes(&self) -> Vec<(usize, u64)> {
+        self.batch_sizes
+            .iter()
+            .enumerate()
+            .map(|(s, c)| (s, c.load(Relaxed)))
+            .filter(|(_, c)| *c > 0)
+            .collect()
+    }
+
+    pub fn json(&self, name: &str, version: i64, pending: usize) -> String {
+        let sizes: Vec<String> = self
+            .batch_sizes()
+            .iter()
+            .map(|(s, c)| format!("{{\"size\":{s},\"count\":{c}}}"))
+            .collect();
+        format!(
+            "{{\"name\":{},\"version\":{version},\"inference_count\":{},\"execution_count\":{},\"success_count\":{},\"failure_count\":{},\"queue_us\":{},\"compute_us\":{},\"batch_sizes\":[{}],\"pending\":{pending}}}",
+            serde_json::Value::String(name.to_owned()),
+            self.inference_count.load(Relaxed),
+            self.execution_count.load(Relaxed),
+            self.success_count.load(Relaxed),
+            self.failure_count.load(Relaxed),
+            self.queue_us.json(),
+            self.compute_us.json(),
+            sizes.join(",")
+        )
+    }
+
+    /// Appends this version's samples to Prometheus families (name -> lines).
+    pub fn prometheus(&self, out: &mut PromText, name: &str, version: i64, pending: usize) {
+        let labels = format!("model=\"{}\",version=\"{version}\"", escape_label(name));
+        let c = |a: &AtomicU64| a.load(Relaxed);
+        out.sample(
+            "infer_request_success_total",
+            "counter",
+            "Requests that ended successfully",
+            &labels,
+            c(&self.success_count),
+        );
+        out.sample(
+            "infer_request_failure_total",
+            "counter",
+            "Requests that ended with an error",
+            &labels,
+            c(&self.failure_count),
+        );
+        out.sample(
+            "infer_inference_count_total",
+            "counter",
+            "Requests executed (padding excluded)",
+            &labels,
+            c(&self.inference_count),
+        );
+        out.sample(
+            "infer_execution_total",
+            "counter",
+            "Backend executions",
+            &labels,
+            c(&self.execution_count),
+        );
+        out.sample(
+            "infer_queue_duration_us_total",
+            "counter",
+            "Microseconds requests spent queued",
+            &labels,
+            self.queue_us.total(),
+        );
+        out.sample(
+            "infer_compute_duration_us_total",
+            "counter",
+            "Microseconds spent in backend executions",
+            &labels,
+            self.compute_us.total(),
+        );
+        out.sample(
+            "infer_pending_requests",
+            "gauge",
+            "Requests queued and not yet executing",
+            &labels,
+            pending as u64,
+        );
+        let mut cum = 0;
+        let sizes = self.batch_sizes();
+        let mut sum = 0;
+        for (s, n) in &sizes {
+            cum += n;
+            sum += *s as u64 * n;
+            out.sample(
+                "infer_batch_size",
+                "histogram",
+                "Executed batch sizes",
+                &format!("{labels},le=\"{s}\""),
+                cum,
+            );
+        }
+        out.sample(
+            "infer_batch_size",
+            "histogram",
+            "Executed batch sizes",
+            &format!("{labels},le=\"+Inf\""),
+            cum,
+        );
+        out.suffixed("infer_batch_size", "_sum", &labels, sum);
+        out.suffixed("infer_batch_size", "_count", &labels, cum);
+    }
+}
+
+fn escape_label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Prometheus text exposition, grouped by metric family.
+#[derive(Default)]
+pub struct PromText {
+    families: Vec<(String, String, String, Vec<String>)>,
+}
+
+impl PromText {
+    fn family(&mut self, name: &str, kind: &str, help: &str) -> &mut Vec<String> {
+        let i = match self.families.iter().position(|f| f.0 == name) {
+            Some(i) => i,
+            None => {
+                self.families.push((
+                    name.to_owned(),
+                    kind.to_owned(),
+                    help.to_owned(),
+                    Vec::new(),
+                ));
+                self.families.len() - 1
+            }
+        };
+        &mut self.families[i].3
+    }
+    fn sample(&mut self, name: &str, kind: &str, help: &str, labels: &str, v: u64) {
+        let metric = if kind == "histogram" {
+            format!("{name}_bucket")
+        } else {
+            name.to_owned()
+        };
+        self.family(name, kind, help)
+            .push(format!("{metric}{{{labels}}} {v}"));
+    }
+    fn suffixed(&mut self, name: &str, suffix: &str, labels: &str, v: u64) {
+        self.family(name, "histogram", "")
+            .push(format!("{name}{suffix}{{{labels}}} {v}"));
+    }
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        for (name, kind, help, lines) in &self.families {
+            let _ = writeln!(s, "# HELP {name} {help}");
+            let _ = writeln!(s, "# TYPE {name} {kind}");
+            for l in lines {
+                let _ = writeln!(s, "{l}");
+            }
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_monotonic_and_tight() {
+        let mut last = 0;
+        for v in [0u64, 1, 15, 16, 17, 31, 32, 100, 1000, 12345, 1 << 30] {
+            let b = bucket_of(v);
+            assert!(b >= last);
+            last = b;
+            let up = bucket_upper(b);
+            assert!(up >= v, "v={v} upper={up}");
+            assert!(up as f64 <= v as f64 * 1.07 + 1.0, "v={v} upper={up}");
+        }
+    }
+
+    #[test]
+    fn percentiles() {
+        let h = Histogram::default();
+        for v in 1..=100 {
+            h.record(v);
+        }
+        assert_eq!(h.count(), 100);
+        assert_eq!(h.total(), 5050);
+        let p50 = h.percentile(0.5);
+        assert!((50..=53).contains(&p50), "{p50}");
+        let p99 = h.percentile(0.99);
+        assert!((99..=103).contains(&p99), "{p99}");
+    }
+
+    #[test]
+    fn prometheus_text() {
+        let s = ModelStats::new(8);
+        s.record_execution(4, 4, 10);
+        s.record_execution(8, 8, 10);
+        s.success_count.fetch_add(12, Relaxed);
+        let mut p = PromText::default();
+        s.prometheus(&mut p, "m", 1, 0);
+        let t = p.render();
+        assert!(t.contains("infer_request_success_total{model=\"m\",version=\"1\"} 12"));
+        assert!(t.contains("infer_batch_size_bucket{model=\"m\",version=\"1\",le=\"4\"} 1"));
+        assert!(t.contains("infer_batch_size_bucket{model=\"m\",version=\"1\",le=\"8\"} 2"));
+        assert!(t.contains("infer_batch_size_count{model=\"m\",version=\"1\"} 2"));
+        assert!(t.contains("infer_batch_size_sum{model=\"m\",version=\"1\"} 12"));
+        assert_eq!(t.matches("# TYPE infer_batch_size histogram").count(), 1);
+    }
+}

@@ -1,0 +1,284 @@
+//! Data types, shapes and the byte buffers that carry tensors through the library.
+//!
+//! A request's input is copied once (or borrowed with a release callback); a batch output
+//! is one shared buffer that every response of the batch points into with an offset.
+
+use crate::status::{Error, Result};
+use std::sync::Arc;
+
+/// A tensor shape; inline for up to 4 dims.
+pub type Shape = smallvec::SmallVec<[i64; 4]>;
+
+/// Element type of a tensor. The numeric values are part of the C ABI.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum DataType {
+    Invalid = 0,
+    Bool = 1,
+    Uint8 = 2,
+    Uint16 = 3,
+    Uint32 = 4,
+    Uint64 = 5,
+    Int8 = 6,
+    Int16 = 7,
+    Int32 = 8,
+    Int64 = 9,
+    Fp16 = 10,
+    Fp32 = 11,
+    Fp64 = 12,
+    Bytes = 13,
+    Bf16 = 14,
+}
+
+impl DataType {
+    pub const ALL: [DataType; 15] = [
+        DataType::Invalid,
+        DataType::Bool,
+        DataType::Uint8,
+        DataType::Uint16,
+        DataType::Uint32,
+        DataType::Uint64,
+        DataType::Int8,
+        DataType::Int16,
+        DataType::Int32,
+        DataType::Int64,
+        DataType::Fp16,
+        DataType::Fp32,
+        DataType::Fp64,
+        DataType::Bytes,
+        DataType::Bf16,
+    ];
+
+    pub fn from_u32(v: u32) -> Option<DataType> {
+        DataType::ALL.get(v as usize).copied()
+    }
+
+    /// Size of one element in bytes; 0 for BYTES (variable length) and INVALID.
+    pub fn byte_size(self) -> usize {
+        match self {
+            DataType::Invalid | DataType::Bytes => 0,
+            DataType::Bool | DataType::Uint8 | DataType::Int8 => 1,
+            DataType::Uint16 | DataType::Int16 | DataType::Fp16 | DataType::Bf16 => 2,
+            DataType::Uint32 | DataType::Int32 | DataType::Fp32 => 4,
+            DataType::Uint64 | DataType::Int64 | DataType::Fp64 => 8,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        self.as_cstr().to_str().unwrap_or("INVALID")
+    }
+
+    pub fn as_cstr(self) -> &'static std::ffi::CStr {
+        match self {
+            DataType::Invalid => c"INVALID",
+            DataType::Bool => c"BOOL",
+            DataType::Uint8 => c"UINT8",
+            DataType::Uint16 => c"UINT16",
+            DataType::Uint32 => c"UINT32",
+            DataType::Uint64 => c"UINT64",
+            DataType::Int8 => c"INT8",
+            DataType::Int16 => c"INT16",
+            DataType::Int32 => c"INT32",
+            DataType::Int64 => c"INT64",
+            DataType::Fp16 => c"FP16",
+            DataType::Fp32 => c"FP32",
+            DataType::Fp64 => c"FP64",
+            DataType::Bytes => c"BYTES",
+            DataType::Bf16 => c"BF16",
+        }
+    }
+
+    /// Parses "FP32", "TYPE_FP32"; "STRING" / "TYPE_STRING" are BYTES (Triton's config name).
+    pub fn parse(s: &str) -> Option<DataType> {
+        let s = s.strip_prefix("TYPE_").unwrap_or(s);
+        if s == "STRING" {
+            return Some(DataType::Bytes);
+        }
+        DataType::ALL[1..].iter().copied().find(|d| d.as_str() == s)
+    }
+}
+
+/// Number of elements of a fully specified shape, or an error on negative dims or overflow.
+pub fn element_count(shape: &[i64]) -> Option<usize> {
+    let mut n: usize = 1;
+    for &d in shape {
+        if d < 0 {
+            return None;
+        }
+        n = n.checked_mul(usize::try_from(d).ok()?)?;
+    }
+    Some(n)
+}
+
+/// Formats a shape as `[1,16]`.
+pub fn shape_string(shape: &[i64]) -> String {
+    let parts: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    format!("[{}]", parts.join(","))
+}
+
+/// Checks a BYTES buffer: a sequence of (u32 little-endian length, bytes) elements.
+/// Returns the number of elements.
+pub fn count_bytes_elements(data: &[u8]) -> Result<usize> {
+    let mut pos = 0usize;
+    let mut n = 0usize;
+    while pos < data.len() {
+        if data.len() - pos < 4 {
+            return Err(Error::invalid(format!(
+                "BYTES element {n} at byte {pos}: truncated length prefix"
+            )));
+        }
+        let len =
+            u32::from_le_bytes([data[pos], data[pos + 1], data[pos + 2], data[pos + 3]]) as usize;
+        pos += 4;
+        if data.len() - pos < len {
+            return Err(Error::invalid(format!(
+                "BYTES element {n}: length {len} runs past the end of the buffer"
+            )));
+        }
+        pos += len;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Byte offsets of each element of a BYTES buffer (start of its length prefix) plus the end.
+pub fn bytes_element_offsets(data: &[u8]) -> Vec<usize> {
+    let mut offs = Vec::new();
+    let mut pos = 0usize;
+    while pos + 4 <= data.len() {
+        offs.push(pos);
+        let len =
+            u32::from_le_bytes([data[pos], data[pos + 1], data[pos + 2], data[pos + 3]]) as usize;
+        pos = pos.saturating_add(4).saturating_add(len).min(data.len());
+    }
+    offs.push(data.len());
+    offs
+}
+
+/// Called once when the library no longer reads a borrowed input buffer.
+pub struct ReleaseCallback {
+    pub func: unsafe extern "C" fn(*mut std::ffi::c_void),
+    pub user_data: *mut std::ffi::c_void,
+}
+
+// SAFETY: the C API documents that the release callback may be called from any thread;
+// the pointer is only handed back to it.
+unsafe impl Send for ReleaseCallback {}
+unsafe impl Sync for ReleaseCallback {}
+
+/// Bytes the caller lends to the library until `release` runs.
+pub struct Borrowed {
+    ptr: *const u8,
+    len: usize,
+    release: Option<ReleaseCallback>,
+}
+
+// SAFETY: the caller promises (C API contract) that the memory stays valid and unchanged
+// until release is called; the library only reads it.
+unsafe impl Send for Borrowed {}
+unsafe impl Sync for Borrowed {}
+
+impl Borrowed {
+    /// # Safety
+    /// `ptr` must be valid for reads of `len` bytes until `release` is called.
+    pub unsafe fn new(ptr: *const u8, len: usize, release: Option<ReleaseCallback>) -> Borrowed {
+        Borrowed { ptr, len, release }
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: guaranteed by the constructor's contract.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Borrowed {
+    fn drop(&mut self) {
+        if let Some(r) = self.release.take() {
+            // A panic-free C function by contract; guard anyway so that a foreign unwind
+            // cannot escape from a destructor.
+            let _ = std::panic::catch_unwind(|| unsafe { (r.func)(r.user_data) });
+        }
+    }
+}
+
+/// Where a tensor's bytes live.
+pub enum TensorData {
+    Owned(Vec<u8>),
+    Borrowed(Borrowed),
+    /// A window into a buffer shared with other tensors (a batch output).
+    Shared {
+        buf: Arc<Vec<u8>>,
+        offset: usize,
+        len: usize,
+    },
+}
+
+impl TensorData {
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            TensorData::Owned(v) => v,
+            TensorData::Borrowed(b) => b.as_slice(),
+            TensorData::Shared { buf, offset, len } => &buf[*offset..*offset + *len],
+        }
+    }
+    pub fn len(&self) -> usize {
+        match self {
+            TensorData::Owned(v) => v.len(),
+            TensorData::Borrowed(b) => b.len,
+            TensorData::Shared { len, .. } => *len,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A named tensor: a request input or a response output.
+pub struct Tensor {
+    pub name: Arc<str>,
+    pub dtype: DataType,
+    pub shape: Shape,
+    pub data: TensorData,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datatype_names_round_trip() {
+        for d in &DataType::ALL[1..] {
+            assert_eq!(DataType::parse(d.as_str()), Some(*d));
+            assert_eq!(DataType::parse(&format!("TYPE_{}", d.as_str())), Some(*d));
+            assert_eq!(DataType::from_u32(*d as u32), Some(*d));
+        }
+        assert_eq!(DataType::parse("TYPE_STRING"), Some(DataType::Bytes));
+        assert_eq!(DataType::parse("FLOAT"), None);
+        assert_eq!(DataType::parse("INVALID"), None);
+        assert_eq!(DataType::Bf16.byte_size(), 2);
+        assert_eq!(DataType::Bytes.byte_size(), 0);
+    }
+
+    #[test]
+    fn element_counts() {
+        assert_eq!(element_count(&[2, 3]), Some(6));
+        assert_eq!(element_count(&[]), Some(1));
+        assert_eq!(element_count(&[2, -1]), None);
+        assert_eq!(element_count(&[i64::MAX, 4]), None);
+    }
+
+    #[test]
+    fn bytes_layout() {
+        let mut b = Vec::new();
+        for s in ["ab", "", "xyz"] {
+            b.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            b.extend_from_slice(s.as_bytes());
+        }
+        assert_eq!(count_bytes_elements(&b).unwrap(), 3);
+        assert_eq!(bytes_element_offsets(&b), vec![0, 6, 10, 17]);
+        assert!(count_bytes_elements(&b[..b.len() - 1]).is_err());
+        assert!(count_bytes_elements(&[1, 0]).is_err());
+    }
+}
