@@ -9,7 +9,6 @@ pub type LogFn = unsafe extern "C" fn(user_data: *mut c_void, level: u32, messag
 pub(crate) const LEVEL_ERROR: u32 = 1;
 pub(crate) const LEVEL_WARN: u32 = 2;
 pub(crate) const LEVEL_INFO: u32 = 3;
-pub(crate) const LEVEL_DEBUG: u32 = 4;
 
 #[derive(Clone, Copy)]
 struct Sink {

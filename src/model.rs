@@ -164,10 +164,12 @@ pub fn prepare(config: &Arc<ModelConfig>, req: &mut Request) -> Result<Option<Sh
             let b = t.shape.first().copied().unwrap_or(1);
             match batch {
                 None => batch = Some((b, &t.name)),
-                Some((b0, n0)) if b0 != b => return Err(Error::invalid(format!(
+                Some((b0, n0)) if b0 != b => {
+                    return Err(Error::invalid(format!(
                     "model '{m}': inputs disagree on the batch size: '{n0}' has {b0}, '{}' has {b}",
                     t.name
-                ))),
+                )))
+                }
                 _ => {}
             }
         }

@@ -18,8 +18,6 @@ pub use crate::tensor::Shape;
 pub type ResponseFn = unsafe extern "C" fn(*mut c_void, *mut Response, u32);
 
 pub(crate) const RESPONSE_FLAG_FINAL: u32 = 1;
-pub(crate) const REQUEST_FLAG_SEQUENCE_START: u32 = 1;
-pub(crate) const REQUEST_FLAG_SEQUENCE_END: u32 = 2;
 
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub enum CorrelationId {

@@ -1,0 +1,326 @@
+//! Helpers for behaviour tests that drive libinfer through its C API from Rust.
+#![allow(dead_code, unused_imports)]
+
+use infer::ffi::backend::*;
+use infer::ffi::request::*;
+use infer::ffi::response::*;
+use infer::ffi::server::*;
+use infer::ffi::*;
+use std::ffi::{c_void, CStr, CString};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+pub use infer::backend::Batch;
+pub use infer::ffi::server::ServerHandle;
+pub use infer::request::{Request, Response};
+pub use infer::server::ServerOptions;
+
+pub fn cs(s: &str) -> CString {
+    CString::new(s).unwrap()
+}
+
+pub fn last_error() -> String {
+    unsafe { CStr::from_ptr(infer_last_error_message()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Asserts a status and returns the last error message for message checks.
+#[track_caller]
+pub fn expect_status(got: infer_status, want: infer_status) -> String {
+    let msg = last_error();
+    assert_eq!(got, want, "expected status {want}, got {got} ({msg})");
+    msg
+}
+
+#[track_caller]
+pub fn ok(st: infer_status) {
+    expect_status(st, INFER_STATUS_OK);
+}
+
+/// A server handle freed on drop.
+pub struct Server(pub *mut ServerHandle);
+unsafe impl Send for Server {}
+unsafe impl Sync for Server {}
+
+impl Server {
+    pub fn new() -> Server {
+        Server::with_options(std::ptr::null())
+    }
+    pub fn with_options(opts: *const ServerOptions) -> Server {
+        let mut s = std::ptr::null_mut();
+        ok(unsafe { infer_server_new(opts, &mut s) });
+        Server(s)
+    }
+    pub fn load(&self, name: &str, config: &str) {
+        ok(self.try_load(name, config));
+    }
+    pub fn try_load(&self, name: &str, config: &str) -> infer_status {
+        unsafe {
+            infer_server_load_model(
+                self.0,
+                cs(name).as_ptr(),
+                cs(config).as_ptr(),
+                std::ptr::null(),
+            )
+        }
+    }
+    pub fn request(&self, model: &str) -> Req {
+        let mut r = std::ptr::null_mut();
+        ok(unsafe { infer_request_new(self.0, cs(model).as_ptr(), -1, &mut r) });
+        Req(r)
+    }
+    pub fn stats(&self, model: &str) -> serde_json::Value {
+        let mut out = std::ptr::null_mut();
+        ok(unsafe { infer_server_statistics_json(self.0, cs(model).as_ptr(), &mut out) });
+        let s = unsafe { CStr::from_ptr(out) }.to_str().unwrap().to_owned();
+        unsafe { infer_string_free(out) };
+        serde_json::from_str(&s).unwrap()
+    }
+    pub fn pause(&self, model: &str) {
+        ok(unsafe { infer_server_pause_model(self.0, cs(model).as_ptr()) });
+    }
+    pub fn resume(&self, model: &str) {
+        ok(unsafe { infer_server_resume_model(self.0, cs(model).as_ptr()) });
+    }
+    /// Enqueues with a collecting callback.
+    pub fn enqueue(&self, r: Req, c: &Collector) -> Result<u64, (infer_status, String)> {
+        let mut id = 0u64;
+        let ud = Arc::into_raw(c.0.clone()) as *mut c_void;
+        let st = unsafe { infer_server_enqueue(self.0, r.take(), Some(collect), ud, &mut id) };
+        if st != INFER_STATUS_OK {
+            let msg = last_error();
+            unsafe { drop(Arc::from_raw(ud as *const Inner)) };
+            return Err((st, msg));
+        }
+        Ok(id)
+    }
+    pub fn infer(&self, r: Req) -> Resp {
+        let mut out = std::ptr::null_mut();
+        ok(unsafe { infer_server_infer(self.0, r.take(), &mut out) });
+        Resp(out)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        unsafe { infer_server_free(self.0) };
+    }
+}
+
+pub struct Req(pub *mut Request);
+impl Req {
+    pub fn take(mut self) -> *mut Request {
+        std::mem::replace(&mut self.0, std::ptr::null_mut())
+    }
+    pub fn input_f32(self, name: &str, shape: &[i64], data: &[f32]) -> Self {
+        ok(self.try_input(name, INFER_DATATYPE_FP32, shape, bytemuck::cast_slice(data)));
+        self
+    }
+    pub fn input_i32(self, name: &str, shape: &[i64], data: &[i32]) -> Self {
+        ok(self.try_input(
+            name,
+            INFER_DATATYPE_INT32,
+            shape,
+            bytemuck::cast_slice(data),
+        ));
+        self
+    }
+    pub fn try_input(
+        &self,
+        name: &str,
+        dt: infer_datatype,
+        shape: &[i64],
+        bytes: &[u8],
+    ) -> infer_status {
+        unsafe {
+            infer_request_add_input(
+                self.0,
+                cs(name).as_ptr(),
+                dt,
+                shape.as_ptr(),
+                shape.len(),
+                bytes.as_ptr() as *const c_void,
+                bytes.len(),
+            )
+        }
+    }
+    pub fn priority(self, p: u32) -> Self {
+        ok(unsafe { infer_request_set_priority(self.0, p) });
+        self
+    }
+    pub fn timeout_us(self, us: u64) -> Self {
+        ok(unsafe { infer_request_set_timeout_us(self.0, us) });
+        self
+    }
+    pub fn output(self, name: &str) -> Self {
+        ok(unsafe { infer_request_add_requested_output(self.0, cs(name).as_ptr()) });
+        self
+    }
+}
+impl Drop for Req {
+    fn drop(&mut self) {
+        unsafe { infer_request_free(self.0) };
+    }
+}
+
+/// A response freed on drop.
+pub struct Resp(pub *mut Response);
+unsafe impl Send for Resp {}
+impl Resp {
+    pub fn status(&self) -> infer_status {
+        unsafe { infer_response_status(self.0) }
+    }
+    pub fn error(&self) -> String {
+        let p = unsafe { infer_response_error_message(self.0) };
+        if p.is_null() {
+            String::new()
+        } else {
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        }
+    }
+    pub fn id(&self) -> u64 {
+        unsafe { infer_response_request_id(self.0) }
+    }
+    pub fn output_count(&self) -> usize {
+        unsafe { infer_response_output_count(self.0) }
+    }
+    /// (shape, bytes) of an output.
+    pub fn output(&self, name: &str) -> Option<(Vec<i64>, Vec<u8>)> {
+        let (mut dt, mut shape, mut nd, mut data, mut bs) =
+            (0, std::ptr::null(), 0usize, std::ptr::null(), 0usize);
+        let st = unsafe {
+            infer_response_output_by_name(
+                self.0,
+                cs(name).as_ptr(),
+                &mut dt,
+                &mut shape,
+                &mut nd,
+                &mut data,
+                &mut bs,
+            )
+        };
+        if st != INFER_STATUS_OK {
+            return None;
+        }
+        let shape = unsafe { std::slice::from_raw_parts(shape, nd) }.to_vec();
+        let bytes = if bs == 0 {
+            Vec::new()
+        } else {
+            unsafe { std::slice::from_raw_parts(data as *const u8, bs) }.to_vec()
+        };
+        Some((shape, bytes))
+    }
+    pub fn output_f32(&self, name: &str) -> Vec<f32> {
+        let (_, b) = self
+            .output(name)
+            .unwrap_or_else(|| panic!("no output {name}: {}", self.error()));
+        bytemuck::pod_collect_to_vec(&b)
+    }
+}
+impl Drop for Resp {
+    fn drop(&mut self) {
+        unsafe { infer_response_free(self.0) };
+    }
+}
+
+/// Collects responses; counts FINALs per request id to check exactly-once.
+#[derive(Default)]
+pub struct Inner {
+    pub responses: Mutex<Vec<(Resp, u32)>>,
+    pub cv: Condvar,
+}
+
+#[derive(Clone, Default)]
+pub struct Collector(pub Arc<Inner>);
+
+unsafe extern "C" fn collect(ud: *mut c_void, resp: *mut Response, flags: u32) {
+    let inner = &*(ud as *const Inner);
+    inner.responses.lock().unwrap().push((Resp(resp), flags));
+    inner.cv.notify_all();
+    if flags & INFER_RESPONSE_FLAG_FINAL != 0 {
+        drop(Arc::from_raw(ud as *const Inner));
+    }
+}
+
+impl Collector {
+    pub fn new() -> Collector {
+        Collector::default()
+    }
+    pub fn finals(&self) -> usize {
+        self.0
+            .responses
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, f)| f & INFER_RESPONSE_FLAG_FINAL != 0)
+            .count()
+    }
+    /// Waits until `n` FINAL responses arrived (panics after 20 s).
+    pub fn wait(&self, n: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let mut g = self.0.responses.lock().unwrap();
+        loop {
+            let finals = g
+                .iter()
+                .filter(|(_, f)| f & INFER_RESPONSE_FLAG_FINAL != 0)
+                .count();
+            if finals >= n {
+                return;
+            }
+            let now = std::time::Instant::now();
+            assert!(
+                now < deadline,
+                "timed out waiting for {n} responses, have {finals}"
+            );
+            g = self.0.cv.wait_timeout(g, deadline - now).unwrap().0;
+        }
+    }
+    pub fn take(&self) -> Vec<Resp> {
+        std::mem::take(&mut *self.0.responses.lock().unwrap())
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect()
+    }
+    /// Checks that every request id got exactly one FINAL and nothing after it.
+    pub fn assert_exactly_once(&self, ids: &[u64]) {
+        let g = self.0.responses.lock().unwrap();
+        for id in ids {
+            let finals = g
+                .iter()
+                .filter(|(r, f)| r.id() == *id && f & INFER_RESPONSE_FLAG_FINAL != 0)
+                .count();
+            assert_eq!(finals, 1, "request {id} got {finals} FINAL responses");
+        }
+        assert_eq!(g.len(), ids.len(), "unexpected extra responses");
+    }
+}
+
+pub fn add_sub_config(name: &str, extra: &str) -> String {
+    format!(
+        r#"
+name: "{name}"
+backend: "add_sub"
+max_batch_size: 64
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }}, {{ name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }}, {{ name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+{extra}
+"#
+    )
+}
+
+pub fn add_sub_request(s: &Server, model: &str, a: [f32; 4], b: [f32; 4]) -> Req {
+    s.request(model)
+        .input_f32("INPUT0", &[1, 4], &a)
+        .input_f32("INPUT1", &[1, 4], &b)
+}
+
+/// Batch sizes executed so far, as (size, count).
+pub fn batch_sizes(stats: &serde_json::Value) -> Vec<(u64, u64)> {
+    stats["models"][0]["batch_sizes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b["size"].as_u64().unwrap(), b["count"].as_u64().unwrap()))
+        .collect()
+}
