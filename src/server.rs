@@ -142,6 +142,11 @@ impl Server {
     }
 
     pub fn register_backend(&self, name: &str, backend: Arc<CustomBackend>) -> Result<()> {
+        self.register_rust_backend(name, backend)
+    }
+
+    /// Registers a backend implemented in Rust.
+    pub fn register_rust_backend(&self, name: &str, backend: Arc<dyn Backend>) -> Result<()> {
         let mut b = self.backends.write();
         if b.contains_key(name) {
             return Err(Error::new(

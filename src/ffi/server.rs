@@ -15,6 +15,14 @@ pub struct ServerHandle {
     freed_in_shutdown: std::sync::atomic::AtomicBool,
 }
 
+impl ServerHandle {
+    /// The server behind the handle, for Rust code embedding the library next to C code
+    /// (registering Rust backends, tests).
+    pub fn server(&self) -> &Arc<Server> {
+        &self.server
+    }
+}
+
 const DEFAULT_SHUTDOWN: Duration = Duration::from_secs(30);
 
 /// Creates server options with defaults: no repository, load every model at start-up,

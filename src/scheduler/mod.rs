@@ -307,10 +307,7 @@ impl Scheduler {
                 }
                 continue;
             }
-            if st.paused {
-                self.cv.wait(&mut st);
-                continue;
-            }
+            // Timeouts apply while paused too.
             let now = Instant::now();
             let before = st.queue.len();
             st.queue.expire(now, rejected);
@@ -318,6 +315,15 @@ impl Scheduler {
             if expired > 0 {
                 self.pending.fetch_sub(expired, Ordering::Release);
                 return Some(0);
+            }
+            if st.paused {
+                match st.queue.next_deadline() {
+                    Some(d) => {
+                        self.cv.wait_until(&mut st, d);
+                    }
+                    None => self.cv.wait(&mut st),
+                }
+                continue;
             }
             match decide(&self.policy, st.queue.iter().map(|q| q.candidate()), now) {
                 Decision::Execute(n) => {
