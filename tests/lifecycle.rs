@@ -1,0 +1,264 @@
+//! Model lifecycle under load: replace, unload and shutdown never lose or fail an accepted
+//! request, and every accepted request gets exactly one FINAL.
+
+mod common;
+use common::*;
+use infer::ffi::server::*;
+use infer::ffi::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Enqueues from `threads` threads until `stop`; returns the accepted ids and the
+/// statuses of refused enqueues.
+fn load_generator(
+    s: &Arc<Server>,
+    model: &'static str,
+    c: &Collector,
+    stop: &Arc<AtomicBool>,
+    threads: usize,
+) -> Vec<std::thread::JoinHandle<(Vec<u64>, Vec<(infer_status, String)>)>> {
+    (0..threads)
+        .map(|_| {
+            let (s, c, stop) = (s.clone(), c.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut ids = Vec::new();
+                let mut refused = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let mut r = std::ptr::null_mut();
+                    let st = unsafe {
+                        infer::ffi::request::infer_request_new(s.0, cs(model).as_ptr(), -1, &mut r)
+                    };
+                    if st != 0 {
+                        refused.push((st, last_error()));
+                        continue;
+                    }
+                    let req = Req(r).input_f32("INPUT0", &[1, 4], &[1.0; 4]).input_f32(
+                        "INPUT1",
+                        &[1, 4],
+                        &[1.0; 4],
+                    );
+                    match s.enqueue(req, &c) {
+                        Ok(id) => ids.push(id),
+                        Err(e) => refused.push(e),
+                    }
+                    if ids.len() % 64 == 0 {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }
+                (ids, refused)
+            })
+        })
+        .collect()
+}
+
+fn delayed_config(delay_us: u32) -> String {
+    add_sub_config(
+        "m",
+        &format!(
+            r#"dynamic_batching {{ max_queue_delay_microseconds: 100 }}
+instance_group [ {{ count: 2 }} ]
+parameters {{ key: "execute_delay_us" value {{ string_value: "{delay_us}" }} }}"#
+        ),
+    )
+}
+
+#[test]
+fn replace_under_load_loses_nothing() {
+    let s = Arc::new(Server::new());
+    s.load("m", &delayed_config(300));
+    let c = Collector::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let gens = load_generator(&s, "m", &c, &stop, 3);
+    for i in 0..5 {
+        std::thread::sleep(Duration::from_millis(40));
+        s.load("m", &delayed_config(200 + i * 50));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut ids = Vec::new();
+    for g in gens {
+        let (mut i, refused) = g.join().unwrap();
+        assert!(refused.is_empty(), "refused during replace: {refused:?}");
+        ids.append(&mut i);
+    }
+    assert!(ids.len() > 100, "too little load: {}", ids.len());
+    c.wait(ids.len());
+    std::thread::sleep(Duration::from_millis(20));
+    c.assert_exactly_once(&ids);
+    assert!(c.take().iter().all(|r| r.status() == 0));
+}
+
+#[test]
+fn unload_under_load_answers_every_accepted_request() {
+    let s = Arc::new(Server::new());
+    s.load("m", &delayed_config(500));
+    let c = Collector::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let gens = load_generator(&s, "m", &c, &stop, 2);
+    std::thread::sleep(Duration::from_millis(50));
+    ok(unsafe { infer_server_unload_model(s.0, cs("m").as_ptr()) });
+    std::thread::sleep(Duration::from_millis(10));
+    stop.store(true, Ordering::Relaxed);
+    let mut ids = Vec::new();
+    for g in gens {
+        let (mut i, refused) = g.join().unwrap();
+        for (st, msg) in refused {
+            assert!(
+                st == INFER_STATUS_NOT_FOUND || st == INFER_STATUS_UNAVAILABLE,
+                "{st}: {msg}"
+            );
+            assert!(msg.contains("'m'"), "{msg}");
+        }
+        ids.append(&mut i);
+    }
+    c.wait(ids.len());
+    std::thread::sleep(Duration::from_millis(20));
+    c.assert_exactly_once(&ids);
+    // Unload drains: everything accepted before it ran.
+    assert!(c.take().iter().all(|r| r.status() == 0));
+    let mut ready = true;
+    ok(unsafe { infer_server_model_ready(s.0, cs("m").as_ptr(), -1, &mut ready) });
+    assert!(!ready);
+    expect_status(
+        unsafe { infer_server_unload_model(s.0, cs("m").as_ptr()) },
+        INFER_STATUS_NOT_FOUND,
+    );
+}
+
+#[test]
+fn shutdown_under_load_is_exactly_once() {
+    let s = Arc::new(Server::new());
+    s.load("m", &delayed_config(1000));
+    let c = Collector::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let gens = load_generator(&s, "m", &c, &stop, 2);
+    std::thread::sleep(Duration::from_millis(50));
+    ok(unsafe { infer_server_shutdown(s.0, 5) });
+    stop.store(true, Ordering::Relaxed);
+    let mut ids = Vec::new();
+    for g in gens {
+        let (mut i, refused) = g.join().unwrap();
+        for (st, _) in refused {
+            assert!(
+                st == INFER_STATUS_UNAVAILABLE || st == INFER_STATUS_NOT_FOUND,
+                "status {st}"
+            );
+        }
+        ids.append(&mut i);
+    }
+    // shutdown returned: every accepted request already has its FINAL.
+    assert_eq!(c.finals(), ids.len());
+    c.assert_exactly_once(&ids);
+    for r in c.take() {
+        assert!(
+            r.status() == 0 || r.status() == INFER_STATUS_CANCELLED,
+            "{}",
+            r.error()
+        );
+    }
+    // Idempotent, and enqueue is refused afterwards.
+    ok(unsafe { infer_server_shutdown(s.0, 5) });
+    let mut r = std::ptr::null_mut();
+    let st = unsafe { infer::ffi::request::infer_request_new(s.0, cs("m").as_ptr(), -1, &mut r) };
+    assert_ne!(st, 0);
+}
+
+#[test]
+fn shutdown_cancels_what_cannot_finish_in_time() {
+    let s = Server::new();
+    s.load("m", &add_sub_config("m", "dynamic_batching { }"));
+    s.pause("m");
+    let c = Collector::new();
+    let ids: Vec<u64> = (0..5)
+        .map(|_| {
+            s.enqueue(add_sub_request(&s, "m", [0.; 4], [0.; 4]), &c)
+                .unwrap()
+        })
+        .collect();
+    // Shutdown resumes a paused model to drain it; with a zero timeout what is still
+    // queued is cancelled. Either way each request ends exactly once.
+    ok(unsafe { infer_server_shutdown(s.0, 0) });
+    c.assert_exactly_once(&ids);
+    let r = s.request_after_shutdown();
+    assert_eq!(r, INFER_STATUS_NOT_FOUND);
+}
+
+#[test]
+fn enqueue_after_shutdown_is_unavailable() {
+    let s = Server::new();
+    s.load("m", &add_sub_config("m", "dynamic_batching { }"));
+    let req = add_sub_request(&s, "m", [0.; 4], [0.; 4]);
+    ok(unsafe { infer_server_shutdown(s.0, 100) });
+    let c = Collector::new();
+    let (st, msg) = s.enqueue(req, &c).unwrap_err();
+    assert_eq!(st, INFER_STATUS_UNAVAILABLE);
+    assert!(msg.contains("shutting down"), "{msg}");
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(c.finals(), 0, "a refused enqueue must never call back");
+}
+
+#[test]
+fn replace_with_a_bad_config_keeps_the_old_model() {
+    let s = Server::new();
+    s.load("m", &add_sub_config("m", ""));
+    let bad = add_sub_config("m", "").replace("TYPE_FP32", "TYPE_NOPE");
+    assert_ne!(s.try_load("m", &bad), 0);
+    let r = s.infer(add_sub_request(&s, "m", [1.; 4], [1.; 4]));
+    assert_eq!(r.status(), 0);
+}
+
+#[test]
+fn versions_from_a_repository() {
+    let dir = std::env::temp_dir().join(format!("infer-repo-{}", std::process::id()));
+    let model = dir.join("m");
+    for v in ["1", "2", "3"] {
+        std::fs::create_dir_all(model.join(v)).unwrap();
+    }
+    std::fs::write(
+        model.join("config.pbtxt"),
+        add_sub_config("m", "version_policy { latest { num_versions: 2 } }"),
+    )
+    .unwrap();
+    let mut opts = std::ptr::null_mut();
+    ok(unsafe { infer_server_options_new(&mut opts) });
+    ok(unsafe {
+        infer_server_options_set_model_repository(opts, cs(dir.to_str().unwrap()).as_ptr())
+    });
+    let s = Server::with_options(opts);
+    unsafe { infer_server_options_free(opts) };
+    let ready = |v: i64| {
+        let mut r = false;
+        ok(unsafe { infer_server_model_ready(s.0, cs("m").as_ptr(), v, &mut r) });
+        r
+    };
+    assert!(!ready(1));
+    assert!(ready(2));
+    assert!(ready(3));
+    assert!(ready(-1));
+    let r = s.infer(add_sub_request(&s, "m", [1.; 4], [1.; 4]));
+    assert_eq!(
+        unsafe { infer::ffi::response::infer_response_model_version(r.0) },
+        3
+    );
+    let mut req = std::ptr::null_mut();
+    ok(unsafe { infer::ffi::request::infer_request_new(s.0, cs("m").as_ptr(), 1, &mut req) });
+    let req =
+        Req(req)
+            .input_f32("INPUT0", &[1, 4], &[0.; 4])
+            .input_f32("INPUT1", &[1, 4], &[0.; 4]);
+    let (st, msg) = s.enqueue(req, &Collector::new()).unwrap_err();
+    assert_eq!(st, INFER_STATUS_NOT_FOUND);
+    assert!(msg.contains("version 1"), "{msg}");
+    drop(s);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+trait AfterShutdown {
+    fn request_after_shutdown(&self) -> infer_status;
+}
+impl AfterShutdown for Server {
+    fn request_after_shutdown(&self) -> infer_status {
+        let mut r = std::ptr::null_mut();
+        unsafe { infer::ffi::request::infer_request_new(self.0, cs("m").as_ptr(), -1, &mut r) }
+    }
+}
