@@ -4,6 +4,11 @@
 //! behind it are public so tests and benchmarks can reach them, but they are not a stable
 //! Rust API.
 
+// Requests travel boxed (they are created boxed at the C boundary and move between
+// queues and batches without being copied), so `Vec<Box<Request>>` is deliberate, and a
+// rejected request is handed back by value inside the error.
+#![allow(clippy::vec_box, clippy::result_large_err)]
+
 pub mod backend;
 pub mod config;
 pub mod ffi;

@@ -23,9 +23,10 @@ pub struct Logger {
     min_level: u32,
 }
 
-// SAFETY: the C API documents that the log callback may be called from any thread.
-unsafe impl Send for Logger {}
-unsafe impl Sync for Logger {}
+// SAFETY: the C API documents that the log callback may be called from any thread;
+// `user_data` is only handed back to it.
+unsafe impl Send for Sink {}
+unsafe impl Sync for Sink {}
 
 impl Default for Logger {
     fn default() -> Self {

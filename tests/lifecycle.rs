@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// What one load-generator thread saw: accepted ids, and refused enqueues.
+type GeneratorResult = (Vec<u64>, Vec<(infer_status, String)>);
+
 /// Enqueues from `threads` threads until `stop`; returns the accepted ids and the
 /// statuses of refused enqueues.
 fn load_generator(
@@ -17,7 +20,7 @@ fn load_generator(
     c: &Collector,
     stop: &Arc<AtomicBool>,
     threads: usize,
-) -> Vec<std::thread::JoinHandle<(Vec<u64>, Vec<(infer_status, String)>)>> {
+) -> Vec<std::thread::JoinHandle<GeneratorResult>> {
     (0..threads)
         .map(|_| {
             let (s, c, stop) = (s.clone(), c.clone(), stop.clone());

@@ -254,11 +254,7 @@ impl Scheduler {
     fn worker(self: Arc<Self>, index: usize, mut instance: Box<dyn ModelInstance>) {
         let mut taken: Vec<Queued> = Vec::new();
         let mut rejected: Vec<Queued> = Vec::new();
-        loop {
-            let seq = match self.next_batch(&mut taken, &mut rejected) {
-                Some(seq) => seq,
-                None => break,
-            };
+        while let Some(seq) = self.next_batch(&mut taken, &mut rejected) {
             for q in rejected.drain(..) {
                 let msg = format!(
                     "request {} for model '{}' timed out in the queue",
