@@ -489,12 +489,15 @@ infer_status infer_server_options_set_log_callback(struct infer_server_options *
 
 /**
  * Registers a custom backend on the options, for models loaded at start-up. The struct
- * is copied; `finalize` runs once, when no server needs the backend any more.
+ * is copied; `finalize` runs once, when no server needs the backend any more. If the
+ * call fails, the caller keeps `backend_user_data` and `finalize` is never called.
  */
 infer_status infer_server_options_register_backend(struct infer_server_options *opts, const char *name, const struct infer_backend *backend, void *backend_user_data);
 
 /**
  * Registers a custom backend on a running server; models using it can be loaded after.
+ * ALREADY_EXISTS if the name is taken. If the call fails, the caller keeps
+ * `backend_user_data` and `finalize` is never called.
  */
 infer_status infer_server_register_backend(struct infer_server *s, const char *name, const struct infer_backend *backend, void *backend_user_data);
 

@@ -39,6 +39,9 @@ pub struct CustomBackend {
     name: String,
     callbacks: infer_backend,
     user_data: *mut c_void,
+    /// Cleared when registration fails: the caller still owns `user_data` then, so
+    /// `finalize` must not run.
+    owns_user_data: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the C API requires backend callbacks to be callable from any library thread;
@@ -81,14 +84,26 @@ impl CustomBackend {
             name: name.to_owned(),
             callbacks,
             user_data,
+            owns_user_data: std::sync::atomic::AtomicBool::new(true),
         })
+    }
+
+    /// Gives `user_data` back to the caller: `finalize` will not be called.
+    pub fn release_user_data(&self) {
+        self.owns_user_data
+            .store(false, std::sync::atomic::Ordering::Release);
     }
 }
 
 impl Drop for CustomBackend {
     fn drop(&mut self) {
         if let Some(f) = self.callbacks.finalize {
-            unsafe { f(self.user_data) };
+            if self
+                .owns_user_data
+                .load(std::sync::atomic::Ordering::Acquire)
+            {
+                unsafe { f(self.user_data) };
+            }
         }
     }
 }

@@ -147,7 +147,8 @@ unsafe fn make_backend(
 }
 
 /// Registers a custom backend on the options, for models loaded at start-up. The struct
-/// is copied; `finalize` runs once, when no server needs the backend any more.
+/// is copied; `finalize` runs once, when no server needs the backend any more. If the
+/// call fails, the caller keeps `backend_user_data` and `finalize` is never called.
 #[no_mangle]
 pub unsafe extern "C" fn infer_server_options_register_backend(
     opts: *mut ServerOptions,
@@ -159,6 +160,7 @@ pub unsafe extern "C" fn infer_server_options_register_backend(
         let o = arg_mut(opts, "opts")?;
         let (name, b) = make_backend(name, backend, backend_user_data)?;
         if o.backends.iter().any(|(n, _)| *n == name) {
+            b.release_user_data();
             return Err(Error::new(
                 Code::AlreadyExists,
                 format!("a backend named '{name}' is already registered"),
@@ -170,6 +172,8 @@ pub unsafe extern "C" fn infer_server_options_register_backend(
 }
 
 /// Registers a custom backend on a running server; models using it can be loaded after.
+/// ALREADY_EXISTS if the name is taken. If the call fails, the caller keeps
+/// `backend_user_data` and `finalize` is never called.
 #[no_mangle]
 pub unsafe extern "C" fn infer_server_register_backend(
     s: *mut ServerHandle,
@@ -180,7 +184,12 @@ pub unsafe extern "C" fn infer_server_register_backend(
     status_boundary(|| {
         let s = arg_ref(s, "s")?;
         let (name, b) = make_backend(name, backend, backend_user_data)?;
-        s.server.register_backend(&name, b)
+        s.server
+            .register_backend(&name, b.clone())
+            .inspect_err(|_| {
+                // Not registered: the caller keeps its user data and finalize never runs.
+                b.release_user_data();
+            })
     })
 }
 
