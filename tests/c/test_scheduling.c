@@ -7,7 +7,7 @@
 /* ---- a custom backend: OUT = 2 * IN (INT32 [2]); IN[0] == -1 fails that request,
  *      IN[0] == -99 fails the whole execution ---- */
 
-static atomic_int be_inits, be_finis, be_finalized, be_executions, be_bad_model_name;
+static atomic_int be_inits, be_finis, be_executions, be_bad_model_name;
 
 struct instance {
     int index;
@@ -70,9 +70,9 @@ static void be_instance_fini(void *state) {
     atomic_fetch_add(&be_finis, 1);
 }
 
+/* backend_user_data is the counter of the registration being finalized. */
 static void be_finalize(void *ud) {
-    (void)ud;
-    atomic_fetch_add(&be_finalized, 1);
+    atomic_fetch_add((atomic_int *)ud, 1);
 }
 
 static const char *DOUBLER =
@@ -129,14 +129,18 @@ static uint64_t enqueue_doubler(infer_server *s, int32_t x, struct slot *sl) {
 }
 
 void test_custom_backend(void) {
+    atomic_int finalized, finalized_dup;
+    atomic_init(&finalized, 0);
+    atomic_init(&finalized_dup, 0);
     atomic_store(&be_inits, 0);
     atomic_store(&be_finis, 0);
-    atomic_store(&be_finalized, 0);
     atomic_store(&be_bad_model_name, 0);
     infer_server *s = new_server();
     infer_backend be = doubler_backend();
-    CHECK_OK(infer_server_register_backend(s, "doubler_backend", &be, NULL));
-    CHECK_STATUS(infer_server_register_backend(s, "doubler_backend", &be, NULL), INFER_STATUS_ALREADY_EXISTS);
+    CHECK_OK(infer_server_register_backend(s, "doubler_backend", &be, &finalized));
+    /* A refused registration takes nothing: its finalize must never run. */
+    CHECK_STATUS(infer_server_register_backend(s, "doubler_backend", &be, &finalized_dup), INFER_STATUS_ALREADY_EXISTS);
+    CHECK(atomic_load(&finalized_dup) == 0, "a refused registration was finalized");
     CHECK_OK(infer_server_load_model(s, "doubler", DOUBLER, NULL));
     CHECK(atomic_load(&be_inits) == 2, "instance_init ran %d times", atomic_load(&be_inits));
     CHECK(atomic_load(&be_bad_model_name) == 0);
@@ -175,27 +179,31 @@ void test_custom_backend(void) {
           json ? json : "(null)");
     infer_string_free(json);
 
-    CHECK(atomic_load(&be_finalized) == 0, "finalize ran while the server is alive");
+    CHECK(atomic_load(&finalized) == 0, "finalize ran while the server is alive");
     infer_server_free(s);
     CHECK(atomic_load(&be_finis) == 2, "instance_fini ran %d times", atomic_load(&be_finis));
-    CHECK(atomic_load(&be_finalized) == 1, "finalize ran %d times", atomic_load(&be_finalized));
+    CHECK(atomic_load(&finalized) == 1, "finalize ran %d times", atomic_load(&finalized));
 }
 
 void test_custom_backend_on_options(void) {
-    atomic_store(&be_finalized, 0);
+    atomic_int finalized, finalized_dup;
+    atomic_init(&finalized, 0);
+    atomic_init(&finalized_dup, 0);
     infer_backend be = doubler_backend();
     infer_server_options *o = NULL;
     infer_server *s = NULL;
     /* Options that never make a server finalize their backend when freed. */
     CHECK_OK(infer_server_options_new(&o));
-    CHECK_OK(infer_server_options_register_backend(o, "doubler_backend", &be, NULL));
+    CHECK_OK(infer_server_options_register_backend(o, "doubler_backend", &be, &finalized));
     infer_server_options_free(o);
-    CHECK(atomic_load(&be_finalized) == 1, "finalize ran %d times", atomic_load(&be_finalized));
+    CHECK(atomic_load(&finalized) == 1, "finalize ran %d times", atomic_load(&finalized));
 
-    atomic_store(&be_finalized, 0);
+    atomic_store(&finalized, 0);
     CHECK_OK(infer_server_options_new(&o));
     CHECK_OK(infer_server_options_set_gpu(o, INFER_GPU_OFF));
-    CHECK_OK(infer_server_options_register_backend(o, "doubler_backend", &be, NULL));
+    CHECK_OK(infer_server_options_register_backend(o, "doubler_backend", &be, &finalized));
+    CHECK_STATUS(infer_server_options_register_backend(o, "doubler_backend", &be, &finalized_dup),
+                 INFER_STATUS_ALREADY_EXISTS);
     CHECK_OK(infer_server_new(o, &s));
     infer_server_options_free(o);
     CHECK_OK(infer_server_load_model(s, "doubler", DOUBLER, NULL));
@@ -203,9 +211,10 @@ void test_custom_backend_on_options(void) {
     enqueue_doubler(s, 1, &sl);
     CHECK(harness_wait_at_least(&sl.finals, 1, 10.0));
     CHECK(atomic_load(&sl.status) == INFER_STATUS_OK && sl.out[1] == 4);
-    CHECK(atomic_load(&be_finalized) == 0, "finalize ran while the server still uses the backend");
+    CHECK(atomic_load(&finalized) == 0, "finalize ran while the server still uses the backend");
     infer_server_free(s);
-    CHECK(atomic_load(&be_finalized) == 1, "finalize ran %d times", atomic_load(&be_finalized));
+    CHECK(atomic_load(&finalized) == 1, "finalize ran %d times", atomic_load(&finalized));
+    CHECK(atomic_load(&finalized_dup) == 0, "a refused registration was finalized");
 }
 
 /* ---- pause / resume, queue limits, cancel, shutdown ---- */
