@@ -400,24 +400,35 @@ impl Scheduler {
             ..
         } = batch;
         let mut answers = Vec::with_capacity(requests.len());
-        let outputs_checked: Result<Vec<_>> = match &result {
+        let outputs_checked: Result<Vec<SplitOutput>> = match &result {
             Ok(()) => outputs
                 .into_iter()
                 .map(|o| {
-                    let name = self
+                    let (name, tc) = self
                         .out_names
                         .iter()
                         .zip(&config.outputs)
                         .find(|(_, t)| t.name == o.name)
-                        .map(|(c, _)| c.clone())
-                        .unwrap_or_else(|| c_name(&o.name));
-                    let offsets = if o.dtype == crate::tensor::DataType::Bytes {
+                        .map(|(c, t)| (c.clone(), Some(t)))
+                        .unwrap_or_else(|| (c_name(&o.name), None));
+                    let bytes_offsets = if o.dtype == crate::tensor::DataType::Bytes {
                         Batch::check_bytes_output(&o)?;
                         Some(crate::tensor::bytes_element_offsets(&o.data))
                     } else {
                         None
                     };
-                    Ok((name, o.dtype, o.shape, Arc::new(o.data), offsets))
+                    // The model computes in `reshape`; callers see `dims` (fixed dims only).
+                    let reshape_back = tc
+                        .filter(|t| t.reshape.is_some() && t.dims.iter().all(|d| *d >= 0))
+                        .map(|t| t.dims.clone());
+                    Ok(SplitOutput {
+                        name,
+                        dtype: o.dtype,
+                        shape: o.shape,
+                        buf: Arc::new(o.data),
+                        bytes_offsets,
+                        reshape_back,
+                    })
                 })
                 .collect(),
             Err(e) => Err(e.clone()),
@@ -451,7 +462,7 @@ impl Scheduler {
             let mut resp = Response::ok(req.id, &self.model, &req.correlation_id);
             let mut missing = None;
             for want in &req.requested_outputs {
-                if !outs.iter().any(|o| o.0.as_bytes() == want.as_bytes()) {
+                if !outs.iter().any(|o| o.name.as_bytes() == want.as_bytes()) {
                     missing = Some(want.clone());
                 }
             }
@@ -468,25 +479,30 @@ impl Scheduler {
                 continue;
             }
             resp.outputs.reserve(outs.len());
-            for (name, dtype, shape, buf, offsets) in outs {
-                if !req.wants_output(name.to_str().unwrap_or("")) {
+            for o in outs {
+                if !req.wants_output(o.name.to_str().unwrap_or("")) {
                     continue;
                 }
-                let (offset, len, shape) = row_window(
+                let (offset, len, mut shape) = row_window(
                     &config,
                     size,
                     first_row,
                     rows,
-                    shape,
-                    buf.len(),
-                    offsets.as_deref(),
+                    &o.shape,
+                    o.buf.len(),
+                    o.bytes_offsets.as_deref(),
                 );
+                if let Some(dims) = &o.reshape_back {
+                    let batch_dims = usize::from(config.max_batch_size > 0);
+                    shape.truncate(batch_dims);
+                    shape.extend(dims.iter().copied());
+                }
                 resp.outputs.push(crate::request::OutputTensor {
-                    name: name.clone(),
-                    dtype: *dtype,
+                    name: o.name.clone(),
+                    dtype: o.dtype,
                     shape,
                     data: crate::tensor::TensorData::Shared {
-                        buf: buf.clone(),
+                        buf: o.buf.clone(),
                         offset,
                         len,
                     },
@@ -526,6 +542,18 @@ impl Scheduler {
         }
         ro.delivering = false;
     }
+}
+
+/// A batch output ready to be split into responses.
+struct SplitOutput {
+    name: Arc<CString>,
+    dtype: crate::tensor::DataType,
+    shape: crate::request::Shape,
+    buf: Arc<Vec<u8>>,
+    /// Element offsets of a BYTES output.
+    bytes_offsets: Option<Vec<usize>>,
+    /// The config's dims, when the model computes this output in a `reshape` shape.
+    reshape_back: Option<Vec<i64>>,
 }
 
 /// The byte window and shape of `rows` rows starting at `first_row` of a batch output.
