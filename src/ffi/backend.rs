@@ -26,35 +26,9 @@ pub unsafe extern "C" fn infer_batch_input_count(b: *const Batch) -> u32 {
     value_boundary(0, || b.as_ref().map_or(0, |b| b.inputs.len() as u32))
 }
 
-unsafe fn write_input(
-    b: &Batch,
-    i: &BatchInput,
-    name: *mut *const c_char,
-    dt: *mut infer_datatype,
-    shape: *mut *const i64,
-    ndim: *mut usize,
-    data: *mut *const c_void,
-    byte_size: *mut usize,
-) {
-    let bytes = b.input_data(i);
-    if !name.is_null() {
-        name.write(i.c_name.as_ptr());
-    }
-    if !dt.is_null() {
-        dt.write(i.dtype as u32);
-    }
-    if !shape.is_null() {
-        shape.write(i.shape.as_ptr());
-    }
-    if !ndim.is_null() {
-        ndim.write(i.shape.len());
-    }
-    if !data.is_null() {
-        data.write(bytes.as_ptr() as *const c_void);
-    }
-    if !byte_size.is_null() {
-        byte_size.write(bytes.len());
-    }
+fn write_input(out: &TensorOut, b: &Batch, i: &BatchInput) {
+    // SAFETY: the caller passes pointers that are NULL or writable (C API contract).
+    unsafe { out.write(&i.c_name, i.dtype, &i.shape, b.input_data(i)) }
 }
 
 /// Reads a batched input: the rows of all requests concatenated along dim 0 (dim 0 = the
@@ -80,7 +54,19 @@ pub unsafe extern "C" fn infer_batch_input(
                 b.config.name
             ))
         })?;
-        write_input(b, i, std::ptr::null_mut(), dt, shape, ndim, data, byte_size);
+        let name = std::ptr::null_mut();
+        write_input(
+            &TensorOut {
+                name,
+                dt,
+                shape,
+                ndim,
+                data,
+                byte_size,
+            },
+            b,
+            i,
+        );
         Ok(())
     })
 }
@@ -105,9 +91,38 @@ pub unsafe extern "C" fn infer_batch_input_by_index(
                 b.inputs.len()
             ))
         })?;
-        write_input(b, i, name, dt, shape, ndim, data, byte_size);
+        write_input(
+            &TensorOut {
+                name,
+                dt,
+                shape,
+                ndim,
+                data,
+                byte_size,
+            },
+            b,
+            i,
+        );
         Ok(())
     })
+}
+
+unsafe fn batch_output(
+    b: *mut Batch,
+    name: *const c_char,
+    shape: *const i64,
+    ndim: usize,
+    byte_size: Option<usize>,
+    data_out: *mut *mut c_void,
+) -> Result<()> {
+    let b = arg_mut(b, "b")?;
+    let n = arg_str(name, "name")?;
+    let shape = arg_slice(shape, ndim, "shape")?;
+    if data_out.is_null() {
+        return Err(Error::invalid("argument 'data_out' must not be NULL"));
+    }
+    let buf = b.alloc_output(n, shape, byte_size)?;
+    write_out(data_out, "data_out", buf.as_mut_ptr() as *mut c_void)
 }
 
 /// Allocates batched output `name` (datatype from the config; dim 0 must be the batch
@@ -122,16 +137,7 @@ pub unsafe extern "C" fn infer_batch_output(
     ndim: usize,
     data_out: *mut *mut c_void,
 ) -> infer_status {
-    status_boundary(|| {
-        let b = arg_mut(b, "b")?;
-        let n = arg_str(name, "name")?;
-        let shape = arg_slice(shape, ndim, "shape")?;
-        if data_out.is_null() {
-            return Err(Error::invalid("argument 'data_out' must not be NULL"));
-        }
-        let buf = b.alloc_output(n, shape, None)?;
-        write_out(data_out, "data_out", buf.as_mut_ptr() as *mut c_void)
-    })
+    status_boundary(|| batch_output(b, name, shape, ndim, None, data_out))
 }
 
 /// Like `infer_batch_output` with an explicit byte size, required for BYTES outputs
@@ -145,16 +151,7 @@ pub unsafe extern "C" fn infer_batch_output_bytes(
     byte_size: usize,
     data_out: *mut *mut c_void,
 ) -> infer_status {
-    status_boundary(|| {
-        let b = arg_mut(b, "b")?;
-        let n = arg_str(name, "name")?;
-        let shape = arg_slice(shape, ndim, "shape")?;
-        if data_out.is_null() {
-            return Err(Error::invalid("argument 'data_out' must not be NULL"));
-        }
-        let buf = b.alloc_output(n, shape, Some(byte_size))?;
-        write_out(data_out, "data_out", buf.as_mut_ptr() as *mut c_void)
-    })
+    status_boundary(|| batch_output(b, name, shape, ndim, Some(byte_size), data_out))
 }
 
 /// Fails the request that contains batch row `row` (0-based, < `infer_batch_size`) with

@@ -172,6 +172,46 @@ pub(crate) unsafe fn arg_slice<'a, T>(p: *const T, n: usize, what: &str) -> Resu
     Ok(std::slice::from_raw_parts(p, n))
 }
 
+/// Out-pointers describing a tensor (`infer_response_output`, `infer_batch_input`); each
+/// may be NULL when the caller does not want it.
+pub(crate) struct TensorOut {
+    pub name: *mut *const c_char,
+    pub dt: *mut infer_datatype,
+    pub shape: *mut *const i64,
+    pub ndim: *mut usize,
+    pub data: *mut *const std::ffi::c_void,
+    pub byte_size: *mut usize,
+}
+
+impl TensorOut {
+    pub(crate) unsafe fn write(
+        &self,
+        name: &CStr,
+        dt: crate::tensor::DataType,
+        shape: &[i64],
+        bytes: &[u8],
+    ) {
+        if !self.name.is_null() {
+            self.name.write(name.as_ptr());
+        }
+        if !self.dt.is_null() {
+            self.dt.write(dt as u32);
+        }
+        if !self.shape.is_null() {
+            self.shape.write(shape.as_ptr());
+        }
+        if !self.ndim.is_null() {
+            self.ndim.write(shape.len());
+        }
+        if !self.data.is_null() {
+            self.data.write(bytes.as_ptr() as *const std::ffi::c_void);
+        }
+        if !self.byte_size.is_null() {
+            self.byte_size.write(bytes.len());
+        }
+    }
+}
+
 /// A string the library hands over; the caller frees it with `infer_string_free`.
 pub(crate) fn owned_string(s: String) -> *mut c_char {
     CString::new(s.replace('\0', " "))

@@ -54,33 +54,9 @@ pub unsafe extern "C" fn infer_response_output_count(r: *const Response) -> usiz
     value_boundary(0, || r.as_ref().map_or(0, |r| r.outputs.len()))
 }
 
-unsafe fn write_output(
-    o: &OutputTensor,
-    name: *mut *const c_char,
-    dt: *mut infer_datatype,
-    shape: *mut *const i64,
-    ndim: *mut usize,
-    data: *mut *const c_void,
-    byte_size: *mut usize,
-) {
-    if !name.is_null() {
-        name.write(o.name.as_ptr());
-    }
-    if !dt.is_null() {
-        dt.write(o.dtype as u32);
-    }
-    if !shape.is_null() {
-        shape.write(o.shape.as_ptr());
-    }
-    if !ndim.is_null() {
-        ndim.write(o.shape.len());
-    }
-    if !data.is_null() {
-        data.write(o.data.as_slice().as_ptr() as *const c_void);
-    }
-    if !byte_size.is_null() {
-        byte_size.write(o.data.len());
-    }
+fn write_output(out: &TensorOut, o: &OutputTensor) {
+    // SAFETY: the caller passes pointers that are NULL or writable (C API contract).
+    unsafe { out.write(&o.name, o.dtype, &o.shape, o.data.as_slice()) }
 }
 
 use std::ffi::c_void;
@@ -107,7 +83,15 @@ pub unsafe extern "C" fn infer_response_output(
                 r.outputs.len()
             ))
         })?;
-        write_output(o, name, dt, shape, ndim, data, byte_size);
+        let out = TensorOut {
+            name,
+            dt,
+            shape,
+            ndim,
+            data,
+            byte_size,
+        };
+        write_output(&out, o);
         Ok(())
     })
 }
@@ -132,7 +116,16 @@ pub unsafe extern "C" fn infer_response_output_by_name(
                 r.model.name_str()
             ))
         })?;
-        write_output(o, std::ptr::null_mut(), dt, shape, ndim, data, byte_size);
+        let name = std::ptr::null_mut();
+        let out = TensorOut {
+            name,
+            dt,
+            shape,
+            ndim,
+            data,
+            byte_size,
+        };
+        write_output(&out, o);
         Ok(())
     })
 }

@@ -419,16 +419,20 @@ pub unsafe extern "C" fn infer_server_enqueue(
     request_id_out: *mut u64,
 ) -> infer_status {
     status_boundary(|| {
-        let req = if r.is_null() {
-            return Err(Error::invalid("argument 'r' must not be NULL"));
-        } else {
-            Box::from_raw(r)
-        };
+        let req = take_request(r)?;
         let s = arg_ref(s, "s")?;
         let f =
             on_response.ok_or_else(|| Error::invalid("argument 'on_response' must not be NULL"))?;
         enqueue_with(s, req, ResponseSink::new(f, user_data), request_id_out)
     })
+}
+
+/// Takes ownership of a request handed to an enqueueing call.
+unsafe fn take_request(r: *mut Request) -> Result<Box<Request>> {
+    if r.is_null() {
+        return Err(Error::invalid("argument 'r' must not be NULL"));
+    }
+    Ok(Box::from_raw(r))
 }
 
 unsafe fn enqueue_with(
@@ -479,11 +483,7 @@ pub unsafe extern "C" fn infer_server_infer(
     response_out: *mut *mut Response,
 ) -> infer_status {
     status_boundary(|| {
-        let req = if r.is_null() {
-            return Err(Error::invalid("argument 'r' must not be NULL"));
-        } else {
-            Box::from_raw(r)
-        };
+        let req = take_request(r)?;
         let s = arg_ref(s, "s")?;
         if response_out.is_null() {
             return Err(Error::invalid("argument 'response_out' must not be NULL"));
