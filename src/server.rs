@@ -319,6 +319,10 @@ impl Server {
         f(e)
     }
 
+    pub fn is_accepting(&self) -> bool {
+        self.accepting.load(Ordering::Acquire)
+    }
+
     pub fn model_config(&self, name: &str) -> Option<Arc<ModelConfig>> {
         self.models.read().get(name).map(|e| e.config.clone())
     }

@@ -169,7 +169,7 @@ fn timeout_reject_while_queued() {
     assert_eq!(r.status(), INFER_STATUS_DEADLINE_EXCEEDED);
     assert!(r.error().contains("timed out"), "{}", r.error());
     s.resume("m");
-    c.wait(1);
+    c.wait(2);
     let r = c.take().pop().unwrap();
     assert_eq!((r.id(), r.status()), (keep, 0));
     assert_eq!(s.stats("m")["models"][0]["failure_count"], 1);
@@ -255,8 +255,8 @@ fn cancel_queued_request() {
         INFER_STATUS_NOT_FOUND,
     );
     s.resume("m");
-    c.wait(2);
-    assert_eq!(c.finals(), 2);
+    c.wait(3);
+    assert_eq!(c.finals(), 3);
 }
 
 #[test]

@@ -33,6 +33,9 @@ pub unsafe extern "C" fn infer_request_new(
         if version == 0 || version < -1 {
             return Err(Error::invalid(format!("model '{model}': version {version} is invalid (use -1 for the latest, or a version >= 1)")));
         }
+        if !s.server.is_accepting() {
+            return Err(Error::unavailable("the server is shutting down"));
+        }
         let config = s
             .server
             .model_config(model)

@@ -31,6 +31,9 @@ const IDLE_SPIN: Duration = Duration::from_micros(50);
 
 struct State {
     queue: PriorityQueue,
+    /// Requests taken out of the queue (cancelled, timed out) whose error FINAL a worker
+    /// delivers: callbacks run on library threads, never on the caller's.
+    ending: Vec<(Box<Request>, Error)>,
     paused: bool,
     /// No new requests; workers finish what is queued and exit.
     closed: bool,
@@ -106,6 +109,7 @@ impl Scheduler {
             out_names: config.outputs.iter().map(|t| c_name(&t.name)).collect(),
             state: Mutex::new(State {
                 queue: PriorityQueue::new(db),
+                ending: Vec::new(),
                 paused: false,
                 closed: false,
                 executing: 0,
@@ -192,39 +196,37 @@ impl Scheduler {
     /// True when nothing is queued or executing.
     pub fn is_idle(&self) -> bool {
         let st = self.state.lock();
-        st.queue.is_empty() && st.executing == 0
+        st.queue.is_empty() && st.ending.is_empty() && st.executing == 0
     }
 
-    /// Ends every queued request with CANCELLED.
+    /// Ends every queued request with CANCELLED (delivered by the workers).
     pub fn cancel_all(&self, why: &str) {
-        let drained = {
-            let mut st = self.state.lock();
-            let d = st.queue.drain();
-            self.pending.store(0, Ordering::Release);
-            d
-        };
-        for q in drained {
-            self.fail(q.req, Error::cancelled(why.to_owned()));
-        }
+        let mut st = self.state.lock();
+        let drained = st.queue.drain();
+        self.pending.store(0, Ordering::Release);
+        st.ending.extend(
+            drained
+                .into_iter()
+                .map(|q| (q.req, Error::cancelled(why.to_owned()))),
+        );
+        drop(st);
+        self.cv.notify_all();
     }
 
     pub fn cancel(&self, request_id: u64) -> CancelOutcome {
-        let removed = {
-            let mut st = self.state.lock();
-            let r = st.queue.remove(request_id);
-            if r.is_some() {
-                self.pending.fetch_sub(1, Ordering::Release);
-            }
-            r
-        };
-        if let Some(q) = removed {
+        let mut st = self.state.lock();
+        if let Some(q) = st.queue.remove(request_id) {
+            self.pending.fetch_sub(1, Ordering::Release);
             let msg = format!(
                 "request {request_id} for model '{}' was cancelled",
                 self.model.name_str()
             );
-            self.fail(q.req, Error::cancelled(msg));
+            st.ending.push((q.req, Error::cancelled(msg)));
+            drop(st);
+            self.cv.notify_all();
             return CancelOutcome::Cancelled;
         }
+        drop(st);
         if self.running.iter().any(|r| r.lock().contains(&request_id)) {
             return CancelOutcome::Running;
         }
@@ -253,15 +255,10 @@ impl Scheduler {
 
     fn worker(self: Arc<Self>, index: usize, mut instance: Box<dyn ModelInstance>) {
         let mut taken: Vec<Queued> = Vec::new();
-        let mut rejected: Vec<Queued> = Vec::new();
-        while let Some(seq) = self.next_batch(&mut taken, &mut rejected) {
-            for q in rejected.drain(..) {
-                let msg = format!(
-                    "request {} for model '{}' timed out in the queue",
-                    q.req.id,
-                    self.model.name_str()
-                );
-                self.fail(q.req, Error::deadline(msg));
+        let mut ending: Vec<(Box<Request>, Error)> = Vec::new();
+        while let Some(seq) = self.next_batch(&mut taken, &mut ending) {
+            for (req, err) in ending.drain(..) {
+                self.fail(req, err);
             }
             if taken.is_empty() {
                 continue;
@@ -282,11 +279,20 @@ impl Scheduler {
     }
 
     /// Blocks until there is a batch (returns its sequence number, requests in `taken`)
-    /// or timed-out requests to answer (`taken` empty), or the scheduler is closed and
-    /// drained (None).
-    fn next_batch(&self, taken: &mut Vec<Queued>, rejected: &mut Vec<Queued>) -> Option<u64> {
+    /// or requests to end with an error (`ending`, `taken` empty), or the scheduler is
+    /// closed and drained (None).
+    fn next_batch(
+        &self,
+        taken: &mut Vec<Queued>,
+        ending: &mut Vec<(Box<Request>, Error)>,
+    ) -> Option<u64> {
         let mut st = self.state.lock();
+        let mut expired = Vec::new();
         loop {
+            if !st.ending.is_empty() {
+                ending.append(&mut st.ending);
+                return Some(0);
+            }
             if st.queue.is_empty() {
                 if st.closed {
                     return None;
@@ -298,18 +304,24 @@ impl Scheduler {
                     std::hint::spin_loop();
                 }
                 st = self.state.lock();
-                if st.queue.is_empty() && !st.closed {
+                if st.queue.is_empty() && st.ending.is_empty() && !st.closed {
                     self.cv.wait(&mut st);
                 }
                 continue;
             }
             // Timeouts apply while paused too.
             let now = Instant::now();
-            let before = st.queue.len();
-            st.queue.expire(now, rejected);
-            let expired = before - st.queue.len();
-            if expired > 0 {
-                self.pending.fetch_sub(expired, Ordering::Release);
+            st.queue.expire(now, &mut expired);
+            if !expired.is_empty() {
+                self.pending.fetch_sub(expired.len(), Ordering::Release);
+                ending.extend(expired.drain(..).map(|q| {
+                    let msg = format!(
+                        "request {} for model '{}' timed out in the queue",
+                        q.req.id,
+                        self.model.name_str()
+                    );
+                    (q.req, Error::deadline(msg))
+                }));
                 return Some(0);
             }
             if st.paused {

@@ -340,7 +340,7 @@ void test_shutdown_with_queued_requests(void) {
     for (int i = 0; i < N; i++) CHECK_OK(enqueue_counted(s, &c[i], NULL));
     infer_request *late = add_sub_request(s, "add_sub", A, B);
     CHECK_OK(infer_server_shutdown(s, 0));
-    CHECK(all_finals_once(c, N, 1.0), "shutdown returned before every request had one FINAL");
+    CHECK(all_finals_once(c, N, 0.0), "shutdown returned before every request had one FINAL");
     int ok = 0, cancelled = 0;
     for (int i = 0; i < N; i++) {
         ok += atomic_load(&c[i].last_status) == INFER_STATUS_OK;

@@ -227,8 +227,18 @@ impl Drop for Resp {
 /// Collects responses; counts FINALs per request id to check exactly-once.
 #[derive(Default)]
 pub struct Inner {
-    pub responses: Mutex<Vec<(Resp, u32)>>,
+    pub state: Mutex<Collected>,
     pub cv: Condvar,
+}
+
+#[derive(Default)]
+pub struct Collected {
+    pub responses: Vec<(Resp, u32)>,
+    pub finals: usize,
+    /// FINAL responses per request id.
+    pub finals_by_id: std::collections::HashMap<u64, usize>,
+    /// Request ids that got a response after their FINAL.
+    pub after_final: Vec<u64>,
 }
 
 #[derive(Clone, Default)]
@@ -236,7 +246,18 @@ pub struct Collector(pub Arc<Inner>);
 
 unsafe extern "C" fn collect(ud: *mut c_void, resp: *mut Response, flags: u32) {
     let inner = &*(ud as *const Inner);
-    inner.responses.lock().unwrap().push((Resp(resp), flags));
+    let resp = Resp(resp);
+    let id = resp.id();
+    let mut st = inner.state.lock().unwrap();
+    if st.finals_by_id.contains_key(&id) {
+        st.after_final.push(id);
+    }
+    if flags & INFER_RESPONSE_FLAG_FINAL != 0 {
+        st.finals += 1;
+        *st.finals_by_id.entry(id).or_default() += 1;
+    }
+    st.responses.push((resp, flags));
+    drop(st);
     inner.cv.notify_all();
     if flags & INFER_RESPONSE_FLAG_FINAL != 0 {
         drop(Arc::from_raw(ud as *const Inner));
@@ -248,51 +269,48 @@ impl Collector {
         Collector::default()
     }
     pub fn finals(&self) -> usize {
-        self.0
-            .responses
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(_, f)| f & INFER_RESPONSE_FLAG_FINAL != 0)
-            .count()
+        self.0.state.lock().unwrap().finals
     }
-    /// Waits until `n` FINAL responses arrived (panics after 20 s).
+    /// Waits until `n` FINAL responses arrived (panics after 60 s).
     pub fn wait(&self, n: usize) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        let mut g = self.0.responses.lock().unwrap();
-        loop {
-            let finals = g
-                .iter()
-                .filter(|(_, f)| f & INFER_RESPONSE_FLAG_FINAL != 0)
-                .count();
-            if finals >= n {
-                return;
-            }
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut g = self.0.state.lock().unwrap();
+        while g.finals < n {
             let now = std::time::Instant::now();
             assert!(
                 now < deadline,
-                "timed out waiting for {n} responses, have {finals}"
+                "timed out waiting for {n} responses, have {}",
+                g.finals
             );
             g = self.0.cv.wait_timeout(g, deadline - now).unwrap().0;
         }
     }
     pub fn take(&self) -> Vec<Resp> {
-        std::mem::take(&mut *self.0.responses.lock().unwrap())
+        let mut g = self.0.state.lock().unwrap();
+        std::mem::take(&mut g.responses)
             .into_iter()
             .map(|(r, _)| r)
             .collect()
     }
-    /// Checks that every request id got exactly one FINAL and nothing after it.
+    /// Checks that every request id got exactly one FINAL and nothing after it, and that
+    /// no other request was answered.
     pub fn assert_exactly_once(&self, ids: &[u64]) {
-        let g = self.0.responses.lock().unwrap();
+        let g = self.0.state.lock().unwrap();
         for id in ids {
-            let finals = g
-                .iter()
-                .filter(|(r, f)| r.id() == *id && f & INFER_RESPONSE_FLAG_FINAL != 0)
-                .count();
+            let finals = g.finals_by_id.get(id).copied().unwrap_or(0);
             assert_eq!(finals, 1, "request {id} got {finals} FINAL responses");
         }
-        assert_eq!(g.len(), ids.len(), "unexpected extra responses");
+        assert!(
+            g.after_final.is_empty(),
+            "responses after FINAL: {:?}",
+            g.after_final
+        );
+        assert_eq!(
+            g.finals_by_id.len(),
+            ids.len(),
+            "responses for unexpected requests"
+        );
+        assert_eq!(g.responses.len(), ids.len(), "unexpected extra responses");
     }
 }
 

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Runs every check: formatting, clippy, the Rust tests (release, including the header
+# test), the exported-symbol check, the C API tests and the C examples under CTest.
+# Installs gcc, cmake, ninja (apt-get) and rustfmt, clippy (rustup) only when missing.
+# Each step's full output is kept in $TARGET_DIR/test-logs/; the closing summary repeats
+# the runners' own result lines.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+
+LOGS="$TARGET_DIR/test-logs"
+C_TESTS="$TARGET_DIR/c-tests"
+mkdir -p "$LOGS"
+rm -f "$LOGS"/*.log
+
+steps=()    # "name|status"
+bold="" plain=""
+if [[ -t 1 ]]; then bold=$'\033[1m' plain=$'\033[0m'; fi
+current=""
+
+# step NAME COMMAND...: runs one step, its output both shown and logged to $LOGS/NAME.log.
+step() {
+    local name="$1"
+    shift
+    current="$name"
+    printf '\n%s== %s%s\n' "$bold" "$name" "$plain"
+    "$@" 2>&1 | tee "$LOGS/$name.log"
+    steps+=("$name|ok")
+    current=""
+}
+
+build_c_tests() {
+    mkdir -p "$C_TESTS"
+    gcc -std=c11 -Wall -Wextra -Werror -O1 -g -pthread -Iinclude \
+        tests/c/test_api.c tests/c/test_scheduling.c \
+        -L"$LIB_DIR" -linfer -Wl,-rpath,'$ORIGIN' -o "$C_TESTS/c_api_tests"
+    # The programs ask for the soname, libinfer.so.0; cargo writes libinfer.so.
+    ln -sf "$LIB_DIR/libinfer.so" "$C_TESTS/libinfer.so.0"
+    echo "built $C_TESTS/c_api_tests"
+}
+
+summary() {
+    local rc=$?
+    [[ -n "$current" ]] && steps+=("$current|FAILED")
+    printf '\n%s== summary%s\n' "$bold" "$plain"
+    for s in "${steps[@]}"; do
+        printf '  %-14s %s\n' "${s%%|*}" "${s##*|}"
+    done
+    if [[ -f "$LOGS/cargo-test.log" ]]; then
+        echo "cargo test --release:"
+        # Each "test result:" line, after the name of the test binary it belongs to.
+        awk '/^ *Running / { name = ($2 == "unittests") ? $3 : $2 }
+             /^ *Doc-tests / { name = "doc-tests " $2 }
+             /^test result:/ { printf "  %-28s %s\n", name, $0 }' "$LOGS/cargo-test.log"
+    fi
+    [[ -f "$LOGS/symbols.log" ]] && sed 's/^/  /' "$LOGS/symbols.log"
+    if [[ -f "$LOGS/c-tests.log" ]]; then
+        echo "C API tests:"
+        grep -E '^[0-9]+ passed, [0-9]+ failed$' "$LOGS/c-tests.log" | sed 's/^/  /' || true
+    fi
+    if [[ -f "$LOGS/ctest.log" ]]; then
+        echo "ctest:"
+        grep -E 'tests passed|tests failed' "$LOGS/ctest.log" | sed 's/^/  /' || true
+    fi
+    if [[ $rc -eq 0 ]]; then
+        echo "ALL CHECKS PASSED"
+    else
+        echo "FAILED (exit $rc); full logs in $LOGS/"
+    fi
+}
+trap summary EXIT
+
+ensure_build_tools
+ensure_rust_component rustfmt
+ensure_rust_component clippy
+
+step fmt cargo fmt --check
+step clippy cargo clippy --all-targets -- -D warnings
+step cargo-test cargo test --release
+step build cargo build --release
+step symbols tests/symbols.sh "$LIB_DIR/libinfer.so"
+step c-build build_c_tests
+step c-tests "$C_TESTS/c_api_tests"
+step cpp-examples build_cpp_examples
+step ctest ctest --test-dir cpp_examples/build --output-on-failure
