@@ -53,6 +53,8 @@ pub struct Request {
     /// The config the inputs were checked against when added (None if the model was not
     /// loaded when the request was created).
     pub checked_against: Option<Arc<ModelConfig>>,
+    /// The model version resolved when the request was created, if it was.
+    pub target: Option<Arc<crate::scheduler::Scheduler>>,
     /// Rows this request contributes to a batch (its dim 0 when the model batches).
     pub batch_size: u32,
     pub enqueued_at: Instant,
@@ -73,6 +75,7 @@ impl Request {
             requested_outputs: Vec::new(),
             parameters: Vec::new(),
             checked_against,
+            target: None,
             batch_size: 1,
             enqueued_at: Instant::now(),
             sink: None,

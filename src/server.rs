@@ -319,6 +319,11 @@ impl Server {
         f(e)
     }
 
+    /// The scheduler serving `version` (-1 = latest) of a model.
+    pub fn resolve(&self, name: &str, version: i64) -> Result<Arc<Scheduler>> {
+        self.with_model(name, |e| Ok(e.version(name, version)?.clone()))
+    }
+
     pub fn is_accepting(&self) -> bool {
         self.accepting.load(Ordering::Acquire)
     }
@@ -360,11 +365,13 @@ impl Server {
         req.id = id;
         let mut last = None;
         for _ in 0..REPLACE_RETRIES {
-            let result = self
-                .with_model(&req.model, |e| {
-                    Ok(e.version(&req.model, req.version)?.clone())
-                })
-                .and_then(|sched| Ok((prepare(&sched.config, &mut req)?, sched)));
+            // The version resolved when the request was created saves a registry lookup;
+            // if it has been replaced since, its enqueue refuses and the loop looks again.
+            let resolved = match req.target.take() {
+                Some(t) => Ok(t),
+                None => self.resolve(&req.model, req.version),
+            };
+            let result = resolved.and_then(|sched| Ok((prepare(&sched.config, &mut req)?, sched)));
             let (key, sched) = match result {
                 Ok(v) => v,
                 Err(e) => {

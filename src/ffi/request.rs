@@ -36,15 +36,20 @@ pub unsafe extern "C" fn infer_request_new(
         if !s.server.is_accepting() {
             return Err(Error::unavailable("the server is shutting down"));
         }
-        let config = s
-            .server
-            .model_config(model)
-            .ok_or_else(|| Error::not_found(format!("model '{model}' is not loaded")))?;
-        write_out(
-            out,
-            "out",
-            Box::into_raw(Box::new(Request::new(model, version, Some(config)))),
-        )
+        let req = match s.server.resolve(model, version) {
+            Ok(target) => {
+                let mut r = Request::new(model, version, Some(target.config.clone()));
+                r.target = Some(target);
+                r
+            }
+            // A version that is not ready now may be by enqueue time: check then.
+            Err(e) if e.code == Code::NotFound => {
+                let config = s.server.model_config(model).ok_or(e)?;
+                Request::new(model, version, Some(config))
+            }
+            Err(e) => return Err(e),
+        };
+        write_out(out, "out", Box::into_raw(Box::new(req)))
     })
 }
 
