@@ -14,6 +14,7 @@ pub mod config;
 pub mod ffi;
 pub mod log;
 pub mod model;
+mod pool;
 pub mod request;
 pub mod scheduler;
 pub mod server;

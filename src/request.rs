@@ -59,6 +59,8 @@ pub struct Request {
     pub batch_size: u32,
     pub enqueued_at: Instant,
     pub sink: Option<ResponseSink>,
+    /// Input buffers of an earlier use of this (pooled) object, kept for reuse.
+    spare_buffers: Vec<Vec<u8>>,
 }
 
 impl Request {
@@ -79,7 +81,62 @@ impl Request {
             batch_size: 1,
             enqueued_at: Instant::now(),
             sink: None,
+            spare_buffers: Vec::new(),
         }
+    }
+
+    /// A request from the pool (see `pool`), or a new one.
+    pub fn boxed(
+        model: &str,
+        version: i64,
+        checked_against: Option<Arc<ModelConfig>>,
+    ) -> Box<Request> {
+        match crate::pool::take_request() {
+            Some(mut r) => {
+                r.model.push_str(model);
+                r.version = version;
+                r.checked_against = checked_against;
+                r
+            }
+            None => Box::new(Request::new(model, version, checked_against)),
+        }
+    }
+
+    /// Copies `bytes` into a buffer, reusing one kept from an earlier use.
+    pub fn buffer_from(&mut self, bytes: &[u8]) -> Vec<u8> {
+        match self.spare_buffers.pop() {
+            Some(mut b) => {
+                b.clear();
+                b.extend_from_slice(bytes);
+                b
+            }
+            None => bytes.to_vec(),
+        }
+    }
+
+    /// Back to the state of a new request, keeping allocated capacity.
+    pub(crate) fn reset(&mut self) {
+        use crate::pool::{MAX_SPARE_BUFFER, MAX_SPARE_BUFFERS};
+        self.id = 0;
+        self.model.clear();
+        self.correlation_id = CorrelationId::None;
+        self.flags = 0;
+        self.priority = 0;
+        self.timeout_us = 0;
+        for t in self.inputs.drain(..) {
+            if let crate::tensor::TensorData::Owned(v) = t.data {
+                if v.capacity() <= MAX_SPARE_BUFFER && self.spare_buffers.len() < MAX_SPARE_BUFFERS
+                {
+                    self.spare_buffers.push(v);
+                }
+            }
+        }
+        self.requested_outputs.clear();
+        self.parameters.clear();
+        self.checked_against = None;
+        self.target = None;
+        self.batch_size = 1;
+        self.sink = None;
     }
 
     pub fn input(&self, name: &str) -> Option<&Tensor> {
@@ -138,18 +195,28 @@ pub struct Response {
 }
 
 impl Response {
-    pub fn ok(request_id: u64, model: &ModelIdentity, corr: &CorrelationId) -> Response {
-        Response {
-            request_id,
-            status: Code::Ok,
-            error: None,
-            model: model.clone(),
-            correlation_id: match corr {
-                CorrelationId::U64(v) => *v,
-                _ => 0,
-            },
-            outputs: Vec::new(),
-            parameters: Vec::new(),
+    /// A successful response (outputs to be added), from the pool when one is there.
+    pub fn ok(request_id: u64, model: &ModelIdentity, corr: &CorrelationId) -> Box<Response> {
+        let correlation_id = match corr {
+            CorrelationId::U64(v) => *v,
+            _ => 0,
+        };
+        match crate::pool::take_response() {
+            Some(mut r) => {
+                r.request_id = request_id;
+                r.model = model.clone();
+                r.correlation_id = correlation_id;
+                r
+            }
+            None => Box::new(Response {
+                request_id,
+                status: Code::Ok,
+                error: None,
+                model: model.clone(),
+                correlation_id,
+                outputs: Vec::new(),
+                parameters: Vec::new(),
+            }),
         }
     }
 
@@ -158,11 +225,21 @@ impl Response {
         model: &ModelIdentity,
         corr: &CorrelationId,
         err: Error,
-    ) -> Response {
+    ) -> Box<Response> {
         let mut r = Response::ok(request_id, model, corr);
         r.status = err.code;
         r.error = Some(CString::new(err.message.replace('\0', " ")).unwrap_or_default());
         r
+    }
+
+    /// Back to an empty OK response, keeping the outputs vector's capacity.
+    pub(crate) fn reset(&mut self) {
+        self.request_id = 0;
+        self.status = Code::Ok;
+        self.error = None;
+        self.correlation_id = 0;
+        self.outputs.clear();
+        self.parameters.clear();
     }
 
     pub fn output(&self, name: &str) -> Option<&OutputTensor> {
@@ -215,8 +292,8 @@ impl ResponseSink {
         self.fallback = None;
     }
 
-    fn call(&self, resp: Response, flags: u32) {
-        let ptr = Box::into_raw(Box::new(resp));
+    fn call(&self, resp: Box<Response>, flags: u32) {
+        let ptr = Box::into_raw(resp);
         IN_CALLBACK.with(|c| c.set(c.get() + 1));
         // A C callback must not unwind; if a foreign exception tries, stop it here.
         let _ = std::panic::catch_unwind(|| unsafe { (self.func)(self.user_data, ptr, flags) });
@@ -224,12 +301,12 @@ impl ResponseSink {
     }
 
     /// A non-final response (streaming models).
-    pub fn send(&mut self, resp: Response) {
+    pub fn send(&mut self, resp: Box<Response>) {
         self.call(resp, 0);
     }
 
     /// The FINAL response; after it the library never touches `user_data` again.
-    pub fn send_final(mut self, resp: Response) {
+    pub fn send_final(mut self, resp: Box<Response>) {
         self.fallback = None;
         self.call(resp, RESPONSE_FLAG_FINAL);
     }
@@ -247,5 +324,53 @@ impl Drop for ResponseSink {
                 RESPONSE_FLAG_FINAL,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::TensorData;
+
+    #[test]
+    fn reset_request_is_like_new_and_keeps_buffers() {
+        let mut r = Request::new("m", 3, None);
+        r.id = 7;
+        r.correlation_id = CorrelationId::U64(9);
+        r.flags = 3;
+        r.priority = 2;
+        r.timeout_us = 5;
+        let buf = r.buffer_from(&[1, 2, 3]);
+        r.inputs.push(Tensor {
+            name: Arc::from("x"),
+            dtype: DataType::Uint8,
+            shape: Shape::from_slice(&[3]),
+            data: TensorData::Owned(buf),
+        });
+        r.requested_outputs.push(Arc::from("y"));
+        r.parameters.push(("k".into(), ParamValue::Int(1)));
+        r.reset();
+        assert_eq!(r.id, 0);
+        assert!(r.model.is_empty());
+        assert_eq!(r.correlation_id, CorrelationId::None);
+        assert_eq!(
+            (r.flags, r.priority, r.timeout_us, r.batch_size),
+            (0, 0, 0, 1)
+        );
+        assert!(r.inputs.is_empty() && r.requested_outputs.is_empty() && r.parameters.is_empty());
+        assert!(r.sink.is_none() && r.checked_against.is_none() && r.target.is_none());
+        assert_eq!(r.buffer_from(&[4, 5]), vec![4, 5]);
+        assert!(r.spare_buffers.is_empty(), "the kept buffer was reused");
+    }
+
+    #[test]
+    fn reset_response_is_empty_ok() {
+        let m = ModelIdentity::new("m", 1);
+        let mut r = Response::error(5, &m, &CorrelationId::U64(2), Error::internal("x"));
+        r.parameters
+            .push((CString::new("k").unwrap(), ParamValue::Int(1)));
+        r.reset();
+        assert_eq!((r.request_id, r.status, r.correlation_id), (0, Code::Ok, 0));
+        assert!(r.error.is_none() && r.outputs.is_empty() && r.parameters.is_empty());
     }
 }

@@ -221,6 +221,25 @@ impl Batch {
         Ok(&mut self.outputs[last].data)
     }
 
+    /// Allocates output `output` with the shape of input `input` and copies the input's
+    /// bytes into it (the identity computation, without an intermediate copy).
+    pub fn copy_input_to_output(&mut self, input: usize, output: &str) -> Result<()> {
+        let i = &self.inputs[input];
+        let shape = i.shape.clone();
+        let len = self.input_data(i).len();
+        self.alloc_output(output, &shape, Some(len))?;
+        let src = match &self.inputs[input].source {
+            InputSource::Request { request, input } => {
+                self.requests[*request].inputs[*input].data.as_slice()
+            }
+            InputSource::Assembled(v) => v.as_slice(),
+        };
+        if let Some(out) = self.outputs.last_mut() {
+            out.data.copy_from_slice(src);
+        }
+        Ok(())
+    }
+
     pub fn set_row_error(&mut self, row: u32, err: Error) -> Result<()> {
         if row >= self.size {
             return Err(Error::invalid(format!(

@@ -38,18 +38,18 @@ pub unsafe extern "C" fn infer_request_new(
         }
         let req = match s.server.resolve(model, version) {
             Ok(target) => {
-                let mut r = Request::new(model, version, Some(target.config.clone()));
+                let mut r = Request::boxed(model, version, Some(target.config.clone()));
                 r.target = Some(target);
                 r
             }
             // A version that is not ready now may be by enqueue time: check then.
             Err(e) if e.code == Code::NotFound => {
                 let config = s.server.model_config(model).ok_or(e)?;
-                Request::new(model, version, Some(config))
+                Request::boxed(model, version, Some(config))
             }
             Err(e) => return Err(e),
         };
-        write_out(out, "out", Box::into_raw(Box::new(req)))
+        write_out(out, "out", Box::into_raw(req))
     })
 }
 
@@ -148,7 +148,7 @@ unsafe fn add_input(
     ndim: usize,
     data: *const c_void,
     byte_size: usize,
-    make: impl FnOnce(&[u8]) -> TensorData,
+    make: impl FnOnce(&mut Request, &[u8]) -> TensorData,
 ) -> Result<()> {
     let r = arg_mut(r, "r")?;
     let name = arg_str(name, "name")?;
@@ -194,7 +194,7 @@ unsafe fn add_input(
             Arc::from(name)
         }
     };
-    let data = make(bytes);
+    let data = make(r, bytes);
     r.inputs.push(Tensor {
         name: shared_name,
         dtype,
@@ -218,7 +218,7 @@ pub unsafe extern "C" fn infer_request_add_input(
     byte_size: usize,
 ) -> infer_status {
     status_boundary(|| {
-        add_input(r, name, dt, shape, ndim, data, byte_size, |b| {
+        add_input(r, name, dt, shape, ndim, data, byte_size, |_, b| {
             TensorData::Owned(b.to_vec())
         })
     })
@@ -259,7 +259,7 @@ pub unsafe extern "C" fn infer_request_add_input_borrowed(
                 )))
             }
         }
-        add_input(r, name, dt, shape, ndim, data, byte_size, |b| {
+        add_input(r, name, dt, shape, ndim, data, byte_size, |_, b| {
             let release = release.map(|func| ReleaseCallback {
                 func,
                 user_data: release_user_data,

@@ -182,7 +182,7 @@ pub unsafe extern "C" fn infer_response_parameter_string(
 pub unsafe extern "C" fn infer_response_free(r: *mut Response) {
     value_boundary((), || {
         if !r.is_null() {
-            drop(Box::from_raw(r));
+            crate::pool::recycle_response(Box::from_raw(r));
         }
     })
 }

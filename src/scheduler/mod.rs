@@ -46,7 +46,7 @@ struct State {
 #[derive(Default)]
 struct Reorder {
     next: u64,
-    ready: BTreeMap<u64, Vec<(ResponseSink, Response)>>,
+    ready: BTreeMap<u64, Vec<(ResponseSink, Box<Response>)>>,
     delivering: bool,
 }
 
@@ -369,7 +369,7 @@ impl Scheduler {
         &self,
         instance: &mut dyn ModelInstance,
         requests: Vec<Box<Request>>,
-    ) -> Vec<(ResponseSink, Response)> {
+    ) -> Vec<(ResponseSink, Box<Response>)> {
         let start = Instant::now();
         for r in &requests {
             self.stats
@@ -408,7 +408,7 @@ impl Scheduler {
         self.split(batch, result)
     }
 
-    fn split(&self, batch: Batch, result: Result<()>) -> Vec<(ResponseSink, Response)> {
+    fn split(&self, batch: Batch, result: Result<()>) -> Vec<(ResponseSink, Box<Response>)> {
         let Batch {
             requests,
             size,
@@ -456,84 +456,84 @@ impl Scheduler {
             let rows = req.batch_size;
             let first_row = row;
             row += rows;
-            let Some(sink) = req.sink.take() else {
-                continue;
-            };
-            let outs = match &outputs_checked {
-                Ok(o) => o,
-                Err(e) => {
-                    self.stats.failure_count.fetch_add(1, Ordering::Relaxed);
-                    let resp = Response::error(req.id, &self.model, &req.correlation_id, e.clone());
-                    answers.push((sink, resp));
-                    continue;
-                }
-            };
-            if let Some((_, e)) = row_errors
-                .iter()
-                .find(|(r, _)| *r >= first_row && *r < first_row + rows)
-            {
-                self.stats.failure_count.fetch_add(1, Ordering::Relaxed);
-                let resp = Response::error(req.id, &self.model, &req.correlation_id, e.clone());
-                answers.push((sink, resp));
-                continue;
-            }
-            let mut resp = Response::ok(req.id, &self.model, &req.correlation_id);
-            let mut missing = None;
-            for want in &req.requested_outputs {
-                if !outs.iter().any(|o| o.name.as_bytes() == want.as_bytes()) {
-                    missing = Some(want.clone());
-                }
-            }
-            if let Some(m) = missing {
-                self.stats.failure_count.fetch_add(1, Ordering::Relaxed);
-                let e = Error::internal(format!(
-                    "model '{}': the backend did not produce output '{m}'",
-                    self.model.name_str()
-                ));
-                answers.push((
-                    sink,
-                    Response::error(req.id, &self.model, &req.correlation_id, e),
-                ));
-                continue;
-            }
-            resp.outputs.reserve(outs.len());
-            for o in outs {
-                if !req.wants_output(o.name.to_str().unwrap_or("")) {
-                    continue;
-                }
-                let (offset, len, mut shape) = row_window(
-                    &config,
-                    size,
+            if let Some(sink) = req.sink.take() {
+                let window = RowWindow {
+                    batch_rows: size,
                     first_row,
                     rows,
-                    &o.shape,
-                    o.buf.len(),
-                    o.bytes_offsets.as_deref(),
-                );
-                if let Some(dims) = &o.reshape_back {
-                    let batch_dims = usize::from(config.max_batch_size > 0);
-                    shape.truncate(batch_dims);
-                    shape.extend(dims.iter().copied());
-                }
-                resp.outputs.push(crate::request::OutputTensor {
-                    name: o.name.clone(),
-                    dtype: o.dtype,
-                    shape,
-                    data: crate::tensor::TensorData::Shared {
-                        buf: o.buf.clone(),
-                        offset,
-                        len,
-                    },
-                });
+                };
+                let resp = self.answer(&req, window, &outputs_checked, &row_errors, &config);
+                answers.push((sink, resp));
             }
-            self.stats.success_count.fetch_add(1, Ordering::Relaxed);
-            answers.push((sink, resp));
+            crate::pool::recycle_request(req);
         }
         answers
     }
 
+    /// The FINAL response of one request of a finished batch.
+    fn answer(
+        &self,
+        req: &Request,
+        w: RowWindow,
+        outputs: &Result<Vec<SplitOutput>>,
+        row_errors: &[(u32, Error)],
+        config: &ModelConfig,
+    ) -> Box<Response> {
+        let fail = |e: Error| {
+            self.stats.failure_count.fetch_add(1, Ordering::Relaxed);
+            Response::error(req.id, &self.model, &req.correlation_id, e)
+        };
+        let outs = match outputs {
+            Ok(o) => o,
+            Err(e) => return fail(e.clone()),
+        };
+        let last_row = w.first_row + w.rows;
+        if let Some((_, e)) = row_errors
+            .iter()
+            .find(|(r, _)| *r >= w.first_row && *r < last_row)
+        {
+            return fail(e.clone());
+        }
+        if let Some(m) = req
+            .requested_outputs
+            .iter()
+            .find(|want| !outs.iter().any(|o| o.name.as_bytes() == want.as_bytes()))
+        {
+            return fail(Error::internal(format!(
+                "model '{}': the backend did not produce output '{m}'",
+                self.model.name_str()
+            )));
+        }
+        let mut resp = Response::ok(req.id, &self.model, &req.correlation_id);
+        resp.outputs.reserve(outs.len());
+        for o in outs {
+            if !req.wants_output(o.name.to_str().unwrap_or("")) {
+                continue;
+            }
+            let (offset, len, mut shape) =
+                row_window(config, w, &o.shape, o.buf.len(), o.bytes_offsets.as_deref());
+            if let Some(dims) = &o.reshape_back {
+                let batch_dims = usize::from(config.max_batch_size > 0);
+                shape.truncate(batch_dims);
+                shape.extend(dims.iter().copied());
+            }
+            resp.outputs.push(crate::request::OutputTensor {
+                name: o.name.clone(),
+                dtype: o.dtype,
+                shape,
+                data: crate::tensor::TensorData::Shared {
+                    buf: o.buf.clone(),
+                    offset,
+                    len,
+                },
+            });
+        }
+        self.stats.success_count.fetch_add(1, Ordering::Relaxed);
+        resp
+    }
+
     /// Hands responses to their callbacks, in batch order when preserve_ordering is set.
-    fn deliver(&self, seq: u64, answers: Vec<(ResponseSink, Response)>) {
+    fn deliver(&self, seq: u64, answers: Vec<(ResponseSink, Box<Response>)>) {
         if !self.preserve_ordering {
             for (sink, resp) in answers {
                 sink.send_final(resp);
@@ -574,33 +574,40 @@ struct SplitOutput {
     reshape_back: Option<Vec<i64>>,
 }
 
-/// The byte window and shape of `rows` rows starting at `first_row` of a batch output.
-fn row_window(
-    config: &ModelConfig,
+/// Which rows of a batch belong to one request.
+#[derive(Clone, Copy)]
+struct RowWindow {
     batch_rows: u32,
     first_row: u32,
     rows: u32,
+}
+
+/// The byte window and shape of a request's rows of a batch output.
+fn row_window(
+    config: &ModelConfig,
+    w: RowWindow,
     shape: &crate::request::Shape,
     total: usize,
     bytes_offsets: Option<&[usize]>,
 ) -> (usize, usize, crate::request::Shape) {
-    if config.max_batch_size == 0 || batch_rows == 0 {
+    if config.max_batch_size == 0 || w.batch_rows == 0 {
         return (0, total, shape.clone());
     }
     let mut s = shape.clone();
     if let Some(d0) = s.first_mut() {
-        *d0 = rows as i64;
+        *d0 = w.rows as i64;
     }
+    let (first, rows) = (w.first_row as usize, w.rows as usize);
     match bytes_offsets {
         None => {
-            let per_row = total / batch_rows as usize;
-            (per_row * first_row as usize, per_row * rows as usize, s)
+            let per_row = total / w.batch_rows as usize;
+            (per_row * first, per_row * rows, s)
         }
         Some(offs) => {
             let elems = offs.len().saturating_sub(1);
-            let per_row = elems / batch_rows as usize;
-            let a = offs[(per_row * first_row as usize).min(elems)];
-            let b = offs[(per_row * (first_row + rows) as usize).min(elems)];
+            let per_row = elems / w.batch_rows as usize;
+            let a = offs[(per_row * first).min(elems)];
+            let b = offs[(per_row * (first + rows)).min(elems)];
             (a, b - a, s)
         }
     }

@@ -56,11 +56,7 @@ impl ModelInstance for IdentityInstance {
             let Some(idx) = batch.inputs.iter().position(|i| i.name == *input) else {
                 continue; // optional input not given: no output either
             };
-            let shape = batch.inputs[idx].shape.clone();
-            let data = batch.input_data(&batch.inputs[idx]).to_vec();
-            let len = data.len();
-            let dst = batch.alloc_output(output, &shape, Some(len))?;
-            dst.copy_from_slice(&data);
+            batch.copy_input_to_output(idx, output)?;
         }
         Ok(())
     }
