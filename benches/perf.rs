@@ -1,0 +1,1281 @@
+//! Performance scenarios that drive libinfer through its C API.
+//!
+//! Run with `cargo bench --bench perf -- [options] [scenario...]`; without a scenario
+//! every one runs. Each scenario prints one result line on stdout (details go to
+//! stderr). See `--help` and docs/PERFORMANCE.md.
+
+use infer::ffi::request::*;
+use infer::ffi::response::*;
+use infer::ffi::server::*;
+use infer::ffi::*;
+use infer::request::{Request, Response};
+use infer::server::ServerOptions;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::ffi::{c_void, CStr, CString};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+// ---------------------------------------------------------------------------------------
+// Counting allocator: counts heap allocations of the whole process (library threads
+// included) while COUNTING is set. Off, it costs one relaxed load per call.
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static REALLOCS: AtomicU64 = AtomicU64::new(0);
+static ALLOC_BYTES: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+            ALLOC_BYTES.fetch_add(l.size() as u64, Ordering::Relaxed);
+        }
+        System.alloc(l)
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+            ALLOC_BYTES.fetch_add(l.size() as u64, Ordering::Relaxed);
+        }
+        System.alloc_zeroed(l)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        System.dealloc(p, l)
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            REALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        System.realloc(p, l, new)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// (allocations, reallocations, bytes) counted while `f` runs.
+fn count_allocs(f: impl FnOnce()) -> (u64, u64, u64) {
+    let (a0, r0, b0) = (
+        ALLOCS.load(Ordering::SeqCst),
+        REALLOCS.load(Ordering::SeqCst),
+        ALLOC_BYTES.load(Ordering::SeqCst),
+    );
+    COUNTING.store(true, Ordering::SeqCst);
+    f();
+    COUNTING.store(false, Ordering::SeqCst);
+    (
+        ALLOCS.load(Ordering::SeqCst) - a0,
+        REALLOCS.load(Ordering::SeqCst) - r0,
+        ALLOC_BYTES.load(Ordering::SeqCst) - b0,
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// Thin wrappers over the C API.
+
+fn last_error() -> String {
+    unsafe { CStr::from_ptr(infer_last_error_message()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[track_caller]
+fn check(st: infer_status, what: &str) {
+    if st != INFER_STATUS_OK {
+        panic!("{what} failed with status {st}: {}", last_error());
+    }
+}
+
+fn now_ns() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Keeps a value on its own cache line so that per-client counters do not false-share.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+struct Server(*mut ServerHandle);
+unsafe impl Send for Server {}
+unsafe impl Sync for Server {}
+
+impl Server {
+    fn new() -> Server {
+        unsafe {
+            let mut o: *mut ServerOptions = std::ptr::null_mut();
+            check(infer_server_options_new(&mut o), "infer_server_options_new");
+            check(infer_server_options_set_gpu(o, INFER_GPU_OFF), "set_gpu");
+            let mut s = std::ptr::null_mut();
+            check(infer_server_new(o, &mut s), "infer_server_new");
+            infer_server_options_free(o);
+            Server(s)
+        }
+    }
+
+    fn load(&self, name: &str, config: &str) {
+        let (n, c) = (CString::new(name).unwrap(), CString::new(config).unwrap());
+        check(
+            unsafe { infer_server_load_model(self.0, n.as_ptr(), c.as_ptr(), std::ptr::null()) },
+            "infer_server_load_model",
+        );
+    }
+
+    fn stats(&self, model: &str) -> Stats {
+        let n = CString::new(model).unwrap();
+        let mut out = std::ptr::null_mut();
+        check(
+            unsafe { infer_server_statistics_json(self.0, n.as_ptr(), &mut out) },
+            "infer_server_statistics_json",
+        );
+        let text = unsafe { CStr::from_ptr(out) }.to_str().unwrap().to_owned();
+        unsafe { infer_string_free(out) };
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let m = &v["models"][0];
+        Stats {
+            inferences: m["inference_count"].as_u64().unwrap_or(0),
+            executions: m["execution_count"].as_u64().unwrap_or(0),
+            failures: m["failure_count"].as_u64().unwrap_or(0),
+            compute_us: m["compute_us"]["total"].as_u64().unwrap_or(0),
+            batch_sizes: m["batch_sizes"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|b| (b["size"].as_u64().unwrap(), b["count"].as_u64().unwrap()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        unsafe { infer_server_free(self.0) };
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct Stats {
+    inferences: u64,
+    executions: u64,
+    failures: u64,
+    /// Total microseconds of backend executions (as the library measures them).
+    compute_us: u64,
+    batch_sizes: Vec<(u64, u64)>,
+}
+
+impl Stats {
+    /// Counters accumulated between `earlier` and `self`.
+    fn since(&self, earlier: &Stats) -> Stats {
+        let mut sizes = Vec::new();
+        for &(s, c) in &self.batch_sizes {
+            let before = earlier
+                .batch_sizes
+                .iter()
+                .find(|(s0, _)| *s0 == s)
+                .map_or(0, |x| x.1);
+            if c > before {
+                sizes.push((s, c - before));
+            }
+        }
+        Stats {
+            inferences: self.inferences - earlier.inferences,
+            executions: self.executions - earlier.executions,
+            failures: self.failures - earlier.failures,
+            compute_us: self.compute_us - earlier.compute_us,
+            batch_sizes: sizes,
+        }
+    }
+    fn mean_batch(&self) -> f64 {
+        let rows: u64 = self.batch_sizes.iter().map(|(s, c)| s * c).sum();
+        let n: u64 = self.batch_sizes.iter().map(|(_, c)| c).sum();
+        if n == 0 {
+            0.0
+        } else {
+            rows as f64 / n as f64
+        }
+    }
+    fn histogram(&self) -> String {
+        let parts: Vec<String> = self
+            .batch_sizes
+            .iter()
+            .map(|(s, c)| format!("{s}:{c}"))
+            .collect();
+        format!("{{{}}}", parts.join(" "))
+    }
+}
+
+/// What a request carries: model name and (input name, values) pairs, all prepared
+/// once so building a request allocates nothing on the client side.
+struct RequestSpec {
+    model: CString,
+    inputs: Vec<(CString, Vec<f32>)>,
+    shape: Vec<i64>,
+}
+
+impl RequestSpec {
+    fn new(model: &str, inputs: &[&str], shape: &[i64]) -> RequestSpec {
+        let elems: i64 = shape.iter().product();
+        RequestSpec {
+            model: CString::new(model).unwrap(),
+            inputs: inputs
+                .iter()
+                .enumerate()
+                .map(|(k, n)| {
+                    let v = (0..elems).map(|i| (i + 100 * k as i64) as f32).collect();
+                    (CString::new(*n).unwrap(), v)
+                })
+                .collect(),
+            shape: shape.to_vec(),
+        }
+    }
+
+    /// Creates the request and adds its inputs (copied): what a client does per request.
+    #[inline]
+    fn build(&self, s: *mut ServerHandle) -> *mut Request {
+        unsafe {
+            let mut r = std::ptr::null_mut();
+            check(
+                infer_request_new(s, self.model.as_ptr(), -1, &mut r),
+                "infer_request_new",
+            );
+            for (name, data) in &self.inputs {
+                check(
+                    infer_request_add_input(
+                        r,
+                        name.as_ptr(),
+                        INFER_DATATYPE_FP32,
+                        self.shape.as_ptr(),
+                        self.shape.len(),
+                        data.as_ptr() as *const c_void,
+                        data.len() * 4,
+                    ),
+                    "infer_request_add_input",
+                );
+            }
+            r
+        }
+    }
+}
+
+/// Reads an FP32 output of a response.
+fn output_f32(resp: *const Response, name: &str) -> Vec<f32> {
+    let n = CString::new(name).unwrap();
+    let (mut dt, mut shape, mut nd, mut data, mut bs) =
+        (0, std::ptr::null(), 0usize, std::ptr::null(), 0usize);
+    let st = unsafe {
+        infer_response_output_by_name(
+            resp,
+            n.as_ptr(),
+            &mut dt,
+            &mut shape,
+            &mut nd,
+            &mut data,
+            &mut bs,
+        )
+    };
+    check(st, "infer_response_output_by_name");
+    assert_eq!(dt, INFER_DATATYPE_FP32);
+    let bytes = unsafe { std::slice::from_raw_parts(data as *const u8, bs) };
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn resident_bytes() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = s
+        .split_whitespace()
+        .nth(1)
+        .and_then(|x| x.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// CPU time of this process and of the whole machine over a window, to tell whether
+/// other processes competed for the cores while a scenario measured.
+struct CpuWindow {
+    at: Instant,
+    ours: u64,
+    busy: u64,
+}
+
+fn ticks() -> (u64, u64) {
+    let me = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses): utime is the 12th, stime
+    // the 13th.
+    let rest = me.rsplit_once(')').map_or("", |x| x.1);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let ours = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    let all = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu: Vec<u64> = all
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let total: u64 = cpu.iter().take(8).sum();
+    let idle = cpu.get(3).copied().unwrap_or(0) + cpu.get(4).copied().unwrap_or(0);
+    (ours, total - idle)
+}
+
+impl CpuWindow {
+    fn start() -> CpuWindow {
+        let (ours, busy) = ticks();
+        CpuWindow {
+            at: Instant::now(),
+            ours,
+            busy,
+        }
+    }
+    /// "cpu: this process X cores, others Y cores" over the window.
+    fn report(&self) -> String {
+        let (ours, busy) = ticks();
+        let secs = self.at.elapsed().as_secs_f64().max(1e-9);
+        let hz = 100.0; // USER_HZ
+        let o = (ours - self.ours) as f64 / hz / secs;
+        let b = (busy - self.busy) as f64 / hz / secs;
+        format!(
+            "cpu: this process {o:.2} cores, other processes {:.2} cores",
+            (b - o).max(0.0)
+        )
+    }
+}
+
+/// Context switches (voluntary, involuntary) so far of the library's worker threads
+/// (named "infer-<model>-<i>").
+fn worker_switches() -> (u64, u64) {
+    let mut v = (0, 0);
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return v;
+    };
+    for t in dir.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("infer-") {
+            continue;
+        }
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        for line in status.lines() {
+            let num = |l: &str| -> u64 {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|x| x.parse().ok())
+                    .unwrap_or(0)
+            };
+            if line.starts_with("voluntary_ctxt_switches") {
+                v.0 += num(line);
+            } else if line.starts_with("nonvoluntary_ctxt_switches") {
+                v.1 += num(line);
+            }
+        }
+    }
+    v
+}
+
+/// Median round trip, in ns, of two threads bouncing a value through one atomic: the
+/// machine's core-to-core latency right now (on a virtual machine it changes with where
+/// the host places the virtual CPUs, and every scenario here depends on it).
+fn core_round_trip_ns() -> u64 {
+    let flag = Arc::new(AtomicU64::new(0));
+    let f = flag.clone();
+    let rounds = 2_000u64;
+    let reps = 9;
+    let h = std::thread::spawn(move || {
+        for i in 0..rounds * reps {
+            while f.load(Ordering::Acquire) != 2 * i + 1 {
+                std::hint::spin_loop();
+            }
+            f.store(2 * i + 2, Ordering::Release);
+        }
+    });
+    let mut samples = Vec::with_capacity(reps as usize);
+    for r in 0..reps {
+        let t = Instant::now();
+        for j in 0..rounds {
+            let i = r * rounds + j;
+            flag.store(2 * i + 1, Ordering::Release);
+            while flag.load(Ordering::Acquire) != 2 * i + 2 {
+                std::hint::spin_loop();
+            }
+        }
+        samples.push(t.elapsed().as_nanos() as u64 / rounds);
+    }
+    h.join().unwrap();
+    samples.sort_unstable();
+    samples[samples.len() / 2]
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1024.0 * 1024.0)
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met {
+        "MET"
+    } else {
+        "NOT MET"
+    }
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+// ---------------------------------------------------------------------------------------
+// Model configurations.
+
+fn identity_unbatched(name: &str) -> String {
+    format!(
+        r#"name: "{name}"
+backend: "identity"
+max_batch_size: 0
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 1, 16 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1, 16 ] }} ]
+"#
+    )
+}
+
+fn identity_batched(name: &str) -> String {
+    format!(
+        r#"name: "{name}"
+backend: "identity"
+max_batch_size: 64
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 100 }}
+"#
+    )
+}
+
+fn add_sub_delayed(name: &str, delay_us: u64) -> String {
+    format!(
+        r#"name: "{name}"
+backend: "add_sub"
+max_batch_size: 64
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }}, {{ name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }}, {{ name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 100 }}
+parameters {{ key: "execute_delay_us" value {{ string_value: "{delay_us}" }} }}
+"#
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// latency: one request at a time, enqueue -> FINAL callback.
+
+struct LatencySlot {
+    done: AtomicBool,
+    at_ns: AtomicU64,
+    resp: AtomicPtr<Response>,
+}
+
+unsafe extern "C" fn latency_cb(ud: *mut c_void, resp: *mut Response, flags: u32) {
+    if flags & INFER_RESPONSE_FLAG_FINAL == 0 {
+        infer_response_free(resp);
+        return;
+    }
+    let t = now_ns();
+    let slot = &*(ud as *const LatencySlot);
+    slot.at_ns.store(t, Ordering::Relaxed);
+    slot.resp.store(resp, Ordering::Relaxed);
+    slot.done.store(true, Ordering::Release);
+}
+
+/// Sends one request and spins until its FINAL; returns (enqueue->FINAL ns, response).
+#[inline]
+fn round_trip(s: &Server, slot: &LatencySlot, r: *mut Request) -> (u64, *mut Response) {
+    slot.done.store(false, Ordering::Relaxed);
+    let t0 = now_ns();
+    check(
+        unsafe {
+            infer_server_enqueue(
+                s.0,
+                r,
+                Some(latency_cb),
+                slot as *const LatencySlot as *mut c_void,
+                std::ptr::null_mut(),
+            )
+        },
+        "infer_server_enqueue",
+    );
+    while !slot.done.load(Ordering::Acquire) {
+        std::hint::spin_loop();
+    }
+    let t1 = slot.at_ns.load(Ordering::Relaxed);
+    (t1.saturating_sub(t0), slot.resp.load(Ordering::Relaxed))
+}
+
+fn latency(cfg: &Config) -> String {
+    let s = Server::new();
+    s.load("identity", &identity_unbatched("identity"));
+    let spec = RequestSpec::new("identity", &["INPUT0"], &[1, 16]);
+    let slot = LatencySlot {
+        done: AtomicBool::new(false),
+        at_ns: AtomicU64::new(0),
+        resp: AtomicPtr::new(std::ptr::null_mut()),
+    };
+    // Warm-up, checking the output once.
+    let warm_until = Instant::now() + cfg.warmup;
+    let mut checked = false;
+    while Instant::now() < warm_until {
+        let (_, resp) = round_trip(&s, &slot, spec.build(s.0));
+        if !checked {
+            assert_eq!(unsafe { infer_response_status(resp) }, INFER_STATUS_OK);
+            assert_eq!(output_f32(resp, "OUTPUT0"), spec.inputs[0].1);
+            checked = true;
+        }
+        unsafe { infer_response_free(resp) };
+    }
+    let max_n = 1_000_000;
+    let mut lat = Vec::with_capacity(max_n);
+    let mut cycle = Vec::with_capacity(max_n);
+    let cpu = CpuWindow::start();
+    let start = Instant::now();
+    let end = start + cfg.measure;
+    while lat.len() < max_n && Instant::now() < end {
+        let c0 = now_ns();
+        let r = spec.build(s.0);
+        let (ns, resp) = round_trip(&s, &slot, r);
+        unsafe { infer_response_free(resp) };
+        lat.push(ns);
+        cycle.push(now_ns() - c0);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let cpu = cpu.report();
+    lat.sort_unstable();
+    cycle.sort_unstable();
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let p50 = us(percentile(&lat, 0.50));
+    let p99 = us(percentile(&lat, 0.99));
+    // Allocations per request on the unbatched path (one request at a time).
+    let n_alloc = 20_000u64;
+    let (a, ra, b) = count_allocs(|| {
+        for _ in 0..n_alloc {
+            let (_, resp) = round_trip(&s, &slot, spec.build(s.0));
+            unsafe { infer_response_free(resp) };
+        }
+    });
+    format!(
+        "latency: p50={p50:.2}us p99={p99:.2}us p99.9={:.2}us max={:.1}us (enqueue->FINAL, n={}, {:.0} req/s serial); full cycle build+enqueue+FINAL+free p50={:.2}us p99={:.2}us; {:.2} allocs/req ({:.2} reallocs, {:.0} B); {cpu} | target p50<=5us: {}",
+        us(percentile(&lat, 0.999)),
+        us(*lat.last().unwrap_or(&0)),
+        lat.len(),
+        lat.len() as f64 / elapsed,
+        us(percentile(&cycle, 0.50)),
+        us(percentile(&cycle, 0.99)),
+        a as f64 / n_alloc as f64,
+        ra as f64 / n_alloc as f64,
+        b as f64 / n_alloc as f64,
+        verdict(p50 <= 5.0),
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// closed_loop: N client threads, each with one request in flight.
+
+struct ClientSlot {
+    done: AtomicBool,
+    thread: OnceLock<std::thread::Thread>,
+    completed: AtomicU64,
+}
+
+unsafe extern "C" fn closed_loop_cb(ud: *mut c_void, resp: *mut Response, flags: u32) {
+    if flags & INFER_RESPONSE_FLAG_FINAL == 0 {
+        infer_response_free(resp);
+        return;
+    }
+    let slot = &*(ud as *const Padded<ClientSlot>);
+    if infer_response_status(resp) != INFER_STATUS_OK {
+        eprintln!(
+            "closed_loop: request failed with status {}",
+            infer_response_status(resp)
+        );
+    }
+    infer_response_free(resp);
+    slot.completed.fetch_add(1, Ordering::Relaxed);
+    // The slot outlives the server (it is dropped after infer_server_free returns), so
+    // touching it after `done` is safe.
+    slot.done.store(true, Ordering::Release);
+    if let Some(t) = slot.thread.get() {
+        t.unpark();
+    }
+}
+
+/// How a closed-loop client waits for its FINAL: `spin` busy iterations, then either
+/// `yield_now` in a loop or park until the callback unparks it.
+#[inline]
+fn wait_for(done: &AtomicBool, spin: u32, yielding: bool) {
+    let mut n = 0;
+    while !done.load(Ordering::Acquire) {
+        if n < spin {
+            n += 1;
+            std::hint::spin_loop();
+        } else if yielding {
+            std::thread::yield_now();
+        } else {
+            std::thread::park();
+        }
+    }
+}
+
+/// The same client threads and wake-up method with no library at all: each client
+/// pushes its index on a mutex-protected Vec; one server thread takes everything queued
+/// and answers each (set the flag, unpark). The best a closed loop with this many
+/// blocking clients can do on this machine.
+fn closed_loop_reference(cfg: &Config) -> f64 {
+    struct Shared {
+        queue: std::sync::Mutex<Vec<usize>>,
+        cv: std::sync::Condvar,
+        slots: Vec<Padded<ClientSlot>>,
+        stop: AtomicBool,
+    }
+    let sh = Arc::new(Shared {
+        queue: std::sync::Mutex::new(Vec::with_capacity(cfg.clients)),
+        cv: std::sync::Condvar::new(),
+        slots: (0..cfg.clients)
+            .map(|_| {
+                Padded(ClientSlot {
+                    done: AtomicBool::new(false),
+                    thread: OnceLock::new(),
+                    completed: AtomicU64::new(0),
+                })
+            })
+            .collect(),
+        stop: AtomicBool::new(false),
+    });
+    let (spin, yielding) = (cfg.client_spin, cfg.client_yield);
+    let mut handles: Vec<_> = (0..cfg.clients)
+        .map(|i| {
+            let sh = sh.clone();
+            std::thread::spawn(move || {
+                let slot = &sh.slots[i];
+                let _ = slot.thread.set(std::thread::current());
+                while !sh.stop.load(Ordering::Relaxed) {
+                    slot.done.store(false, Ordering::Relaxed);
+                    sh.queue.lock().unwrap().push(i);
+                    sh.cv.notify_one();
+                    wait_for(&slot.done, spin, yielding);
+                    slot.completed.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let server = {
+        let sh = sh.clone();
+        std::thread::spawn(move || {
+            let mut batch = Vec::with_capacity(sh.slots.len());
+            loop {
+                {
+                    let mut q = sh.queue.lock().unwrap();
+                    while q.is_empty() && !sh.stop.load(Ordering::Relaxed) {
+                        q = sh.cv.wait_timeout(q, Duration::from_millis(1)).unwrap().0;
+                    }
+                    std::mem::swap(&mut *q, &mut batch);
+                }
+                if batch.is_empty() && sh.stop.load(Ordering::Relaxed) {
+                    // Answer stragglers until every client has seen `stop`.
+                    if sh.slots.iter().all(|s| s.done.load(Ordering::Acquire)) {
+                        return;
+                    }
+                }
+                for i in batch.drain(..) {
+                    let s = &sh.slots[i];
+                    s.done.store(true, Ordering::Release);
+                    if let Some(t) = s.thread.get() {
+                        t.unpark();
+                    }
+                }
+            }
+        })
+    };
+    let total = || -> u64 {
+        sh.slots
+            .iter()
+            .map(|c| c.completed.load(Ordering::Relaxed))
+            .sum()
+    };
+    std::thread::sleep(cfg.warmup.min(Duration::from_millis(500)));
+    let (c0, t0) = (total(), Instant::now());
+    std::thread::sleep(cfg.measure.min(Duration::from_secs(2)));
+    let (c1, t1) = (total(), Instant::now());
+    sh.stop.store(true, Ordering::Relaxed);
+    for h in handles.drain(..) {
+        h.join().unwrap();
+    }
+    server.join().unwrap();
+    (c1 - c0) as f64 / (t1 - t0).as_secs_f64()
+}
+
+fn closed_loop(cfg: &Config) -> String {
+    let clients = cfg.clients;
+    let s = Arc::new(Server::new());
+    s.load("identity", &identity_batched("identity"));
+    let spec = Arc::new(RequestSpec::new("identity", &["INPUT0"], &[1, 16]));
+    let slots: Vec<Arc<Padded<ClientSlot>>> = (0..clients)
+        .map(|_| {
+            Arc::new(Padded(ClientSlot {
+                done: AtomicBool::new(false),
+                thread: OnceLock::new(),
+                completed: AtomicU64::new(0),
+            }))
+        })
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let spin = cfg.client_spin;
+    let yielding = cfg.client_yield;
+    let handles: Vec<_> = slots
+        .iter()
+        .map(|slot| {
+            let (s, spec, slot, stop) = (s.clone(), spec.clone(), slot.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let _ = slot.thread.set(std::thread::current());
+                let ud = &**slot as *const ClientSlot as *mut c_void;
+                while !stop.load(Ordering::Relaxed) {
+                    let r = spec.build(s.0);
+                    slot.done.store(false, Ordering::Relaxed);
+                    check(
+                        unsafe {
+                            infer_server_enqueue(
+                                s.0,
+                                r,
+                                Some(closed_loop_cb),
+                                ud,
+                                std::ptr::null_mut(),
+                            )
+                        },
+                        "infer_server_enqueue",
+                    );
+                    wait_for(&slot.done, spin, yielding);
+                }
+            })
+        })
+        .collect();
+    let total = || -> u64 {
+        slots
+            .iter()
+            .map(|c| c.completed.load(Ordering::Relaxed))
+            .sum()
+    };
+    std::thread::sleep(cfg.warmup);
+    let (st0, c0, t0) = (s.stats("identity"), total(), Instant::now());
+    let cpu = CpuWindow::start();
+    let sw0 = worker_switches();
+    std::thread::sleep(cfg.measure);
+    let (c1, t1) = (total(), Instant::now());
+    let sw1 = worker_switches();
+    let cpu = cpu.report();
+    let st1 = s.stats("identity");
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.join().unwrap();
+    }
+    let d = st1.since(&st0);
+    let rate = (c1 - c0) as f64 / (t1 - t0).as_secs_f64();
+    let mean_exec = if d.executions == 0 {
+        0.0
+    } else {
+        d.inferences as f64 / d.executions as f64
+    };
+    drop(s);
+    drop(slots);
+    let reference = closed_loop_reference(cfg);
+    let per_exec = |a: u64, b: u64| (b - a) as f64 / d.executions.max(1) as f64;
+    format!(
+        "closed_loop: {rate:.0} req/s with {clients} clients ({} wait), mean executed batch {mean_exec:.2} ({} executions in {:.1}s, failures {}); worker context switches per execution: {:.1} voluntary, {:.1} involuntary; {cpu}; reference without the library (same clients, one thread answering from a std Mutex<Vec>): {reference:.0} req/s | target >=400000 req/s: {}",
+        if yielding { "yield" } else { "park" },
+        d.executions,
+        (t1 - t0).as_secs_f64(),
+        d.failures,
+        per_exec(sw0.0, sw1.0),
+        per_exec(sw0.1, sw1.1),
+        verdict(rate >= 400_000.0)
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// pipelined: a few client threads, each keeping a window of requests outstanding.
+
+struct Window {
+    outstanding: AtomicUsize,
+    completed: AtomicU64,
+    failed: AtomicU64,
+}
+
+unsafe extern "C" fn window_cb(ud: *mut c_void, resp: *mut Response, flags: u32) {
+    if flags & INFER_RESPONSE_FLAG_FINAL == 0 {
+        infer_response_free(resp);
+        return;
+    }
+    let w = &*(ud as *const Padded<Window>);
+    if infer_response_status(resp) != INFER_STATUS_OK {
+        w.failed.fetch_add(1, Ordering::Relaxed);
+    }
+    infer_response_free(resp);
+    w.completed.fetch_add(1, Ordering::Relaxed);
+    w.outstanding.fetch_sub(1, Ordering::Release);
+}
+
+/// Client threads that keep `window` requests outstanding each, until `stop`, or until
+/// their share of `limit` requests has been sent (0 = no limit).
+struct Pipeline {
+    /// Keeps the server alive while the clients run.
+    _server: Arc<Server>,
+    windows: Vec<Arc<Padded<Window>>>,
+    stop: Arc<AtomicBool>,
+    handles: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Pipeline {
+    fn start(
+        server: Arc<Server>,
+        spec: Arc<RequestSpec>,
+        threads: usize,
+        window: usize,
+        limit_per_thread: u64,
+        sleep_when_full: bool,
+    ) -> Pipeline {
+        let windows: Vec<Arc<Padded<Window>>> = (0..threads)
+            .map(|_| {
+                Arc::new(Padded(Window {
+                    outstanding: AtomicUsize::new(0),
+                    completed: AtomicU64::new(0),
+                    failed: AtomicU64::new(0),
+                }))
+            })
+            .collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let handles = windows
+            .iter()
+            .map(|w| {
+                let (s, spec, w, stop) = (server.clone(), spec.clone(), w.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let ud = &**w as *const Window as *mut c_void;
+                    let mut sent = 0u64;
+                    let mut waits = 0u32;
+                    while !stop.load(Ordering::Relaxed)
+                        && (limit_per_thread == 0 || sent < limit_per_thread)
+                    {
+                        if w.outstanding.load(Ordering::Acquire) >= window {
+                            // Back off: spin a little, then give the CPU to the worker.
+                            waits += 1;
+                            if waits < 32 {
+                                std::hint::spin_loop();
+                            } else if sleep_when_full {
+                                std::thread::sleep(Duration::from_micros(50));
+                            } else {
+                                std::thread::yield_now();
+                            }
+                            continue;
+                        }
+                        waits = 0;
+                        let r = spec.build(s.0);
+                        w.outstanding.fetch_add(1, Ordering::Relaxed);
+                        let st = unsafe {
+                            infer_server_enqueue(s.0, r, Some(window_cb), ud, std::ptr::null_mut())
+                        };
+                        if st != INFER_STATUS_OK {
+                            w.outstanding.fetch_sub(1, Ordering::Relaxed);
+                            w.failed.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        sent += 1;
+                    }
+                })
+            })
+            .collect();
+        Pipeline {
+            _server: server,
+            windows,
+            stop,
+            handles,
+        }
+    }
+
+    fn completed(&self) -> u64 {
+        self.windows
+            .iter()
+            .map(|w| w.completed.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    fn failed(&self) -> u64 {
+        self.windows
+            .iter()
+            .map(|w| w.failed.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    fn outstanding(&self) -> usize {
+        self.windows
+            .iter()
+            .map(|w| w.outstanding.load(Ordering::Acquire))
+            .sum()
+    }
+
+    /// Stops the clients and waits until every outstanding request has completed.
+    fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        for h in self.handles {
+            h.join().unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self
+            .windows
+            .iter()
+            .any(|w| w.outstanding.load(Ordering::Acquire) > 0)
+        {
+            assert!(Instant::now() < deadline, "requests never completed");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        self.windows
+            .iter()
+            .map(|w| w.completed.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+/// What a pipelined run measured.
+struct Measured {
+    rate: f64,
+    /// Statistics over the measured window.
+    stats: Stats,
+    secs: f64,
+    failed: u64,
+    cpu: String,
+    /// Worker context switches (voluntary, involuntary) over the window.
+    switches: (u64, u64),
+}
+
+/// Runs a pipeline for warm-up + measurement.
+fn run_pipeline(
+    cfg: &Config,
+    s: &Arc<Server>,
+    model: &str,
+    spec: RequestSpec,
+    sleep_when_full: bool,
+) -> Measured {
+    let p = Pipeline::start(
+        s.clone(),
+        Arc::new(spec),
+        cfg.threads,
+        cfg.window,
+        0,
+        sleep_when_full,
+    );
+    std::thread::sleep(cfg.warmup);
+    let (st0, c0, t0) = (s.stats(model), p.completed(), Instant::now());
+    let cpu = CpuWindow::start();
+    let sw0 = worker_switches();
+    std::thread::sleep(cfg.measure);
+    let (c1, t1) = (p.completed(), Instant::now());
+    let sw1 = worker_switches();
+    let cpu = cpu.report();
+    let st1 = s.stats(model);
+    let failed = p.failed();
+    p.finish();
+    let secs = (t1 - t0).as_secs_f64();
+    Measured {
+        rate: (c1 - c0) as f64 / secs,
+        stats: st1.since(&st0),
+        secs,
+        failed,
+        cpu,
+        switches: (sw1.0 - sw0.0, sw1.1 - sw0.1),
+    }
+}
+
+fn pipelined(cfg: &Config) -> String {
+    let s = Arc::new(Server::new());
+    s.load("identity", &identity_batched("identity"));
+    let spec = RequestSpec::new("identity", &["INPUT0"], &[1, 16]);
+    let Measured {
+        rate,
+        stats: d,
+        secs,
+        failed,
+        cpu,
+        switches: sw,
+    } = run_pipeline(cfg, &s, "identity", spec, false);
+    format!(
+        "pipelined: {rate:.0} req/s with {} threads x {} outstanding, mean executed batch {:.2} ({} executions in {secs:.1}s, failures {failed}); worker context switches per execution: {:.1} voluntary, {:.1} involuntary; {cpu} | target >=1000000 req/s: {}",
+        cfg.threads,
+        cfg.window,
+        d.mean_batch(),
+        d.executions,
+        sw.0 as f64 / d.executions.max(1) as f64,
+        sw.1 as f64 / d.executions.max(1) as f64,
+        verdict(rate >= 1_000_000.0)
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// batching_efficiency: add_sub with 2 ms per execution; is every batch full?
+
+fn batching_efficiency(cfg: &Config) -> String {
+    let delay_us = 2000u64;
+    let s = Arc::new(Server::new());
+    s.load("add_sub", &add_sub_delayed("add_sub", delay_us));
+    let spec = RequestSpec::new("add_sub", &["INPUT0", "INPUT1"], &[1, 4]);
+    {
+        // Check the model's answer once.
+        let slot = LatencySlot {
+            done: AtomicBool::new(false),
+            at_ns: AtomicU64::new(0),
+            resp: AtomicPtr::new(std::ptr::null_mut()),
+        };
+        let (_, resp) = round_trip(&s, &slot, spec.build(s.0));
+        let want: Vec<f32> = spec.inputs[0]
+            .1
+            .iter()
+            .zip(&spec.inputs[1].1)
+            .map(|(a, b)| a + b)
+            .collect();
+        assert_eq!(output_f32(resp, "OUTPUT0"), want);
+        unsafe { infer_response_free(resp) };
+    }
+    let ideal = 64.0 * 1e6 / delay_us as f64;
+    let Measured {
+        rate,
+        stats: d,
+        secs,
+        failed,
+        cpu,
+        switches: sw,
+    } = run_pipeline(cfg, &s, "add_sub", spec, true);
+    let eff = rate / ideal;
+    let per_exec = d.compute_us as f64 / d.executions.max(1) as f64;
+    let cycle = secs * 1e6 / d.executions.max(1) as f64;
+    format!(
+        "batching_efficiency: {rate:.0} req/s = {eff:.3} of ideal {ideal:.0} (64 per {delay_us} us); {} executions in {secs:.1}s, one every {cycle:.0} us of which {per_exec:.0} us inside execution (library compute_us) and {:.0} us between; mean batch {:.2}, histogram size:count {} failures {failed}; worker context switches per execution: {:.1} voluntary, {:.1} involuntary; {cpu} | target >=0.95: {}",
+        d.executions,
+        cycle - per_exec,
+        d.mean_batch(),
+        d.histogram(),
+        sw.0 as f64 / d.executions.max(1) as f64,
+        sw.1 as f64 / d.executions.max(1) as f64,
+        verdict(eff >= 0.95)
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// memory: RSS after 1M and 10M pipelined requests; allocations per request.
+
+fn memory(cfg: &Config) -> String {
+    let s = Arc::new(Server::new());
+    s.load("identity", &identity_batched("identity"));
+    let spec = Arc::new(RequestSpec::new("identity", &["INPUT0"], &[1, 16]));
+
+    // Allocations per request: exactly N requests through the pipelined path, counted
+    // from a quiescent start to a quiescent end.
+    let n_alloc = 200_000u64;
+    let warm = Pipeline::start(
+        s.clone(),
+        spec.clone(),
+        cfg.threads,
+        cfg.window,
+        50_000,
+        false,
+    );
+    while warm.completed() < 50_000 * cfg.threads as u64 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    warm.finish();
+    let (a, ra, b) = count_allocs(|| {
+        let p = Pipeline::start(
+            s.clone(),
+            spec.clone(),
+            cfg.threads,
+            cfg.window,
+            n_alloc / cfg.threads as u64,
+            false,
+        );
+        while p.completed() < n_alloc {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        p.finish();
+    });
+    // The pipeline threads' own start-up allocations (thread spawn, Arcs) are included;
+    // they are a few dozen over N requests.
+    let allocs_per_req = a as f64 / n_alloc as f64;
+
+    let rss0 = resident_bytes();
+    let target_big = cfg.memory_requests;
+    let p = Pipeline::start(s.clone(), spec.clone(), cfg.threads, cfg.window, 0, false);
+    let t0 = Instant::now();
+    let cpu = CpuWindow::start();
+    let time_cap = cfg.memory_cap;
+    let mut rss_1m = None;
+    let mut t_1m = 0.0;
+    loop {
+        let c = p.completed();
+        if rss_1m.is_none() && c >= 1_000_000 {
+            rss_1m = Some(resident_bytes());
+            t_1m = t0.elapsed().as_secs_f64();
+        }
+        if c >= target_big || t0.elapsed() > time_cap {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let rss_end = resident_bytes();
+    let reached = p.completed();
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = cpu.report();
+    let in_flight = p.outstanding();
+    let failed = p.failed();
+    p.finish();
+    let rss_1m = rss_1m.unwrap_or(0);
+    let scaled = if reached < target_big {
+        format!(
+            " (time cap {:.0}s hit: stopped at {reached} of {target_big})",
+            time_cap.as_secs_f64()
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "memory: RSS {:.1} MiB before, {:.1} MiB after 1M requests ({t_1m:.1}s), {:.1} MiB after {:.1}M requests ({secs:.1}s{scaled}); growth 1M->end {:+.2} MiB ({:+.1} B/request); {allocs_per_req:.2} allocs/req ({:.3} reallocs/req, {:.0} B/req) over {n_alloc} pipelined requests; {in_flight} in flight when stopped, failures {failed}; {cpu}",
+        mib(rss0),
+        mib(rss_1m),
+        mib(rss_end),
+        reached as f64 / 1e6,
+        mib(rss_end) - mib(rss_1m),
+        (rss_end as f64 - rss_1m as f64) / (reached.saturating_sub(1_000_000).max(1)) as f64,
+        ra as f64 / n_alloc as f64,
+        b as f64 / n_alloc as f64,
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+
+struct Config {
+    warmup: Duration,
+    measure: Duration,
+    clients: usize,
+    client_spin: u32,
+    client_yield: bool,
+    threads: usize,
+    window: usize,
+    memory_requests: u64,
+    memory_cap: Duration,
+}
+
+/// A scenario runs with the configuration and returns its result line.
+type Scenario = fn(&Config) -> String;
+
+const SCENARIOS: [(&str, Scenario); 5] = [
+    ("latency", latency),
+    ("closed_loop", closed_loop),
+    ("pipelined", pipelined),
+    ("batching_efficiency", batching_efficiency),
+    ("memory", memory),
+];
+
+const USAGE: &str = "usage: cargo bench --bench perf -- [options] [scenario...]
+scenarios: latency closed_loop pipelined batching_efficiency memory (default: all)
+options:
+  --warmup-secs F     warm-up per scenario (default 1)
+  --secs F            measurement per scenario (default 3)
+  --clients N         closed_loop client threads (default 64)
+  --client-spin N     closed_loop: spins before a client waits (default 0)
+  --client-wait W     closed_loop: how a client waits, park or yield (default park)
+  --threads N         pipelined/batching/memory client threads (default 2)
+  --window N          outstanding requests per pipelined thread (default 256)
+  --memory-requests N memory: total requests (default 10000000)
+  --memory-cap-secs F memory: time cap of the long run (default 100)";
+
+fn main() {
+    let mut cfg = Config {
+        warmup: Duration::from_secs(1),
+        measure: Duration::from_secs(3),
+        clients: 64,
+        client_spin: 0,
+        client_yield: false,
+        threads: 2,
+        window: 256,
+        memory_requests: 10_000_000,
+        memory_cap: Duration::from_secs(100),
+    };
+    let mut chosen: Vec<&str> = Vec::new();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    let value = |i: &mut usize| -> String {
+        *i += 1;
+        args.get(*i).cloned().unwrap_or_else(|| {
+            eprintln!("{USAGE}");
+            std::process::exit(2)
+        })
+    };
+    let num = |s: String| -> f64 {
+        s.parse().unwrap_or_else(|_| {
+            eprintln!("not a number: {s}\n{USAGE}");
+            std::process::exit(2)
+        })
+    };
+    while i < args.len() {
+        match args[i].as_str() {
+            "--bench" => {} // passed by `cargo bench`
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return;
+            }
+            "--warmup-secs" => cfg.warmup = Duration::from_secs_f64(num(value(&mut i))),
+            "--secs" => cfg.measure = Duration::from_secs_f64(num(value(&mut i))),
+            "--clients" => cfg.clients = num(value(&mut i)) as usize,
+            "--client-spin" => cfg.client_spin = num(value(&mut i)) as u32,
+            "--client-wait" => {
+                cfg.client_yield = match value(&mut i).as_str() {
+                    "park" => false,
+                    "yield" => true,
+                    w => {
+                        eprintln!("--client-wait is park or yield, not '{w}'\n{USAGE}");
+                        std::process::exit(2)
+                    }
+                }
+            }
+            "--threads" => cfg.threads = (num(value(&mut i)) as usize).max(1),
+            "--window" => cfg.window = (num(value(&mut i)) as usize).max(1),
+            "--memory-requests" => cfg.memory_requests = num(value(&mut i)) as u64,
+            "--memory-cap-secs" => cfg.memory_cap = Duration::from_secs_f64(num(value(&mut i))),
+            a => match SCENARIOS.iter().find(|(n, _)| *n == a) {
+                Some((n, _)) => chosen.push(n),
+                None => {
+                    eprintln!("unknown argument '{a}'\n{USAGE}");
+                    std::process::exit(2);
+                }
+            },
+        }
+        i += 1;
+    }
+    if chosen.is_empty() {
+        chosen = SCENARIOS.iter().map(|(n, _)| *n).collect();
+    }
+    now_ns();
+    for name in chosen {
+        let f = SCENARIOS.iter().find(|(n, _)| *n == name).unwrap().1;
+        let before = core_round_trip_ns();
+        let line = f(&cfg);
+        let after = core_round_trip_ns();
+        println!("{line} [core-to-core round trip {before} ns before, {after} ns after]");
+    }
+}
