@@ -258,14 +258,14 @@ impl Batch {
 }
 
 /// Sleeps for `us` microseconds of simulated compute with good precision: the OS sleep
-/// overshoots by tens of microseconds, so the tail is spun.
+/// overshoots (by up to about 100 us on virtual machines), so the last 200 us are spun.
 pub fn simulate_compute(us: u64) {
     if us == 0 {
         return;
     }
     let start = std::time::Instant::now();
     let total = std::time::Duration::from_micros(us);
-    let spin = std::time::Duration::from_micros(80);
+    let spin = std::time::Duration::from_micros(200);
     if total > spin {
         std::thread::sleep(total - spin);
     }
