@@ -128,8 +128,18 @@ impl Scheduler {
             let s = sched.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("infer-{}-{i}", s.model.name_str()))
-                .spawn(move || s.worker(i, instance))
-                .map_err(|e| Error::internal(format!("cannot start a worker thread: {e}")))?;
+                .spawn(move || s.worker(i, instance));
+            let handle = match handle {
+                Ok(h) => h,
+                Err(e) => {
+                    // The workers already started drain nothing and exit.
+                    sched.close();
+                    sched.join();
+                    return Err(Error::internal(format!(
+                        "cannot start a worker thread: {e}"
+                    )));
+                }
+            };
             sched.worker_threads.lock().push(handle.thread().id());
             sched.workers.lock().push(handle);
         }
