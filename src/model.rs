@@ -4,7 +4,7 @@
 use crate::config::{ModelConfig, TensorConfig};
 use crate::request::Request;
 use crate::status::{Error, Result};
-use crate::tensor::{count_bytes_elements, element_count, shape_string, DataType};
+use crate::tensor::{count_bytes_elements, element_count, shape_string, DataType, Shape};
 use smallvec::SmallVec;
 use std::sync::Arc;
 
@@ -157,7 +157,6 @@ pub fn prepare(config: &Arc<ModelConfig>, req: &mut Request) -> Result<Option<Sh
     }
     req.batch_size = 1;
     let mut key = ShapeKey::new();
-    let mut ragged = true;
     if config.max_batch_size > 0 {
         let mut batch: Option<(i64, &str)> = None;
         for t in &req.inputs {
@@ -176,35 +175,33 @@ pub fn prepare(config: &Arc<ModelConfig>, req: &mut Request) -> Result<Option<Sh
         req.batch_size = batch.map_or(1, |(b, _)| b as u32);
     }
     // Inputs in config order, so that the key does not depend on the order they were added.
+    // Markers: -2 starts an input, -3 an absent optional input, -4 a ragged input (any
+    // shape batches with any other).
     for tc in &config.inputs {
         key.push(-2);
-        if let Some(t) = req.inputs.iter().find(|t| t.name == tc.name) {
-            if !tc.allow_ragged_batch {
-                ragged = false;
+        match req.inputs.iter().find(|t| t.name == tc.name) {
+            Some(_) if tc.allow_ragged_batch => key.push(-4),
+            Some(t) => {
+                let skip = usize::from(config.max_batch_size > 0);
+                key.extend(t.shape.iter().skip(skip).copied());
             }
-            let skip = usize::from(config.max_batch_size > 0);
-            key.extend(t.shape.iter().skip(skip).copied());
-        } else {
-            key.push(-3); // absent optional input
-            ragged = false;
+            None => key.push(-3),
         }
     }
-    for t in &mut req.inputs {
+    // Reshapes are applied when the batch is assembled (a request may still move to a
+    // replacing version with another config); here they are only checked.
+    for t in &req.inputs {
         if let Some(r) = config.input(&t.name).and_then(|tc| tc.reshape.as_ref()) {
-            apply_reshape(config, t, r)?;
+            reshaped(config, &t.name, &t.shape, r)?;
         }
     }
-    Ok((!ragged || config.inputs.is_empty()).then_some(key))
+    Ok(Some(key))
 }
 
-/// Gives an input the shape the model expects (`reshape`), keeping the batch dimension.
-fn apply_reshape(
-    config: &ModelConfig,
-    t: &mut crate::tensor::Tensor,
-    reshape: &[i64],
-) -> Result<()> {
-    let skip = usize::from(config.max_batch_size > 0);
-    let elems: i64 = t.shape.iter().skip(skip).product();
+/// The shape the model expects for an input (`reshape`), keeping the batch dimension.
+pub fn reshaped(config: &ModelConfig, name: &str, shape: &[i64], reshape: &[i64]) -> Result<Shape> {
+    let skip = usize::from(config.max_batch_size > 0).min(shape.len());
+    let elems: i64 = shape.iter().skip(skip).product();
     let known: i64 = reshape.iter().filter(|&&d| d != -1).product();
     let wild = reshape.iter().filter(|&&d| d == -1).count();
     let fill = match wild {
@@ -212,16 +209,14 @@ fn apply_reshape(
         1 if known > 0 && elems % known == 0 => elems / known,
         _ => {
             return Err(Error::invalid(format!(
-                "input '{}' of model '{}': shape {} cannot be reshaped to {}",
-                t.name,
+                "input '{name}' of model '{}': shape {} cannot be reshaped to {}",
                 config.name,
-                shape_string(&t.shape),
+                shape_string(shape),
                 shape_string(reshape)
             )))
         }
     };
-    let mut shape: crate::tensor::Shape = t.shape.iter().take(skip).copied().collect();
-    shape.extend(reshape.iter().map(|&d| if d == -1 { fill } else { d }));
-    t.shape = shape;
-    Ok(())
+    let mut out: Shape = shape.iter().take(skip).copied().collect();
+    out.extend(reshape.iter().map(|&d| if d == -1 { fill } else { d }));
+    Ok(out)
 }

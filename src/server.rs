@@ -208,7 +208,6 @@ impl Server {
         if !self.accepting.load(Ordering::Acquire) {
             return Err(Error::unavailable("the server is shutting down"));
         }
-        let _guard = self.lifecycle.lock();
         let dir = self.model_dir(name, model_dir);
         let text = match config_text {
             Some(t) => t.to_owned(),
@@ -224,6 +223,7 @@ impl Server {
         let config = Arc::new(parse_config_named(&text, Some(name))?);
         let backend = self.backend_for(&config)?;
         let versions = select_versions(&config, dir.as_deref().filter(|d| d.is_dir()))?;
+        // Instances are created (backend code runs) without any library lock held.
         let mut started: BTreeMap<i64, Arc<Scheduler>> = BTreeMap::new();
         for v in versions {
             match self.start_version(&config, &backend, v) {
@@ -231,21 +231,28 @@ impl Server {
                     started.insert(v, s);
                 }
                 Err(e) => {
-                    for s in started.values() {
-                        s.close();
-                        s.join();
-                    }
+                    stop_versions(started.values());
                     return Err(e);
                 }
             }
         }
-        let old = self.models.write().insert(
-            name.to_owned(),
-            ModelEntry {
+        let old = {
+            let _guard = self.lifecycle.lock();
+            if !self.accepting.load(Ordering::Acquire) {
+                drop(_guard);
+                stop_versions(started.values());
+                return Err(Error::unavailable("the server is shutting down"));
+            }
+            let entry = ModelEntry {
                 config,
                 versions: started,
-            },
-        );
+            };
+            let old = self.models.write().insert(name.to_owned(), entry);
+            if let Some(old) = &old {
+                self.retired.lock().extend(old.versions.values().cloned());
+            }
+            old
+        };
         self.log.info(&format!("model '{name}' loaded"));
         if let Some(old) = old {
             self.retire(old.versions.into_values().collect());
@@ -280,17 +287,17 @@ impl Server {
             ModelIdentity::new(&config.name, version),
             config.clone(),
             instances,
-            self.log.clone(),
         )
     }
 
-    /// Closes versions that no longer take requests and waits for them to drain.
+    /// Closes versions that no longer take requests (already moved from the registry to
+    /// `retired`) and waits for them to drain. Runs without the lifecycle lock, so
+    /// callbacks of the draining versions may load and unload models.
     fn retire(&self, versions: Vec<Arc<Scheduler>>) {
         for s in &versions {
             s.set_paused(false);
             s.close();
         }
-        self.retired.lock().extend(versions.iter().cloned());
         for s in &versions {
             s.join();
         }
@@ -300,12 +307,16 @@ impl Server {
     }
 
     pub fn unload_model(&self, name: &str) -> Result<()> {
-        let _guard = self.lifecycle.lock();
-        let entry = self
-            .models
-            .write()
-            .remove(name)
-            .ok_or_else(|| Error::not_found(format!("model '{name}' is not loaded")))?;
+        let entry = {
+            let _guard = self.lifecycle.lock();
+            let entry = self
+                .models
+                .write()
+                .remove(name)
+                .ok_or_else(|| Error::not_found(format!("model '{name}' is not loaded")))?;
+            self.retired.lock().extend(entry.versions.values().cloned());
+            entry
+        };
         self.retire(entry.versions.into_values().collect());
         self.log.info(&format!("model '{name}' unloaded"));
         Ok(())
@@ -469,8 +480,15 @@ impl Server {
     /// cancels what is left, and waits for every worker to stop. Idempotent.
     pub fn shutdown(&self, timeout: Duration) {
         self.accepting.store(false, Ordering::Release);
-        let _guard = self.lifecycle.lock();
-        let scheds = self.all_schedulers();
+        // Take every version out of the registry under the lock (a racing load sees
+        // `accepting` false there), then drain without it.
+        let scheds: Vec<Arc<Scheduler>> = {
+            let _guard = self.lifecycle.lock();
+            let entries: Vec<ModelEntry> = self.models.write().drain().map(|(_, e)| e).collect();
+            let mut retired = self.retired.lock();
+            retired.extend(entries.into_iter().flat_map(|e| e.versions.into_values()));
+            retired.clone()
+        };
         for s in &scheds {
             s.set_paused(false);
             s.close();
@@ -485,9 +503,17 @@ impl Server {
         for s in &scheds {
             s.join();
         }
-        let entries: Vec<ModelEntry> = self.models.write().drain().map(|(_, e)| e).collect();
-        drop(entries);
-        self.retired.lock().clear();
+        self.retired
+            .lock()
+            .retain(|r| !scheds.iter().any(|v| Arc::ptr_eq(r, v)));
+    }
+}
+
+/// Stops versions that never served (a failed or refused load).
+fn stop_versions<'a>(versions: impl Iterator<Item = &'a Arc<Scheduler>>) {
+    for s in versions {
+        s.close();
+        s.join();
     }
 }
 

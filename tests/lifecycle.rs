@@ -269,3 +269,139 @@ impl AfterShutdown for Server {
         unsafe { infer::ffi::request::infer_request_new(self.0, cs("m").as_ptr(), -1, &mut r) }
     }
 }
+
+unsafe extern "C" fn unload_other_then_free(
+    ud: *mut std::ffi::c_void,
+    resp: *mut Response,
+    _flags: u32,
+) {
+    std::thread::sleep(Duration::from_millis(50));
+    let s = ud as *mut ServerHandle;
+    let st = infer_server_unload_model(s, c"other".as_ptr());
+    CALLBACK_UNLOAD.store(st, Ordering::SeqCst);
+    infer::ffi::response::infer_response_free(resp);
+}
+
+/// Status of the last unload a callback made (99 = none yet).
+static CALLBACK_UNLOAD: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(99);
+
+/// Runs `f` on a thread and fails the test if it does not finish in 10 s (a deadlock).
+fn finishes<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|_| panic!("{what} did not finish: deadlock"))
+}
+
+#[test]
+fn lifecycle_calls_from_callbacks_do_not_deadlock() {
+    let s = Arc::new(Server::new());
+    s.load("a", &add_sub_config("a", "dynamic_batching { }"));
+    s.load("other", &add_sub_config("other", "dynamic_batching { }"));
+    let r = add_sub_request(&s, "a", [0.; 4], [0.; 4]);
+    ok(unsafe {
+        infer_server_enqueue(
+            s.0,
+            r.take(),
+            Some(unload_other_then_free),
+            s.0 as *mut std::ffi::c_void,
+            std::ptr::null_mut(),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(10));
+    // Unloading "a" waits for its callback, which unloads "other".
+    let s2 = s.clone();
+    let st = finishes("unload(a)", move || unsafe {
+        infer_server_unload_model(s2.0, cs("a").as_ptr())
+    });
+    assert_eq!(st, 0);
+    assert_eq!(CALLBACK_UNLOAD.load(Ordering::SeqCst), 0);
+    let mut ready = true;
+    ok(unsafe { infer_server_model_ready(s.0, cs("other").as_ptr(), -1, &mut ready) });
+    assert!(!ready);
+
+    // The same during shutdown.
+    s.load("a", &add_sub_config("a", "dynamic_batching { }"));
+    s.load("other", &add_sub_config("other", "dynamic_batching { }"));
+    let r = add_sub_request(&s, "a", [0.; 4], [0.; 4]);
+    ok(unsafe {
+        infer_server_enqueue(
+            s.0,
+            r.take(),
+            Some(unload_other_then_free),
+            s.0 as *mut std::ffi::c_void,
+            std::ptr::null_mut(),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(10));
+    let s2 = s.clone();
+    let st = finishes("shutdown", move || unsafe {
+        infer_server_shutdown(s2.0, 1000)
+    });
+    assert_eq!(st, 0);
+    // Shutdown took the models out of the registry first: the callback's unload found
+    // nothing to do, and did not block.
+    assert_eq!(
+        CALLBACK_UNLOAD.load(Ordering::SeqCst),
+        INFER_STATUS_NOT_FOUND
+    );
+}
+
+unsafe extern "C" fn log_unloads(
+    ud: *mut std::ffi::c_void,
+    _level: u32,
+    msg: *const std::ffi::c_char,
+) {
+    let msg = std::ffi::CStr::from_ptr(msg).to_string_lossy();
+    if msg.contains("'x' loaded") {
+        let s = *(ud as *const *mut ServerHandle);
+        infer_server_unload_model(s, c"x".as_ptr());
+    }
+}
+
+#[test]
+fn log_callback_may_call_back_into_the_server() {
+    let handle: Box<*mut ServerHandle> = Box::new(std::ptr::null_mut());
+    let hp = Box::into_raw(handle);
+    let mut opts = std::ptr::null_mut();
+    ok(unsafe { infer_server_options_new(&mut opts) });
+    ok(unsafe {
+        infer_server_options_set_log_callback(
+            opts,
+            INFER_LOG_INFO,
+            Some(log_unloads),
+            hp as *mut std::ffi::c_void,
+        )
+    });
+    let s = Arc::new(Server::with_options(opts));
+    unsafe { infer_server_options_free(opts) };
+    unsafe { *hp = s.0 };
+    let s2 = s.clone();
+    let st = finishes("load(x)", move || {
+        s2.try_load("x", &add_sub_config("x", ""))
+    });
+    assert_eq!(st, 0);
+    drop(s);
+    unsafe { drop(Box::from_raw(hp)) };
+}
+
+#[test]
+fn request_created_before_a_replace_runs_on_the_new_version() {
+    let s = Server::new();
+    let cfg = r#"name: "r" backend: "identity" max_batch_size: 4
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] } } ]"#;
+    s.load("r", cfg);
+    let req = s.request("r").input_f32("X", &[1, 4], &[1., 2., 3., 4.]);
+    s.load("r", cfg);
+    let c = Collector::new();
+    let id = s.enqueue(req, &c).unwrap();
+    c.wait(1);
+    c.assert_exactly_once(&[id]);
+    let r = c.take().pop().unwrap();
+    assert_eq!(r.status(), 0, "{}", r.error());
+    assert_eq!(r.output("Y").unwrap().0, vec![1, 4]);
+    assert_eq!(r.output_f32("Y"), vec![1., 2., 3., 4.]);
+}

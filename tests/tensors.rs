@@ -227,3 +227,42 @@ fn preserve_ordering_reorders_out_of_order_completions() {
     let (ids, got) = ordering_run(true);
     assert_eq!(ids, got);
 }
+
+#[test]
+fn optional_ragged_inputs_only_batch_with_the_same_inputs() {
+    let s = Server::new();
+    s.load(
+        "opt",
+        r#"name: "opt" backend: "identity" max_batch_size: 8
+input [ { name: "A" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true },
+        { name: "B" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true optional: true } ]
+output [ { name: "OA" data_type: TYPE_FP32 dims: [ -1 ] }, { name: "OB" data_type: TYPE_FP32 dims: [ -1 ] } ]
+dynamic_batching { }"#,
+    );
+    s.pause("opt");
+    let c = Collector::new();
+    let only_a = s
+        .enqueue(s.request("opt").input_f32("A", &[1, 2], &[1.0; 2]), &c)
+        .unwrap();
+    let both = s
+        .enqueue(
+            s.request("opt")
+                .input_f32("A", &[1, 2], &[2.0; 2])
+                .input_f32("B", &[1, 2], &[3.0; 2]),
+            &c,
+        )
+        .unwrap();
+    s.resume("opt");
+    c.wait(2);
+    assert_eq!(batch_sizes(&s.stats("opt")), vec![(1, 2)]);
+    for r in c.take() {
+        assert_eq!(r.status(), 0, "{}", r.error());
+        if r.id() == only_a {
+            assert_eq!(r.output_f32("OA"), vec![1.0; 2]);
+            assert!(r.output("OB").is_none());
+        } else {
+            assert_eq!(r.id(), both);
+            assert_eq!(r.output_f32("OB"), vec![3.0; 2]);
+        }
+    }
+}

@@ -66,15 +66,24 @@ impl CustomBackend {
                 "backend '{name}': struct_size {declared} is too small (at least {need}); set it to sizeof(infer_backend)"
             )));
         }
-        let mut callbacks = infer_backend {
-            struct_size: declared as u32,
-            instance_init: None,
-            execute: None,
-            instance_fini: None,
-            finalize: None,
+        // Only fields that lie wholly within the caller's struct are read.
+        let src = b as *const u8;
+        let field = |offset: usize| -> Option<usize> {
+            (offset + std::mem::size_of::<usize>() <= declared)
+                .then(|| std::ptr::read_unaligned(src.add(offset) as *const usize))
         };
-        let n = declared.min(std::mem::size_of::<infer_backend>());
-        std::ptr::copy_nonoverlapping(b as *const u8, &mut callbacks as *mut _ as *mut u8, n);
+        use std::mem::{offset_of, transmute};
+        // SAFETY: each value is a function pointer (or 0 for NULL) the caller stored in a
+        // field of this type; Option<fn> has the same layout as a nullable pointer.
+        let callbacks = infer_backend {
+            struct_size: declared as u32,
+            instance_init: field(offset_of!(infer_backend, instance_init))
+                .and_then(|p| transmute(p)),
+            execute: field(offset_of!(infer_backend, execute)).and_then(|p| transmute(p)),
+            instance_fini: field(offset_of!(infer_backend, instance_fini))
+                .and_then(|p| transmute(p)),
+            finalize: field(offset_of!(infer_backend, finalize)).and_then(|p| transmute(p)),
+        };
         if callbacks.execute.is_none() {
             return Err(Error::invalid(format!(
                 "backend '{name}': execute must not be NULL"

@@ -70,12 +70,33 @@ pub struct Batch {
 impl Batch {
     /// Assembles the batched inputs. The scheduler has already checked that the requests
     /// can be concatenated (same non-batch shapes unless ragged batching is allowed).
+    /// On failure nothing ran and the requests come back with the error.
     pub fn assemble(
         config: Arc<ModelConfig>,
         c_names: &[Arc<std::ffi::CString>],
         requests: Vec<Box<Request>>,
-    ) -> Result<Batch> {
+    ) -> std::result::Result<Batch, (Error, Vec<Box<Request>>)> {
         let size: u32 = requests.iter().map(|r| r.batch_size).sum();
+        match Self::batch_inputs(&config, c_names, &requests, size) {
+            Ok(inputs) => Ok(Batch {
+                requests,
+                size,
+                inputs,
+                outputs: Vec::new(),
+                row_errors: Vec::new(),
+                config,
+                error_message: None,
+            }),
+            Err(e) => Err((e, requests)),
+        }
+    }
+
+    fn batch_inputs(
+        config: &Arc<ModelConfig>,
+        c_names: &[Arc<std::ffi::CString>],
+        requests: &[Box<Request>],
+        size: u32,
+    ) -> Result<Vec<BatchInput>> {
         let mut inputs = Vec::with_capacity(config.inputs.len());
         for (ci, tc) in config.inputs.iter().enumerate() {
             let first = match requests
@@ -96,7 +117,7 @@ impl Batch {
                     .map(|r| r.input(&tc.name).map_or(0, |t| t.data.len()))
                     .sum();
                 let mut buf = Vec::with_capacity(total);
-                for r in &requests {
+                for r in requests {
                     let t = r.input(&tc.name).ok_or_else(|| {
                         Error::internal(format!(
                             "model '{}': input '{}' missing from request {} of a batch",
@@ -122,6 +143,9 @@ impl Batch {
                     *d0 = size as i64;
                 }
             }
+            if let (Some(r), false) = (&tc.reshape, tc.allow_ragged_batch) {
+                shape = crate::model::reshaped(config, &tc.name, &shape, r)?;
+            }
             inputs.push(BatchInput {
                 name: tc.name.clone(),
                 c_name: c_names[ci].clone(),
@@ -130,15 +154,7 @@ impl Batch {
                 source,
             });
         }
-        Ok(Batch {
-            requests,
-            size,
-            inputs,
-            outputs: Vec::new(),
-            row_errors: Vec::new(),
-            config,
-            error_message: None,
-        })
+        Ok(inputs)
     }
 
     pub fn input_data<'a>(&'a self, input: &'a BatchInput) -> &'a [u8] {

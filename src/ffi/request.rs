@@ -218,8 +218,8 @@ pub unsafe extern "C" fn infer_request_add_input(
     byte_size: usize,
 ) -> infer_status {
     status_boundary(|| {
-        add_input(r, name, dt, shape, ndim, data, byte_size, |_, b| {
-            TensorData::Owned(b.to_vec())
+        add_input(r, name, dt, shape, ndim, data, byte_size, |r, b| {
+            TensorData::Owned(r.buffer_from(b))
         })
     })
 }

@@ -409,7 +409,9 @@ pub type infer_log_fn =
 /// is called (on a library thread) one or more times, exactly one call carrying
 /// INFER_RESPONSE_FLAG_FINAL, and it is the last; on failure it is never called. Never
 /// blocks on execution: a full queue is RESOURCE_EXHAUSTED at once. `request_id_out` may
-/// be NULL. May be called from any thread, including from a callback.
+/// be NULL; it is written before this call returns, which can be after the callback has
+/// already run: do not point it into memory the callback frees. May be called from any
+/// thread, including from a callback.
 #[no_mangle]
 pub unsafe extern "C" fn infer_server_enqueue(
     s: *mut ServerHandle,

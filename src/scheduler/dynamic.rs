@@ -49,27 +49,33 @@ pub enum Decision {
 }
 
 /// Decides the next batch from the queue in scan order.
+///
+/// The scan takes requests while they fit `max_batch_size` and share a shape. While the
+/// queue delay has not run out, a batch is cut at a preferred size (the largest one the
+/// scan can form) and never grows past the largest preferred size; once it has run out
+/// (or when it is 0 without any preferred size formed), what was scanned goes.
 pub fn decide<'a>(
     policy: &BatchPolicy,
     queue: impl IntoIterator<Item = Candidate<'a>>,
     now: Instant,
 ) -> Decision {
     let limit = policy.max_batch_size.max(1);
-    let target = policy.preferred.last().copied().unwrap_or(limit).min(limit);
+    let max_preferred = policy.preferred.last().copied().unwrap_or(limit).min(limit);
     let mut rows = 0u32;
     let mut count = 0usize;
+    // Requests that fit within the largest preferred size.
+    let mut within_preferred = 0usize;
     let mut oldest: Option<Instant> = None;
     let mut key: Option<Option<&[i64]>> = None;
     let mut blocked = false;
     let mut best_preferred = 0usize;
     for c in queue {
         let fits_shape = match (key, c.shape_key) {
-            (None, _) => true,
-            (Some(None), _) | (Some(_), None) => true,
             (Some(Some(k)), Some(ck)) => k == ck,
+            _ => true,
         };
-        // A request larger than the target still goes alone rather than starving.
-        let fits_size = rows + c.batch_size <= target || count == 0;
+        // A request larger than the limit still goes alone rather than starving.
+        let fits_size = rows + c.batch_size <= limit || count == 0;
         if !fits_shape || !fits_size {
             blocked = true;
             break;
@@ -79,33 +85,36 @@ pub fn decide<'a>(
         }
         rows += c.batch_size;
         count += 1;
+        if rows <= max_preferred || within_preferred == 0 {
+            within_preferred = count;
+        }
         oldest = Some(oldest.map_or(c.enqueued_at, |o: Instant| o.min(c.enqueued_at)));
         if policy.preferred.binary_search(&rows).is_ok() {
             best_preferred = count;
         }
-        if rows >= target {
+        if rows >= limit {
             break;
         }
     }
     let Some(oldest) = oldest else {
         return Decision::Idle;
     };
-    if rows >= target || blocked || policy.max_queue_delay.is_zero() {
-        // The batch cannot grow (or may not wait): send it. When it is not a preferred
-        // size but a preferred prefix exists, the prefix goes and the rest stays queued.
-        if best_preferred > 0 && rows < target && !policy.max_queue_delay.is_zero() {
-            return Decision::Execute(best_preferred);
-        }
+    let delay = policy.max_queue_delay;
+    if !delay.is_zero() && now >= oldest + delay {
         return Decision::Execute(count);
     }
-    let deadline = oldest + policy.max_queue_delay;
-    if now >= deadline {
-        return Decision::Execute(count);
-    }
+    // A preferred size that can be formed goes at once.
     if best_preferred > 0 {
         return Decision::Execute(best_preferred);
     }
-    Decision::WaitUntil(deadline)
+    // Without a preferred size: send when the batch cannot grow, or may not wait.
+    if rows >= max_preferred {
+        return Decision::Execute(within_preferred);
+    }
+    if blocked || delay.is_zero() {
+        return Decision::Execute(count);
+    }
+    Decision::WaitUntil(oldest + delay)
 }
 
 #[cfg(test)]
@@ -238,6 +247,36 @@ mod tests {
         assert_eq!(
             decide(&p, queue(t0, &[3, 1], &[]), t0),
             Decision::Execute(1)
+        );
+    }
+
+    #[test]
+    fn after_the_delay_everything_up_to_max_batch_size_goes() {
+        let t0 = Instant::now();
+        let p = policy(16, &[4], 1000);
+        let late = t0 + Duration::from_millis(5);
+        // 12 queued, preferred 4: before the delay the preferred 4 goes; after it, all 12.
+        assert_eq!(
+            decide(&p, queue(t0, &[1; 12], &[]), t0),
+            Decision::Execute(4)
+        );
+        assert_eq!(
+            decide(&p, queue(t0, &[1; 12], &[]), late),
+            Decision::Execute(12)
+        );
+    }
+
+    #[test]
+    fn zero_delay_prefers_a_preferred_size() {
+        let t0 = Instant::now();
+        let p = policy(16, &[4, 8], 0);
+        assert_eq!(
+            decide(&p, queue(t0, &[1; 6], &[]), t0),
+            Decision::Execute(4)
+        );
+        assert_eq!(
+            decide(&p, queue(t0, &[1; 3], &[]), t0),
+            Decision::Execute(3)
         );
     }
 

@@ -11,7 +11,6 @@ pub mod queue;
 
 use crate::backend::{Batch, ModelInstance};
 use crate::config::ModelConfig;
-use crate::log::Logger;
 use crate::request::{ModelIdentity, Request, Response, ResponseSink};
 use crate::stats::ModelStats;
 use crate::status::{Error, Result};
@@ -75,8 +74,6 @@ pub struct Scheduler {
     /// Request ids each worker is executing now (for cancel).
     running: Vec<Mutex<Vec<u64>>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
-    worker_threads: Mutex<Vec<std::thread::ThreadId>>,
-    log: Logger,
 }
 
 fn c_name(s: &str) -> Arc<CString> {
@@ -89,7 +86,6 @@ impl Scheduler {
         model: ModelIdentity,
         config: Arc<ModelConfig>,
         instances: Vec<Box<dyn ModelInstance>>,
-        log: Logger,
     ) -> Result<Arc<Scheduler>> {
         let db = config.dynamic_batching.as_ref();
         let policy = match db {
@@ -120,9 +116,7 @@ impl Scheduler {
             reorder: Mutex::new(Reorder::default()),
             running: instances.iter().map(|_| Mutex::new(Vec::new())).collect(),
             workers: Mutex::new(Vec::new()),
-            worker_threads: Mutex::new(Vec::new()),
             config,
-            log,
         });
         for (i, instance) in instances.into_iter().enumerate() {
             let s = sched.clone();
@@ -140,7 +134,6 @@ impl Scheduler {
                     )));
                 }
             };
-            sched.worker_threads.lock().push(handle.thread().id());
             sched.workers.lock().push(handle);
         }
         Ok(sched)
@@ -236,7 +229,8 @@ impl Scheduler {
             self.cv.notify_all();
             return CancelOutcome::Cancelled;
         }
-        drop(st);
+        // Still under the state lock: a request leaves the queue and becomes running in
+        // one step (see next_batch), so it is always found in one place or the other.
         if self.running.iter().any(|r| r.lock().contains(&request_id)) {
             return CancelOutcome::Running;
         }
@@ -244,13 +238,15 @@ impl Scheduler {
     }
 
     /// Waits for the worker threads to exit (after `close`). A worker of this model that
-    /// calls it (from a callback) does not wait for itself.
+    /// calls it (from a callback) waits for the others, not for itself.
     pub fn join(&self) {
         let me = std::thread::current().id();
-        if self.worker_threads.lock().contains(&me) {
-            return;
-        }
-        let handles: Vec<_> = std::mem::take(&mut *self.workers.lock());
+        let handles: Vec<_> = {
+            let mut w = self.workers.lock();
+            let (mine, others): (Vec<_>, Vec<_>) = w.drain(..).partition(|h| h.thread().id() == me);
+            *w = mine;
+            others
+        };
         for h in handles {
             let _ = h.join();
         }
@@ -266,7 +262,7 @@ impl Scheduler {
     fn worker(self: Arc<Self>, index: usize, mut instance: Box<dyn ModelInstance>) {
         let mut taken: Vec<Queued> = Vec::new();
         let mut ending: Vec<(Box<Request>, Error)> = Vec::new();
-        while let Some(seq) = self.next_batch(&mut taken, &mut ending) {
+        while let Some(seq) = self.next_batch(index, &mut taken, &mut ending) {
             for (req, err) in ending.drain(..) {
                 self.fail(req, err);
             }
@@ -274,11 +270,6 @@ impl Scheduler {
                 continue;
             }
             let requests: Vec<Box<Request>> = taken.drain(..).map(|q| q.req).collect();
-            {
-                let mut running = self.running[index].lock();
-                running.clear();
-                running.extend(requests.iter().map(|r| r.id));
-            }
             let answers = self.execute(instance.as_mut(), requests);
             self.running[index].lock().clear();
             self.deliver(seq, answers);
@@ -293,6 +284,7 @@ impl Scheduler {
     /// closed and drained (None).
     fn next_batch(
         &self,
+        worker: usize,
         taken: &mut Vec<Queued>,
         ending: &mut Vec<(Box<Request>, Error)>,
     ) -> Option<u64> {
@@ -353,6 +345,11 @@ impl Scheduler {
                 Decision::Execute(n) => {
                     st.queue.pop_front(n, taken);
                     self.pending.fetch_sub(taken.len(), Ordering::Release);
+                    {
+                        let mut running = self.running[worker].lock();
+                        running.clear();
+                        running.extend(taken.iter().map(|q| q.req.id));
+                    }
                     st.executing += 1;
                     let seq = st.next_batch_seq;
                     st.next_batch_seq += 1;
@@ -389,11 +386,20 @@ impl Scheduler {
         let nreq = requests.len() as u64;
         let mut batch = match Batch::assemble(self.config.clone(), &self.in_names, requests) {
             Ok(b) => b,
-            Err(e) => {
-                // assemble only fails on an internal inconsistency; nothing ran.
-                self.log
-                    .error(&format!("model '{}': {}", self.model.name_str(), e.message));
-                return Vec::new();
+            Err((e, requests)) => {
+                // Nothing ran; every request of the batch ends with the error.
+                let e = e.context(format!("model '{}'", self.model.name_str()));
+                return requests
+                    .into_iter()
+                    .filter_map(|mut r| {
+                        let sink = r.sink.take()?;
+                        self.stats.failure_count.fetch_add(1, Ordering::Relaxed);
+                        Some((
+                            sink,
+                            Response::error(r.id, &self.model, &r.correlation_id, e.clone()),
+                        ))
+                    })
+                    .collect();
             }
         };
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -440,7 +446,15 @@ impl Scheduler {
                         .map(|(c, t)| (c.clone(), Some(t)))
                         .unwrap_or_else(|| (c_name(&o.name), None));
                     let bytes_offsets = if o.dtype == crate::tensor::DataType::Bytes {
-                        Batch::check_bytes_output(&o)?;
+                        let n = Batch::check_bytes_output(&o)?;
+                        if crate::tensor::element_count(&o.shape) != Some(n) {
+                            return Err(Error::internal(format!(
+                                "model '{}': output '{}' has shape {} but holds {n} BYTES elements",
+                                self.model.name_str(),
+                                o.name,
+                                crate::tensor::shape_string(&o.shape)
+                            )));
+                        }
                         Some(crate::tensor::bytes_element_offsets(&o.data))
                     } else {
                         None
