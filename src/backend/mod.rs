@@ -281,7 +281,7 @@ pub fn simulate_compute(us: u64) {
     }
     let start = std::time::Instant::now();
     let total = std::time::Duration::from_micros(us);
-    let spin = std::time::Duration::from_micros(200);
+    let spin = std::time::Duration::from_micros(500);
     if total > spin {
         std::thread::sleep(total - spin);
     }
