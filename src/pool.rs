@@ -12,11 +12,12 @@ use std::sync::OnceLock;
 
 /// Objects kept per pool: enough for the requests in flight of a busy server; beyond it
 /// they are freed as usual.
-const POOL_CAPACITY: usize = 4096;
+const POOL_CAPACITY: usize = 1024;
 /// Input buffers larger than this are freed, not kept for reuse.
-pub(crate) const MAX_SPARE_BUFFER: usize = 64 * 1024;
-/// Input buffers a pooled request keeps for reuse.
-pub(crate) const MAX_SPARE_BUFFERS: usize = 8;
+pub(crate) const MAX_SPARE_BUFFER: usize = 16 * 1024;
+/// Input buffers a pooled request keeps for reuse. With the limits above the pools keep
+/// at most 64 MiB of input buffers, and nothing once the last server is freed.
+pub(crate) const MAX_SPARE_BUFFERS: usize = 4;
 
 fn requests() -> &'static ArrayQueue<Box<Request>> {
     static POOL: OnceLock<ArrayQueue<Box<Request>>> = OnceLock::new();
@@ -48,4 +49,10 @@ pub fn take_response() -> Option<Box<Response>> {
 pub fn recycle_response(mut r: Box<Response>) {
     r.reset();
     let _ = responses().push(r);
+}
+
+/// Frees everything the pools keep (called when the last server goes away).
+pub fn drain() {
+    while requests().pop().is_some() {}
+    while responses().pop().is_some() {}
 }

@@ -84,6 +84,17 @@ pub struct Server {
     accepting: AtomicBool,
 }
 
+/// Servers alive in this process; the object pools are emptied when it drops to zero.
+static LIVE_SERVERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if LIVE_SERVERS.fetch_sub(1, Ordering::AcqRel) == 1 {
+            crate::pool::drain();
+        }
+    }
+}
+
 /// How long enqueue retries when it meets a version that is being replaced.
 const REPLACE_RETRIES: usize = 8;
 
@@ -103,6 +114,7 @@ impl Server {
         for (name, b) in &opts.backends {
             backends.insert(name.clone(), b.clone());
         }
+        LIVE_SERVERS.fetch_add(1, Ordering::AcqRel);
         let server = Arc::new(Server {
             log,
             backends: RwLock::new(backends),
