@@ -336,3 +336,74 @@ fn backend_registered_on_options_serves_repository_models() {
     assert_eq!(counters.finalized.load(Ordering::SeqCst), 1);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn fields_past_struct_size_are_not_read() {
+    // A caller built against an older, shorter struct: only instance_init and execute.
+    let counters = Arc::new(Counters::default());
+    let mut vt = vtable();
+    vt.struct_size =
+        (std::mem::offset_of!(infer_backend, execute) + std::mem::size_of::<usize>()) as u32;
+    let ud = Arc::into_raw(counters.clone()) as *mut c_void;
+    let s = Server::new();
+    ok(unsafe { infer_server_register_backend(s.0, c"negate".as_ptr(), &vt, ud) });
+    s.load("neg", NEG);
+    let r = s.infer(s.request("neg").input_f32("IN", &[1, 2], &[1.0; 2]));
+    assert_eq!(r.output_f32("OUT"), vec![-1.0; 2]);
+    drop(r);
+    drop(s);
+    // instance_fini and finalize lay past struct_size: never called.
+    assert_eq!(counters.finis.load(Ordering::SeqCst), 0);
+    assert_eq!(counters.finalized.load(Ordering::SeqCst), 0);
+    unsafe { drop(Arc::from_raw(ud as *const Counters)) };
+}
+
+/// Writes one BYTES element fewer than the output shape says.
+struct ShortBytes;
+struct ShortBytesInstance;
+impl Backend for ShortBytes {
+    fn create_instance(
+        self: Arc<Self>,
+        _: &Arc<ModelConfig>,
+        _: u32,
+        _: i32,
+    ) -> infer::status::Result<Box<dyn ModelInstance>> {
+        Ok(Box::new(ShortBytesInstance))
+    }
+}
+impl ModelInstance for ShortBytesInstance {
+    fn execute(&mut self, batch: &mut infer::backend::Batch) -> infer::status::Result<()> {
+        let n = batch.size as i64;
+        let mut bytes = Vec::new();
+        for _ in 0..(n * 2 - 1) {
+            bytes.extend_from_slice(&1u32.to_le_bytes());
+            bytes.push(b'x');
+        }
+        batch
+            .alloc_output("OUT", &[n, 2], Some(bytes.len()))?
+            .copy_from_slice(&bytes);
+        Ok(())
+    }
+}
+
+#[test]
+fn bytes_output_not_matching_its_shape_fails_the_batch() {
+    let s = Server::new();
+    unsafe { &*s.0 }
+        .server()
+        .register_rust_backend("short", Arc::new(ShortBytes))
+        .unwrap();
+    s.load(
+        "b",
+        r#"name: "b" backend: "short" max_batch_size: 4
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ 2 ] } ]"#,
+    );
+    let r = s.infer(s.request("b").input_f32("IN", &[1, 1], &[0.0]));
+    assert_eq!(r.status(), INFER_STATUS_INTERNAL);
+    assert!(
+        r.error().contains("'OUT'") && r.error().contains("holds 1 BYTES elements"),
+        "{}",
+        r.error()
+    );
+}
