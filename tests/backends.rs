@@ -5,8 +5,6 @@
 mod common;
 use common::*;
 use infer::backend::custom::infer_backend;
-use infer::backend::{Backend, ModelInstance};
-use infer::config::ModelConfig;
 use infer::ffi::backend::*;
 use infer::ffi::server::*;
 use infer::ffi::*;
@@ -253,41 +251,24 @@ fn bad_backend_registrations() {
     assert!(msg.contains("'negate'"), "{msg}");
 }
 
-/// A Rust backend that panics on a marker value.
-struct Panicky;
-struct PanickyInstance;
-impl Backend for Panicky {
-    fn create_instance(
-        self: Arc<Self>,
-        _: &Arc<ModelConfig>,
-        _: u32,
-        _: i32,
-    ) -> infer::status::Result<Box<dyn ModelInstance>> {
-        Ok(Box::new(PanickyInstance))
+/// Negates, but panics on a marker value.
+fn negate_or_panic(batch: &mut infer::backend::Batch) -> infer::status::Result<()> {
+    let (_, data) = batch.input("IN").unwrap();
+    let v: Vec<f32> = bytemuck::pod_collect_to_vec(data);
+    if v.contains(&-1.0) {
+        panic!("cannot negate -1");
     }
-}
-impl ModelInstance for PanickyInstance {
-    fn execute(&mut self, batch: &mut infer::backend::Batch) -> infer::status::Result<()> {
-        let (_, data) = batch.input("IN").unwrap();
-        let v: Vec<f32> = bytemuck::pod_collect_to_vec(data);
-        if v.contains(&-1.0) {
-            panic!("cannot negate -1");
-        }
-        let shape = batch.inputs[0].shape.clone();
-        let out = batch.alloc_output("OUT", &shape, None)?;
-        let neg: Vec<f32> = v.iter().map(|x| -x).collect();
-        out.copy_from_slice(bytemuck::cast_slice(&neg));
-        Ok(())
-    }
+    let shape = batch.inputs[0].shape.clone();
+    let out = batch.alloc_output("OUT", &shape, None)?;
+    let neg: Vec<f32> = v.iter().map(|x| -x).collect();
+    out.copy_from_slice(bytemuck::cast_slice(&neg));
+    Ok(())
 }
 
 #[test]
 fn panicking_backend_fails_only_that_batch() {
     let s = Server::new();
-    let server = unsafe { &*s.0 }.server().clone();
-    server
-        .register_rust_backend("negate", Arc::new(Panicky))
-        .unwrap();
+    s.register_fn_backend("negate", negate_or_panic);
     s.load("neg", NEG);
     let r = s.infer(s.request("neg").input_f32("IN", &[1, 2], &[-1.0; 2]));
     assert_eq!(r.status(), INFER_STATUS_INTERNAL);
@@ -359,40 +340,23 @@ fn fields_past_struct_size_are_not_read() {
 }
 
 /// Writes one BYTES element fewer than the output shape says.
-struct ShortBytes;
-struct ShortBytesInstance;
-impl Backend for ShortBytes {
-    fn create_instance(
-        self: Arc<Self>,
-        _: &Arc<ModelConfig>,
-        _: u32,
-        _: i32,
-    ) -> infer::status::Result<Box<dyn ModelInstance>> {
-        Ok(Box::new(ShortBytesInstance))
+fn short_bytes(batch: &mut infer::backend::Batch) -> infer::status::Result<()> {
+    let n = batch.size as i64;
+    let mut bytes = Vec::new();
+    for _ in 0..(n * 2 - 1) {
+        bytes.extend_from_slice(&1u32.to_le_bytes());
+        bytes.push(b'x');
     }
-}
-impl ModelInstance for ShortBytesInstance {
-    fn execute(&mut self, batch: &mut infer::backend::Batch) -> infer::status::Result<()> {
-        let n = batch.size as i64;
-        let mut bytes = Vec::new();
-        for _ in 0..(n * 2 - 1) {
-            bytes.extend_from_slice(&1u32.to_le_bytes());
-            bytes.push(b'x');
-        }
-        batch
-            .alloc_output("OUT", &[n, 2], Some(bytes.len()))?
-            .copy_from_slice(&bytes);
-        Ok(())
-    }
+    batch
+        .alloc_output("OUT", &[n, 2], Some(bytes.len()))?
+        .copy_from_slice(&bytes);
+    Ok(())
 }
 
 #[test]
 fn bytes_output_not_matching_its_shape_fails_the_batch() {
     let s = Server::new();
-    unsafe { &*s.0 }
-        .server()
-        .register_rust_backend("short", Arc::new(ShortBytes))
-        .unwrap();
+    s.register_fn_backend("short", short_bytes);
     s.load(
         "b",
         r#"name: "b" backend: "short" max_batch_size: 4

@@ -295,22 +295,21 @@ fn finishes<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'stati
         .unwrap_or_else(|_| panic!("{what} did not finish: deadlock"))
 }
 
+/// Loads "a" and "other", and enqueues to "a" a request whose callback unloads "other".
+fn callback_will_unload_other(s: &Server) {
+    s.load("a", &add_sub_config("a", "dynamic_batching { }"));
+    s.load("other", &add_sub_config("other", "dynamic_batching { }"));
+    let r = add_sub_request(s, "a", [0.; 4], [0.; 4]);
+    let ud = s.0 as *mut std::ffi::c_void;
+    let f = Some(unload_other_then_free as unsafe extern "C" fn(_, _, _));
+    ok(unsafe { infer_server_enqueue(s.0, r.take(), f, ud, std::ptr::null_mut()) });
+    std::thread::sleep(Duration::from_millis(10));
+}
+
 #[test]
 fn lifecycle_calls_from_callbacks_do_not_deadlock() {
     let s = Arc::new(Server::new());
-    s.load("a", &add_sub_config("a", "dynamic_batching { }"));
-    s.load("other", &add_sub_config("other", "dynamic_batching { }"));
-    let r = add_sub_request(&s, "a", [0.; 4], [0.; 4]);
-    ok(unsafe {
-        infer_server_enqueue(
-            s.0,
-            r.take(),
-            Some(unload_other_then_free),
-            s.0 as *mut std::ffi::c_void,
-            std::ptr::null_mut(),
-        )
-    });
-    std::thread::sleep(Duration::from_millis(10));
+    callback_will_unload_other(&s);
     // Unloading "a" waits for its callback, which unloads "other".
     let s2 = s.clone();
     let st = finishes("unload(a)", move || unsafe {
@@ -323,19 +322,7 @@ fn lifecycle_calls_from_callbacks_do_not_deadlock() {
     assert!(!ready);
 
     // The same during shutdown.
-    s.load("a", &add_sub_config("a", "dynamic_batching { }"));
-    s.load("other", &add_sub_config("other", "dynamic_batching { }"));
-    let r = add_sub_request(&s, "a", [0.; 4], [0.; 4]);
-    ok(unsafe {
-        infer_server_enqueue(
-            s.0,
-            r.take(),
-            Some(unload_other_then_free),
-            s.0 as *mut std::ffi::c_void,
-            std::ptr::null_mut(),
-        )
-    });
-    std::thread::sleep(Duration::from_millis(10));
+    callback_will_unload_other(&s);
     let s2 = s.clone();
     let st = finishes("shutdown", move || unsafe {
         infer_server_shutdown(s2.0, 1000)

@@ -3,13 +3,10 @@
 
 mod common;
 use common::*;
-use infer::backend::{Backend, ModelInstance};
-use infer::config::ModelConfig;
 use infer::ffi::request::*;
 use infer::ffi::*;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 
 fn bytes_tensor(items: &[&str]) -> Vec<u8> {
     let mut b = Vec::new();
@@ -160,40 +157,23 @@ dynamic_batching { }"#,
     }
 }
 
-/// A backend that sleeps longer for smaller values, so later requests finish first.
-struct Slow;
-struct SlowInstance;
-impl Backend for Slow {
-    fn create_instance(
-        self: Arc<Self>,
-        _: &Arc<ModelConfig>,
-        _: u32,
-        _: i32,
-    ) -> infer::status::Result<Box<dyn ModelInstance>> {
-        Ok(Box::new(SlowInstance))
-    }
-}
-impl ModelInstance for SlowInstance {
-    fn execute(&mut self, batch: &mut infer::backend::Batch) -> infer::status::Result<()> {
-        let (i, data) = batch.input("IN").unwrap();
-        let shape = i.shape.clone();
-        let v: Vec<f32> = bytemuck::pod_collect_to_vec(data);
-        std::thread::sleep(std::time::Duration::from_millis(
-            (12.0 - v[0] * 5.0).max(0.0) as u64,
-        ));
-        batch
-            .alloc_output("OUT", &shape, None)?
-            .copy_from_slice(bytemuck::cast_slice(&v));
-        Ok(())
-    }
+/// Sleeps longer for smaller values, so later requests finish first.
+fn slow_echo(batch: &mut infer::backend::Batch) -> infer::status::Result<()> {
+    let (i, data) = batch.input("IN").unwrap();
+    let shape = i.shape.clone();
+    let v: Vec<f32> = bytemuck::pod_collect_to_vec(data);
+    std::thread::sleep(std::time::Duration::from_millis(
+        (12.0 - v[0] * 5.0).max(0.0) as u64,
+    ));
+    batch
+        .alloc_output("OUT", &shape, None)?
+        .copy_from_slice(bytemuck::cast_slice(&v));
+    Ok(())
 }
 
 fn ordering_run(preserve: bool) -> (Vec<u64>, Vec<u64>) {
     let s = Server::new();
-    unsafe { &*s.0 }
-        .server()
-        .register_rust_backend("slow", Arc::new(Slow))
-        .unwrap();
+    s.register_fn_backend("slow", slow_echo);
     let cfg = format!(
         r#"name: "o" backend: "slow" max_batch_size: 1
 input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }} ]

@@ -342,3 +342,39 @@ pub fn batch_sizes(stats: &serde_json::Value) -> Vec<(u64, u64)> {
         .map(|b| (b["size"].as_u64().unwrap(), b["count"].as_u64().unwrap()))
         .collect()
 }
+
+/// A Rust backend whose every instance runs `execute` (for tests of backend behaviour).
+pub struct FnBackend(pub fn(&mut Batch) -> infer::status::Result<()>);
+
+struct FnInstance(fn(&mut Batch) -> infer::status::Result<()>);
+
+impl infer::backend::Backend for FnBackend {
+    fn create_instance(
+        self: Arc<Self>,
+        _: &Arc<infer::config::ModelConfig>,
+        _: u32,
+        _: i32,
+    ) -> infer::status::Result<Box<dyn infer::backend::ModelInstance>> {
+        Ok(Box::new(FnInstance(self.0)))
+    }
+}
+
+impl infer::backend::ModelInstance for FnInstance {
+    fn execute(&mut self, batch: &mut Batch) -> infer::status::Result<()> {
+        (self.0)(batch)
+    }
+}
+
+impl Server {
+    /// Registers `execute` as the backend called `name`.
+    pub fn register_fn_backend(
+        &self,
+        name: &str,
+        execute: fn(&mut Batch) -> infer::status::Result<()>,
+    ) {
+        unsafe { &*self.0 }
+            .server()
+            .register_rust_backend(name, Arc::new(FnBackend(execute)))
+            .unwrap();
+    }
+}
