@@ -171,12 +171,6 @@ impl Server {
     }
 
     fn backend_for(&self, config: &ModelConfig) -> Result<Arc<dyn Backend>> {
-        if config.has_sequence_batching {
-            return Err(Error::unsupported(format!(
-                "model '{}': sequence_batching is not supported yet",
-                config.name
-            )));
-        }
         if config.has_ensemble_scheduling || config.platform == "ensemble" {
             return Err(Error::unsupported(format!(
                 "model '{}': ensemble models are not supported yet",

@@ -56,6 +56,8 @@ pub struct BatchOutput {
 /// writes.
 pub struct Batch {
     pub requests: Vec<Box<Request>>,
+    /// The first row of each request (padding rows belong to no request).
+    pub first_rows: Vec<u32>,
     /// Rows in this execution (sum of the requests' batch sizes).
     pub size: u32,
     pub inputs: Vec<BatchInput>,
@@ -76,10 +78,30 @@ impl Batch {
         c_names: &[Arc<std::ffi::CString>],
         requests: Vec<Box<Request>>,
     ) -> std::result::Result<Batch, (Error, Vec<Box<Request>>)> {
-        let size: u32 = requests.iter().map(|r| r.batch_size).sum();
-        match Self::batch_inputs(&config, c_names, &requests, size) {
+        let mut first_rows = Vec::with_capacity(requests.len());
+        let mut size = 0u32;
+        for r in &requests {
+            first_rows.push(size);
+            size += r.batch_size;
+        }
+        Self::assemble_rows(config, c_names, requests, first_rows, size)
+    }
+
+    /// Like [`Batch::assemble`], with each request (of batch size 1) at a given row and
+    /// zero-filled padding rows elsewhere (sequence batching's empty slots).
+    pub fn assemble_rows(
+        config: Arc<ModelConfig>,
+        c_names: &[Arc<std::ffi::CString>],
+        requests: Vec<Box<Request>>,
+        first_rows: Vec<u32>,
+        size: u32,
+    ) -> std::result::Result<Batch, (Error, Vec<Box<Request>>)> {
+        let padded = requests.iter().map(|r| r.batch_size).sum::<u32>() != size;
+        let rows = if padded { Some(first_rows.as_slice()) } else { None };
+        match Self::batch_inputs(&config, c_names, &requests, rows, size) {
             Ok(inputs) => Ok(Batch {
                 requests,
+                first_rows,
                 size,
                 inputs,
                 outputs: Vec::new(),
@@ -91,10 +113,31 @@ impl Batch {
         }
     }
 
+    /// Adds an input the library computes (sequence controls, implicit state).
+    pub(crate) fn push_input(
+        &mut self,
+        name: Arc<str>,
+        c_name: Arc<std::ffi::CString>,
+        dtype: DataType,
+        shape: Shape,
+        data: Vec<u8>,
+    ) {
+        self.inputs.push(BatchInput {
+            name,
+            c_name,
+            dtype,
+            shape,
+            source: InputSource::Assembled(data),
+        });
+    }
+
+    /// The batched inputs; `rows` (first row of each request, padded batches only) places
+    /// requests among zero-filled padding rows.
     fn batch_inputs(
         config: &Arc<ModelConfig>,
         c_names: &[Arc<std::ffi::CString>],
         requests: &[Box<Request>],
+        rows: Option<&[u32]>,
         size: u32,
     ) -> Result<Vec<BatchInput>> {
         let mut inputs = Vec::with_capacity(config.inputs.len());
@@ -106,7 +149,37 @@ impl Batch {
                 Some(i) => i,
                 None => continue, // an optional input absent from this batch
             };
-            let source = if requests.len() == 1 {
+            let missing = |r: &Request| {
+                Error::internal(format!(
+                    "model '{}': input '{}' missing from request {} of a batch",
+                    config.name, tc.name, r.id
+                ))
+            };
+            let source = if let Some(rows) = rows {
+                // One row per request; padding rows are zeros shaped like the first
+                // request's (a zero BYTES element is the empty string).
+                let t0 = &requests[0].inputs[first];
+                let pad_len = if tc.data_type == DataType::Bytes {
+                    let skip = usize::from(config.max_batch_size > 0);
+                    element_count(&t0.shape[skip.min(t0.shape.len())..]).unwrap_or(0) * 4
+                } else {
+                    t0.data.len()
+                };
+                let mut buf = Vec::with_capacity(pad_len * size as usize);
+                let mut next = 0usize;
+                for row in 0..size {
+                    match rows.get(next) {
+                        Some(&r) if r == row => {
+                            let req = &requests[next];
+                            let t = req.input(&tc.name).ok_or_else(|| missing(req))?;
+                            buf.extend_from_slice(t.data.as_slice());
+                            next += 1;
+                        }
+                        _ => buf.resize(buf.len() + pad_len, 0),
+                    }
+                }
+                InputSource::Assembled(buf)
+            } else if requests.len() == 1 {
                 InputSource::Request {
                     request: 0,
                     input: first,
@@ -118,20 +191,15 @@ impl Batch {
                     .sum();
                 let mut buf = Vec::with_capacity(total);
                 for r in requests {
-                    let t = r.input(&tc.name).ok_or_else(|| {
-                        Error::internal(format!(
-                            "model '{}': input '{}' missing from request {} of a batch",
-                            config.name, tc.name, r.id
-                        ))
-                    })?;
+                    let t = r.input(&tc.name).ok_or_else(|| missing(r))?;
                     buf.extend_from_slice(t.data.as_slice());
                 }
                 InputSource::Assembled(buf)
             };
             let t0 = &requests[0].inputs[first];
             let mut shape: Shape = t0.shape.clone();
-            if requests.len() > 1 {
-                if tc.allow_ragged_batch {
+            if requests.len() > 1 || rows.is_some() {
+                if tc.allow_ragged_batch && rows.is_none() {
                     // Ragged rows are handed over flattened: [total elements].
                     let n: i64 = requests
                         .iter()
@@ -139,8 +207,10 @@ impl Batch {
                         .map(|t| t.shape.iter().product::<i64>())
                         .sum();
                     shape = Shape::from_slice(&[n]);
-                } else if let Some(d0) = shape.first_mut() {
-                    *d0 = size as i64;
+                } else if config.max_batch_size > 0 {
+                    if let Some(d0) = shape.first_mut() {
+                        *d0 = size as i64;
+                    }
                 }
             }
             if let (Some(r), false) = (&tc.reshape, tc.allow_ragged_batch) {
@@ -180,9 +250,23 @@ impl Batch {
         byte_size: Option<usize>,
     ) -> Result<&mut [u8]> {
         let cfg = &self.config;
-        let tc = cfg.output(name).ok_or_else(|| {
-            Error::invalid(format!("model '{}' has no output '{name}'", cfg.name))
-        })?;
+        // A model output, or the output of an implicit state (sequence batching).
+        let (tname, dtype): (Arc<str>, DataType) = match cfg.output(name) {
+            Some(tc) => (tc.name.clone(), tc.data_type),
+            None => match cfg
+                .sequence_batching
+                .as_ref()
+                .and_then(|q| q.state_by_output(name))
+            {
+                Some(st) => (st.output_name.clone(), st.data_type),
+                None => {
+                    return Err(Error::invalid(format!(
+                        "model '{}' has no output '{name}'",
+                        cfg.name
+                    )))
+                }
+            },
+        };
         if self.outputs.iter().any(|o| &*o.name == name) {
             return Err(Error::invalid(format!(
                 "output '{name}' of model '{}' was already allocated in this batch",
@@ -204,7 +288,7 @@ impl Batch {
                 self.size
             )));
         }
-        let bytes = if tc.data_type == DataType::Bytes {
+        let bytes = if dtype == DataType::Bytes {
             byte_size.ok_or_else(|| {
                 Error::invalid(format!(
                     "output '{name}' of model '{}' is BYTES: give its byte size",
@@ -213,7 +297,7 @@ impl Batch {
             })?
         } else {
             let b = elems
-                .checked_mul(tc.data_type.byte_size())
+                .checked_mul(dtype.byte_size())
                 .ok_or_else(|| Error::invalid(format!("output '{name}': size overflows")))?;
             if let Some(bs) = byte_size {
                 if bs != b {
@@ -221,15 +305,15 @@ impl Batch {
                         "output '{name}' of model '{}': byte size {bs} does not match shape {} of {}",
                         cfg.name,
                         shape_string(shape),
-                        tc.data_type.as_str()
+                        dtype.as_str()
                     )));
                 }
             }
             b
         };
         self.outputs.push(BatchOutput {
-            name: tc.name.clone(),
-            dtype: tc.data_type,
+            name: tname,
+            dtype,
             shape: Shape::from_slice(shape),
             data: vec![0u8; bytes],
         });

@@ -26,8 +26,7 @@ pub struct ModelConfig {
     pub outputs: Vec<TensorConfig>,
     pub instance_groups: Vec<InstanceGroup>,
     pub dynamic_batching: Option<DynamicBatching>,
-    /// Present when the config has a `sequence_batching` section (not served yet).
-    pub has_sequence_batching: bool,
+    pub sequence_batching: Option<SequenceBatching>,
     /// Present when the config has an `ensemble_scheduling` section (not served yet).
     pub has_ensemble_scheduling: bool,
     pub parameters: BTreeMap<String, String>,
@@ -118,6 +117,105 @@ impl DynamicBatching {
             .get(&level)
             .copied()
             .unwrap_or(self.default_queue_policy)
+    }
+}
+
+/// `sequence_batching`: stateful models whose requests form sequences.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SequenceBatching {
+    pub strategy: SequenceStrategy,
+    /// A sequence with no request for this long loses its slot (default 1 s).
+    pub max_sequence_idle_us: u64,
+    pub controls: Vec<ControlInput>,
+    pub states: Vec<StateConfig>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum SequenceStrategy {
+    /// One batch slot per sequence, for the sequence's whole life.
+    Direct {
+        max_queue_delay_us: u64,
+        /// In 0..=1: the share of an instance's slots that must be ready before the delay
+        /// runs out.
+        minimum_slot_utilization: f32,
+    },
+    /// Sequences are candidates of one instance; batches are formed from their oldest
+    /// requests by the dynamic batcher's decision.
+    Oldest {
+        /// At least 1.
+        max_candidate_sequences: u32,
+        /// Ascending, unique, each <= max_batch_size.
+        preferred_batch_size: Vec<u32>,
+        max_queue_delay_us: u64,
+        preserve_ordering: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControlKind {
+    Start,
+    End,
+    Ready,
+    CorrId,
+}
+
+impl ControlKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ControlKind::Start => "CONTROL_SEQUENCE_START",
+            ControlKind::End => "CONTROL_SEQUENCE_END",
+            ControlKind::Ready => "CONTROL_SEQUENCE_READY",
+            ControlKind::CorrId => "CONTROL_SEQUENCE_CORRID",
+        }
+    }
+}
+
+/// A control tensor the sequence batcher adds to every batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ControlInput {
+    pub name: Arc<str>,
+    pub kind: ControlKind,
+    pub data_type: DataType,
+    /// For START/END/READY: the element bytes of false and true (little-endian).
+    pub false_true: Option<[Vec<u8>; 2]>,
+}
+
+/// Implicit state: `input_name` is fed from the previous request's `output_name`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StateConfig {
+    pub input_name: Arc<str>,
+    pub output_name: Arc<str>,
+    pub data_type: DataType,
+    /// Without the batch dimension; -1 = whatever the model writes.
+    pub dims: Vec<i64>,
+    pub initial: InitialState,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum InitialState {
+    /// Zeros, with every variable dimension taken as 1.
+    Default,
+    Zero { dims: Vec<i64> },
+    /// Row-major data from `<model_dir>/initial_state/<file>`.
+    File { dims: Vec<i64>, file: String },
+}
+
+impl InitialState {
+    /// The shape of the initial state of `state`.
+    pub fn dims(&self, state: &StateConfig) -> Vec<i64> {
+        match self {
+            InitialState::Default => state.dims.iter().map(|&d| d.max(1)).collect(),
+            InitialState::Zero { dims } | InitialState::File { dims, .. } => dims.clone(),
+        }
+    }
+}
+
+impl SequenceBatching {
+    pub fn control(&self, kind: ControlKind) -> Option<&ControlInput> {
+        self.controls.iter().find(|c| c.kind == kind)
+    }
+    pub fn state_by_output(&self, name: &str) -> Option<&StateConfig> {
+        self.states.iter().find(|s| &*s.output_name == name)
     }
 }
 

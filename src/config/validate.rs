@@ -5,7 +5,8 @@
 
 use super::parse::pb;
 use super::{
-    DynamicBatching, InstanceGroup, InstanceKind, ModelConfig, QueuePolicy, TensorConfig,
+    ControlInput, ControlKind, DynamicBatching, InitialState, InstanceGroup, InstanceKind,
+    ModelConfig, QueuePolicy, SequenceBatching, SequenceStrategy, StateConfig, TensorConfig,
     TimeoutAction, VersionPolicy,
 };
 use crate::status::{Error, Result};
@@ -51,6 +52,12 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
         Some(SchedulingChoice::DynamicBatching(d)) => Some(ck.dynamic_batching(d, max_batch_size)?),
         _ => None,
     };
+    let sequence_batching = match &config.scheduling_choice {
+        Some(SchedulingChoice::SequenceBatching(q)) => {
+            Some(ck.sequence_batching(q, max_batch_size, &inputs, &outputs)?)
+        }
+        _ => None,
+    };
     let parameters = config
         .parameters
         .iter()
@@ -65,10 +72,7 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
         outputs,
         instance_groups,
         dynamic_batching,
-        has_sequence_batching: matches!(
-            config.scheduling_choice,
-            Some(SchedulingChoice::SequenceBatching(_))
-        ),
+        sequence_batching,
         has_ensemble_scheduling: matches!(
             config.scheduling_choice,
             Some(SchedulingChoice::EnsembleScheduling(_))
@@ -384,6 +388,362 @@ impl Checker<'_> {
             default_priority_level: u32::try_from(default_level).unwrap_or(0),
             default_queue_policy,
             priority_queue_policy,
+        })
+    }
+
+    fn sequence_batching(
+        &self,
+        q: &pb::ModelSequenceBatching,
+        max_batch_size: u32,
+        inputs: &[TensorConfig],
+        outputs: &[TensorConfig],
+    ) -> Result<SequenceBatching> {
+        use pb::model_sequence_batching::StrategyChoice;
+        const P: &str = "sequence_batching";
+        if q.iterative_sequence {
+            return Err(Error::unsupported(format!(
+                "model '{}': {P}.iterative_sequence is not supported",
+                self.model
+            )));
+        }
+        let strategy = match &q.strategy_choice {
+            None => SequenceStrategy::Direct {
+                max_queue_delay_us: 0,
+                minimum_slot_utilization: 0.0,
+            },
+            Some(StrategyChoice::Direct(d)) => {
+                let u = d.minimum_slot_utilization;
+                if !(0.0..=1.0).contains(&u) {
+                    return Err(self.err(
+                        format_args!("{P}.direct.minimum_slot_utilization"),
+                        format!("{u} is not in 0..1"),
+                    ));
+                }
+                SequenceStrategy::Direct {
+                    max_queue_delay_us: d.max_queue_delay_microseconds,
+                    minimum_slot_utilization: u,
+                }
+            }
+            Some(StrategyChoice::Oldest(o)) => {
+                let path = format!("{P}.oldest.max_candidate_sequences");
+                let candidates = match o.max_candidate_sequences {
+                    0 => max_batch_size.max(1),
+                    n if n < 0 => return Err(self.err(path, format!("{n} is negative"))),
+                    n => n as u32,
+                };
+                let mut preferred: Vec<u32> = Vec::new();
+                for (i, &size) in o.preferred_batch_size.iter().enumerate() {
+                    let path = format!("{P}.oldest.preferred_batch_size[{i}]");
+                    let size = match u32::try_from(size) {
+                        Ok(s) if s > 0 => s,
+                        _ => return Err(self.err(path, format!("{size} must be > 0"))),
+                    };
+                    if size > max_batch_size.max(1) {
+                        return Err(self.err(
+                            path,
+                            format!("{size} exceeds max_batch_size {max_batch_size}"),
+                        ));
+                    }
+                    if preferred.contains(&size) {
+                        return Err(self.err(path, format!("{size} is listed twice")));
+                    }
+                    preferred.push(size);
+                }
+                preferred.sort_unstable();
+                SequenceStrategy::Oldest {
+                    max_candidate_sequences: candidates,
+                    preferred_batch_size: preferred,
+                    max_queue_delay_us: o.max_queue_delay_microseconds,
+                    preserve_ordering: o.preserve_ordering,
+                }
+            }
+        };
+        let taken = |name: &str| {
+            inputs.iter().any(|t| &*t.name == name) || outputs.iter().any(|t| &*t.name == name)
+        };
+
+        let mut controls: Vec<ControlInput> = Vec::new();
+        for (i, ci) in q.control_input.iter().enumerate() {
+            let path = format!("{P}.control_input[{i}]");
+            if ci.name.is_empty() {
+                return Err(self.err(format_args!("{path}.name"), "empty"));
+            }
+            if taken(&ci.name) || controls.iter().any(|c| *c.name == *ci.name) {
+                return Err(self.err(
+                    format_args!("{path}.name"),
+                    format!("'{}' is already the name of an input, output or control", ci.name),
+                ));
+            }
+            let [c] = ci.control.as_slice() else {
+                return Err(self.err(
+                    format_args!("{path}.control"),
+                    format!(
+                        "control input '{}' needs exactly one control, has {}",
+                        ci.name,
+                        ci.control.len()
+                    ),
+                ));
+            };
+            let control = self.control(&format!("{path}.control[0]"), &ci.name, c)?;
+            if let Some(other) = controls.iter().find(|o| o.kind == control.kind) {
+                return Err(self.err(
+                    format_args!("{path}.control[0].kind"),
+                    format!(
+                        "{} is already given by control input '{}'",
+                        control.kind.as_str(),
+                        other.name
+                    ),
+                ));
+            }
+            controls.push(control);
+        }
+
+        let mut states: Vec<StateConfig> = Vec::new();
+        for (i, st) in q.state.iter().enumerate() {
+            let state = self.state(&format!("{P}.state[{i}]"), st, inputs, outputs)?;
+            let clash = controls
+                .iter()
+                .any(|c| *c.name == *state.input_name || *c.name == *state.output_name)
+                || inputs.iter().any(|t| t.name == state.output_name)
+                || states.iter().any(|o| {
+                    o.input_name == state.input_name
+                        || o.output_name == state.output_name
+                        || o.input_name == state.output_name
+                        || o.output_name == state.input_name
+                });
+            if clash {
+                return Err(self.err(
+                    format_args!("{P}.state[{i}]"),
+                    format!(
+                        "state '{}' -> '{}' reuses the name of an input, a control or another state",
+                        state.input_name, state.output_name
+                    ),
+                ));
+            }
+            states.push(state);
+        }
+        Ok(SequenceBatching {
+            strategy,
+            max_sequence_idle_us: if q.max_sequence_idle_microseconds == 0 {
+                1_000_000
+            } else {
+                q.max_sequence_idle_microseconds
+            },
+            controls,
+            states,
+        })
+    }
+
+    fn control(
+        &self,
+        path: &str,
+        name: &str,
+        c: &pb::model_sequence_batching::Control,
+    ) -> Result<ControlInput> {
+        use pb::model_sequence_batching::control::Kind;
+        let kind = match Kind::try_from(c.kind) {
+            Ok(Kind::ControlSequenceStart) => ControlKind::Start,
+            Ok(Kind::ControlSequenceEnd) => ControlKind::End,
+            Ok(Kind::ControlSequenceReady) => ControlKind::Ready,
+            Ok(Kind::ControlSequenceCorrid) => ControlKind::CorrId,
+            Err(_) => {
+                return Err(self.err(
+                    format_args!("{path}.kind"),
+                    format!("{} is not a control kind", c.kind),
+                ))
+            }
+        };
+        let given = [
+            !c.int32_false_true.is_empty(),
+            !c.fp32_false_true.is_empty(),
+            !c.bool_false_true.is_empty(),
+        ];
+        let n_given = given.iter().filter(|g| **g).count();
+        if kind == ControlKind::CorrId {
+            if n_given > 0 {
+                return Err(self.err(
+                    path,
+                    format!("CONTROL_SEQUENCE_CORRID ('{name}') takes a data_type, not *_false_true values"),
+                ));
+            }
+            let dt = pb::DataType::try_from(c.data_type)
+                .map(|d| d.as_str_name())
+                .unwrap_or("?");
+            let data_type = match DataType::parse(dt) {
+                Some(
+                    d @ (DataType::Uint64
+                    | DataType::Int64
+                    | DataType::Uint32
+                    | DataType::Int32
+                    | DataType::Bytes),
+                ) => d,
+                _ => {
+                    return Err(self.err(
+                        format_args!("{path}.data_type"),
+                        format!(
+                            "{dt} is not a correlation ID type for '{name}' (TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING)"
+                        ),
+                    ))
+                }
+            };
+            return Ok(ControlInput {
+                name: name.into(),
+                kind,
+                data_type,
+                false_true: None,
+            });
+        }
+        if n_given != 1 {
+            return Err(self.err(
+                path,
+                format!(
+                    "{} ('{name}') needs exactly one of int32_false_true, fp32_false_true, bool_false_true",
+                    kind.as_str()
+                ),
+            ));
+        }
+        let count = c
+            .int32_false_true
+            .len()
+            .max(c.fp32_false_true.len())
+            .max(c.bool_false_true.len());
+        if count != 2 {
+            return Err(self.err(
+                path,
+                format!("{} ('{name}') needs 2 values [false, true], has {count}", kind.as_str()),
+            ));
+        }
+        let (data_type, false_true) = if given[0] {
+            let v = &c.int32_false_true;
+            (DataType::Int32, [v[0].to_le_bytes().to_vec(), v[1].to_le_bytes().to_vec()])
+        } else if given[1] {
+            let v = &c.fp32_false_true;
+            (DataType::Fp32, [v[0].to_le_bytes().to_vec(), v[1].to_le_bytes().to_vec()])
+        } else {
+            let v = &c.bool_false_true;
+            (DataType::Bool, [vec![u8::from(v[0])], vec![u8::from(v[1])]])
+        };
+        Ok(ControlInput {
+            name: name.into(),
+            kind,
+            data_type,
+            false_true: Some(false_true),
+        })
+    }
+
+    fn state(
+        &self,
+        path: &str,
+        st: &pb::model_sequence_batching::State,
+        inputs: &[TensorConfig],
+        outputs: &[TensorConfig],
+    ) -> Result<StateConfig> {
+        use pb::model_sequence_batching::initial_state::StateData;
+        for (field, v) in [("input_name", &st.input_name), ("output_name", &st.output_name)] {
+            if v.is_empty() {
+                return Err(self.err(format_args!("{path}.{field}"), "empty"));
+            }
+        }
+        let tensor = st.input_name.as_str();
+        if inputs.iter().any(|t| &*t.name == tensor) {
+            return Err(self.err(
+                format_args!("{path}.input_name"),
+                format!("'{tensor}' is a model input; the state input is fed by the library and must not be listed under input"),
+            ));
+        }
+        let data_type = self.data_type(&format!("{path}.data_type"), st.data_type, tensor)?;
+        if data_type == DataType::Bytes {
+            return Err(Error::unsupported(format!(
+                "model '{}': {path}.data_type: TYPE_STRING state ('{tensor}') is not supported",
+                self.model
+            )));
+        }
+        if st.dims.is_empty() {
+            return Err(self.err(format_args!("{path}.dims"), format!("empty for state '{tensor}'")));
+        }
+        self.dims(&format!("{path}.dims"), &st.dims, tensor)?;
+        if let Some(out) = outputs.iter().find(|t| *t.name == *st.output_name) {
+            if out.data_type != data_type || out.dims != st.dims {
+                return Err(self.err(
+                    format_args!("{path}.output_name"),
+                    format!(
+                        "'{}' is listed as an output with {} {} but the state is {} {}",
+                        out.name,
+                        out.data_type.as_str(),
+                        shape_string(&out.dims),
+                        data_type.as_str(),
+                        shape_string(&st.dims)
+                    ),
+                ));
+            }
+        }
+        let initial = match st.initial_state.as_slice() {
+            [] => InitialState::Default,
+            [init] => {
+                let ipath = format!("{path}.initial_state[0]");
+                let idt = self.data_type(&format!("{ipath}.data_type"), init.data_type, tensor)?;
+                if idt != data_type {
+                    return Err(self.err(
+                        format_args!("{ipath}.data_type"),
+                        format!("{} differs from the state's {}", idt.as_str(), data_type.as_str()),
+                    ));
+                }
+                let fits = init.dims.len() == st.dims.len()
+                    && init
+                        .dims
+                        .iter()
+                        .zip(&st.dims)
+                        .all(|(&i, &s)| i > 0 && (s == -1 || s == i));
+                if !fits || element_count(&init.dims).is_none() {
+                    return Err(self.err(
+                        format_args!("{ipath}.dims"),
+                        format!(
+                            "{} does not fit state '{tensor}' {} (fixed sizes > 0 of the same rank)",
+                            shape_string(&init.dims),
+                            shape_string(&st.dims)
+                        ),
+                    ));
+                }
+                let dims = init.dims.clone();
+                match &init.state_data {
+                    Some(StateData::ZeroData(true)) => InitialState::Zero { dims },
+                    Some(StateData::DataFile(f)) => {
+                        let bad = f.is_empty()
+                            || std::path::Path::new(f).components().any(|c| {
+                                !matches!(c, std::path::Component::Normal(_))
+                            });
+                        if bad {
+                            return Err(self.err(
+                                format_args!("{ipath}.data_file"),
+                                format!("'{f}' must be a relative path inside the model's initial_state folder"),
+                            ));
+                        }
+                        InitialState::File {
+                            dims,
+                            file: f.clone(),
+                        }
+                    }
+                    _ => {
+                        return Err(self.err(
+                            &ipath,
+                            format!("state '{tensor}': give zero_data: true or a data_file"),
+                        ))
+                    }
+                }
+            }
+            more => {
+                return Err(self.err(
+                    format_args!("{path}.initial_state"),
+                    format!("state '{tensor}' has {} initial states; at most one", more.len()),
+                ))
+            }
+        };
+        Ok(StateConfig {
+            input_name: st.input_name.as_str().into(),
+            output_name: st.output_name.as_str().into(),
+            data_type,
+            dims: st.dims.clone(),
+            initial,
         })
     }
 

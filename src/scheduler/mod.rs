@@ -427,6 +427,7 @@ impl Scheduler {
     fn split(&self, batch: Batch, result: Result<()>) -> Vec<(ResponseSink, Box<Response>)> {
         let Batch {
             requests,
+            first_rows,
             size,
             outputs,
             row_errors,
@@ -437,6 +438,8 @@ impl Scheduler {
         let outputs_checked: Result<Vec<SplitOutput>> = match &result {
             Ok(()) => outputs
                 .into_iter()
+                // Implicit-state outputs that are not model outputs stay inside.
+                .filter(|o| config.output(&o.name).is_some())
                 .map(|o| {
                     let (name, tc) = self
                         .out_names
@@ -475,11 +478,8 @@ impl Scheduler {
                 .collect(),
             Err(e) => Err(e.clone()),
         };
-        let mut row = 0u32;
-        for mut req in requests {
+        for (mut req, first_row) in requests.into_iter().zip(first_rows) {
             let rows = req.batch_size;
-            let first_row = row;
-            row += rows;
             if let Some(sink) = req.sink.take() {
                 let window = RowWindow {
                     batch_rows: size,
