@@ -19,12 +19,22 @@ pub type ResponseFn = unsafe extern "C" fn(*mut c_void, *mut Response, u32);
 
 pub(crate) const RESPONSE_FLAG_FINAL: u32 = 1;
 
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub enum CorrelationId {
     #[default]
     None,
     U64(u64),
     Str(String),
+}
+
+impl std::fmt::Display for CorrelationId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CorrelationId::None => f.write_str("(none)"),
+            CorrelationId::U64(v) => write!(f, "{v}"),
+            CorrelationId::Str(s) => write!(f, "\"{s}\""),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -9,6 +9,7 @@ use crate::config::{parse_config_named, InstanceKind, ModelConfig, VersionPolicy
 use crate::log::Logger;
 use crate::model::prepare;
 use crate::request::{ModelIdentity, Request};
+use crate::scheduler::sequence::{initial_states, StateValue};
 use crate::scheduler::{CancelOutcome, Scheduler};
 use crate::stats::PromText;
 use crate::status::{Code, Error, Result};
@@ -189,7 +190,7 @@ impl Server {
             return Ok(b);
         }
         Err(Error::unsupported(format!(
-            "model '{}': no backend '{key}' (built in: identity, add_sub; register custom backends before loading)",
+            "model '{}': no backend '{key}' (built in: identity, add_sub, accumulator; register custom backends before loading)",
             config.name
         )))
     }
@@ -229,10 +230,11 @@ impl Server {
         let config = Arc::new(parse_config_named(&text, Some(name))?);
         let backend = self.backend_for(&config)?;
         let versions = select_versions(&config, dir.as_deref().filter(|d| d.is_dir()))?;
+        let initial_states = initial_states(&config, dir.as_deref())?;
         // Instances are created (backend code runs) without any library lock held.
         let mut started: BTreeMap<i64, Arc<Scheduler>> = BTreeMap::new();
         for v in versions {
-            match self.start_version(&config, &backend, v) {
+            match self.start_version(&config, &backend, v, &initial_states) {
                 Ok(s) => {
                     started.insert(v, s);
                 }
@@ -271,6 +273,7 @@ impl Server {
         config: &Arc<ModelConfig>,
         backend: &Arc<dyn Backend>,
         version: i64,
+        initial_states: &[StateValue],
     ) -> Result<Arc<Scheduler>> {
         let mut instances = Vec::new();
         let mut index = 0u32;
@@ -293,6 +296,8 @@ impl Server {
             ModelIdentity::new(&config.name, version),
             config.clone(),
             instances,
+            self.log.clone(),
+            initial_states.to_vec(),
         )
     }
 

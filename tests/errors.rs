@@ -350,11 +350,11 @@ fn config_errors_and_unsupported_features() {
         1,
         &["preferred_batch_size", "128", "64"],
     );
-    let seq = add_sub_config("m", "sequence_batching { }");
+    let seq = add_sub_config("m", "sequence_batching { iterative_sequence: true }");
     expect_msg(
         s.try_load("m", &seq),
         INFER_STATUS_UNSUPPORTED,
-        &["'m'", "sequence_batching"],
+        &["'m'", "sequence_batching.iterative_sequence"],
     );
     let gpu = add_sub_config("m", "instance_group [ { kind: KIND_GPU } ]");
     expect_msg(

@@ -199,13 +199,18 @@ impl Batch {
             let t0 = &requests[0].inputs[first];
             let mut shape: Shape = t0.shape.clone();
             if requests.len() > 1 || rows.is_some() {
-                if tc.allow_ragged_batch && rows.is_none() {
+                if tc.allow_ragged_batch {
                     // Ragged rows are handed over flattened: [total elements].
-                    let n: i64 = requests
+                    let mut n: i64 = requests
                         .iter()
                         .filter_map(|r| r.input(&tc.name))
                         .map(|t| t.shape.iter().product::<i64>())
                         .sum();
+                    // Padding rows repeat the first request's element count.
+                    let pad_rows = size as i64 - requests.len() as i64;
+                    if rows.is_some() && pad_rows > 0 {
+                        n += pad_rows * t0.shape.iter().product::<i64>();
+                    }
                     shape = Shape::from_slice(&[n]);
                 } else if config.max_batch_size > 0 {
                     if let Some(d0) = shape.first_mut() {

@@ -8,6 +8,7 @@
 
 pub mod dynamic;
 pub mod queue;
+pub mod sequence;
 
 use crate::backend::{Batch, ModelInstance};
 use crate::config::ModelConfig;
@@ -74,6 +75,10 @@ pub struct Scheduler {
     /// Request ids each worker is executing now (for cancel).
     running: Vec<Mutex<Vec<u64>>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
+    /// The sequence batcher, for models with `sequence_batching` (then `state` and `cv`
+    /// are unused).
+    seq: Option<sequence::Sequencer>,
+    log: crate::log::Logger,
 }
 
 fn c_name(s: &str) -> Arc<CString> {
@@ -81,12 +86,28 @@ fn c_name(s: &str) -> Arc<CString> {
 }
 
 impl Scheduler {
-    /// Starts one worker thread per instance.
+    /// Starts one worker thread per instance. `initial_states` are the values of the
+    /// configured implicit states (see [`sequence::initial_states`]).
     pub fn start(
         model: ModelIdentity,
         config: Arc<ModelConfig>,
         instances: Vec<Box<dyn ModelInstance>>,
+        log: crate::log::Logger,
+        initial_states: Vec<sequence::StateValue>,
     ) -> Result<Arc<Scheduler>> {
+        let seq = config
+            .sequence_batching
+            .as_ref()
+            .map(|q| sequence::Sequencer::new(&config, q, instances.len(), initial_states));
+        let oldest_ordering = config.sequence_batching.as_ref().is_some_and(|q| {
+            matches!(
+                q.strategy,
+                crate::config::SequenceStrategy::Oldest {
+                    preserve_ordering: true,
+                    ..
+                }
+            )
+        });
         let db = config.dynamic_batching.as_ref();
         let policy = match db {
             Some(db) => BatchPolicy {
@@ -100,7 +121,7 @@ impl Scheduler {
             model,
             stats: ModelStats::new(config.max_batch_size),
             policy,
-            preserve_ordering: db.is_some_and(|d| d.preserve_ordering),
+            preserve_ordering: db.is_some_and(|d| d.preserve_ordering) || oldest_ordering,
             in_names: config.inputs.iter().map(|t| c_name(&t.name)).collect(),
             out_names: config.outputs.iter().map(|t| c_name(&t.name)).collect(),
             state: Mutex::new(State {
@@ -116,13 +137,21 @@ impl Scheduler {
             reorder: Mutex::new(Reorder::default()),
             running: instances.iter().map(|_| Mutex::new(Vec::new())).collect(),
             workers: Mutex::new(Vec::new()),
+            seq,
+            log,
             config,
         });
         for (i, instance) in instances.into_iter().enumerate() {
             let s = sched.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("infer-{}-{i}", s.model.name_str()))
-                .spawn(move || s.worker(i, instance));
+                .spawn(move || {
+                    if s.seq.is_some() {
+                        s.sequence_worker(i, instance)
+                    } else {
+                        s.worker(i, instance)
+                    }
+                });
             let handle = match handle {
                 Ok(h) => h,
                 Err(e) => {
@@ -146,6 +175,12 @@ impl Scheduler {
         req: Box<Request>,
         shape_key: Option<smallvec::SmallVec<[i64; 8]>>,
     ) -> std::result::Result<(), (Box<Request>, Error)> {
+        if let Some(sq) = &self.seq {
+            if let Some(warning) = sq.enqueue(req, shape_key)? {
+                self.log.warn(&warning);
+            }
+            return Ok(());
+        }
         let mut st = self.state.lock();
         if st.closed {
             drop(st);
@@ -182,28 +217,43 @@ impl Scheduler {
     }
 
     pub fn pending(&self) -> usize {
-        self.pending.load(Ordering::Acquire)
+        match &self.seq {
+            Some(sq) => sq.queued(),
+            None => self.pending.load(Ordering::Acquire),
+        }
     }
 
     pub fn set_paused(&self, paused: bool) {
+        if let Some(sq) = &self.seq {
+            return sq.set_paused(paused);
+        }
         self.state.lock().paused = paused;
         self.cv.notify_all();
     }
 
     /// Stops accepting requests; the workers drain the queue and exit.
     pub fn close(&self) {
+        if let Some(sq) = &self.seq {
+            return sq.close();
+        }
         self.state.lock().closed = true;
         self.cv.notify_all();
     }
 
     /// True when nothing is queued or executing.
     pub fn is_idle(&self) -> bool {
+        if let Some(sq) = &self.seq {
+            return sq.is_idle();
+        }
         let st = self.state.lock();
         st.queue.is_empty() && st.ending.is_empty() && st.executing == 0
     }
 
     /// Ends every queued request with CANCELLED (delivered by the workers).
     pub fn cancel_all(&self, why: &str) {
+        if let Some(sq) = &self.seq {
+            return sq.cancel_all(why);
+        }
         let mut st = self.state.lock();
         let drained = st.queue.drain();
         self.pending.store(0, Ordering::Release);
@@ -217,6 +267,14 @@ impl Scheduler {
     }
 
     pub fn cancel(&self, request_id: u64) -> CancelOutcome {
+        if let Some(sq) = &self.seq {
+            let running = || self.running.iter().any(|r| r.lock().contains(&request_id));
+            return match sq.cancel(request_id, running) {
+                Some(true) => CancelOutcome::Cancelled,
+                Some(false) => CancelOutcome::Running,
+                None => CancelOutcome::NotFound,
+            };
+        }
         let mut st = self.state.lock();
         if let Some(q) = st.queue.remove(request_id) {
             self.pending.fetch_sub(1, Ordering::Release);
@@ -275,6 +333,71 @@ impl Scheduler {
             self.deliver(seq, answers);
             let mut st = self.state.lock();
             st.executing -= 1;
+        }
+        drop(instance);
+    }
+
+    fn sequence_worker(self: Arc<Self>, index: usize, mut instance: Box<dyn ModelInstance>) {
+        let Some(sq) = self.seq.as_ref() else {
+            return;
+        };
+        let record = |reqs: &[Box<Request>]| {
+            let mut running = self.running[index].lock();
+            running.clear();
+            running.extend(reqs.iter().map(|r| r.id));
+        };
+        loop {
+            let (work, notes) = sq.next_work(index, &record);
+            for (level, msg) in notes {
+                self.log.log(level, &msg);
+            }
+            let formed = match work {
+                sequence::Work::Exit => break,
+                sequence::Work::End(list) => {
+                    for (req, err) in list {
+                        self.fail(req, err);
+                    }
+                    continue;
+                }
+                sequence::Work::Batch(f) => f,
+            };
+            let sequence::Formed {
+                seq_no,
+                size,
+                requests,
+                rows,
+            } = formed;
+            let start = Instant::now();
+            self.record_queue_times(&requests, start);
+            let nreq = requests.len() as u64;
+            let first_rows = rows.iter().map(|r| r.row).collect();
+            let (answers, states) = match Batch::assemble_rows(
+                self.config.clone(),
+                &self.in_names,
+                requests,
+                first_rows,
+                size,
+            ) {
+                Err((e, requests)) => (self.fail_all(requests, e), None),
+                Ok(mut batch) => {
+                    let result = match sq.add_inputs(&mut batch, &rows) {
+                        Ok(()) => self.run(instance.as_mut(), &mut batch, nreq, start),
+                        Err(e) => Err(e),
+                    };
+                    let (result, states) = match result {
+                        Ok(()) => match sq.take_states(&batch, &rows) {
+                            Ok(s) => (Ok(()), Some(s)),
+                            Err(e) => (Err(e), None),
+                        },
+                        Err(e) => (Err(e), None),
+                    };
+                    (self.split(batch, result), states)
+                }
+            };
+            self.running[index].lock().clear();
+            sq.complete(rows, states);
+            self.deliver(seq_no, answers);
+            sq.done();
         }
         drop(instance);
     }
@@ -371,6 +494,34 @@ impl Scheduler {
         }
     }
 
+    fn record_queue_times(&self, requests: &[Box<Request>], start: Instant) {
+        for r in requests {
+            self.stats
+                .queue_us
+                .record(start.saturating_duration_since(r.enqueued_at).as_micros() as u64);
+        }
+    }
+
+    /// Every request ends with `e` (nothing ran).
+    fn fail_all(
+        &self,
+        requests: Vec<Box<Request>>,
+        e: Error,
+    ) -> Vec<(ResponseSink, Box<Response>)> {
+        let e = e.context(format!("model '{}'", self.model.name_str()));
+        requests
+            .into_iter()
+            .filter_map(|mut r| {
+                let sink = r.sink.take()?;
+                self.stats.failure_count.fetch_add(1, Ordering::Relaxed);
+                Some((
+                    sink,
+                    Response::error(r.id, &self.model, &r.correlation_id, e.clone()),
+                ))
+            })
+            .collect()
+    }
+
     /// Runs one batch and turns the result into one FINAL response per request.
     fn execute(
         &self,
@@ -378,36 +529,29 @@ impl Scheduler {
         requests: Vec<Box<Request>>,
     ) -> Vec<(ResponseSink, Box<Response>)> {
         let start = Instant::now();
-        for r in &requests {
-            self.stats
-                .queue_us
-                .record(start.saturating_duration_since(r.enqueued_at).as_micros() as u64);
-        }
+        self.record_queue_times(&requests, start);
         let nreq = requests.len() as u64;
         let mut batch = match Batch::assemble(self.config.clone(), &self.in_names, requests) {
             Ok(b) => b,
-            Err((e, requests)) => {
-                // Nothing ran; every request of the batch ends with the error.
-                let e = e.context(format!("model '{}'", self.model.name_str()));
-                return requests
-                    .into_iter()
-                    .filter_map(|mut r| {
-                        let sink = r.sink.take()?;
-                        self.stats.failure_count.fetch_add(1, Ordering::Relaxed);
-                        Some((
-                            sink,
-                            Response::error(r.id, &self.model, &r.correlation_id, e.clone()),
-                        ))
-                    })
-                    .collect();
-            }
+            Err((e, requests)) => return self.fail_all(requests, e),
         };
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            instance.execute(&mut batch)
-        }));
+        let result = self.run(instance, &mut batch, nreq, start);
+        self.split(batch, result)
+    }
+
+    /// Executes an assembled batch (a panicking backend fails the batch) and records it.
+    fn run(
+        &self,
+        instance: &mut dyn ModelInstance,
+        batch: &mut Batch,
+        nreq: u64,
+        start: Instant,
+    ) -> Result<()> {
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| instance.execute(batch)));
         let compute = start.elapsed().as_micros() as u64;
         self.stats.record_execution(batch.size, nreq, compute);
-        let result = match result {
+        match result {
             Ok(r) => r,
             Err(panic) => {
                 let what = panic
@@ -420,8 +564,7 @@ impl Scheduler {
                     self.model.name_str()
                 )))
             }
-        };
-        self.split(batch, result)
+        }
     }
 
     fn split(&self, batch: Batch, result: Result<()>) -> Vec<(ResponseSink, Box<Response>)> {
