@@ -97,7 +97,11 @@ impl Batch {
         size: u32,
     ) -> std::result::Result<Batch, (Error, Vec<Box<Request>>)> {
         let padded = requests.iter().map(|r| r.batch_size).sum::<u32>() != size;
-        let rows = if padded { Some(first_rows.as_slice()) } else { None };
+        let rows = if padded {
+            Some(first_rows.as_slice())
+        } else {
+            None
+        };
         match Self::batch_inputs(&config, c_names, &requests, rows, size) {
             Ok(inputs) => Ok(Batch {
                 requests,

@@ -195,9 +195,14 @@ pub struct StateConfig {
 pub enum InitialState {
     /// Zeros, with every variable dimension taken as 1.
     Default,
-    Zero { dims: Vec<i64> },
+    Zero {
+        dims: Vec<i64>,
+    },
     /// Row-major data from `<model_dir>/initial_state/<file>`.
-    File { dims: Vec<i64>, file: String },
+    File {
+        dims: Vec<i64>,
+        file: String,
+    },
 }
 
 impl InitialState {

@@ -471,7 +471,10 @@ impl Checker<'_> {
             if taken(&ci.name) || controls.iter().any(|c| *c.name == *ci.name) {
                 return Err(self.err(
                     format_args!("{path}.name"),
-                    format!("'{}' is already the name of an input, output or control", ci.name),
+                    format!(
+                        "'{}' is already the name of an input, output or control",
+                        ci.name
+                    ),
                 ));
             }
             let [c] = ci.control.as_slice() else {
@@ -610,15 +613,24 @@ impl Checker<'_> {
         if count != 2 {
             return Err(self.err(
                 path,
-                format!("{} ('{name}') needs 2 values [false, true], has {count}", kind.as_str()),
+                format!(
+                    "{} ('{name}') needs 2 values [false, true], has {count}",
+                    kind.as_str()
+                ),
             ));
         }
         let (data_type, false_true) = if given[0] {
             let v = &c.int32_false_true;
-            (DataType::Int32, [v[0].to_le_bytes().to_vec(), v[1].to_le_bytes().to_vec()])
+            (
+                DataType::Int32,
+                [v[0].to_le_bytes().to_vec(), v[1].to_le_bytes().to_vec()],
+            )
         } else if given[1] {
             let v = &c.fp32_false_true;
-            (DataType::Fp32, [v[0].to_le_bytes().to_vec(), v[1].to_le_bytes().to_vec()])
+            (
+                DataType::Fp32,
+                [v[0].to_le_bytes().to_vec(), v[1].to_le_bytes().to_vec()],
+            )
         } else {
             let v = &c.bool_false_true;
             (DataType::Bool, [vec![u8::from(v[0])], vec![u8::from(v[1])]])
@@ -639,7 +651,10 @@ impl Checker<'_> {
         outputs: &[TensorConfig],
     ) -> Result<StateConfig> {
         use pb::model_sequence_batching::initial_state::StateData;
-        for (field, v) in [("input_name", &st.input_name), ("output_name", &st.output_name)] {
+        for (field, v) in [
+            ("input_name", &st.input_name),
+            ("output_name", &st.output_name),
+        ] {
             if v.is_empty() {
                 return Err(self.err(format_args!("{path}.{field}"), "empty"));
             }
@@ -659,7 +674,10 @@ impl Checker<'_> {
             )));
         }
         if st.dims.is_empty() {
-            return Err(self.err(format_args!("{path}.dims"), format!("empty for state '{tensor}'")));
+            return Err(self.err(
+                format_args!("{path}.dims"),
+                format!("empty for state '{tensor}'"),
+            ));
         }
         self.dims(&format!("{path}.dims"), &st.dims, tensor)?;
         if let Some(out) = outputs.iter().find(|t| *t.name == *st.output_name) {
@@ -685,7 +703,11 @@ impl Checker<'_> {
                 if idt != data_type {
                     return Err(self.err(
                         format_args!("{ipath}.data_type"),
-                        format!("{} differs from the state's {}", idt.as_str(), data_type.as_str()),
+                        format!(
+                            "{} differs from the state's {}",
+                            idt.as_str(),
+                            data_type.as_str()
+                        ),
                     ));
                 }
                 let fits = init.dims.len() == st.dims.len()
@@ -709,9 +731,9 @@ impl Checker<'_> {
                     Some(StateData::ZeroData(true)) => InitialState::Zero { dims },
                     Some(StateData::DataFile(f)) => {
                         let bad = f.is_empty()
-                            || std::path::Path::new(f).components().any(|c| {
-                                !matches!(c, std::path::Component::Normal(_))
-                            });
+                            || std::path::Path::new(f)
+                                .components()
+                                .any(|c| !matches!(c, std::path::Component::Normal(_)));
                         if bad {
                             return Err(self.err(
                                 format_args!("{ipath}.data_file"),
@@ -734,7 +756,10 @@ impl Checker<'_> {
             more => {
                 return Err(self.err(
                     format_args!("{path}.initial_state"),
-                    format!("state '{tensor}' has {} initial states; at most one", more.len()),
+                    format!(
+                        "state '{tensor}' has {} initial states; at most one",
+                        more.len()
+                    ),
                 ))
             }
         };

@@ -59,7 +59,9 @@ pub fn initial_states(config: &ModelConfig, model_dir: Option<&Path>) -> Result<
             })?;
         let data = match &st.initial {
             InitialState::Default | InitialState::Zero { .. } => vec![0u8; bytes],
-            InitialState::File { file, .. } => read_initial_state(m, &st.input_name, model_dir, file, bytes)?,
+            InitialState::File { file, .. } => {
+                read_initial_state(m, &st.input_name, model_dir, file, bytes)?
+            }
         };
         out.push(StateValue {
             shape: Shape::from_slice(&dims),
@@ -78,14 +80,22 @@ fn read_initial_state(
 ) -> Result<Vec<u8>> {
     let what = format!("model '{model}': initial state of '{state}' from data_file '{file}'");
     let dir = model_dir.ok_or_else(|| {
-        Error::invalid(format!("{what}: the model has no directory to read it from"))
+        Error::invalid(format!(
+            "{what}: the model has no directory to read it from"
+        ))
     })?;
     let folder = dir.join("initial_state");
     let folder = folder.canonicalize().map_err(|e| {
-        Error::invalid(format!("{what}: cannot open folder {}: {e}", folder.display()))
+        Error::invalid(format!(
+            "{what}: cannot open folder {}: {e}",
+            folder.display()
+        ))
     })?;
     let path = folder.join(file).canonicalize().map_err(|e| {
-        Error::invalid(format!("{what}: cannot open {}: {e}", folder.join(file).display()))
+        Error::invalid(format!(
+            "{what}: cannot open {}: {e}",
+            folder.join(file).display()
+        ))
     })?;
     // A symbolic link may still point outside.
     if !path.starts_with(&folder) {
@@ -573,7 +583,9 @@ impl Sequencer {
         for (i, slots) in st.slots.iter().enumerate() {
             for (s, corr) in slots.iter().enumerate() {
                 let Some(corr) = corr else { continue };
-                let Some(seq) = st.seqs.get(corr) else { continue };
+                let Some(seq) = st.seqs.get(corr) else {
+                    continue;
+                };
                 if !seq.queue.is_empty() || seq.in_flight {
                     continue;
                 }
@@ -671,8 +683,10 @@ impl Sequencer {
                 .collect()
         } else {
             ready.sort_by_key(|r| r.1);
-            let keys: SmallVec<[SmallVec<[i64; 8]>; 16]> =
-                ready.iter().map(|r| self.signature(st, index, r.0)).collect();
+            let keys: SmallVec<[SmallVec<[i64; 8]>; 16]> = ready
+                .iter()
+                .map(|r| self.signature(st, index, r.0))
+                .collect();
             let candidates = keys.iter().zip(ready.iter()).map(|(k, r)| Candidate {
                 batch_size: 1,
                 shape_key: Some(k.as_slice()),
@@ -767,7 +781,11 @@ impl Sequencer {
     }
 
     /// Builds the control and state inputs of a formed batch.
-    pub(super) fn add_inputs(&self, batch: &mut crate::backend::Batch, rows: &[RowInfo]) -> Result<()> {
+    pub(super) fn add_inputs(
+        &self,
+        batch: &mut crate::backend::Batch,
+        rows: &[RowInfo],
+    ) -> Result<()> {
         let size = batch.size as usize;
         let batched = self.max_batch_size > 0;
         let row_shape = |per_row: &[i64]| -> Shape {
@@ -843,7 +861,11 @@ impl Sequencer {
                         st.output_name
                     ))
                 })?;
-            let per_row_shape: &[i64] = if batched { &o.shape[1.min(o.shape.len())..] } else { &o.shape };
+            let per_row_shape: &[i64] = if batched {
+                &o.shape[1.min(o.shape.len())..]
+            } else {
+                &o.shape
+            };
             let fits = per_row_shape.len() == st.dims.len()
                 && per_row_shape
                     .iter()
@@ -861,7 +883,8 @@ impl Sequencer {
             let per_row = o.data.len() / rows_in.max(1);
             for (r, slot) in rows.iter().zip(out.iter_mut()) {
                 let at = r.row as usize * per_row;
-                let (Some(list), Some(bytes)) = (slot.as_mut(), o.data.get(at..at + per_row)) else {
+                let (Some(list), Some(bytes)) = (slot.as_mut(), o.data.get(at..at + per_row))
+                else {
                     continue;
                 };
                 list.push(StateValue {
@@ -871,10 +894,7 @@ impl Sequencer {
             }
         }
         for (r, slot) in rows.iter().zip(out.iter_mut()) {
-            let failed = batch
-                .row_errors
-                .iter()
-                .any(|(row, _)| *row == r.row);
+            let failed = batch.row_errors.iter().any(|(row, _)| *row == r.row);
             if failed {
                 *slot = None;
             }
@@ -884,7 +904,11 @@ impl Sequencer {
 
     /// Finishes a batch: the sequences of its rows may run again, with their new state
     /// (or, when the batch failed, the state they had).
-    pub(super) fn complete(&self, rows: Vec<RowInfo>, states: Option<Vec<Option<Vec<StateValue>>>>) {
+    pub(super) fn complete(
+        &self,
+        rows: Vec<RowInfo>,
+        states: Option<Vec<Option<Vec<StateValue>>>>,
+    ) {
         let now = Instant::now();
         let mut st = self.st.lock();
         let mut states = states.map(|s| s.into_iter());
@@ -921,7 +945,11 @@ impl Sequencer {
 /// The lowest free slot number over all instances, ties to the lowest instance.
 fn free_slot(slots: &[Vec<Option<CorrelationId>>]) -> Option<(usize, usize)> {
     let per = slots.first().map_or(0, |s| s.len());
-    (0..per).find_map(|s| (0..slots.len()).find(|&i| slots[i][s].is_none()).map(|i| (i, s)))
+    (0..per).find_map(|s| {
+        (0..slots.len())
+            .find(|&i| slots[i][s].is_none())
+            .map(|i| (i, s))
+    })
 }
 
 fn type_name(d: DataType) -> &'static str {
@@ -988,5 +1016,73 @@ fn control_tensor(c: &ControlInput, rows: &[RowInfo], size: usize) -> Vec<u8> {
             }
             data
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(row: u32, corr: CorrelationId, flags: u32) -> RowInfo {
+        RowInfo {
+            row,
+            corr,
+            flags,
+            kept: true,
+            state_in: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn free_slots_fill_lower_slots_of_every_instance_first() {
+        let mut slots = vec![vec![None; 2]; 3];
+        let mut order = Vec::new();
+        while let Some((i, s)) = free_slot(&slots) {
+            slots[i][s] = Some(CorrelationId::U64(1));
+            order.push((i, s));
+        }
+        assert_eq!(order, vec![(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]);
+        slots[1][0] = None;
+        assert_eq!(free_slot(&slots), Some((1, 0)));
+    }
+
+    #[test]
+    fn control_tensors_mark_padding_rows_false() {
+        let start = ControlInput {
+            name: "S".into(),
+            kind: ControlKind::Start,
+            data_type: DataType::Fp32,
+            false_true: Some([0f32.to_le_bytes().to_vec(), 1f32.to_le_bytes().to_vec()]),
+        };
+        let ready = ControlInput {
+            kind: ControlKind::Ready,
+            ..start.clone()
+        };
+        let rows = [
+            row(1, CorrelationId::U64(7), FLAG_START),
+            row(3, CorrelationId::U64(8), FLAG_END),
+        ];
+        let f32s = |b: Vec<u8>| -> Vec<f32> { bytemuck::pod_collect_to_vec(&b) };
+        assert_eq!(f32s(control_tensor(&start, &rows, 4)), [0.0, 1.0, 0.0, 0.0]);
+        assert_eq!(f32s(control_tensor(&ready, &rows, 4)), [0.0, 1.0, 0.0, 1.0]);
+
+        let corr = ControlInput {
+            name: "C".into(),
+            kind: ControlKind::CorrId,
+            data_type: DataType::Uint32,
+            false_true: None,
+        };
+        let u32s: Vec<u32> = bytemuck::pod_collect_to_vec(&control_tensor(&corr, &rows, 4));
+        assert_eq!(u32s, [0, 7, 0, 8]);
+
+        let corr = ControlInput {
+            data_type: DataType::Bytes,
+            ..corr
+        };
+        let rows = [row(0, CorrelationId::Str("ab".into()), 0)];
+        assert_eq!(
+            control_tensor(&corr, &rows, 2),
+            [2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0]
+        );
     }
 }
