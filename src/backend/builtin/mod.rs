@@ -1,8 +1,10 @@
 //! Small models the library ships for examples, tests and benchmarks, selected with
-//! `backend: "identity"` or `backend: "add_sub"`. Both read the parameter
-//! `execute_delay_us` (simulated compute per execution) so batching effects can be
-//! measured without a real model.
+//! `backend: "identity"`, `backend: "add_sub"` or `backend: "accumulator"` (a stateful
+//! running sum for sequence batching). All read the parameter `execute_delay_us`
+//! (simulated compute per execution) so batching effects can be measured without a real
+//! model.
 
+mod accumulator;
 mod add_sub;
 mod identity;
 
@@ -16,6 +18,7 @@ pub fn lookup(name: &str) -> Option<Arc<dyn Backend>> {
     match name {
         "identity" => Some(Arc::new(identity::Identity)),
         "add_sub" => Some(Arc::new(add_sub::AddSub)),
+        "accumulator" => Some(Arc::new(accumulator::Accumulator)),
         _ => None,
     }
 }
