@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds libinfer (release) and the C examples, then runs the quickstart and the dynamic
-# batching demo. Installs gcc, cmake and ninja with apt-get only when they are missing.
+# Builds libinfer (release) and the C examples, then runs the quickstart, the dynamic
+# batching demo and the sequence demo. Installs gcc, cmake and ninja with apt-get only
+# when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -18,3 +19,6 @@ cpp_examples/build/quickstart
 
 echo "== dynamic_batching_demo"
 cpp_examples/build/dynamic_batching_demo
+
+echo "== sequence_demo"
+cpp_examples/build/sequence_demo
