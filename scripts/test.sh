@@ -32,7 +32,7 @@ step() {
 build_c_tests() {
     mkdir -p "$C_TESTS"
     gcc -std=c11 -Wall -Wextra -Werror -O1 -g -pthread -Iinclude \
-        tests/c/test_api.c tests/c/test_scheduling.c \
+        tests/c/test_api.c tests/c/test_scheduling.c tests/c/test_sequence.c \
         -L"$LIB_DIR" -linfer -Wl,-rpath,'$ORIGIN' -o "$C_TESTS/c_api_tests"
     # The programs ask for the soname, libinfer.so.0; cargo writes libinfer.so.
     ln -sf "$LIB_DIR/libinfer.so" "$C_TESTS/libinfer.so.0"

@@ -457,6 +457,9 @@ impl Sequencer {
         for corr in st.backlog.drain(..) {
             st.seqs.remove(&corr);
         }
+        // The sequences left in slots are idle now.
+        let due = Instant::now() + self.idle;
+        st.next_idle_check = Some(st.next_idle_check.map_or(due, |t| t.min(due)));
         st.queued = 0;
         st.backlog_deadline = None;
         self.wake_all();
@@ -470,6 +473,11 @@ impl Sequencer {
         for seq in st.seqs.values_mut() {
             if let Some(i) = seq.queue.iter().position(|p| p.req.id == request_id) {
                 if let Some(p) = seq.queue.remove(i) {
+                    if seq.queue.is_empty() && !seq.in_flight {
+                        // Idle from now on: the reaper must look at it.
+                        let due = seq.last_activity + self.idle;
+                        st.next_idle_check = Some(st.next_idle_check.map_or(due, |t| t.min(due)));
+                    }
                     let msg = format!(
                         "request {request_id} of sequence {} for model '{}' was cancelled",
                         p.req.correlation_id, self.model
@@ -619,6 +627,12 @@ impl Sequencer {
         while let Some(corr) = st.backlog.pop_front() {
             if let Some(seq) = st.seqs.get_mut(&corr) {
                 seq.place = Some((i, s));
+                if seq.queue.is_empty() {
+                    // Its requests were cancelled while it waited: idle from now on.
+                    let due = Instant::now() + self.idle;
+                    st.next_idle_check = Some(st.next_idle_check.map_or(due, |t| t.min(due)));
+                    self.wake_all();
+                }
                 st.slots[i][s] = Some(corr);
                 self.cvs[i].notify_one();
                 return;

@@ -89,4 +89,10 @@ void test_cancel_queued(void);
 void test_shutdown_with_queued_requests(void);
 void test_borrowed_inputs(void);
 
+/* Test groups in test_sequence.c. */
+void test_sequence_single(void);
+void test_sequence_string_ids(void);
+void test_sequence_errors(void);
+void test_sequence_controls(void);
+
 #endif /* INFER_TEST_HARNESS_H */

@@ -507,6 +507,10 @@ int main(void) {
     RUN(test_cancel_queued);
     RUN(test_shutdown_with_queued_requests);
     RUN(test_borrowed_inputs);
+    RUN(test_sequence_single);
+    RUN(test_sequence_string_ids);
+    RUN(test_sequence_errors);
+    RUN(test_sequence_controls);
     int passed = atomic_load(&harness_passed), failed = atomic_load(&harness_failed);
     fflush(stderr);
     printf("%d passed, %d failed\n", passed, failed);

@@ -378,3 +378,108 @@ impl Server {
             .unwrap();
     }
 }
+
+// ---- sequence batching helpers ----
+
+impl Req {
+    pub fn correlation_id(self, id: u64) -> Self {
+        ok(unsafe { infer_request_set_correlation_id(self.0, id) });
+        self
+    }
+    pub fn correlation_id_str(self, id: &str) -> Self {
+        ok(self.try_correlation_id_str(id));
+        self
+    }
+    pub fn try_correlation_id_str(&self, id: &str) -> infer_status {
+        unsafe { infer_request_set_correlation_id_str(self.0, cs(id).as_ptr()) }
+    }
+    pub fn flags(self, flags: u32) -> Self {
+        ok(unsafe { infer_request_set_flags(self.0, flags) });
+        self
+    }
+    pub fn input_i64(self, name: &str, shape: &[i64], data: &[i64]) -> Self {
+        ok(self.try_input(
+            name,
+            INFER_DATATYPE_INT64,
+            shape,
+            bytemuck::cast_slice(data),
+        ));
+        self
+    }
+    pub fn input_f64(self, name: &str, shape: &[i64], data: &[f64]) -> Self {
+        ok(self.try_input(name, INFER_DATATYPE_FP64, shape, bytemuck::cast_slice(data)));
+        self
+    }
+}
+
+impl Resp {
+    pub fn output_i32(&self, name: &str) -> Vec<i32> {
+        let (_, b) = self
+            .output(name)
+            .unwrap_or_else(|| panic!("no output {name}: {}", self.error()));
+        bytemuck::pod_collect_to_vec(&b)
+    }
+    pub fn output_i64(&self, name: &str) -> Vec<i64> {
+        let (_, b) = self
+            .output(name)
+            .unwrap_or_else(|| panic!("no output {name}: {}", self.error()));
+        bytemuck::pod_collect_to_vec(&b)
+    }
+    pub fn output_f64(&self, name: &str) -> Vec<f64> {
+        let (_, b) = self
+            .output(name)
+            .unwrap_or_else(|| panic!("no output {name}: {}", self.error()));
+        bytemuck::pod_collect_to_vec(&b)
+    }
+    /// The request's numeric correlation ID as the response reports it.
+    pub fn correlation_id(&self) -> u64 {
+        unsafe { infer_response_correlation_id(self.0) }
+    }
+}
+
+impl Server {
+    /// Loads a model from config text with a model directory (for files the config names).
+    pub fn try_load_dir(&self, name: &str, config: &str, dir: &std::path::Path) -> infer_status {
+        let d = cs(dir.to_str().unwrap());
+        unsafe {
+            infer_server_load_model(self.0, cs(name).as_ptr(), cs(config).as_ptr(), d.as_ptr())
+        }
+    }
+    pub fn unload(&self, name: &str) {
+        ok(unsafe { infer_server_unload_model(self.0, cs(name).as_ptr()) });
+    }
+    pub fn shutdown(&self, timeout_ms: u64) {
+        ok(unsafe { infer_server_shutdown(self.0, timeout_ms) });
+    }
+}
+
+impl Collector {
+    /// Like [`Collector::wait`] with a custom limit; returns whether `n` FINALs arrived.
+    pub fn wait_for(&self, n: usize, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        let mut g = self.0.state.lock().unwrap();
+        while g.finals < n {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            g = self.0.cv.wait_timeout(g, deadline - now).unwrap().0;
+        }
+        true
+    }
+    /// The responses received so far (each with its flags), leaving them collected.
+    pub fn ids_in_order(&self) -> Vec<u64> {
+        let g = self.0.state.lock().unwrap();
+        g.responses.iter().map(|(r, _)| r.id()).collect()
+    }
+}
+
+/// A unique empty folder under the system temp folder (removed by the caller or left).
+pub fn temp_dir(tag: &str) -> std::path::PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = std::env::temp_dir().join(format!("libinfer-test-{tag}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
