@@ -9,6 +9,7 @@
 // rejected request is handed back by value inside the error.
 #![allow(clippy::vec_box, clippy::result_large_err)]
 
+pub(crate) mod affinity;
 pub mod backend;
 pub mod config;
 pub mod ffi;

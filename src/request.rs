@@ -261,16 +261,24 @@ impl Response {
 
 /// The caller's callback plus the promise to call it with FINAL exactly once.
 pub struct ResponseSink {
-    func: ResponseFn,
-    user_data: *mut c_void,
+    target: Target,
     /// Filled in when the request is accepted, so the destructor's safety-net FINAL can
     /// say which request and model it is about.
     fallback: Option<(u64, ModelIdentity)>,
 }
 
+/// Where responses go: the caller's C callback, or library code (an ensemble step).
+enum Target {
+    C {
+        func: ResponseFn,
+        user_data: *mut c_void,
+    },
+    Rust(Box<dyn FnMut(Box<Response>, u32) + Send>),
+}
+
 // SAFETY: the C API states that callbacks run on library-owned threads and that
 // `user_data` is handed back untouched; the caller is responsible for its thread safety.
-unsafe impl Send for ResponseSink {}
+unsafe impl Send for Target {}
 
 thread_local! {
     static IN_CALLBACK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
@@ -285,8 +293,15 @@ pub fn in_callback() -> bool {
 impl ResponseSink {
     pub fn new(func: ResponseFn, user_data: *mut c_void) -> ResponseSink {
         ResponseSink {
-            func,
-            user_data,
+            target: Target::C { func, user_data },
+            fallback: None,
+        }
+    }
+
+    /// Responses go to `f` (library code; it runs on the thread that answers).
+    pub fn rust(f: impl FnMut(Box<Response>, u32) + Send + 'static) -> ResponseSink {
+        ResponseSink {
+            target: Target::Rust(Box::new(f)),
             fallback: None,
         }
     }
@@ -302,12 +317,18 @@ impl ResponseSink {
         self.fallback = None;
     }
 
-    fn call(&self, resp: Box<Response>, flags: u32) {
-        let ptr = Box::into_raw(resp);
-        IN_CALLBACK.with(|c| c.set(c.get() + 1));
-        // A C callback must not unwind; if a foreign exception tries, stop it here.
-        let _ = std::panic::catch_unwind(|| unsafe { (self.func)(self.user_data, ptr, flags) });
-        IN_CALLBACK.with(|c| c.set(c.get() - 1));
+    fn call(&mut self, resp: Box<Response>, flags: u32) {
+        match &mut self.target {
+            Target::C { func, user_data } => {
+                let (func, user_data) = (*func, *user_data);
+                let ptr = Box::into_raw(resp);
+                IN_CALLBACK.with(|c| c.set(c.get() + 1));
+                // A C callback must not unwind; if a foreign exception tries, stop it here.
+                let _ = std::panic::catch_unwind(|| unsafe { func(user_data, ptr, flags) });
+                IN_CALLBACK.with(|c| c.set(c.get() - 1));
+            }
+            Target::Rust(f) => f(resp, flags),
+        }
     }
 
     /// A non-final response (streaming models).

@@ -73,6 +73,8 @@ impl ModelEntry {
 }
 
 pub struct Server {
+    /// This server (ensembles send their steps through it).
+    me: std::sync::Weak<Server>,
     opts: ServerOptions,
     log: Logger,
     backends: RwLock<HashMap<String, Arc<dyn Backend>>>,
@@ -116,7 +118,8 @@ impl Server {
             backends.insert(name.clone(), b.clone());
         }
         LIVE_SERVERS.fetch_add(1, Ordering::AcqRel);
-        let server = Arc::new(Server {
+        let server = Arc::new_cyclic(|me| Server {
+            me: me.clone(),
             log,
             backends: RwLock::new(backends),
             models: RwLock::new(HashMap::new()),
@@ -140,10 +143,24 @@ impl Server {
                 }
             }
             names.sort();
-            for n in names {
-                if let Err(e) = server.load_model(&n, None, None) {
-                    server.shutdown(Duration::from_secs(1));
-                    return Err(e);
+            // Ensembles need their composing models first: load in rounds until a round
+            // makes no progress.
+            loop {
+                let mut failed = Vec::new();
+                let mut first_error = None;
+                for n in &names {
+                    if let Err(e) = server.load_model(n, None, None) {
+                        first_error.get_or_insert(e);
+                        failed.push(n.clone());
+                    }
+                }
+                match first_error {
+                    None => break,
+                    Some(e) if failed.len() == names.len() => {
+                        server.shutdown(Duration::from_secs(1));
+                        return Err(e);
+                    }
+                    Some(_) => names = failed,
                 }
             }
         }
@@ -172,12 +189,6 @@ impl Server {
     }
 
     fn backend_for(&self, config: &ModelConfig) -> Result<Arc<dyn Backend>> {
-        if config.has_ensemble_scheduling || config.platform == "ensemble" {
-            return Err(Error::unsupported(format!(
-                "model '{}': ensemble models are not supported yet",
-                config.name
-            )));
-        }
         let key = if config.backend.is_empty() {
             &config.platform
         } else {
@@ -228,6 +239,9 @@ impl Server {
             }
         };
         let config = Arc::new(parse_config_named(&text, Some(name))?);
+        if config.ensemble.is_some() {
+            return self.load_ensemble(name, config, dir.as_deref());
+        }
         let backend = self.backend_for(&config)?;
         let versions = select_versions(&config, dir.as_deref().filter(|d| d.is_dir()))?;
         let initial_states = initial_states(&config, dir.as_deref())?;
@@ -244,6 +258,44 @@ impl Server {
                 }
             }
         }
+        self.register(name, config, started)
+    }
+
+    /// The config of a loaded model version (-1: the latest).
+    fn loaded_config(&self, name: &str, version: i64) -> Option<Arc<ModelConfig>> {
+        let models = self.models.read();
+        let e = models.get(name)?;
+        let ok = version == -1 || e.versions.contains_key(&version);
+        ok.then(|| e.config.clone())
+    }
+
+    fn load_ensemble(&self, name: &str, config: Arc<ModelConfig>, dir: Option<&Path>) -> Result<()> {
+        crate::scheduler::ensemble::check_composition(&config, &|n, v| {
+            self.loaded_config(n, v)
+        })?;
+        let versions = select_versions(&config, dir.filter(|d| d.is_dir()))?;
+        let started: BTreeMap<i64, Arc<Scheduler>> = versions
+            .into_iter()
+            .map(|v| {
+                let s = Scheduler::start_ensemble(
+                    ModelIdentity::new(&config.name, v),
+                    config.clone(),
+                    self.me.clone(),
+                    self.log.clone(),
+                );
+                (v, s)
+            })
+            .collect();
+        self.register(name, config, started)
+    }
+
+    /// Puts started versions into the registry, retiring what they replace.
+    fn register(
+        &self,
+        name: &str,
+        config: Arc<ModelConfig>,
+        started: BTreeMap<i64, Arc<Scheduler>>,
+    ) -> Result<()> {
         let old = {
             let _guard = self.lifecycle.lock();
             if !self.accepting.load(Ordering::Acquire) {
@@ -276,6 +328,8 @@ impl Server {
         initial_states: &[StateValue],
     ) -> Result<Arc<Scheduler>> {
         let mut instances = Vec::new();
+        // The CPU cores each instance's worker thread is pinned to (empty: not pinned).
+        let mut cpus: Vec<Vec<u32>> = Vec::new();
         let mut index = 0u32;
         for g in &config.instance_groups {
             if g.kind == InstanceKind::Gpu {
@@ -286,6 +340,7 @@ impl Server {
             }
             for _ in 0..g.count.max(1) {
                 instances.push(backend.clone().create_instance(config, index, -1)?);
+                cpus.push(g.cpus.clone());
                 index += 1;
             }
         }
@@ -298,6 +353,7 @@ impl Server {
             instances,
             self.log.clone(),
             initial_states.to_vec(),
+            cpus,
         )
     }
 

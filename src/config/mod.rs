@@ -27,8 +27,8 @@ pub struct ModelConfig {
     pub instance_groups: Vec<InstanceGroup>,
     pub dynamic_batching: Option<DynamicBatching>,
     pub sequence_batching: Option<SequenceBatching>,
-    /// Present when the config has an `ensemble_scheduling` section (not served yet).
-    pub has_ensemble_scheduling: bool,
+    /// `ensemble_scheduling` (with `platform: "ensemble"`).
+    pub ensemble: Option<Ensemble>,
     pub parameters: BTreeMap<String, String>,
     pub version_policy: VersionPolicy,
     pub default_model_filename: String,
@@ -62,6 +62,8 @@ pub struct InstanceGroup {
     pub count: u32,
     pub kind: InstanceKind,
     pub gpus: Vec<i32>,
+    /// CPU cores the group's worker threads are pinned to; empty = not pinned.
+    pub cpus: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,6 +120,25 @@ impl DynamicBatching {
             .copied()
             .unwrap_or(self.default_queue_policy)
     }
+}
+
+/// A pipeline of composing models.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ensemble {
+    pub steps: Vec<EnsembleStep>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct EnsembleStep {
+    pub model_name: String,
+    /// -1: the latest version.
+    pub model_version: i64,
+    /// (composing model input, ensemble tensor), sorted by input.
+    pub input_map: Vec<(Arc<str>, Arc<str>)>,
+    /// (composing model output, ensemble tensor), sorted by output.
+    pub output_map: Vec<(Arc<str>, Arc<str>)>,
+    /// 0 = no limit.
+    pub max_inflight_requests: u32,
 }
 
 /// `sequence_batching`: stateful models whose requests form sequences.

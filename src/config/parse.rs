@@ -363,7 +363,7 @@ default_model_filename: "model.py"
         assert_eq!(c.parameters.len(), 2);
         assert_eq!(c.parameter_u64("threads").unwrap(), Some(4));
         assert_eq!(c.default_model_filename, "model.py");
-        assert!(c.sequence_batching.is_none() && !c.has_ensemble_scheduling);
+        assert!(c.sequence_batching.is_none() && c.ensemble.is_none());
     }
 
     #[test]
@@ -547,7 +547,7 @@ ensemble_scheduling {
 }
 "#;
         let c = parse_config(ensemble).unwrap();
-        assert!(c.has_ensemble_scheduling && c.sequence_batching.is_none());
+        assert!(c.ensemble.is_some() && c.sequence_batching.is_none());
         assert!(c.dynamic_batching.is_none());
 
         let sequence = r#"
@@ -572,7 +572,7 @@ sequence_batching {
 }
 "#;
         let c = parse_config(sequence).unwrap();
-        assert!(c.sequence_batching.is_some() && !c.has_ensemble_scheduling);
+        assert!(c.sequence_batching.is_some() && c.ensemble.is_none());
         let direct = sequence.replace(
             "oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 100 }",
             "direct { max_queue_delay_microseconds: 100 minimum_slot_utilization: 0.5 }",

@@ -5,7 +5,7 @@
 
 use super::parse::pb;
 use super::{
-    ControlInput, ControlKind, DynamicBatching, InitialState, InstanceGroup, InstanceKind,
+    ControlInput, ControlKind, DynamicBatching, Ensemble, EnsembleStep, InitialState, InstanceGroup, InstanceKind,
     ModelConfig, QueuePolicy, SequenceBatching, SequenceStrategy, StateConfig, TensorConfig,
     TimeoutAction, VersionPolicy,
 };
@@ -13,6 +13,7 @@ use crate::status::{Error, Result};
 use crate::tensor::{element_count, shape_string, DataType};
 use std::collections::BTreeMap;
 use std::fmt::Display;
+use std::sync::Arc;
 
 /// The name the model is known by: the config's own, or `given` when the config has none.
 pub(super) fn resolve_name(config_name: &str, given: Option<&str>) -> Result<String> {
@@ -58,6 +59,27 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
         }
         _ => None,
     };
+    let ensemble = match &config.scheduling_choice {
+        Some(SchedulingChoice::EnsembleScheduling(e)) => {
+            if config.platform != "ensemble" {
+                return Err(ck.err(
+                    "platform",
+                    format!(
+                        "'{}': a config with ensemble_scheduling needs platform: \"ensemble\"",
+                        config.platform
+                    ),
+                ));
+            }
+            Some(ck.ensemble(e, &inputs, &outputs)?)
+        }
+        _ if config.platform == "ensemble" => {
+            return Err(ck.err(
+                "ensemble_scheduling",
+                "missing: platform \"ensemble\" needs ensemble_scheduling { step [ ... ] }",
+            ))
+        }
+        _ => None,
+    };
     let parameters = config
         .parameters
         .iter()
@@ -73,10 +95,7 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
         instance_groups,
         dynamic_batching,
         sequence_batching,
-        has_ensemble_scheduling: matches!(
-            config.scheduling_choice,
-            Some(SchedulingChoice::EnsembleScheduling(_))
-        ),
+        ensemble,
         parameters,
         version_policy,
         default_model_filename: config.default_model_filename.clone(),
@@ -214,6 +233,7 @@ impl Checker<'_> {
                 count: 1,
                 kind: InstanceKind::Auto,
                 gpus: Vec::new(),
+                cpus: Vec::new(),
             }]);
         }
         let mut out = Vec::with_capacity(groups.len());
@@ -253,6 +273,7 @@ impl Checker<'_> {
                     format!("{:?} given for a KIND_CPU group", g.gpus),
                 ));
             }
+            let mut cpus = Vec::with_capacity(g.cpus.len());
             for (j, &cpu) in g.cpus.iter().enumerate() {
                 if cpu < 0 {
                     return Err(self.err(
@@ -260,6 +281,17 @@ impl Checker<'_> {
                         format!("{cpu} is negative"),
                     ));
                 }
+                let cpu = cpu as u32;
+                if cpu >= crate::affinity::MAX_CPUS {
+                    return Err(self.err(
+                        format_args!("{path}.cpus[{j}]"),
+                        format!(
+                            "{cpu} is out of range (CPU indices must be < {}, the size of the OS's CPU set)",
+                            crate::affinity::MAX_CPUS
+                        ),
+                    ));
+                }
+                cpus.push(cpu);
             }
             out.push(InstanceGroup {
                 name: if g.name.is_empty() {
@@ -270,6 +302,7 @@ impl Checker<'_> {
                 count: count.max(1),
                 kind,
                 gpus: g.gpus.clone(),
+                cpus,
             });
         }
         Ok(out)
@@ -535,6 +568,155 @@ impl Checker<'_> {
             controls,
             states,
         })
+    }
+
+    /// The checks an ensemble needs no other model for: every step maps something, every
+    /// ensemble input is used, every output produced once, no tensor written twice, and
+    /// the steps form no cycle.
+    fn ensemble(
+        &self,
+        e: &pb::ModelEnsembling,
+        inputs: &[TensorConfig],
+        outputs: &[TensorConfig],
+    ) -> Result<Ensemble> {
+        const P: &str = "ensemble_scheduling";
+        if e.step.is_empty() {
+            return Err(self.err(format_args!("{P}.step"), "empty: an ensemble needs steps"));
+        }
+        let mut steps: Vec<EnsembleStep> = Vec::with_capacity(e.step.len());
+        // Ensemble tensor -> who writes it (None: an ensemble input).
+        let mut writer: BTreeMap<&str, Option<usize>> = BTreeMap::new();
+        for t in inputs {
+            writer.insert(&t.name, None);
+        }
+        for (i, st) in e.step.iter().enumerate() {
+            let path = format!("{P}.step[{i}]");
+            if st.model_name.is_empty() {
+                return Err(self.err(format_args!("{path}.model_name"), "empty"));
+            }
+            if st.model_name == self.model {
+                return Err(self.err(
+                    format_args!("{path}.model_name"),
+                    format!("'{}' is the ensemble itself (a cycle)", st.model_name),
+                ));
+            }
+            if st.model_version < -1 || st.model_version == 0 {
+                return Err(self.err(
+                    format_args!("{path}.model_version"),
+                    format!("{} is not a version (-1 = latest)", st.model_version),
+                ));
+            }
+            if !st.model_namespace.is_empty() {
+                return Err(Error::unsupported(format!(
+                    "model '{}': {path}.model_namespace is not supported",
+                    self.model
+                )));
+            }
+            if st.input_map.is_empty() || st.output_map.is_empty() {
+                return Err(self.err(
+                    &path,
+                    format!("step '{}' needs an input_map and an output_map", st.model_name),
+                ));
+            }
+            for (k, v) in &st.output_map {
+                match writer.get(v.as_str()) {
+                    Some(None) => {
+                        return Err(self.err(
+                            format_args!("{path}.output_map[{k}]"),
+                            format!("'{v}' is an ensemble input; a step cannot write it"),
+                        ))
+                    }
+                    Some(Some(j)) => {
+                        return Err(self.err(
+                            format_args!("{path}.output_map[{k}]"),
+                            format!("tensor '{v}' is written twice: step[{j}] also writes it"),
+                        ))
+                    }
+                    None => {
+                        writer.insert(v, Some(i));
+                    }
+                }
+            }
+            let map = |m: &BTreeMap<String, String>| {
+                let mut v: Vec<(Arc<str>, Arc<str>)> = m
+                    .iter()
+                    .map(|(k, v)| (Arc::from(k.as_str()), Arc::from(v.as_str())))
+                    .collect();
+                v.sort();
+                v
+            };
+            steps.push(EnsembleStep {
+                model_name: st.model_name.clone(),
+                model_version: st.model_version,
+                input_map: map(&st.input_map),
+                output_map: map(&st.output_map),
+                max_inflight_requests: st.max_inflight_requests,
+            });
+        }
+        for (i, st) in steps.iter().enumerate() {
+            for (k, v) in &st.input_map {
+                if !writer.contains_key(&**v) {
+                    return Err(self.err(
+                        format_args!("{P}.step[{i}].input_map[{k}]"),
+                        format!("tensor '{v}' is neither an ensemble input nor written by a step"),
+                    ));
+                }
+            }
+        }
+        for t in outputs {
+            if !matches!(writer.get(&*t.name), Some(Some(_))) {
+                return Err(self.err(
+                    "output",
+                    format!("ensemble output '{}' is not written by any step", t.name),
+                ));
+            }
+        }
+        for t in inputs {
+            if !steps.iter().any(|s| s.input_map.iter().any(|(_, v)| *v == t.name)) {
+                return Err(self.err(
+                    "input",
+                    format!("ensemble input '{}' is not used by any step", t.name),
+                ));
+            }
+        }
+        // A cycle: a step that (through the tensors) waits for its own output.
+        let deps: Vec<Vec<usize>> = steps
+            .iter()
+            .map(|s| {
+                s.input_map
+                    .iter()
+                    .filter_map(|(_, v)| writer.get(&**v).copied().flatten())
+                    .collect()
+            })
+            .collect();
+        let mut mark = vec![0u8; steps.len()]; // 0 new, 1 on the path, 2 done
+        fn visit(i: usize, deps: &[Vec<usize>], mark: &mut [u8]) -> Option<usize> {
+            match mark[i] {
+                1 => return Some(i),
+                2 => return None,
+                _ => {}
+            }
+            mark[i] = 1;
+            for &d in &deps[i] {
+                if let Some(c) = visit(d, deps, mark) {
+                    return Some(c);
+                }
+            }
+            mark[i] = 2;
+            None
+        }
+        for i in 0..steps.len() {
+            if let Some(c) = visit(i, &deps, &mut mark) {
+                return Err(self.err(
+                    format_args!("{P}.step[{c}]"),
+                    format!(
+                        "the steps form a cycle through step '{}'",
+                        steps[c].model_name
+                    ),
+                ));
+            }
+        }
+        Ok(Ensemble { steps })
     }
 
     fn control(

@@ -7,6 +7,7 @@
 //! a backend or a response callback runs.
 
 pub mod dynamic;
+pub mod ensemble;
 pub mod queue;
 pub mod sequence;
 
@@ -78,6 +79,8 @@ pub struct Scheduler {
     /// The sequence batcher, for models with `sequence_batching` (then `state` and `cv`
     /// are unused).
     seq: Option<sequence::Sequencer>,
+    /// The ensemble runner, for `platform: "ensemble"` (no workers then).
+    ens: Option<ensemble::Runner>,
     log: crate::log::Logger,
 }
 
@@ -87,14 +90,27 @@ fn c_name(s: &str) -> Arc<CString> {
 
 impl Scheduler {
     /// Starts one worker thread per instance. `initial_states` are the values of the
-    /// configured implicit states (see [`sequence::initial_states`]).
+    /// configured implicit states (see [`sequence::initial_states`]). `cpus[i]` are the
+    /// CPU cores instance `i`'s worker thread is pinned to (`instance_group.cpus`); an
+    /// empty or missing entry leaves the thread unpinned. A pin that fails fails the
+    /// start (INVALID_ARGUMENT) after the started workers have exited.
     pub fn start(
         model: ModelIdentity,
         config: Arc<ModelConfig>,
         instances: Vec<Box<dyn ModelInstance>>,
         log: crate::log::Logger,
         initial_states: Vec<sequence::StateValue>,
+        cpus: Vec<Vec<u32>>,
     ) -> Result<Arc<Scheduler>> {
+        let model_name = model.name_str().to_owned();
+        let pin_error = |i: usize, list: &[u32], e: Error| {
+            e.context(format!(
+                "model '{model_name}': instance {i}: cannot pin its worker thread to cpus {list:?}"
+            ))
+        };
+        for (i, list) in cpus.iter().enumerate().take(instances.len()) {
+            crate::affinity::check_allowed(list).map_err(|e| pin_error(i, list, e))?;
+        }
         let seq = config
             .sequence_batching
             .as_ref()
@@ -138,14 +154,28 @@ impl Scheduler {
             running: instances.iter().map(|_| Mutex::new(Vec::new())).collect(),
             workers: Mutex::new(Vec::new()),
             seq,
+            ens: None,
             log,
             config,
         });
+        // Pinned workers report their pin result here before they start working.
+        let (pinned_tx, pinned_rx) = std::sync::mpsc::channel::<(usize, Result<()>)>();
+        let mut pinned = 0usize;
         for (i, instance) in instances.into_iter().enumerate() {
             let s = sched.clone();
+            let pin = cpus.get(i).filter(|c| !c.is_empty()).cloned();
+            let report = pin.as_ref().map(|_| pinned_tx.clone());
             let handle = std::thread::Builder::new()
                 .name(format!("infer-{}-{i}", s.model.name_str()))
                 .spawn(move || {
+                    if let (Some(list), Some(report)) = (pin, report) {
+                        let result = crate::affinity::pin_current_thread(&list);
+                        let failed = result.is_err();
+                        let _ = report.send((i, result));
+                        if failed {
+                            return;
+                        }
+                    }
                     if s.seq.is_some() {
                         s.sequence_worker(i, instance)
                     } else {
@@ -164,8 +194,66 @@ impl Scheduler {
                 }
             };
             sched.workers.lock().push(handle);
+            if cpus.get(i).is_some_and(|c| !c.is_empty()) {
+                pinned += 1;
+            }
+        }
+        drop(pinned_tx);
+        let mut failed: Option<(usize, Error)> = None;
+        for _ in 0..pinned {
+            // A worker that exits without reporting drops its sender: after all have,
+            // recv fails instead of waiting forever.
+            let Ok((i, result)) = pinned_rx.recv() else {
+                break;
+            };
+            if let Err(e) = result {
+                if failed.as_ref().is_none_or(|(f, _)| i < *f) {
+                    failed = Some((i, e));
+                }
+            }
+        }
+        if let Some((i, e)) = failed {
+            // The workers that did start drain nothing and exit.
+            sched.close();
+            sched.join();
+            let list = cpus.get(i).map(Vec::as_slice).unwrap_or_default();
+            return Err(pin_error(i, list, e));
         }
         Ok(sched)
+    }
+
+    /// An ensemble model: requests run its steps through `server`.
+    pub fn start_ensemble(
+        model: ModelIdentity,
+        config: Arc<ModelConfig>,
+        server: std::sync::Weak<crate::server::Server>,
+        log: crate::log::Logger,
+    ) -> Arc<Scheduler> {
+        Arc::new_cyclic(|me| Scheduler {
+            model,
+            stats: ModelStats::new(config.max_batch_size),
+            policy: BatchPolicy::single(),
+            preserve_ordering: false,
+            in_names: Vec::new(),
+            out_names: Vec::new(),
+            state: Mutex::new(State {
+                queue: PriorityQueue::new(None),
+                ending: Vec::new(),
+                paused: false,
+                closed: false,
+                executing: 0,
+                next_batch_seq: 0,
+            }),
+            cv: Condvar::new(),
+            pending: AtomicUsize::new(0),
+            reorder: Mutex::new(Reorder::default()),
+            running: Vec::new(),
+            workers: Mutex::new(Vec::new()),
+            seq: None,
+            ens: Some(ensemble::Runner::new(me.clone(), server, &config)),
+            log,
+            config,
+        })
     }
 
     /// Queues a request. On failure the request comes back with the error so the caller
@@ -175,6 +263,9 @@ impl Scheduler {
         req: Box<Request>,
         shape_key: Option<smallvec::SmallVec<[i64; 8]>>,
     ) -> std::result::Result<(), (Box<Request>, Error)> {
+        if let Some(ens) = &self.ens {
+            return ens.start(req);
+        }
         if let Some(sq) = &self.seq {
             if let Some(warning) = sq.enqueue(req, shape_key)? {
                 self.log.warn(&warning);
@@ -217,6 +308,9 @@ impl Scheduler {
     }
 
     pub fn pending(&self) -> usize {
+        if let Some(ens) = &self.ens {
+            return ens.in_flight();
+        }
         match &self.seq {
             Some(sq) => sq.queued(),
             None => self.pending.load(Ordering::Acquire),
@@ -233,6 +327,9 @@ impl Scheduler {
 
     /// Stops accepting requests; the workers drain the queue and exit.
     pub fn close(&self) {
+        if let Some(ens) = &self.ens {
+            ens.close();
+        }
         if let Some(sq) = &self.seq {
             return sq.close();
         }
@@ -242,6 +339,9 @@ impl Scheduler {
 
     /// True when nothing is queued or executing.
     pub fn is_idle(&self) -> bool {
+        if let Some(ens) = &self.ens {
+            return ens.in_flight() == 0;
+        }
         if let Some(sq) = &self.seq {
             return sq.is_idle();
         }
@@ -251,6 +351,9 @@ impl Scheduler {
 
     /// Ends every queued request with CANCELLED (delivered by the workers).
     pub fn cancel_all(&self, why: &str) {
+        if let Some(ens) = &self.ens {
+            return ens.cancel_all(why);
+        }
         if let Some(sq) = &self.seq {
             return sq.cancel_all(why);
         }
@@ -267,6 +370,12 @@ impl Scheduler {
     }
 
     pub fn cancel(&self, request_id: u64) -> CancelOutcome {
+        if let Some(ens) = &self.ens {
+            return match ens.cancel(request_id) {
+                true => CancelOutcome::Cancelled,
+                false => CancelOutcome::NotFound,
+            };
+        }
         if let Some(sq) = &self.seq {
             let running = || self.running.iter().any(|r| r.lock().contains(&request_id));
             return match sq.cancel(request_id, running) {
