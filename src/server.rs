@@ -269,10 +269,13 @@ impl Server {
         ok.then(|| e.config.clone())
     }
 
-    fn load_ensemble(&self, name: &str, config: Arc<ModelConfig>, dir: Option<&Path>) -> Result<()> {
-        crate::scheduler::ensemble::check_composition(&config, &|n, v| {
-            self.loaded_config(n, v)
-        })?;
+    fn load_ensemble(
+        &self,
+        name: &str,
+        config: Arc<ModelConfig>,
+        dir: Option<&Path>,
+    ) -> Result<()> {
+        crate::scheduler::ensemble::check_composition(&config, &|n, v| self.loaded_config(n, v))?;
         let versions = select_versions(&config, dir.filter(|d| d.is_dir()))?;
         let started: BTreeMap<i64, Arc<Scheduler>> = versions
             .into_iter()

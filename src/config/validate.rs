@@ -5,9 +5,9 @@
 
 use super::parse::pb;
 use super::{
-    ControlInput, ControlKind, DynamicBatching, Ensemble, EnsembleStep, InitialState, InstanceGroup, InstanceKind,
-    ModelConfig, QueuePolicy, SequenceBatching, SequenceStrategy, StateConfig, TensorConfig,
-    TimeoutAction, VersionPolicy,
+    ControlInput, ControlKind, DynamicBatching, Ensemble, EnsembleStep, InitialState,
+    InstanceGroup, InstanceKind, ModelConfig, QueuePolicy, SequenceBatching, SequenceStrategy,
+    StateConfig, TensorConfig, TimeoutAction, VersionPolicy,
 };
 use crate::status::{Error, Result};
 use crate::tensor::{element_count, shape_string, DataType};
@@ -615,7 +615,10 @@ impl Checker<'_> {
             if st.input_map.is_empty() || st.output_map.is_empty() {
                 return Err(self.err(
                     &path,
-                    format!("step '{}' needs an input_map and an output_map", st.model_name),
+                    format!(
+                        "step '{}' needs an input_map and an output_map",
+                        st.model_name
+                    ),
                 ));
             }
             for (k, v) in &st.output_map {
@@ -672,7 +675,10 @@ impl Checker<'_> {
             }
         }
         for t in inputs {
-            if !steps.iter().any(|s| s.input_map.iter().any(|(_, v)| *v == t.name)) {
+            if !steps
+                .iter()
+                .any(|s| s.input_map.iter().any(|(_, v)| *v == t.name))
+            {
                 return Err(self.err(
                     "input",
                     format!("ensemble input '{}' is not used by any step", t.name),

@@ -321,16 +321,19 @@ impl Runner {
             Ok(id) => run.st.lock().sent.push(id),
             Err(e) => {
                 self.step_done(sched, i);
-                let e = Error::new(
-                    e.code,
-                    format!("step '{}': {}", step.model_name, e.message),
-                );
+                let e = Error::new(e.code, format!("step '{}': {}", step.model_name, e.message));
                 self.fail(sched, run, e);
             }
         }
     }
 
-    fn on_response(&self, sched: &Arc<Scheduler>, run: &Arc<Run>, i: usize, mut resp: Box<Response>) {
+    fn on_response(
+        &self,
+        sched: &Arc<Scheduler>,
+        run: &Arc<Run>,
+        i: usize,
+        mut resp: Box<Response>,
+    ) {
         self.step_done(sched, i);
         let step = &self.steps[i];
         if resp.status != Code::Ok {
@@ -603,10 +606,7 @@ pub(crate) fn check_composition(
                 if s.model_name == *m {
                     return Err(err(
                         "ensemble_scheduling".into(),
-                        format!(
-                            "cycle: nested ensemble '{}' calls '{m}' again",
-                            c.name
-                        ),
+                        format!("cycle: nested ensemble '{}' calls '{m}' again", c.name),
                     ));
                 }
                 if let Some(n) = lookup(&s.model_name, s.model_version) {
