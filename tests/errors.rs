@@ -375,8 +375,14 @@ output [ { name: "O" data_type: TYPE_FP32 dims: [ 1 ] } ]
 ensemble_scheduling { step [ { model_name: "m" model_version: -1 input_map { key: "INPUT0" value: "I" } output_map { key: "OUTPUT0" value: "O" } } ] }"#;
     expect_msg(
         s.try_load("e", ens),
+        1,
+        &["'e'", "composing model 'm'", "not loaded"],
+    );
+    let ns = ens.replace("model_version: -1", "model_version: -1 model_namespace: \"x\"");
+    expect_msg(
+        s.try_load("e", &ns),
         INFER_STATUS_UNSUPPORTED,
-        &["ensemble"],
+        &["model_namespace"],
     );
     let delay = add_sub_config(
         "m",
