@@ -1,8 +1,8 @@
 //! Performance scenarios that drive libinfer through its C API.
 //!
 //! Run with `cargo bench --bench perf -- [options] [scenario...]`; without a scenario
-//! every one runs. Each scenario prints one result line on stdout (details go to
-//! stderr). See `--help` and docs/PERFORMANCE.md.
+//! every one runs. Each scenario prints one result line on stdout (`sequences`: one per
+//! execute_delay_us setting; details go to stderr). See `--help` and docs/PERFORMANCE.md.
 
 use infer::ffi::request::*;
 use infer::ffi::response::*;
@@ -1167,6 +1167,483 @@ fn memory(cfg: &Config) -> String {
 }
 
 // ---------------------------------------------------------------------------------------
+// sequences: the sequence batcher (Direct, 4 instances x 64 slots) under many closed-loop
+// sequences, checked request by request, against the dynamic batcher at the same
+// concurrency.
+
+/// xorshift64*: a tiny deterministic PRNG (no dependency).
+struct XorShift(u64);
+
+impl XorShift {
+    fn new(seed: u64) -> XorShift {
+        // Never zero (a zero state stays zero).
+        XorShift(seed ^ 0x9E37_79B9_7F4A_7C15 | 1)
+    }
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in lo..=hi (the modulo bias is negligible here).
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+}
+
+fn accumulator_direct(name: &str, delay_us: u64) -> String {
+    format!(
+        r#"name: "{name}" backend: "accumulator" max_batch_size: 64
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: 4 kind: KIND_CPU }} ]
+parameters {{ key: "execute_delay_us" value {{ string_value: "{delay_us}" }} }}
+sequence_batching {{
+  max_sequence_idle_microseconds: 60000000
+  direct {{ }}
+  control_input [
+    {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] }} ] }},
+    {{ name: "READY" control [ {{ kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] }} ] }}
+  ]
+}}
+"#
+    )
+}
+
+/// The dynamic-batching counterpart of `accumulator_direct`: same tensors, instances,
+/// batch size and simulated compute, OUTPUT a copy of INPUT.
+fn identity_int32_dynamic(name: &str, delay_us: u64) -> String {
+    format!(
+        r#"name: "{name}" backend: "identity" max_batch_size: 64
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: 4 kind: KIND_CPU }} ]
+parameters {{ key: "execute_delay_us" value {{ string_value: "{delay_us}" }} }}
+dynamic_batching {{ }}
+"#
+    )
+}
+
+/// A FINAL response handed from a callback to the driver thread.
+struct Completion {
+    stream: u32,
+    resp: *mut Response,
+    at_ns: u64,
+}
+
+// SAFETY: a response may be read and freed on any thread (C API contract).
+unsafe impl Send for Completion {}
+
+/// Where callbacks leave FINAL responses for the driver (which then checks them and
+/// sends the stream's next request), so a callback only takes the time, pushes and wakes.
+struct Inbox {
+    items: std::sync::Mutex<Vec<Completion>>,
+    driver: std::thread::Thread,
+    /// Callbacks that have returned: the driver keeps the inbox alive until all have.
+    returned: AtomicU64,
+}
+
+/// The callback's user data: the inbox and the stream the request belongs to.
+struct StreamTag {
+    inbox: *const Inbox,
+    stream: u32,
+}
+
+unsafe extern "C" fn stream_cb(ud: *mut c_void, resp: *mut Response, flags: u32) {
+    if flags & INFER_RESPONSE_FLAG_FINAL == 0 {
+        // Neither model sends anything before its FINAL response.
+        infer_response_free(resp);
+        return;
+    }
+    let at_ns = now_ns();
+    let tag = &*(ud as *const StreamTag);
+    let inbox = &*tag.inbox;
+    inbox.items.lock().unwrap().push(Completion {
+        stream: tag.stream,
+        resp,
+        at_ns,
+    });
+    inbox.driver.unpark();
+    // The last touch of the inbox.
+    inbox.returned.fetch_add(1, Ordering::Release);
+}
+
+/// One closed-loop stream of requests: a sequence (sequence batcher) or one of the
+/// outstanding slots of the dynamic-batching comparison.
+struct Stream {
+    /// Requests this stream sends (sequences); 0 = until the shared total is reached.
+    len: u32,
+    sent: u32,
+    /// What the next OUTPUT must be: the running sum (sequences) or the value sent.
+    expect: i32,
+    rng: XorShift,
+    sent_at: u64,
+}
+
+/// What one driven run measured.
+struct StreamRun {
+    requests: u64,
+    secs: f64,
+    /// Enqueue -> FINAL of every request, and of the requests that were not the first of
+    /// their sequence (sequences only), sorted, in ns.
+    lat: Vec<u64>,
+    lat_later: Vec<u64>,
+    mismatches: u64,
+    errors: u64,
+    stats: Stats,
+    cpu: String,
+}
+
+/// Reads the single INT32 element of output `name`.
+fn output_i32(resp: *const Response, name: &CStr) -> Result<i32, String> {
+    let (mut dt, mut shape, mut nd, mut data, mut bs) =
+        (0, std::ptr::null(), 0usize, std::ptr::null(), 0usize);
+    let st = unsafe {
+        infer_response_output_by_name(
+            resp,
+            name.as_ptr(),
+            &mut dt,
+            &mut shape,
+            &mut nd,
+            &mut data,
+            &mut bs,
+        )
+    };
+    if st != INFER_STATUS_OK {
+        return Err(format!("output {name:?}: status {st}: {}", last_error()));
+    }
+    if dt != INFER_DATATYPE_INT32 || bs != 4 {
+        return Err(format!("output {name:?}: datatype {dt}, {bs} bytes"));
+    }
+    let b = unsafe { std::slice::from_raw_parts(data as *const u8, 4) };
+    Ok(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// Ends the process at once: while requests are in flight, their callbacks point into
+/// the driver's stack, which unwinding would free.
+fn die(msg: String) -> ! {
+    eprintln!("{msg}");
+    std::process::exit(1)
+}
+
+/// `check` for the driver: fails with `die`.
+fn must(st: infer_status, what: &str) {
+    if st != INFER_STATUS_OK {
+        die(format!(
+            "sequences: {what} failed with status {st}: {}",
+            last_error()
+        ));
+    }
+}
+
+/// Drives closed-loop streams through `model` until every stream is done: with
+/// `lens` (sequence lengths) each stream is a sequence with correlation ID `id_base + i`;
+/// with `lens` empty, `clients` streams share `total` requests (no correlation ID).
+/// Every response is checked. The driver runs on the calling thread.
+fn drive_streams(
+    s: &Server,
+    model: &str,
+    lens: &[u32],
+    id_base: u64,
+    clients: usize,
+    total: u64,
+    seed: u64,
+) -> StreamRun {
+    let sequences = !lens.is_empty();
+    let model_c = CString::new(model).unwrap();
+    let (in_name, out_name) = (c"INPUT", c"OUTPUT");
+    let shape = [1i64, 1];
+    let inbox = Inbox {
+        items: std::sync::Mutex::new(Vec::with_capacity(1024)),
+        driver: std::thread::current(),
+        returned: AtomicU64::new(0),
+    };
+    let n = if sequences { lens.len() } else { clients };
+    let total = if sequences {
+        lens.iter().map(|&l| l as u64).sum()
+    } else {
+        total
+    };
+    let tags: Vec<StreamTag> = (0..n)
+        .map(|i| StreamTag {
+            inbox: &inbox,
+            stream: i as u32,
+        })
+        .collect();
+    let mut master = XorShift::new(seed);
+    let mut streams: Vec<Stream> = (0..n)
+        .map(|i| Stream {
+            len: if sequences { lens[i] } else { 0 },
+            sent: 0,
+            expect: 0,
+            rng: XorShift::new(master.next()),
+            sent_at: 0,
+        })
+        .collect();
+    let mut sent_total = 0u64;
+    // Builds and enqueues stream i's next request.
+    let send = |i: usize, streams: &mut [Stream], sent_total: &mut u64| {
+        let st = &mut streams[i];
+        let v = st.rng.range(0, 2000) as i32 - 1000;
+        st.expect = if sequences {
+            if st.sent == 0 {
+                v
+            } else {
+                st.expect.wrapping_add(v)
+            }
+        } else {
+            v
+        };
+        unsafe {
+            let mut r = std::ptr::null_mut();
+            must(
+                infer_request_new(s.0, model_c.as_ptr(), -1, &mut r),
+                "infer_request_new",
+            );
+            must(
+                infer_request_add_input(
+                    r,
+                    in_name.as_ptr(),
+                    INFER_DATATYPE_INT32,
+                    shape.as_ptr(),
+                    2,
+                    &v as *const i32 as *const c_void,
+                    4,
+                ),
+                "infer_request_add_input",
+            );
+            if sequences {
+                let mut flags = 0;
+                if st.sent == 0 {
+                    flags |= INFER_REQUEST_FLAG_SEQUENCE_START;
+                }
+                if st.sent + 1 == st.len {
+                    flags |= INFER_REQUEST_FLAG_SEQUENCE_END;
+                }
+                must(
+                    infer_request_set_correlation_id(r, id_base + i as u64),
+                    "infer_request_set_correlation_id",
+                );
+                must(infer_request_set_flags(r, flags), "infer_request_set_flags");
+            }
+            st.sent += 1;
+            *sent_total += 1;
+            st.sent_at = now_ns();
+            must(
+                infer_server_enqueue(
+                    s.0,
+                    r,
+                    Some(stream_cb),
+                    &tags[i] as *const StreamTag as *mut c_void,
+                    std::ptr::null_mut(),
+                ),
+                "infer_server_enqueue",
+            );
+        }
+    };
+
+    let st0 = s.stats(model);
+    let cpu = CpuWindow::start();
+    let t0 = Instant::now();
+    for i in 0..n {
+        if sequences || sent_total < total {
+            send(i, &mut streams, &mut sent_total);
+        }
+    }
+    let mut lat = Vec::with_capacity(total as usize);
+    let mut lat_later = Vec::with_capacity(total as usize);
+    let (mut mismatches, mut errors, mut completed) = (0u64, 0u64, 0u64);
+    let mut reported = 0;
+    let mut batch: Vec<Completion> = Vec::with_capacity(1024);
+    let mut idle_since = Instant::now();
+    let mut spins = 0u32;
+    while completed < total {
+        std::mem::swap(&mut *inbox.items.lock().unwrap(), &mut batch);
+        if batch.is_empty() {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::park_timeout(Duration::from_millis(10));
+                if idle_since.elapsed() > Duration::from_secs(60) {
+                    die(format!(
+                        "sequences: no response for 60 s on '{model}' ({completed} of {total} completed, {sent_total} sent)"
+                    ));
+                }
+            }
+            continue;
+        }
+        spins = 0;
+        idle_since = Instant::now();
+        for c in batch.drain(..) {
+            let i = c.stream as usize;
+            let st = &streams[i];
+            let ns = c.at_ns.saturating_sub(st.sent_at);
+            lat.push(ns);
+            if sequences && st.sent > 1 {
+                lat_later.push(ns);
+            }
+            let status = unsafe { infer_response_status(c.resp) };
+            let got = if status == INFER_STATUS_OK {
+                output_i32(c.resp, out_name)
+            } else {
+                Err(format!("response status {status}"))
+            };
+            unsafe { infer_response_free(c.resp) };
+            match got {
+                Ok(v) if v == st.expect => {}
+                Ok(v) => {
+                    mismatches += 1;
+                    if reported < 5 {
+                        reported += 1;
+                        eprintln!(
+                            "sequences: '{model}' stream {i} request {} of {}: OUTPUT {v}, expected {}",
+                            st.sent, st.len, st.expect
+                        );
+                    }
+                }
+                Err(e) => {
+                    errors += 1;
+                    if reported < 5 {
+                        reported += 1;
+                        eprintln!("sequences: '{model}' stream {i} request {}: {e}", st.sent);
+                    }
+                }
+            }
+            completed += 1;
+            let more = if sequences {
+                st.sent < st.len
+            } else {
+                sent_total < total
+            };
+            if more {
+                send(i, &mut streams, &mut sent_total);
+            }
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = cpu.report();
+    while inbox.returned.load(Ordering::Acquire) < completed {
+        std::thread::yield_now();
+    }
+    // The statistics are recorded before the responses go out; wait for the last.
+    let mut stats = s.stats(model).since(&st0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while stats.inferences < total && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+        stats = s.stats(model).since(&st0);
+    }
+    lat.sort_unstable();
+    lat_later.sort_unstable();
+    StreamRun {
+        requests: completed,
+        secs,
+        lat,
+        lat_later,
+        mismatches,
+        errors,
+        stats,
+        cpu,
+    }
+}
+
+fn sequences(cfg: &Config) -> String {
+    let n = cfg.sequences;
+    let max_len = cfg.sequence_max_len.max(1);
+    let rounds = cfg.sequence_rounds.max(1);
+    let mut rng = XorShift::new(42);
+    let lens: Vec<u32> = (0..n)
+        .map(|_| rng.range(1, max_len as u64) as u32)
+        .collect();
+    let total: u64 = lens.iter().map(|&l| l as u64).sum();
+    let warm_lens: Vec<u32> = (0..n.min(1000))
+        .map(|_| rng.range(1, max_len as u64) as u32)
+        .collect();
+    let warm_total: u64 = warm_lens.iter().map(|&l| l as u64).sum();
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let rate = |r: &StreamRun| r.requests as f64 / r.secs;
+    let mut lines = Vec::new();
+    let mut failed = Vec::new();
+    for &delay in &cfg.sequence_delays {
+        // Both models loaded side by side; the rounds alternate between them so that a
+        // slow phase of the machine hits both.
+        let sq = Server::new();
+        sq.load("acc", &accumulator_direct("acc", delay));
+        let sd = Server::new();
+        sd.load("ident", &identity_int32_dynamic("ident", delay));
+        drive_streams(&sq, "acc", &warm_lens, 1_000_001, 0, 0, 7);
+        drive_streams(&sd, "ident", &[], 0, 256, warm_total, 7);
+        let (mut qs, mut ds) = (Vec::new(), Vec::new());
+        for r in 0..rounds as u64 {
+            // Sequence batcher: every sequence, each request checked against its sum.
+            qs.push(drive_streams(&sq, "acc", &lens, 1, 0, 0, 1 + r));
+            // Dynamic batcher: the same number of requests, 256 outstanding.
+            ds.push(drive_streams(&sd, "ident", &[], 0, 256, total, 1 + r));
+        }
+        drop(sq);
+        drop(sd);
+
+        let bad: u64 = qs.iter().chain(&ds).map(|r| r.mismatches + r.errors).sum();
+        let ok = bad == 0
+            && qs.iter().chain(&ds).all(|r| r.requests == total)
+            && qs
+                .iter()
+                .all(|r| r.stats.inferences == total && r.stats.failures == 0);
+        if !ok {
+            failed.push(delay);
+        }
+        let (mismatches, errors) = (
+            qs.iter().chain(&ds).map(|r| r.mismatches).sum::<u64>(),
+            qs.iter().chain(&ds).map(|r| r.errors).sum::<u64>(),
+        );
+        // The round with the median rate stands for each side; the range shows the spread.
+        qs.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
+        ds.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
+        let (q, d) = (&qs[qs.len() / 2], &ds[ds.len() / 2]);
+        let (qr, dr) = (rate(q), rate(d));
+        let range = |v: &[StreamRun]| format!("{:.0}-{:.0}", rate(&v[0]), rate(&v[v.len() - 1]));
+        let rows: u64 = q.stats.batch_sizes.iter().map(|(s, c)| s * c).sum();
+        let padding = rows.saturating_sub(q.stats.inferences) as f64 / rows.max(1) as f64;
+        lines.push(format!(
+            "sequences (execute_delay_us {delay}): sequence batcher Direct 4x64 slots, {n} sequences of 1-{max_len} requests all started at once: {} requests in {:.2}s = {qr:.0} req/s (median of {rounds} rounds, range {}); latency enqueue->FINAL p50={:.0}us p99={:.0}us, not first of sequence (n={}) p50={:.0}us p99={:.0}us; mean executed batch {:.2} ({} executions), padding {:.1}% of rows; {} || dynamic batcher (identity 4x64, 256 outstanding, closed loop), same {} requests: {:.2}s = {dr:.0} req/s (range {}; sequence/dynamic {:.2}x); p50={:.0}us p99={:.0}us; mean executed batch {:.2} ({} executions); {} || checked every response of {} rounds: {mismatches} mismatches, {errors} errors | target: every OUTPUT correct: {}",
+            q.requests,
+            q.secs,
+            range(&qs),
+            us(percentile(&q.lat, 0.50)),
+            us(percentile(&q.lat, 0.99)),
+            q.lat_later.len(),
+            us(percentile(&q.lat_later, 0.50)),
+            us(percentile(&q.lat_later, 0.99)),
+            q.stats.mean_batch(),
+            q.stats.executions,
+            padding * 100.0,
+            q.cpu,
+            d.requests,
+            d.secs,
+            range(&ds),
+            qr / dr,
+            us(percentile(&d.lat, 0.50)),
+            us(percentile(&d.lat, 0.99)),
+            d.stats.mean_batch(),
+            d.stats.executions,
+            d.cpu,
+            2 * rounds,
+            verdict(ok),
+        ));
+    }
+    if !failed.is_empty() {
+        // Print what was measured, then fail loudly.
+        for l in &lines {
+            println!("{l}");
+        }
+        panic!("sequences: wrong or failed responses with execute_delay_us {failed:?} (see above and stderr)");
+    }
+    lines.join("\n")
+}
+
+// ---------------------------------------------------------------------------------------
 
 struct Config {
     warmup: Duration,
@@ -1178,21 +1655,27 @@ struct Config {
     window: usize,
     memory_requests: u64,
     memory_cap: Duration,
+    sequences: usize,
+    sequence_max_len: u32,
+    sequence_delays: Vec<u64>,
+    sequence_rounds: usize,
 }
 
 /// A scenario runs with the configuration and returns its result line.
 type Scenario = fn(&Config) -> String;
 
-const SCENARIOS: [(&str, Scenario); 5] = [
+const SCENARIOS: [(&str, Scenario); 6] = [
     ("latency", latency),
     ("closed_loop", closed_loop),
     ("pipelined", pipelined),
     ("batching_efficiency", batching_efficiency),
     ("memory", memory),
+    ("sequences", sequences),
 ];
 
 const USAGE: &str = "usage: cargo bench --bench perf -- [options] [scenario...]
-scenarios: latency closed_loop pipelined batching_efficiency memory (default: all)
+scenarios: latency closed_loop pipelined batching_efficiency memory sequences
+           (default: all)
 options:
   --warmup-secs F     warm-up per scenario (default 1)
   --secs F            measurement per scenario (default 3)
@@ -1202,7 +1685,11 @@ options:
   --threads N         pipelined/batching/memory client threads (default 2)
   --window N          outstanding requests per pipelined thread (default 256)
   --memory-requests N memory: total requests (default 10000000)
-  --memory-cap-secs F memory: time cap of the long run (default 100)";
+  --memory-cap-secs F memory: time cap of the long run (default 100)
+  --sequences N       sequences: sequences started at once (default 10000)
+  --sequence-max-len N sequences: lengths are uniform in 1..=N (default 32)
+  --sequence-delays L sequences: execute_delay_us values, comma-separated (default 0,200)
+  --sequence-rounds N sequences: measured rounds per model and delay (default 3)";
 
 fn main() {
     let mut cfg = Config {
@@ -1215,6 +1702,10 @@ fn main() {
         window: 256,
         memory_requests: 10_000_000,
         memory_cap: Duration::from_secs(100),
+        sequences: 10_000,
+        sequence_max_len: 32,
+        sequence_delays: vec![0, 200],
+        sequence_rounds: 3,
     };
     let mut chosen: Vec<&str> = Vec::new();
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -1257,6 +1748,15 @@ fn main() {
             "--window" => cfg.window = (num(value(&mut i)) as usize).max(1),
             "--memory-requests" => cfg.memory_requests = num(value(&mut i)) as u64,
             "--memory-cap-secs" => cfg.memory_cap = Duration::from_secs_f64(num(value(&mut i))),
+            "--sequences" => cfg.sequences = (num(value(&mut i)) as usize).max(1),
+            "--sequence-rounds" => cfg.sequence_rounds = (num(value(&mut i)) as usize).max(1),
+            "--sequence-max-len" => cfg.sequence_max_len = (num(value(&mut i)) as u32).max(1),
+            "--sequence-delays" => {
+                cfg.sequence_delays = value(&mut i)
+                    .split(',')
+                    .map(|d| num(d.trim().to_owned()) as u64)
+                    .collect()
+            }
             a => match SCENARIOS.iter().find(|(n, _)| *n == a) {
                 Some((n, _)) => chosen.push(n),
                 None => {
@@ -1276,6 +1776,9 @@ fn main() {
         let before = core_round_trip_ns();
         let line = f(&cfg);
         let after = core_round_trip_ns();
-        println!("{line} [core-to-core round trip {before} ns before, {after} ns after]");
+        // A scenario may return several result lines (one per setting).
+        for line in line.lines() {
+            println!("{line} [core-to-core round trip {before} ns before, {after} ns after]");
+        }
     }
 }
