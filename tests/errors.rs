@@ -378,7 +378,10 @@ ensemble_scheduling { step [ { model_name: "m" model_version: -1 input_map { key
         1,
         &["'e'", "composing model 'm'", "not loaded"],
     );
-    let ns = ens.replace("model_version: -1", "model_version: -1 model_namespace: \"x\"");
+    let ns = ens.replace(
+        "model_version: -1",
+        "model_version: -1 model_namespace: \"x\"",
+    );
     expect_msg(
         s.try_load("e", &ns),
         INFER_STATUS_UNSUPPORTED,
