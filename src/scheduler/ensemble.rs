@@ -115,7 +115,7 @@ impl Runner {
             out_names: config
                 .outputs
                 .iter()
-                .map(|t| Arc::new(CString::new(t.name.replace('\0', "")).unwrap_or_default()))
+                .map(|t| super::c_name(&t.name))
                 .collect(),
             runs: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),

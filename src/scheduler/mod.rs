@@ -84,7 +84,7 @@ pub struct Scheduler {
     log: crate::log::Logger,
 }
 
-fn c_name(s: &str) -> Arc<CString> {
+pub(crate) fn c_name(s: &str) -> Arc<CString> {
     Arc::new(CString::new(s.replace('\0', "")).unwrap_or_default())
 }
 

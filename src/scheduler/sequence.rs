@@ -13,6 +13,7 @@
 //! the log callback runs. The workers (one per instance) do the timers: the idle reaper,
 //! backlog timeouts and queue delays are deadlines of their condvar waits.
 
+use super::c_name;
 use super::dynamic::{decide, BatchPolicy, Candidate, Decision};
 use crate::config::{
     ControlInput, ControlKind, InitialState, ModelConfig, SequenceBatching, SequenceStrategy,
@@ -199,10 +200,6 @@ pub(super) struct Sequencer {
     st: Mutex<SeqState>,
     /// One per instance, all used with `st`.
     cvs: Vec<Condvar>,
-}
-
-fn c_name(s: &str) -> Arc<CString> {
-    Arc::new(CString::new(s.replace('\0', "")).unwrap_or_default())
 }
 
 impl Sequencer {

@@ -12,6 +12,7 @@
 //!   CONTROL_SEQUENCE_READY is false is padding: its sum is left alone and its OUTPUT
 //!   row is zeros; CONTROL_SEQUENCE_END forgets a correlation ID's sum.
 
+use super::typed;
 use crate::backend::{simulate_compute, Backend, Batch, ModelInstance};
 use crate::config::{ControlKind, ModelConfig, SequenceBatching};
 use crate::status::{Error, Result};
@@ -158,14 +159,6 @@ impl Backend for Accumulator {
             DataType::Fp32 => AccumulatorInstance::<f32>::boxed(mode, batched, delay_us),
             _ => AccumulatorInstance::<f64>::boxed(mode, batched, delay_us),
         })
-    }
-}
-
-/// Reads `bytes` as `[T]`, copying only when the buffer is not aligned for `T`.
-fn typed<T: bytemuck::Pod>(bytes: &[u8]) -> std::borrow::Cow<'_, [T]> {
-    match bytemuck::try_cast_slice(bytes) {
-        Ok(s) => std::borrow::Cow::Borrowed(s),
-        Err(_) => std::borrow::Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
     }
 }
 

@@ -1,6 +1,7 @@
 //! `add_sub`: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1, element-wise, for
 //! INT32, INT64, FP32 and FP64 inputs of equal shape.
 
+use super::typed;
 use crate::backend::{simulate_compute, Backend, Batch, ModelInstance};
 use crate::config::ModelConfig;
 use crate::status::{Error, Result};
@@ -64,14 +65,6 @@ impl Backend for AddSub {
             dtype,
             delay_us: super::execute_delay_us(config)?,
         }))
-    }
-}
-
-/// Reads `bytes` as `[T]`, copying only when the buffer is not aligned for `T`.
-fn typed<T: bytemuck::Pod>(bytes: &[u8]) -> std::borrow::Cow<'_, [T]> {
-    match bytemuck::try_cast_slice(bytes) {
-        Ok(s) => std::borrow::Cow::Borrowed(s),
-        Err(_) => std::borrow::Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
     }
 }
 

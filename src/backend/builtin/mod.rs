@@ -26,3 +26,11 @@ pub fn lookup(name: &str) -> Option<Arc<dyn Backend>> {
 pub(crate) fn execute_delay_us(config: &ModelConfig) -> Result<u64> {
     Ok(config.parameter_u64("execute_delay_us")?.unwrap_or(0))
 }
+
+/// Reads `bytes` as `[T]`, copying only when the buffer is not aligned for `T`.
+pub(crate) fn typed<T: bytemuck::Pod>(bytes: &[u8]) -> std::borrow::Cow<'_, [T]> {
+    match bytemuck::try_cast_slice(bytes) {
+        Ok(s) => std::borrow::Cow::Borrowed(s),
+        Err(_) => std::borrow::Cow::Owned(bytemuck::pod_collect_to_vec(bytes)),
+    }
+}
