@@ -4,8 +4,8 @@
 //! Lifecycle changes never fail or lose an accepted request: a replaced or unloaded
 //! version stops accepting work, finishes what it has queued and only then goes away.
 
-use crate::backend::{builtin, custom::CustomBackend, Backend};
-use crate::config::{parse_config_named, InstanceKind, ModelConfig, VersionPolicy};
+use crate::backend::{builtin, custom::CustomBackend, onnx, Backend, InstancePlace};
+use crate::config::{parse_raw, InstanceKind, ModelConfig, VersionPolicy};
 use crate::log::Logger;
 use crate::model::prepare;
 use crate::request::{ModelIdentity, Request};
@@ -189,19 +189,18 @@ impl Server {
     }
 
     fn backend_for(&self, config: &ModelConfig) -> Result<Arc<dyn Backend>> {
-        let key = if config.backend.is_empty() {
-            &config.platform
-        } else {
-            &config.backend
-        };
-        if let Some(b) = self.backends.read().get(key.as_str()) {
+        let key = backend_key(&config.backend, &config.platform);
+        if let Some(b) = self.backends.read().get(key) {
             return Ok(b.clone());
         }
         if let Some(b) = builtin::lookup(key) {
             return Ok(b);
         }
+        if onnx::is_onnx(key) {
+            return Ok(Arc::new(onnx::OnnxBackend));
+        }
         Err(Error::unsupported(format!(
-            "model '{}': no backend '{key}' (built in: identity, add_sub, accumulator; register custom backends before loading)",
+            "model '{}': no backend '{key}' (built in: onnxruntime_onnx / onnxruntime, identity, add_sub, accumulator; register custom backends before loading)",
             config.name
         )))
     }
@@ -238,7 +237,14 @@ impl Server {
                 read_config(dir).map_err(|e| e.context(format!("model '{name}'")))?
             }
         };
-        let config = Arc::new(parse_config_named(&text, Some(name))?);
+        let mut raw = parse_raw(&text, Some(name))?;
+        let key = backend_key(&raw.pb.backend, &raw.pb.platform).to_owned();
+        // Built-in ONNX models complete their config from the model file, as Triton does;
+        // a custom backend registered under the same name keeps the config as written.
+        if onnx::is_onnx(&key) && !self.backends.read().contains_key(&key) {
+            onnx::autocomplete(&mut raw, dir.as_deref())?;
+        }
+        let config = Arc::new(raw.finish()?);
         if config.ensemble.is_some() {
             return self.load_ensemble(name, config, dir.as_deref());
         }
@@ -248,7 +254,7 @@ impl Server {
         // Instances are created (backend code runs) without any library lock held.
         let mut started: BTreeMap<i64, Arc<Scheduler>> = BTreeMap::new();
         for v in versions {
-            match self.start_version(&config, &backend, v, &initial_states) {
+            match self.start_version(&config, &backend, v, dir.as_deref(), &initial_states) {
                 Ok(s) => {
                     started.insert(v, s);
                 }
@@ -328,6 +334,7 @@ impl Server {
         config: &Arc<ModelConfig>,
         backend: &Arc<dyn Backend>,
         version: i64,
+        model_dir: Option<&Path>,
         initial_states: &[StateValue],
     ) -> Result<Arc<Scheduler>> {
         let mut instances = Vec::new();
@@ -342,13 +349,25 @@ impl Server {
                 )));
             }
             for _ in 0..g.count.max(1) {
-                instances.push(backend.clone().create_instance(config, index, -1)?);
+                let at = InstancePlace {
+                    index,
+                    gpu: -1,
+                    version,
+                    model_dir,
+                };
+                instances.push(backend.clone().create_version_instance(config, &at)?);
                 cpus.push(g.cpus.clone());
                 index += 1;
             }
         }
         if instances.is_empty() {
-            instances.push(backend.clone().create_instance(config, 0, -1)?);
+            let at = InstancePlace {
+                index: 0,
+                gpu: -1,
+                version,
+                model_dir,
+            };
+            instances.push(backend.clone().create_version_instance(config, &at)?);
         }
         Scheduler::start(
             ModelIdentity::new(&config.name, version),
@@ -603,6 +622,15 @@ fn read_config(dir: &Path) -> Result<String> {
 
 /// The versions to serve: numbered folders chosen by the version policy, or version 1
 /// when the model has no numbered folders (built-in and custom backends need none).
+/// The name a config selects its backend by: `backend`, else `platform`.
+fn backend_key<'a>(backend: &'a str, platform: &'a str) -> &'a str {
+    if backend.is_empty() {
+        platform
+    } else {
+        backend
+    }
+}
+
 fn select_versions(config: &ModelConfig, dir: Option<&Path>) -> Result<Vec<i64>> {
     let mut found: Vec<i64> = Vec::new();
     if let Some(dir) = dir {

@@ -6,6 +6,7 @@
 
 pub mod builtin;
 pub mod custom;
+pub mod onnx;
 
 use crate::config::ModelConfig;
 use crate::request::{Request, Shape};
@@ -21,6 +22,28 @@ pub trait Backend: Send + Sync {
         index: u32,
         gpu: i32,
     ) -> Result<Box<dyn ModelInstance>>;
+
+    /// Creates one instance of one version; backends that read model files from the
+    /// version's folder override this. The default calls [`Backend::create_instance`].
+    fn create_version_instance(
+        self: Arc<Self>,
+        config: &Arc<ModelConfig>,
+        at: &InstancePlace<'_>,
+    ) -> Result<Box<dyn ModelInstance>> {
+        self.create_instance(config, at.index, at.gpu)
+    }
+}
+
+/// Where an instance runs and what it serves.
+#[derive(Clone, Copy, Debug)]
+pub struct InstancePlace<'a> {
+    /// The instance's index among the version's instances.
+    pub index: u32,
+    /// The device id, or -1 for the CPU.
+    pub gpu: i32,
+    pub version: i64,
+    /// The model's folder (the version's files are in `<model_dir>/<version>/`).
+    pub model_dir: Option<&'a std::path::Path>,
 }
 
 pub trait ModelInstance: Send {

@@ -7,7 +7,8 @@
 mod parse;
 mod validate;
 
-pub use parse::{parse_config, parse_config_named};
+pub(crate) use parse::pb;
+pub use parse::{parse_config, parse_config_named, parse_raw, RawConfig};
 
 use crate::tensor::DataType;
 use std::collections::BTreeMap;

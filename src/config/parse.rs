@@ -7,7 +7,7 @@
 
 use super::{validate, ModelConfig};
 use crate::status::{Error, Result};
-use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, SerializeOptions, Value};
+use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, SerializeOptions};
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
@@ -18,7 +18,7 @@ use std::sync::OnceLock;
     missing_docs,
     unreachable_pub
 )]
-pub(super) mod pb {
+pub(crate) mod pb {
     include!(concat!(env!("OUT_DIR"), "/inference.rs"));
 }
 
@@ -45,24 +45,54 @@ pub fn parse_config(text: &str) -> Result<ModelConfig> {
 /// knows the model by (its directory in a repository): it fills in a config without
 /// `name:`, and a config naming a different model is refused.
 pub fn parse_config_named(text: &str, name: Option<&str>) -> Result<ModelConfig> {
+    parse_raw(text, name)?.finish()
+}
+
+/// A configuration read against the schema but not yet checked: what auto-complete
+/// (filling in what a model file declares) works on before [`RawConfig::finish`].
+#[derive(Clone, Debug)]
+pub struct RawConfig {
+    pub(crate) pb: pb::ModelConfig,
+    name: String,
+}
+
+impl RawConfig {
+    /// The name the model is known by.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Checks the configuration and converts it.
+    pub fn finish(self) -> Result<ModelConfig> {
+        let mut msg = DynamicMessage::new(descriptor()?);
+        msg.transcode_from(&self.pb)
+            .map_err(|e| Error::internal(format!("model config schema mismatch: {e}")))?;
+        let json = to_json(&msg)?;
+        validate::build(&self.pb, self.name, json)
+    }
+}
+
+/// Reads a configuration's text (syntax and schema only; see [`parse_config_named`]).
+pub fn parse_raw(text: &str, name: Option<&str>) -> Result<RawConfig> {
     let desc = descriptor()?;
     // A byte-order mark is invisible in editors; it would otherwise be a syntax error.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let mut msg = if text.trim_start().starts_with('{') {
+    let msg = if text.trim_start().starts_with('{') {
         parse_json(desc, text)?
     } else {
         parse_text(desc, text)?
     };
-
-    let config: pb::ModelConfig = msg
+    let mut config: pb::ModelConfig = msg
         .transcode_to()
         .map_err(|e| Error::internal(format!("model config schema mismatch: {e}")))?;
     let model_name = validate::resolve_name(&config.name, name)?;
     if config.name.is_empty() {
-        msg.set_field_by_name("name", Value::String(model_name.clone()));
+        config.name = model_name.clone();
     }
-    let json = to_json(&msg)?;
-    validate::build(&config, model_name, json)
+    Ok(RawConfig {
+        pb: config,
+        name: model_name,
+    })
 }
 
 fn parse_text(desc: MessageDescriptor, text: &str) -> Result<DynamicMessage> {

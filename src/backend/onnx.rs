@@ -1,0 +1,749 @@
+//! ONNX models on the CPU through tract, selected with Triton's names
+//! `platform: "onnxruntime_onnx"` or `backend: "onnxruntime"`.
+//!
+//! Each instance owns one optimized plan of `<model_dir>/<version>/model.onnx` (or the
+//! config's `default_model_filename`). When the model batches, dim 0 of every input is
+//! one symbol in the plan, so the same plan serves every batch size up to
+//! max_batch_size. Before the config is checked, [`autocomplete`] fills in what the
+//! config leaves out (inputs, outputs, datatypes, dims, max_batch_size) from the model,
+//! as Triton does; instance creation then checks that what the config states agrees
+//! with the model.
+
+use super::{Backend, Batch, InstancePlace, ModelInstance};
+use crate::config::{pb, ModelConfig, RawConfig};
+use crate::status::{Code, Error, Result};
+use crate::tensor::{shape_string, DataType};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tract_onnx::prelude::*;
+use tract_onnx::tract_hir::infer::Factoid;
+
+/// The batch size Triton's auto-complete gives a model that can batch.
+const DEFAULT_MAX_BATCH_SIZE: i32 = 4;
+
+/// Whether a config's backend (or platform) name selects this backend.
+pub fn is_onnx(key: &str) -> bool {
+    key == "onnxruntime_onnx" || key == "onnxruntime"
+}
+
+pub struct OnnxBackend;
+
+impl Backend for OnnxBackend {
+    fn create_instance(
+        self: Arc<Self>,
+        config: &Arc<ModelConfig>,
+        _index: u32,
+        _gpu: i32,
+    ) -> Result<Box<dyn ModelInstance>> {
+        Err(Error::invalid(format!(
+            "model '{}': an ONNX model needs its version folder",
+            config.name
+        )))
+    }
+
+    fn create_version_instance(
+        self: Arc<Self>,
+        config: &Arc<ModelConfig>,
+        at: &InstancePlace<'_>,
+    ) -> Result<Box<dyn ModelInstance>> {
+        let dir = at.model_dir.ok_or_else(|| {
+            Error::invalid(format!(
+                "model '{}': an ONNX model needs a model folder (give model_dir or a model repository)",
+                config.name
+            ))
+        })?;
+        let file = model_file(dir, at.version, &config.default_model_filename);
+        let what = format!("model '{}' version {}", config.name, at.version);
+        let plan = Plan::build(config, &file, &what)?;
+        let state = plan
+            .runnable
+            .spawn()
+            .map_err(|e| Error::internal(format!("{what}: {e:#}")))?;
+        Ok(Box::new(OnnxInstance { plan, state, what }))
+    }
+}
+
+fn model_file(dir: &Path, version: i64, default_filename: &str) -> PathBuf {
+    let file = if default_filename.is_empty() {
+        "model.onnx"
+    } else {
+        default_filename
+    };
+    dir.join(version.to_string()).join(file)
+}
+
+/// The tract datum type of a library datatype; None for those tract cannot run.
+fn datum_type(dt: DataType) -> Option<DatumType> {
+    Some(match dt {
+        DataType::Bool => DatumType::Bool,
+        DataType::Uint8 => DatumType::U8,
+        DataType::Uint16 => DatumType::U16,
+        DataType::Uint32 => DatumType::U32,
+        DataType::Uint64 => DatumType::U64,
+        DataType::Int8 => DatumType::I8,
+        DataType::Int16 => DatumType::I16,
+        DataType::Int32 => DatumType::I32,
+        DataType::Int64 => DatumType::I64,
+        DataType::Fp16 => DatumType::F16,
+        DataType::Fp32 => DatumType::F32,
+        DataType::Fp64 => DatumType::F64,
+        DataType::Bytes | DataType::Bf16 | DataType::Invalid => return None,
+    })
+}
+
+/// The library datatype of a tract datum type (TDim is how tract carries INT64 shapes).
+fn data_type(dt: DatumType) -> Option<DataType> {
+    Some(match dt {
+        DatumType::Bool => DataType::Bool,
+        DatumType::U8 => DataType::Uint8,
+        DatumType::U16 => DataType::Uint16,
+        DatumType::U32 => DataType::Uint32,
+        DatumType::U64 => DataType::Uint64,
+        DatumType::I8 => DataType::Int8,
+        DatumType::I16 => DataType::Int16,
+        DatumType::I32 => DataType::Int32,
+        DatumType::I64 | DatumType::TDim => DataType::Int64,
+        DatumType::F16 => DataType::Fp16,
+        DatumType::F32 => DataType::Fp32,
+        DatumType::F64 => DataType::Fp64,
+        _ => return None,
+    })
+}
+
+/// The `TYPE_*` value of the config schema for a datatype.
+fn pb_data_type(dt: DataType) -> i32 {
+    pb::DataType::from_str_name(&format!("TYPE_{}", dt.as_str())).map_or(0, |t| t as i32)
+}
+
+/// A dimension as the model declares it.
+#[derive(Clone, Debug, PartialEq)]
+enum Dim {
+    Fixed(i64),
+    /// A named symbol (ONNX `dim_param`) or an unknown size.
+    Any(Option<TDim>),
+}
+
+impl Dim {
+    fn of(d: &TDim) -> Dim {
+        match d.to_i64() {
+            Ok(v) => Dim::Fixed(v),
+            Err(_) => Dim::Any(Some(d.clone())),
+        }
+    }
+    fn config(&self) -> i64 {
+        match self {
+            Dim::Fixed(v) => *v,
+            Dim::Any(_) => -1,
+        }
+    }
+}
+
+fn dims_string(dims: &[Dim]) -> String {
+    let parts: Vec<String> = dims
+        .iter()
+        .map(|d| match d {
+            Dim::Fixed(v) => v.to_string(),
+            Dim::Any(Some(s)) => s.to_string(),
+            Dim::Any(None) => "?".to_owned(),
+        })
+        .collect();
+    format!("[{}]", parts.join(","))
+}
+
+/// A tensor as the model declares it: datatype and dims when known.
+#[derive(Clone, Debug)]
+struct Declared {
+    name: String,
+    dtype: Option<DatumType>,
+    /// None: the rank is unknown.
+    dims: Option<Vec<Dim>>,
+}
+
+fn declared_inference(name: &str, fact: &InferenceFact) -> Declared {
+    let dims = (!fact.shape.is_open()).then(|| {
+        fact.shape
+            .dims()
+            .map(|d| d.concretize().map_or(Dim::Any(None), |d| Dim::of(&d)))
+            .collect()
+    });
+    Declared {
+        name: name.to_owned(),
+        dtype: fact.datum_type.concretize(),
+        dims,
+    }
+}
+
+fn declared_typed(name: &str, fact: &TypedFact) -> Declared {
+    Declared {
+        name: name.to_owned(),
+        dtype: Some(fact.datum_type),
+        dims: Some(fact.shape.iter().map(Dim::of).collect()),
+    }
+}
+
+/// Reads the model file; operators tract does not implement are refused here, by name
+/// and node.
+fn load(file: &Path, what: &str) -> Result<InferenceModel> {
+    if !file.is_file() {
+        return Err(Error::not_found(format!(
+            "{what}: model file '{}' not found",
+            file.display()
+        )));
+    }
+    let model = tract_onnx::onnx().model_for_path(file).map_err(|e| {
+        Error::invalid(format!(
+            "{what}: '{}' is not an ONNX model tract can read: {e:#}",
+            file.display()
+        ))
+    })?;
+    let missing: Vec<String> = model
+        .nodes()
+        .iter()
+        .filter_map(|n| {
+            let op = n.op.name();
+            let ty = op.strip_prefix("Unimplemented(")?.strip_suffix(')')?;
+            Some(format!("operator '{ty}' (node '{}')", n.name))
+        })
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::unsupported(format!(
+            "{what}: the ONNX backend (tract) does not support {}",
+            missing.join(", ")
+        )));
+    }
+    Ok(model)
+}
+
+fn model_inputs(model: &InferenceModel) -> Result<Vec<Declared>> {
+    let outlets = model.input_outlets().map_err(tract_internal)?;
+    outlets
+        .iter()
+        .map(|o| {
+            let fact = model.outlet_fact(*o).map_err(tract_internal)?;
+            Ok(declared_inference(&model.node(o.node).name, fact))
+        })
+        .collect()
+}
+
+/// An output's name: its ONNX name (the outlet label), else its node's name.
+fn output_name(label: Option<&str>, node_name: &str) -> String {
+    label.unwrap_or(node_name).to_owned()
+}
+
+fn tract_internal(e: TractError) -> Error {
+    Error::internal(format!("tract: {e:#}"))
+}
+
+/// Fills in, from the model file of the latest version, what the config leaves out:
+/// inputs and outputs (all of them when the config lists none), a listed tensor's
+/// datatype and dims when they are not given, and max_batch_size (with
+/// `dynamic_batching { }`) when the config gives 0 and every input and output has a
+/// symbolic first dimension. Sequence state and control tensors are not inputs or
+/// outputs. A config that is already complete is left alone, and the model is read only
+/// when something is missing.
+pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Path>) -> Result<()> {
+    let c = &raw.pb;
+    let tensor_incomplete = |dt: i32, dims: &[i64]| dt == 0 || dims.is_empty();
+    let needed = c.input.is_empty()
+        || c.output.is_empty()
+        || c.max_batch_size == 0
+        || c.input
+            .iter()
+            .any(|t| tensor_incomplete(t.data_type, &t.dims))
+        || c.output
+            .iter()
+            .any(|t| tensor_incomplete(t.data_type, &t.dims));
+    if !needed {
+        return Ok(());
+    }
+    let name = raw.name().to_owned();
+    let Some(dir) = dir.filter(|d| d.is_dir()) else {
+        if c.input.is_empty() || c.output.is_empty() {
+            return Err(Error::invalid(format!(
+                "model '{name}': the config lists no {} and there is no model folder to complete it from",
+                if c.input.is_empty() { "inputs" } else { "outputs" }
+            )));
+        }
+        return Ok(());
+    };
+    let Some(version) = latest_version(dir, &c.default_model_filename) else {
+        if c.input.is_empty() || c.output.is_empty() {
+            return Err(Error::not_found(format!(
+                "model '{name}': no version folder of '{}' holds {}",
+                dir.display(),
+                if c.default_model_filename.is_empty() {
+                    "model.onnx"
+                } else {
+                    &c.default_model_filename
+                }
+            )));
+        }
+        return Ok(());
+    };
+    let file = model_file(dir, version, &c.default_model_filename);
+    let what = format!("model '{name}' version {version}");
+    let model = load(&file, &what)?;
+    let inputs = model_inputs(&model)?;
+    // Output facts come from analysis when it succeeds (the model's own declarations
+    // may be partial), else from what the file declares.
+    let outputs: Vec<Declared> = {
+        let outlets = model.output_outlets().map_err(tract_internal)?.to_vec();
+        let declared: Vec<Declared> = outlets
+            .iter()
+            .map(|&o| {
+                let fact = model.outlet_fact(o).map_err(tract_internal)?;
+                Ok(declared_inference(
+                    &output_name(model.outlet_label(o), &model.node(o.node).name),
+                    fact,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        let complete = declared.iter().all(|d| {
+            d.dtype.is_some()
+                && d.dims
+                    .as_ref()
+                    .is_some_and(|v| v.iter().all(|x| *x != Dim::Any(None)))
+        });
+        if complete {
+            declared
+        } else {
+            match model.clone().into_typed() {
+                Ok(typed) => {
+                    let outlets = typed.output_outlets().map_err(tract_internal)?.to_vec();
+                    outlets
+                        .iter()
+                        .map(|&o| {
+                            let fact = typed.outlet_fact(o).map_err(tract_internal)?;
+                            Ok(declared_typed(
+                                &output_name(typed.outlet_label(o), &typed.node(o.node).name),
+                                fact,
+                            ))
+                        })
+                        .collect::<Result<_>>()?
+                }
+                Err(_) => declared,
+            }
+        }
+    };
+
+    let c = &mut raw.pb;
+    // Tensors the sequence batcher provides or consumes are not the model's inputs and
+    // outputs in the config.
+    let (state_in, state_out, controls): (Vec<String>, Vec<String>, Vec<String>) =
+        match &c.scheduling_choice {
+            Some(pb::model_config::SchedulingChoice::SequenceBatching(q)) => (
+                q.state.iter().map(|s| s.input_name.clone()).collect(),
+                q.state.iter().map(|s| s.output_name.clone()).collect(),
+                q.control_input.iter().map(|ci| ci.name.clone()).collect(),
+            ),
+            _ => Default::default(),
+        };
+    let is_input = |n: &str| !state_in.iter().any(|s| s == n) && !controls.iter().any(|s| s == n);
+    let is_output = |n: &str| !state_out.iter().any(|s| s == n);
+    let io_inputs: Vec<&Declared> = inputs.iter().filter(|d| is_input(&d.name)).collect();
+    let io_outputs: Vec<&Declared> = outputs.iter().filter(|d| is_output(&d.name)).collect();
+
+    if c.max_batch_size == 0 {
+        let symbolic_first = |d: &&Declared| {
+            d.dims
+                .as_ref()
+                .is_some_and(|v| matches!(v.first(), Some(Dim::Any(_))))
+        };
+        let all = inputs.iter().chain(outputs.iter()).collect::<Vec<_>>();
+        if !all.is_empty() && all.iter().all(symbolic_first) {
+            c.max_batch_size = DEFAULT_MAX_BATCH_SIZE;
+            if c.scheduling_choice.is_none() {
+                c.scheduling_choice = Some(pb::model_config::SchedulingChoice::DynamicBatching(
+                    pb::ModelDynamicBatching::default(),
+                ));
+            }
+        }
+    }
+    let skip = usize::from(c.max_batch_size > 0);
+    let dims_of = |d: &Declared| -> Result<Vec<i64>> {
+        let dims = d.dims.as_ref().ok_or_else(|| {
+            Error::invalid(format!(
+                "{what}: the model does not say the rank of '{}': give its dims in the config",
+                d.name
+            ))
+        })?;
+        Ok(dims.iter().skip(skip).map(Dim::config).collect())
+    };
+    let dtype_of = |d: &Declared| -> Result<i32> {
+        let dt = d.dtype.ok_or_else(|| {
+            Error::invalid(format!(
+                "{what}: the model does not say the datatype of '{}': give data_type in the config",
+                d.name
+            ))
+        })?;
+        data_type(dt).map(pb_data_type).ok_or_else(|| {
+            Error::unsupported(format!(
+                "{what}: tensor '{}' has datatype {dt:?}, which the ONNX backend cannot carry",
+                d.name
+            ))
+        })
+    };
+    if c.input.is_empty() {
+        for d in &io_inputs {
+            c.input.push(pb::ModelInput {
+                name: d.name.clone(),
+                data_type: dtype_of(d)?,
+                dims: dims_of(d)?,
+                ..Default::default()
+            });
+        }
+    } else {
+        for t in &mut c.input {
+            if let Some(d) = io_inputs.iter().find(|d| d.name == t.name) {
+                if t.data_type == 0 {
+                    t.data_type = dtype_of(d)?;
+                }
+                if t.dims.is_empty() {
+                    t.dims = dims_of(d)?;
+                }
+            }
+        }
+    }
+    if c.output.is_empty() {
+        for d in &io_outputs {
+            c.output.push(pb::ModelOutput {
+                name: d.name.clone(),
+                data_type: dtype_of(d)?,
+                dims: dims_of(d)?,
+                ..Default::default()
+            });
+        }
+    } else {
+        for t in &mut c.output {
+            if let Some(d) = io_outputs.iter().find(|d| d.name == t.name) {
+                if t.data_type == 0 {
+                    t.data_type = dtype_of(d)?;
+                }
+                if t.dims.is_empty() {
+                    t.dims = dims_of(d)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The highest-numbered version folder that holds the model file.
+fn latest_version(dir: &Path, default_filename: &str) -> Option<i64> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i64>().ok())
+        .filter(|&v| v > 0 && model_file(dir, v, default_filename).is_file())
+        .max()
+}
+
+/// One model input: where its data comes from in a batch, and its tract type.
+struct PlanInput {
+    name: String,
+    dtype: DatumType,
+}
+
+struct PlanOutput {
+    name: String,
+    dtype: DatumType,
+}
+
+struct Plan {
+    runnable: Arc<TypedRunnableModel>,
+    inputs: Vec<PlanInput>,
+    outputs: Vec<PlanOutput>,
+}
+
+/// What the config (or the sequence batcher) says a tensor is: datatype and full dims
+/// as the model sees them (batch dim first when batching; -1 = any size).
+struct Expected {
+    dtype: DataType,
+    dims: Vec<i64>,
+    /// Which part of the config it comes from, for messages.
+    role: &'static str,
+}
+
+impl Plan {
+    fn build(config: &ModelConfig, file: &Path, what: &str) -> Result<Plan> {
+        let mut model = load(file, what)?;
+        let declared = model_inputs(&model)?;
+        let batching = config.max_batch_size > 0;
+        let batch = model.symbols.sym("batch_size");
+        let seq = config.sequence_batching.as_ref();
+
+        // Every config input must be a model input.
+        for tc in &config.inputs {
+            if !declared.iter().any(|d| *d.name == *tc.name) {
+                let have: Vec<&str> = declared.iter().map(|d| d.name.as_str()).collect();
+                return Err(Error::invalid(format!(
+                    "{what}: config input '{}' is not an input of the ONNX model (its inputs: {})",
+                    tc.name,
+                    have.join(", ")
+                )));
+            }
+        }
+        let mut inputs = Vec::with_capacity(declared.len());
+        for (ix, d) in declared.iter().enumerate() {
+            let lead: &[i64] = if batching { &[-1] } else { &[] };
+            let exp = if let Some(tc) = config.input(&d.name) {
+                let dims = tc.reshape.as_deref().unwrap_or(&tc.dims);
+                Expected {
+                    dtype: tc.data_type,
+                    dims: [lead, dims].concat(),
+                    role: "input",
+                }
+            } else if let Some(st) =
+                seq.and_then(|q| q.states.iter().find(|s| *s.input_name == *d.name))
+            {
+                Expected {
+                    dtype: st.data_type,
+                    dims: [lead, &st.dims[..]].concat(),
+                    role: "state input",
+                }
+            } else if let Some(ci) =
+                seq.and_then(|q| q.controls.iter().find(|c| *c.name == *d.name))
+            {
+                Expected {
+                    dtype: ci.data_type,
+                    dims: [lead, &[1][..]].concat(),
+                    role: "control input",
+                }
+            } else {
+                let have: Vec<&str> = config.inputs.iter().map(|t| &*t.name).collect();
+                return Err(Error::invalid(format!(
+                    "{what}: the ONNX model has input '{}', which the config does not list (config inputs: {})",
+                    d.name,
+                    have.join(", ")
+                )));
+            };
+            let dt = check_tensor(what, exp.role, d, &exp, batching)?;
+            // The plan's input fact: the batch symbol, fixed sizes, and for -1 the
+            // model's own dim (or a symbol of its own).
+            let model_dims = d.dims.clone().unwrap_or_default();
+            let mut shape: TVec<TDim> = TVec::new();
+            for (k, &want) in exp.dims.iter().enumerate() {
+                let dim = if batching && k == 0 {
+                    batch.to_dim()
+                } else if want >= 0 {
+                    TDim::from(want)
+                } else {
+                    match model_dims.get(k) {
+                        Some(Dim::Fixed(v)) => TDim::from(*v),
+                        Some(Dim::Any(Some(s))) => s.clone(),
+                        _ => model.symbols.sym(&format!("{}_{k}", d.name)).to_dim(),
+                    }
+                };
+                shape.push(dim);
+            }
+            model
+                .set_input_fact(ix, InferenceFact::dt_shape(dt, shape))
+                .map_err(|e| Error::invalid(format!("{what}: input '{}': {e:#}", d.name)))?;
+            inputs.push(PlanInput {
+                name: d.name.clone(),
+                dtype: dt,
+            });
+        }
+
+        let unsupported = |stage: &str, e: TractError| {
+            Error::unsupported(format!(
+                "{what}: the ONNX backend (tract) cannot {stage} the model: {e:#}"
+            ))
+        };
+        let mut typed = model.into_typed().map_err(|e| unsupported("analyse", e))?;
+
+        // The outputs the config asks for (and state outputs), in that order.
+        let model_outputs: Vec<(String, OutletId)> = typed
+            .output_outlets()
+            .map_err(tract_internal)?
+            .iter()
+            .map(|&o| {
+                (
+                    output_name(typed.outlet_label(o), &typed.node(o.node).name),
+                    o,
+                )
+            })
+            .collect();
+        let mut wanted: Vec<(String, Expected)> = config
+            .outputs
+            .iter()
+            .map(|tc| {
+                let lead: &[i64] = if batching { &[-1] } else { &[] };
+                (
+                    tc.name.to_string(),
+                    Expected {
+                        dtype: tc.data_type,
+                        dims: [lead, &tc.dims[..]].concat(),
+                        role: "output",
+                    },
+                )
+            })
+            .collect();
+        if let Some(q) = seq {
+            for st in &q.states {
+                let lead: &[i64] = if batching { &[-1] } else { &[] };
+                wanted.push((
+                    st.output_name.to_string(),
+                    Expected {
+                        dtype: st.data_type,
+                        dims: [lead, &st.dims[..]].concat(),
+                        role: "state output",
+                    },
+                ));
+            }
+        }
+        let mut outlets = Vec::with_capacity(wanted.len());
+        let mut outputs = Vec::with_capacity(wanted.len());
+        for (name, exp) in &wanted {
+            let Some((_, o)) = model_outputs.iter().find(|(n, _)| n == name) else {
+                let have: Vec<&str> = model_outputs.iter().map(|(n, _)| n.as_str()).collect();
+                return Err(Error::invalid(format!(
+                    "{what}: {} '{name}' is not an output of the ONNX model (its outputs: {})",
+                    exp.role,
+                    have.join(", ")
+                )));
+            };
+            let fact = typed.outlet_fact(*o).map_err(tract_internal)?;
+            let d = declared_typed(name, fact);
+            let dt = check_tensor(what, exp.role, &d, exp, batching)?;
+            outlets.push(*o);
+            outputs.push(PlanOutput {
+                name: name.clone(),
+                dtype: dt,
+            });
+        }
+        // Outputs nobody reads are not computed.
+        typed
+            .select_output_outlets(&outlets)
+            .map_err(tract_internal)?;
+        let runnable = typed
+            .into_optimized()
+            .map_err(|e| unsupported("optimize", e))?
+            .into_runnable()
+            .map_err(|e| unsupported("plan", e))?;
+        Ok(Plan {
+            runnable,
+            inputs,
+            outputs,
+        })
+    }
+}
+
+/// Checks a tensor the model declares against what the config says; returns the tract
+/// datum type to use.
+fn check_tensor(
+    what: &str,
+    role: &str,
+    d: &Declared,
+    exp: &Expected,
+    batching: bool,
+) -> Result<DatumType> {
+    let name = &d.name;
+    let dt = datum_type(exp.dtype).ok_or_else(|| {
+        Error::unsupported(format!(
+            "{what}: {role} '{name}' is {}, a datatype the ONNX backend cannot run",
+            exp.dtype.as_str()
+        ))
+    })?;
+    if let Some(model_dt) = d.dtype {
+        let same = model_dt == dt || (model_dt == DatumType::TDim && dt == DatumType::I64);
+        if !same {
+            let model_says = data_type(model_dt)
+                .map_or_else(|| format!("{model_dt:?}"), |t| t.as_str().to_owned());
+            return Err(Error::invalid(format!(
+                "{what}: {role} '{name}': the config says {}, the model says {model_says}",
+                exp.dtype.as_str()
+            )));
+        }
+    }
+    if let Some(dims) = &d.dims {
+        let mismatch = || {
+            Error::invalid(format!(
+                "{what}: {role} '{name}': the config's shape {} does not match the model's {}",
+                shape_string(&exp.dims),
+                dims_string(dims)
+            ))
+        };
+        if dims.len() != exp.dims.len() {
+            return Err(mismatch());
+        }
+        for (k, (m, &want)) in dims.iter().zip(&exp.dims).enumerate() {
+            match m {
+                Dim::Fixed(v) if batching && k == 0 => {
+                    return Err(Error::invalid(format!(
+                        "{what}: {role} '{name}': the model fixes dim 0 to {v}, so it cannot batch (max_batch_size > 0); make the model's first dimension symbolic or set max_batch_size: 0"
+                    )));
+                }
+                Dim::Fixed(v) if want >= 0 && *v != want => return Err(mismatch()),
+                _ => {}
+            }
+        }
+    }
+    Ok(dt)
+}
+
+struct OnnxInstance {
+    plan: Plan,
+    state: TypedSimpleState,
+    what: String,
+}
+
+impl ModelInstance for OnnxInstance {
+    fn execute(&mut self, batch: &mut Batch) -> Result<()> {
+        let mut inputs: TVec<TValue> = TVec::with_capacity(self.plan.inputs.len());
+        for pi in &self.plan.inputs {
+            let (bi, data) = batch.input(&pi.name).ok_or_else(|| {
+                Error::invalid(format!(
+                    "{}: input '{}' is missing from the batch",
+                    self.what, pi.name
+                ))
+            })?;
+            let shape: TVec<usize> = bi.shape.iter().map(|&d| d.max(0) as usize).collect();
+            let tensor = if pi.dtype == DatumType::Bool {
+                // Any non-zero byte is true; tract's bool must be 0 or 1.
+                let v: Vec<bool> = data.iter().map(|&b| b != 0).collect();
+                Tensor::from_shape(&shape, &v)
+            } else {
+                // SAFETY: every bit pattern is a valid value of the numeric types used
+                // here; the length is checked against the shape.
+                unsafe { Tensor::from_raw_dt(pi.dtype, &shape, data) }
+            }
+            .map_err(|e| Error::invalid(format!("{}: input '{}': {e:#}", self.what, pi.name)))?;
+            inputs.push(tensor.into_tvalue());
+        }
+        let outs = self.state.run(inputs).map_err(|e| {
+            Error::new(
+                Code::Internal,
+                format!("{}: execution failed: {e:#}", self.what),
+            )
+        })?;
+        for (po, t) in self.plan.outputs.iter().zip(outs) {
+            let t = if t.datum_type() == po.dtype {
+                t
+            } else {
+                t.cast_to_dt(po.dtype)
+                    .map_err(|e| {
+                        Error::internal(format!("{}: output '{}': {e:#}", self.what, po.name))
+                    })?
+                    .into_owned()
+                    .into_tvalue()
+            };
+            let shape: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+            let out = batch.alloc_output(&po.name, &shape, None)?;
+            // tract's bool is one byte of 0 or 1, as BOOL is.
+            let bytes = t.as_bytes();
+            if out.len() != bytes.len() {
+                return Err(Error::internal(format!(
+                    "{}: output '{}' has {} bytes for shape {}, expected {}",
+                    self.what,
+                    po.name,
+                    bytes.len(),
+                    shape_string(&shape),
+                    out.len()
+                )));
+            }
+            out.copy_from_slice(bytes);
+        }
+        Ok(())
+    }
+}
