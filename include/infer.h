@@ -476,6 +476,14 @@ infer_status infer_server_options_set_model_repository(struct infer_server_optio
 infer_status infer_server_options_set_model_control_explicit(struct infer_server_options *opts, bool explicit_);
 
 /**
+ * With explicit model control, names a model of the repository that `infer_server_new`
+ * loads (like Triton's `--load-model`); call once per model. `infer_server_new` fails
+ * with the first such model's error. Without explicit control every model is loaded
+ * anyway and the names are not used.
+ */
+infer_status infer_server_options_add_startup_model(struct infer_server_options *opts, const char *name);
+
+/**
  * GPU use: INFER_GPU_AUTO (0, use one when present), INFER_GPU_OFF (1, never touch
  * CUDA), INFER_GPU_REQUIRED (2, `infer_server_new` fails with UNAVAILABLE without one).
  */

@@ -35,6 +35,8 @@ pub struct ServerOptions {
     pub gpu: GpuMode,
     pub log: Logger,
     pub backends: Vec<(String, Arc<CustomBackend>)>,
+    /// With explicit model control: the repository's models loaded at start-up.
+    pub startup_models: Vec<String>,
 }
 
 impl Default for ServerOptions {
@@ -45,6 +47,7 @@ impl Default for ServerOptions {
             gpu: GpuMode::Auto,
             log: Logger::default(),
             backends: Vec::new(),
+            startup_models: Vec::new(),
         }
     }
 }
@@ -129,23 +132,29 @@ impl Server {
             accepting: AtomicBool::new(true),
             opts,
         });
-        if let (Some(repo), false) = (&server.opts.repository, server.opts.explicit_model_control) {
+        if let Some(repo) = &server.opts.repository {
             let mut names = Vec::new();
-            let entries = std::fs::read_dir(repo).map_err(|e| {
-                Error::not_found(format!("model repository '{}': {e}", repo.display()))
-            })?;
-            for e in entries.flatten() {
-                let p = e.path();
-                if p.join("config.pbtxt").is_file() || p.join("config.json").is_file() {
-                    if let Some(n) = p.file_name().and_then(|n| n.to_str()) {
-                        names.push(n.to_owned());
+            if server.opts.explicit_model_control {
+                // Only the models named at start-up.
+                names.clone_from(&server.opts.startup_models);
+            } else {
+                let entries = std::fs::read_dir(repo).map_err(|e| {
+                    Error::not_found(format!("model repository '{}': {e}", repo.display()))
+                })?;
+                for e in entries.flatten() {
+                    let p = e.path();
+                    if is_model_dir(&p) {
+                        if let Some(n) = p.file_name().and_then(|n| n.to_str()) {
+                            names.push(n.to_owned());
+                        }
                     }
                 }
             }
             names.sort();
+            names.dedup();
             // Ensembles need their composing models first: load in rounds until a round
             // makes no progress.
-            loop {
+            while !names.is_empty() {
                 let mut failed = Vec::new();
                 let mut first_error = None;
                 for n in &names {
@@ -614,14 +623,33 @@ fn read_config(dir: &Path) -> Result<String> {
                 .map_err(|e| Error::invalid(format!("cannot read '{}': {e}", p.display())));
         }
     }
+    // An ONNX model needs no config: everything is read from the model file.
+    if has_onnx_version(dir) {
+        return Ok("platform: \"onnxruntime_onnx\"\n".to_owned());
+    }
     Err(Error::not_found(format!(
-        "no config.pbtxt in '{}'",
+        "no config.pbtxt in '{}' (nor a version folder with model.onnx)",
         dir.display()
     )))
 }
 
-/// The versions to serve: numbered folders chosen by the version policy, or version 1
-/// when the model has no numbered folders (built-in and custom backends need none).
+/// Whether a model folder has a numbered version folder holding `model.onnx`.
+fn has_onnx_version(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|rd| {
+        rd.flatten().any(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<i64>().is_ok_and(|v| v > 0))
+                && e.path().join("model.onnx").is_file()
+        })
+    })
+}
+
+/// Whether a repository entry is a model folder.
+fn is_model_dir(p: &Path) -> bool {
+    p.join("config.pbtxt").is_file() || p.join("config.json").is_file() || has_onnx_version(p)
+}
+
 /// The name a config selects its backend by: `backend`, else `platform`.
 fn backend_key<'a>(backend: &'a str, platform: &'a str) -> &'a str {
     if backend.is_empty() {
@@ -630,6 +658,9 @@ fn backend_key<'a>(backend: &'a str, platform: &'a str) -> &'a str {
         backend
     }
 }
+
+/// The versions to serve: numbered folders chosen by the version policy, or version 1
+/// when the model has no numbered folders (built-in and custom backends need none).
 
 fn select_versions(config: &ModelConfig, dir: Option<&Path>) -> Result<Vec<i64>> {
     let mut found: Vec<i64> = Vec::new();

@@ -83,6 +83,26 @@ pub unsafe extern "C" fn infer_server_options_set_model_control_explicit(
     })
 }
 
+/// With explicit model control, names a model of the repository that `infer_server_new`
+/// loads (like Triton's `--load-model`); call once per model. `infer_server_new` fails
+/// with the first such model's error. Without explicit control every model is loaded
+/// anyway and the names are not used.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_options_add_startup_model(
+    opts: *mut ServerOptions,
+    name: *const c_char,
+) -> infer_status {
+    status_boundary(|| {
+        let o = arg_mut(opts, "opts")?;
+        let n = arg_str(name, "name")?;
+        if n.is_empty() {
+            return Err(Error::invalid("model name must not be empty"));
+        }
+        o.startup_models.push(n.to_owned());
+        Ok(())
+    })
+}
+
 /// GPU use: INFER_GPU_AUTO (0, use one when present), INFER_GPU_OFF (1, never touch
 /// CUDA), INFER_GPU_REQUIRED (2, `infer_server_new` fails with UNAVAILABLE without one).
 #[no_mangle]
