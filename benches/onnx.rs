@@ -1,0 +1,592 @@
+//! ONNX models on the CPU: what the library adds over tract called directly, and what
+//! dynamic batching gains on the CNN.
+//!
+//! Run with `cargo bench --bench onnx -- [--secs S] [overhead] [batching]`; without a
+//! scenario both run. Models: the shipped `models/mlp` and `models/cnn`, and `mlp_wide`
+//! (4 layers of 512, random weights with a fixed seed) written by this program to
+//! `target/onnx-bench/` so that `benches/onnx_ort.py` can time onnxruntime on the same
+//! files. See docs/PERFORMANCE.md.
+//!
+//! * `overhead`: per model and batch size (1, 8, 64), mean time of one call with one
+//!   request in flight: tract's plan run directly (input tensor built from the caller's
+//!   slice, as an application would) vs the same model through the C API (request
+//!   built, enqueued, FINAL response received). The library's overhead is the
+//!   difference.
+//! * `batching`: the CNN with 64 requests of batch 1 in flight from one client, without
+//!   a batcher and with dynamic batching: throughput, p50/p99 latency, mean batch.
+
+use infer::ffi::request::*;
+use infer::ffi::response::*;
+use infer::ffi::server::*;
+use infer::ffi::*;
+use infer::request::{Request, Response};
+use infer::server::ServerOptions;
+use prost::Message;
+use std::ffi::{c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+use tract_onnx::pb;
+use tract_onnx::prelude::*;
+
+fn last_error() -> String {
+    unsafe { CStr::from_ptr(infer_last_error_message()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn check(st: infer_status, what: &str) {
+    if st != INFER_STATUS_OK {
+        eprintln!("{what} failed: status {st}: {}", last_error());
+        std::process::exit(1);
+    }
+}
+
+struct Server(*mut ServerHandle);
+unsafe impl Send for Server {}
+unsafe impl Sync for Server {}
+
+impl Server {
+    fn new() -> Server {
+        unsafe {
+            let mut o: *mut ServerOptions = std::ptr::null_mut();
+            check(infer_server_options_new(&mut o), "infer_server_options_new");
+            check(infer_server_options_set_gpu(o, INFER_GPU_OFF), "set_gpu");
+            let mut s = std::ptr::null_mut();
+            check(infer_server_new(o, &mut s), "infer_server_new");
+            infer_server_options_free(o);
+            Server(s)
+        }
+    }
+
+    fn load(&self, name: &str, config: &str, dir: &Path) {
+        let n = CString::new(name).unwrap();
+        let c = CString::new(config).unwrap();
+        let d = CString::new(dir.to_str().unwrap()).unwrap();
+        check(
+            unsafe { infer_server_load_model(self.0, n.as_ptr(), c.as_ptr(), d.as_ptr()) },
+            "infer_server_load_model",
+        );
+    }
+
+    fn stats(&self, model: &str) -> serde_json::Value {
+        let n = CString::new(model).unwrap();
+        let mut out = std::ptr::null_mut();
+        check(
+            unsafe { infer_server_statistics_json(self.0, n.as_ptr(), &mut out) },
+            "infer_server_statistics_json",
+        );
+        let text = unsafe { CStr::from_ptr(out) }.to_str().unwrap().to_owned();
+        unsafe { infer_string_free(out) };
+        serde_json::from_str(&text).unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        unsafe { infer_server_free(self.0) };
+    }
+}
+
+/// A model to time: its folder, input name and per-row input shape.
+struct BenchModel {
+    name: &'static str,
+    dir: PathBuf,
+    input: &'static str,
+    row: Vec<i64>,
+    output: &'static str,
+}
+
+impl BenchModel {
+    fn row_elems(&self) -> usize {
+        self.row.iter().product::<i64>() as usize
+    }
+    fn config(&self, dynamic: Option<u64>) -> String {
+        let dims: Vec<String> = self.row.iter().map(|d| d.to_string()).collect();
+        let batching = dynamic.map_or(String::new(), |us| {
+            format!("dynamic_batching {{ max_queue_delay_microseconds: {us} }}")
+        });
+        format!(
+            "name: \"{}\" platform: \"onnxruntime_onnx\" max_batch_size: 64\n\
+             input [ {{ name: \"{}\" data_type: TYPE_FP32 dims: [ {} ] }} ]\n\
+             output [ {{ name: \"{}\" data_type: TYPE_FP32 dims: [ -1 ] }} ]\n{batching}\n",
+            self.name,
+            self.input,
+            dims.join(", "),
+            self.output
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The wide MLP, written as ONNX with fixed-seed weights.
+
+struct XorShift(u64);
+impl XorShift {
+    fn next_f32(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
+    }
+}
+
+fn value_info(name: &str, dims: &[Option<i64>]) -> pb::ValueInfoProto {
+    use pb::tensor_shape_proto::dimension::Value as D;
+    let dim = dims
+        .iter()
+        .map(|d| pb::tensor_shape_proto::Dimension {
+            value: Some(match d {
+                Some(v) => D::DimValue(*v),
+                None => D::DimParam("batch".into()),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    pb::ValueInfoProto {
+        name: name.into(),
+        r#type: Some(pb::TypeProto {
+            value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
+                elem_type: pb::tensor_proto::DataType::Float as i32,
+                shape: Some(pb::TensorShapeProto { dim }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn write_wide_mlp(dir: &Path) -> std::io::Result<()> {
+    let widths = [512usize, 512, 512, 512, 10];
+    let mut rng = XorShift(0x5eed_1234_abcd_0001);
+    let mut nodes = Vec::new();
+    let mut inits = Vec::new();
+    let mut prev = "FEATURES".to_owned();
+    for l in 0..widths.len() - 1 {
+        let (k, n) = (widths[l], widths[l + 1]);
+        let w: Vec<f32> = (0..k * n).map(|_| rng.next_f32()).collect();
+        let b: Vec<f32> = (0..n).map(|_| rng.next_f32()).collect();
+        for (name, dims, data) in [
+            (format!("w{l}"), vec![k as i64, n as i64], w),
+            (format!("b{l}"), vec![n as i64], b),
+        ] {
+            inits.push(pb::TensorProto {
+                name,
+                dims,
+                data_type: pb::tensor_proto::DataType::Float as i32,
+                float_data: data,
+                ..Default::default()
+            });
+        }
+        let last = l == widths.len() - 2;
+        let out = if last {
+            "LOGITS".to_owned()
+        } else {
+            format!("h{l}")
+        };
+        let gemm_out = if last { out.clone() } else { format!("g{l}") };
+        nodes.push(pb::NodeProto {
+            op_type: "Gemm".into(),
+            name: format!("gemm{l}"),
+            input: vec![prev.clone(), format!("w{l}"), format!("b{l}")],
+            output: vec![gemm_out.clone()],
+            ..Default::default()
+        });
+        if !last {
+            nodes.push(pb::NodeProto {
+                op_type: "Relu".into(),
+                name: format!("relu{l}"),
+                input: vec![gemm_out],
+                output: vec![out.clone()],
+                ..Default::default()
+            });
+        }
+        prev = out;
+    }
+    let model = pb::ModelProto {
+        ir_version: 8,
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(pb::GraphProto {
+            name: "mlp_wide".into(),
+            node: nodes,
+            initializer: inits,
+            input: vec![value_info("FEATURES", &[None, Some(512)])],
+            output: vec![value_info("LOGITS", &[None, Some(10)])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    std::fs::create_dir_all(dir.join("1"))?;
+    std::fs::write(dir.join("1").join("model.onnx"), model.encode_to_vec())
+}
+
+// ---------------------------------------------------------------------------------------
+// tract called directly, planned the way the library plans (symbolic batch).
+
+struct Direct {
+    state: TypedSimpleState,
+}
+
+impl Direct {
+    fn new(m: &BenchModel) -> TractResult<Direct> {
+        let mut model = tract_onnx::onnx().model_for_path(m.dir.join("1").join("model.onnx"))?;
+        let batch = model.symbols.sym("batch_size");
+        let mut shape: TVec<TDim> = tvec![batch.to_dim()];
+        shape.extend(m.row.iter().map(|&d| TDim::from(d)));
+        model.set_input_fact(0, InferenceFact::dt_shape(f32::datum_type(), shape))?;
+        let plan = model.into_optimized()?.into_runnable()?;
+        Ok(Direct {
+            state: plan.spawn()?,
+        })
+    }
+
+    fn run(&mut self, shape: &[usize], data: &[f32]) -> TractResult<f32> {
+        let t = Tensor::from_shape(shape, data)?;
+        let out = self.state.run(tvec![t.into_tvalue()])?;
+        Ok(out[0]
+            .to_plain_array_view::<f32>()?
+            .iter()
+            .next()
+            .copied()
+            .unwrap_or(f32::NAN))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// One request in flight through the C API.
+
+struct Slot {
+    done: AtomicBool,
+    resp: AtomicPtr<Response>,
+}
+
+unsafe extern "C" fn slot_cb(ud: *mut c_void, resp: *mut Response, flags: u32) {
+    if flags & INFER_RESPONSE_FLAG_FINAL == 0 {
+        infer_response_free(resp);
+        return;
+    }
+    let slot = &*(ud as *const Slot);
+    slot.resp.store(resp, Ordering::Relaxed);
+    slot.done.store(true, Ordering::Release);
+}
+
+fn build_request(s: &Server, m: &CStr, input: &CStr, shape: &[i64], data: &[f32]) -> *mut Request {
+    unsafe {
+        let mut r = std::ptr::null_mut();
+        check(
+            infer_request_new(s.0, m.as_ptr(), -1, &mut r),
+            "infer_request_new",
+        );
+        check(
+            infer_request_add_input(
+                r,
+                input.as_ptr(),
+                INFER_DATATYPE_FP32,
+                shape.as_ptr(),
+                shape.len(),
+                data.as_ptr() as *const c_void,
+                std::mem::size_of_val(data),
+            ),
+            "infer_request_add_input",
+        );
+        r
+    }
+}
+
+fn first_output(resp: *mut Response, name: &CStr) -> f32 {
+    unsafe {
+        let st = infer_response_status(resp);
+        if st != INFER_STATUS_OK {
+            let msg = CStr::from_ptr(infer_response_error_message(resp));
+            eprintln!("request failed: {st}: {}", msg.to_string_lossy());
+            std::process::exit(1);
+        }
+        let (mut dt, mut shape, mut nd, mut data, mut bs) =
+            (0, std::ptr::null(), 0usize, std::ptr::null(), 0usize);
+        check(
+            infer_response_output_by_name(
+                resp,
+                name.as_ptr(),
+                &mut dt,
+                &mut shape,
+                &mut nd,
+                &mut data,
+                &mut bs,
+            ),
+            "infer_response_output_by_name",
+        );
+        let v = *(data as *const f32);
+        infer_response_free(resp);
+        v
+    }
+}
+
+fn inputs(m: &BenchModel, batch: usize) -> Vec<f32> {
+    let mut rng = XorShift(0x1234_5678 + batch as u64);
+    (0..batch * m.row_elems())
+        .map(|_| rng.next_f32() * 10.0)
+        .collect()
+}
+
+/// Times `f` for about `secs` (at least 20 calls) after a warm-up; mean microseconds.
+fn time_mean(secs: f64, mut f: impl FnMut()) -> f64 {
+    for _ in 0..10 {
+        f();
+    }
+    let start = Instant::now();
+    let mut n = 0u64;
+    while n < 20 || start.elapsed().as_secs_f64() < secs {
+        f();
+        n += 1;
+    }
+    start.elapsed().as_secs_f64() * 1e6 / n as f64
+}
+
+fn overhead(models: &[BenchModel], secs: f64) {
+    println!("## overhead: one request in flight, mean microseconds per call");
+    println!("| model | batch | tract direct (us) | libinfer C API (us) | overhead (us) | overhead (%) |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    let s = Server::new();
+    for m in models {
+        s.load(m.name, &m.config(None), &m.dir);
+        let mut direct = match Direct::new(m) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("tract cannot plan {}: {e:#}", m.name);
+                std::process::exit(1);
+            }
+        };
+        let name = CString::new(m.name).unwrap();
+        let input = CString::new(m.input).unwrap();
+        let output = CString::new(m.output).unwrap();
+        for batch in [1usize, 8, 64] {
+            let data = inputs(m, batch);
+            let mut shape_i: Vec<i64> = vec![batch as i64];
+            shape_i.extend(&m.row);
+            let shape_u: Vec<usize> = shape_i.iter().map(|&d| d as usize).collect();
+            // Both paths must compute the same thing.
+            let want = direct.run(&shape_u, &data).unwrap_or(f32::NAN);
+            let slot = Slot {
+                done: AtomicBool::new(false),
+                resp: AtomicPtr::new(std::ptr::null_mut()),
+            };
+            let call = || {
+                let r = build_request(&s, &name, &input, &shape_i, &data);
+                slot.done.store(false, Ordering::Relaxed);
+                check(
+                    unsafe {
+                        infer_server_enqueue(
+                            s.0,
+                            r,
+                            Some(slot_cb),
+                            &slot as *const Slot as *mut c_void,
+                            std::ptr::null_mut(),
+                        )
+                    },
+                    "infer_server_enqueue",
+                );
+                while !slot.done.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+                first_output(slot.resp.load(Ordering::Relaxed), &output)
+            };
+            let got = call();
+            if (got - want).abs() > 1e-4 * want.abs().max(1.0) {
+                eprintln!(
+                    "{} batch {batch}: libinfer gives {got}, tract {want}",
+                    m.name
+                );
+                std::process::exit(1);
+            }
+            // Alternate the two so drifts of the machine hit both alike.
+            let (mut td, mut tl) = (0.0, 0.0);
+            for _ in 0..3 {
+                td += time_mean(secs / 6.0, || {
+                    std::hint::black_box(direct.run(&shape_u, &data).unwrap_or(0.0));
+                });
+                tl += time_mean(secs / 6.0, || {
+                    std::hint::black_box(call());
+                });
+            }
+            let (td, tl) = (td / 3.0, tl / 3.0);
+            println!(
+                "| {} | {batch} | {td:.1} | {tl:.1} | {:.1} | {:.1} |",
+                m.name,
+                tl - td,
+                (tl - td) / td * 100.0
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 64 requests in flight on the CNN.
+
+struct Window {
+    state: Mutex<(usize, Vec<u64>)>,
+    cv: Condvar,
+}
+
+struct Tag {
+    window: *const Window,
+    start: Instant,
+}
+
+unsafe extern "C" fn window_cb(ud: *mut c_void, resp: *mut Response, flags: u32) {
+    let final_ = flags & INFER_RESPONSE_FLAG_FINAL != 0;
+    if final_ && infer_response_status(resp) != INFER_STATUS_OK {
+        let msg = CStr::from_ptr(infer_response_error_message(resp));
+        eprintln!("request failed: {}", msg.to_string_lossy());
+        std::process::exit(1);
+    }
+    infer_response_free(resp);
+    if !final_ {
+        return;
+    }
+    let tag = Box::from_raw(ud as *mut Tag);
+    let w = &*tag.window;
+    let us = tag.start.elapsed().as_micros() as u64;
+    let mut st = w.state.lock().unwrap();
+    st.0 -= 1;
+    st.1.push(us);
+    drop(st);
+    w.cv.notify_one();
+}
+
+fn batching(cnn: &BenchModel, secs: f64) {
+    println!("## batching: the CNN, 64 requests of batch 1 in flight, one instance");
+    println!("| scheduler | requests/s | p50 (us) | p99 (us) | mean batch |");
+    println!("|---|---:|---:|---:|---:|");
+    let cases: [(&str, Option<u64>); 3] = [
+        ("none (default scheduler)", None),
+        ("dynamic, delay 0", Some(0)),
+        ("dynamic, delay 500 us", Some(500)),
+    ];
+    let data = inputs(cnn, 1);
+    let mut shape: Vec<i64> = vec![1];
+    shape.extend(&cnn.row);
+    let input = CString::new(cnn.input).unwrap();
+    for (label, dynamic) in cases {
+        let s = Server::new();
+        s.load(cnn.name, &cnn.config(dynamic), &cnn.dir);
+        let name = CString::new(cnn.name).unwrap();
+        let w = Window {
+            state: Mutex::new((0, Vec::new())),
+            cv: Condvar::new(),
+        };
+        let run = |dur: Duration| -> (u64, Vec<u64>) {
+            w.state.lock().unwrap().1.clear();
+            let start = Instant::now();
+            let mut sent = 0u64;
+            while start.elapsed() < dur {
+                {
+                    let mut st = w.state.lock().unwrap();
+                    while st.0 >= 64 {
+                        st = w.cv.wait(st).unwrap();
+                    }
+                    st.0 += 1;
+                }
+                let r = build_request(&s, &name, &input, &shape, &data);
+                let tag = Box::into_raw(Box::new(Tag {
+                    window: &w,
+                    start: Instant::now(),
+                }));
+                check(
+                    unsafe {
+                        infer_server_enqueue(
+                            s.0,
+                            r,
+                            Some(window_cb),
+                            tag as *mut c_void,
+                            std::ptr::null_mut(),
+                        )
+                    },
+                    "infer_server_enqueue",
+                );
+                sent += 1;
+            }
+            let mut st = w.state.lock().unwrap();
+            while st.0 > 0 {
+                st = w.cv.wait(st).unwrap();
+            }
+            let lat = std::mem::take(&mut st.1);
+            (sent, lat)
+        };
+        run(Duration::from_secs_f64(0.3));
+        let before = s.stats(cnn.name);
+        let t0 = Instant::now();
+        let (sent, mut lat) = run(Duration::from_secs_f64(secs));
+        let elapsed = t0.elapsed().as_secs_f64();
+        let after = s.stats(cnn.name);
+        lat.sort_unstable();
+        let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+        let count = |v: &serde_json::Value, k: &str| v["models"][0][k].as_u64().unwrap_or(0);
+        let execs = count(&after, "execution_count") - count(&before, "execution_count");
+        let infs = count(&after, "inference_count") - count(&before, "inference_count");
+        println!(
+            "| {label} | {:.0} | {} | {} | {:.1} |",
+            sent as f64 / elapsed,
+            pct(0.50),
+            pct(0.99),
+            infs as f64 / execs.max(1) as f64
+        );
+    }
+}
+
+fn main() {
+    let mut secs = 3.0;
+    let mut scenarios: Vec<String> = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--secs" => secs = args.next().and_then(|v| v.parse().ok()).unwrap_or(secs),
+            "--bench" => {}
+            "-h" | "--help" => {
+                println!("cargo bench --bench onnx -- [--secs S] [overhead] [batching]");
+                return;
+            }
+            s if s.starts_with('-') => {}
+            s => scenarios.push(s.to_owned()),
+        }
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let wide = root.join("target").join("onnx-bench").join("mlp_wide");
+    if let Err(e) = write_wide_mlp(&wide) {
+        eprintln!("cannot write {}: {e}", wide.display());
+        std::process::exit(1);
+    }
+    let models = [
+        BenchModel {
+            name: "mlp",
+            dir: root.join("models").join("mlp"),
+            input: "FEATURES",
+            row: vec![64],
+            output: "LOGITS",
+        },
+        BenchModel {
+            name: "cnn",
+            dir: root.join("models").join("cnn"),
+            input: "PIXELS",
+            row: vec![1, 28, 28],
+            output: "LOGITS",
+        },
+        BenchModel {
+            name: "mlp_wide",
+            dir: wide,
+            input: "FEATURES",
+            row: vec![512],
+            output: "LOGITS",
+        },
+    ];
+    let all = scenarios.is_empty();
+    if all || scenarios.iter().any(|s| s == "overhead") {
+        overhead(&models, secs);
+    }
+    if all || scenarios.iter().any(|s| s == "batching") {
+        batching(&models[1], secs);
+    }
+}
