@@ -661,7 +661,6 @@ fn backend_key<'a>(backend: &'a str, platform: &'a str) -> &'a str {
 
 /// The versions to serve: numbered folders chosen by the version policy, or version 1
 /// when the model has no numbered folders (built-in and custom backends need none).
-
 fn select_versions(config: &ModelConfig, dir: Option<&Path>) -> Result<Vec<i64>> {
     let mut found: Vec<i64> = Vec::new();
     if let Some(dir) = dir {
