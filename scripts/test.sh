@@ -39,6 +39,41 @@ build_c_tests() {
     echo "built $C_TESTS/c_api_tests"
 }
 
+# The onnx release whose node test cases tests/onnx_conformance.rs runs (its wheel ships
+# them); tests/onnx_conformance_known.txt is true for this version.
+ONNX_VERSION=1.19.1
+
+# onnx_python VENV: makes VENV (once) with the pinned onnx in it, installing Debian's
+# python3 / python3-venv when they are missing.
+onnx_python() {
+    local venv="$1"
+    if "$venv/bin/python" -c "import onnx, sys; sys.exit(onnx.__version__ != '$ONNX_VERSION')" 2>/dev/null; then
+        return 0
+    fi
+    ensure_tool python3 python3
+    if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+        rm -rf "$venv"
+        if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+            # Debian and Ubuntu ship venv's pip bootstrap separately.
+            rm -rf "$venv"
+            apt_install python3-venv
+            python3 -m venv "$venv"
+        fi
+    fi
+    echo "-- installing onnx==$ONNX_VERSION into $venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "onnx==$ONNX_VERSION"
+}
+
+# ONNX's node test cases on the ONNX backend: prepares them into $TARGET_DIR/onnx-conformance
+# (again only when onnx or the script changed) and runs tests/onnx_conformance.rs on them.
+onnx_conformance() {
+    local venv="$TARGET_DIR/onnx-venv" out="$TARGET_DIR/onnx-conformance"
+    case "$out" in /*) ;; *) out="$PWD/$out" ;; esac
+    onnx_python "$venv"
+    "$venv/bin/python" scripts/onnx_conformance.py "$out"
+    INFER_ONNX_CONFORMANCE_DIR="$out" cargo test --release --test onnx_conformance -- --nocapture
+}
+
 summary() {
     local rc=$?
     [[ -n "$current" ]] && steps+=("$current|FAILED")
@@ -52,6 +87,10 @@ summary() {
         awk '/^ *Running / { name = ($2 == "unittests") ? $3 : $2 }
              /^ *Doc-tests / { name = "doc-tests " $2 }
              /^test result:/ { printf "  %-28s %s\n", name, $0 }' "$LOGS/cargo-test.log"
+    fi
+    if [[ -f "$LOGS/onnx-conformance.log" ]]; then
+        echo "ONNX node test cases (onnx $ONNX_VERSION):"
+        grep -E '^onnx conformance: passed' "$LOGS/onnx-conformance.log" | sed 's/^/  /' || true
     fi
     [[ -f "$LOGS/symbols.log" ]] && sed 's/^/  /' "$LOGS/symbols.log"
     if [[ -f "$LOGS/c-tests.log" ]]; then
@@ -77,6 +116,7 @@ ensure_rust_component clippy
 step fmt cargo fmt --check
 step clippy cargo clippy --all-targets -- -D warnings
 step cargo-test cargo test --release
+step onnx-conformance onnx_conformance
 step build cargo build --release
 step symbols tests/symbols.sh "$LIB_DIR/libinfer.so"
 step c-build build_c_tests
