@@ -130,10 +130,12 @@ impl Dim {
             Err(_) => Dim::Any(Some(d.clone())),
         }
     }
+    /// The config's dim: a size, or -1 for any size (also for a fixed 0, which configs
+    /// cannot state).
     fn config(&self) -> i64 {
         match self {
-            Dim::Fixed(v) => *v,
-            Dim::Any(_) => -1,
+            Dim::Fixed(v) if *v > 0 => *v,
+            _ => -1,
         }
     }
 }
@@ -183,19 +185,37 @@ fn declared_typed(name: &str, fact: &TypedFact) -> Declared {
 
 /// Reads the model file; operators tract does not implement are refused here, by name
 /// and node.
-fn load(file: &Path, what: &str) -> Result<InferenceModel> {
+fn load(file: &Path, what: &str, output_shapes: bool) -> Result<InferenceModel> {
     if !file.is_file() {
         return Err(Error::not_found(format!(
             "{what}: model file '{}' not found",
             file.display()
         )));
     }
-    let model = tract_onnx::onnx().model_for_path(file).map_err(|e| {
+    let onnx = tract_onnx::onnx().with_ignore_output_shapes(!output_shapes);
+    let proto = onnx.proto_model_for_path(file).map_err(|e| {
         Error::invalid(format!(
-            "{what}: '{}' is not an ONNX model tract can read: {e:#}",
+            "{what}: '{}' is not an ONNX model: {e:#}",
             file.display()
         ))
     })?;
+    // A file that decodes but that tract cannot turn into a graph uses something tract
+    // does not implement (an attribute, a datatype, a mode).
+    let dir = file.parent().and_then(Path::to_str);
+    let parsed = onnx.parse(&proto, dir).map_err(|e| {
+        Error::unsupported(format!(
+            "{what}: the ONNX backend (tract) cannot read '{}': {e:#}",
+            file.display()
+        ))
+    })?;
+    if !parsed.unresolved_inputs.is_empty() {
+        return Err(Error::invalid(format!(
+            "{what}: '{}' uses tensors no node or initializer produces: {}",
+            file.display(),
+            parsed.unresolved_inputs.join(", ")
+        )));
+    }
+    let model = parsed.model;
     let missing: Vec<String> = model
         .nodes()
         .iter()
@@ -266,7 +286,7 @@ pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Path>) -> Result<()> {
         }
         return Ok(());
     };
-    let Some(version) = latest_version(dir, &c.default_model_filename) else {
+    let Some(version) = served_version(dir, c) else {
         if c.input.is_empty() || c.output.is_empty() {
             return Err(Error::not_found(format!(
                 "model '{name}': no version folder of '{}' holds {}",
@@ -282,7 +302,7 @@ pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Path>) -> Result<()> {
     };
     let file = model_file(dir, version, &c.default_model_filename);
     let what = format!("model '{name}' version {version}");
-    let model = load(&file, &what)?;
+    let model = load(&file, &what, true)?;
     let inputs = model_inputs(&model)?;
     // Output facts come from analysis when it succeeds (the model's own declarations
     // may be partial), else from what the file declares.
@@ -308,6 +328,18 @@ pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Path>) -> Result<()> {
             declared
         } else {
             match model.clone().into_typed() {
+                // With every input known, a failed analysis is tract's limit: say so
+                // rather than that the model does not declare an output.
+                Err(e)
+                    if inputs.iter().all(|d| d.dtype.is_some() && d.dims.is_some())
+                        && declared
+                            .iter()
+                            .any(|d| d.dtype.is_none() || d.dims.is_none()) =>
+                {
+                    return Err(Error::unsupported(format!(
+                        "{what}: the ONNX backend (tract) cannot analyse the model to complete its config: {e:#}"
+                    )));
+                }
                 Ok(typed) => {
                     let outlets = typed.output_outlets().map_err(tract_internal)?.to_vec();
                     outlets
@@ -343,7 +375,21 @@ pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Path>) -> Result<()> {
     let io_inputs: Vec<&Declared> = inputs.iter().filter(|d| is_input(&d.name)).collect();
     let io_outputs: Vec<&Declared> = outputs.iter().filter(|d| is_output(&d.name)).collect();
 
-    if c.max_batch_size == 0 {
+    // A config whose listed dims already cover a tensor's full rank does not batch.
+    let rank = |n: &str| {
+        inputs
+            .iter()
+            .chain(outputs.iter())
+            .find(|d| d.name == n)
+            .and_then(|d| d.dims.as_ref().map(Vec::len))
+    };
+    let full_rank_listed = c
+        .input
+        .iter()
+        .map(|t| (&t.name, &t.dims))
+        .chain(c.output.iter().map(|t| (&t.name, &t.dims)))
+        .any(|(n, dims)| !dims.is_empty() && rank(n) == Some(dims.len()));
+    if c.max_batch_size == 0 && !full_rank_listed {
         let symbolic_first = |d: &&Declared| {
             d.dims
                 .as_ref()
@@ -428,13 +474,24 @@ pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
-/// The highest-numbered version folder that holds the model file.
-fn latest_version(dir: &Path, default_filename: &str) -> Option<i64> {
+/// The version auto-complete reads: the highest-numbered version folder holding the
+/// model file among those the version policy serves.
+fn served_version(dir: &Path, c: &pb::ModelConfig) -> Option<i64> {
+    use pb::model_version_policy::PolicyChoice;
+    let specific = match c
+        .version_policy
+        .as_ref()
+        .and_then(|p| p.policy_choice.as_ref())
+    {
+        Some(PolicyChoice::Specific(s)) => Some(&s.versions),
+        _ => None,
+    };
     std::fs::read_dir(dir)
         .ok()?
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i64>().ok())
-        .filter(|&v| v > 0 && model_file(dir, v, default_filename).is_file())
+        .filter(|&v| v > 0 && specific.is_none_or(|vs| vs.contains(&v)))
+        .filter(|&v| model_file(dir, v, &c.default_model_filename).is_file())
         .max()
 }
 
@@ -466,7 +523,7 @@ struct Expected {
 
 impl Plan {
     fn build(config: &ModelConfig, file: &Path, what: &str) -> Result<Plan> {
-        let mut model = load(file, what)?;
+        let mut model = load(file, what, false)?;
         let declared = model_inputs(&model)?;
         let batching = config.max_batch_size > 0;
         let batch = model.symbols.sym("batch_size");
@@ -517,7 +574,7 @@ impl Plan {
                     have.join(", ")
                 )));
             };
-            let dt = check_tensor(what, exp.role, d, &exp, batching)?;
+            let dt = check_tensor(what, exp.role, d, &exp, config.max_batch_size)?;
             // The plan's input fact: the batch symbol, fixed sizes, and for -1 the
             // model's own dim (or a symbol of its own).
             let model_dims = d.dims.clone().unwrap_or_default();
@@ -605,7 +662,7 @@ impl Plan {
             };
             let fact = typed.outlet_fact(*o).map_err(tract_internal)?;
             let d = declared_typed(name, fact);
-            let dt = check_tensor(what, exp.role, &d, exp, batching)?;
+            let dt = check_tensor(what, exp.role, &d, exp, config.max_batch_size)?;
             outlets.push(*o);
             outputs.push(PlanOutput {
                 name: name.clone(),
@@ -636,9 +693,10 @@ fn check_tensor(
     role: &str,
     d: &Declared,
     exp: &Expected,
-    batching: bool,
+    max_batch_size: u32,
 ) -> Result<DatumType> {
     let name = &d.name;
+    let batching = max_batch_size > 0;
     let dt = datum_type(exp.dtype).ok_or_else(|| {
         Error::unsupported(format!(
             "{what}: {role} '{name}' is {}, a datatype the ONNX backend cannot run",
@@ -657,24 +715,39 @@ fn check_tensor(
         }
     }
     if let Some(dims) = &d.dims {
+        // The dims as the config writes them (without the batch dimension).
+        let skip = usize::from(batching);
+        let config_dims = shape_string(&exp.dims[skip.min(exp.dims.len())..]);
+        let batch_note = if batching {
+            " (after the batch dimension)"
+        } else {
+            ""
+        };
         let mismatch = || {
             Error::invalid(format!(
-                "{what}: {role} '{name}': the config's shape {} does not match the model's {}",
-                shape_string(&exp.dims),
+                "{what}: {role} '{name}': the config's dims {config_dims}{batch_note} do not match the model's shape {}",
                 dims_string(dims)
             ))
         };
         if dims.len() != exp.dims.len() {
             return Err(mismatch());
         }
+        let is_input = role.ends_with("input");
         for (k, (m, &want)) in dims.iter().zip(&exp.dims).enumerate() {
             match m {
                 Dim::Fixed(v) if batching && k == 0 => {
                     return Err(Error::invalid(format!(
-                        "{what}: {role} '{name}': the model fixes dim 0 to {v}, so it cannot batch (max_batch_size > 0); make the model's first dimension symbolic or set max_batch_size: 0"
+                        "{what}: {role} '{name}': the model fixes dim 0 to {v}, so it cannot batch (max_batch_size is {max_batch_size}); make the model's first dimension symbolic or set max_batch_size: 0"
                     )));
                 }
                 Dim::Fixed(v) if want >= 0 && *v != want => return Err(mismatch()),
+                // A request of another size would reach the model and fail there.
+                Dim::Fixed(v) if want < 0 && *v > 0 && is_input => {
+                    return Err(Error::invalid(format!(
+                        "{what}: {role} '{name}': the config's dims {config_dims}{batch_note} allow any size where the model's shape {} fixes {v}; write {v}",
+                        dims_string(dims)
+                    )));
+                }
                 _ => {}
             }
         }
