@@ -101,6 +101,10 @@ summary() {
         echo "ctest:"
         grep -E 'tests passed|tests failed' "$LOGS/ctest.log" | sed 's/^/  /' || true
     fi
+    if [[ -f "$LOGS/go.log" ]]; then
+        echo "Go:"
+        grep -E '^(ok|FAIL|---) |^Go binding:' "$LOGS/go.log" | sed 's/^/  /' || true
+    fi
     if [[ $rc -eq 0 ]]; then
         echo "ALL CHECKS PASSED"
     else
@@ -123,3 +127,4 @@ step c-build build_c_tests
 step c-tests "$C_TESTS/c_api_tests"
 step cpp-examples build_cpp_examples
 step ctest ctest --test-dir cpp_examples/build --output-on-failure
+step go scripts/test_go.sh

@@ -1,0 +1,21 @@
+/* The C side of the Go binding: trampolines from the library's callbacks into Go
+ * (trampolines.c). Go code cannot take the address of a C function that calls back into
+ * Go, nor turn a cgo.Handle into a void * without tripping vet, so these helpers do both. */
+#ifndef GOINFER_BRIDGE_H
+#define GOINFER_BRIDGE_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include "infer.h"
+
+/* infer_server_enqueue with the response trampoline; `handle` is a cgo.Handle of a
+ * responseSink, deleted by Go at the FINAL response. */
+infer_status goinfer_enqueue(infer_server *s, infer_request *r, uintptr_t handle,
+                             uint64_t *request_id);
+
+/* infer_server_options_set_log_callback with the log trampoline; `handle` is a cgo.Handle
+ * of a Go func(LogLevel, string) that the Server deletes after infer_server_free. */
+infer_status goinfer_set_log_callback(infer_server_options *o, uint32_t min_level,
+                                      uintptr_t handle);
+
+#endif

@@ -1,0 +1,3 @@
+module libinfer/bindings/go
+
+go 1.19

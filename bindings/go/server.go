@@ -1,0 +1,313 @@
+package infer
+
+/*
+#include <stdlib.h>
+#include "bridge.h"
+*/
+import "C"
+
+import (
+	"runtime/cgo"
+	"sync"
+	"time"
+)
+
+// GPUMode says whether the server uses a GPU.
+type GPUMode uint32
+
+// GPU modes (INFER_GPU_*).
+const (
+	GPUAuto     GPUMode = C.INFER_GPU_AUTO     // use one when present
+	GPUOff      GPUMode = C.INFER_GPU_OFF      // never touch CUDA
+	GPURequired GPUMode = C.INFER_GPU_REQUIRED // NewServer fails with Unavailable without one
+)
+
+// LogLevel is the severity of a library log message.
+type LogLevel uint32
+
+// Log levels (INFER_LOG_*); a lower value is more severe.
+const (
+	LogError LogLevel = C.INFER_LOG_ERROR
+	LogWarn  LogLevel = C.INFER_LOG_WARN
+	LogInfo  LogLevel = C.INFER_LOG_INFO
+	LogDebug LogLevel = C.INFER_LOG_DEBUG
+)
+
+// ServerOptions configures NewServer. The zero value is the library's defaults: no
+// repository, GPU auto, errors and warnings to stderr.
+type ServerOptions struct {
+	// ModelRepository is a folder of <model>/config.pbtxt (Triton's layout). Without
+	// ExplicitModelControl every model in it is loaded by NewServer.
+	ModelRepository string
+	// ExplicitModelControl loads only StartupModels at start and then what LoadModel names.
+	ExplicitModelControl bool
+	// StartupModels are the repository models NewServer loads under explicit control.
+	StartupModels []string
+	GPU           GPUMode
+	// Log, when set, receives the library's messages of LogLevel and more severe (LogWarn
+	// when LogLevel is 0). It is called on library threads, concurrently, and must
+	// neither block nor call Server.Close, Server.Shutdown or Server.Infer.
+	Log      func(level LogLevel, message string)
+	LogLevel LogLevel
+}
+
+// Server is an inference server inside this process. Its methods may be called from any
+// goroutine. Close it when done: it waits for the accepted requests to finish and
+// releases the library's threads and memory; there is no finalizer.
+type Server struct {
+	mu  sync.RWMutex
+	ptr *C.infer_server
+	log cgo.Handle // 0 without a Log function; deleted after the server is freed
+}
+
+// NewServer checks that the loaded library implements a compatible C API, then creates
+// a server (nil options = defaults). With a repository and no explicit model control,
+// every model in it is loaded and the first failure fails the call.
+func NewServer(opts *ServerOptions) (*Server, error) {
+	libMajor, libMinor := APIVersion()
+	if err := checkAPIVersion(libMajor, libMinor, APIVersionMajor, APIVersionMinor); err != nil {
+		return nil, err
+	}
+	if opts == nil {
+		opts = &ServerOptions{}
+	}
+	var copts *C.infer_server_options
+	if err := call(func() C.infer_status { return C.infer_server_options_new(&copts) }); err != nil {
+		return nil, err
+	}
+	s := &Server{}
+	err := s.apply(copts, opts)
+	var p *C.infer_server
+	if err == nil {
+		err = call(func() C.infer_status { return C.infer_server_new(copts, &p) })
+	}
+	// The server keeps its own copy of the options. The log handle goes only after both
+	// are gone: the library may log until then.
+	C.infer_server_options_free(copts)
+	if err != nil {
+		s.dropLog()
+		return nil, err
+	}
+	s.ptr = p
+	return s, nil
+}
+
+// apply copies opts into the C options.
+func (s *Server) apply(copts *C.infer_server_options, opts *ServerOptions) error {
+	if opts.ModelRepository != "" {
+		path, err := cString("model repository", opts.ModelRepository)
+		if err != nil {
+			return err
+		}
+		err = call(func() C.infer_status { return C.infer_server_options_set_model_repository(copts, path) })
+		freeCString(path)
+		if err != nil {
+			return err
+		}
+	}
+	if opts.ExplicitModelControl {
+		if err := call(func() C.infer_status {
+			return C.infer_server_options_set_model_control_explicit(copts, true)
+		}); err != nil {
+			return err
+		}
+	}
+	for _, name := range opts.StartupModels {
+		cname, err := cString("model name", name)
+		if err != nil {
+			return err
+		}
+		err = call(func() C.infer_status { return C.infer_server_options_add_startup_model(copts, cname) })
+		freeCString(cname)
+		if err != nil {
+			return err
+		}
+	}
+	if err := call(func() C.infer_status { return C.infer_server_options_set_gpu(copts, C.uint32_t(opts.GPU)) }); err != nil {
+		return err
+	}
+	if opts.Log != nil {
+		level := opts.LogLevel
+		if level == 0 {
+			level = LogWarn
+		}
+		s.log = cgo.NewHandle(opts.Log)
+		if err := call(func() C.infer_status {
+			return C.goinfer_set_log_callback(copts, C.uint32_t(level), C.uintptr_t(s.log))
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Server) dropLog() {
+	if s.log != 0 {
+		s.log.Delete()
+		s.log = 0
+	}
+}
+
+// use runs f with the live C server, or fails with Unavailable once the server is
+// closed. Close waits for running calls to return before it frees the server.
+func (s *Server) use(f func(p *C.infer_server) error) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.ptr == nil {
+		return errServerClosed
+	}
+	return f(s.ptr)
+}
+
+// Close shuts the server down, letting queued and running requests finish (up to 30
+// s, then they end CANCELLED), and releases it; call Shutdown first for another drain
+// time. Calling it again, or on nil, does nothing.
+func (s *Server) Close() error {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	p := s.ptr
+	s.ptr = nil
+	s.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	C.infer_server_free(p)
+	s.dropLog()
+	return nil
+}
+
+// Shutdown stops accepting requests (they fail with Unavailable), lets queued and
+// running ones finish, and after timeout cancels what is left (each ends CANCELLED). It
+// returns when every library worker has stopped. Idempotent; Close is still needed.
+func (s *Server) Shutdown(timeout time.Duration) error {
+	ms := uint64(timeout / time.Millisecond)
+	return s.use(func(p *C.infer_server) error {
+		return call(func() C.infer_status { return C.infer_server_shutdown(p, C.uint64_t(ms)) })
+	})
+}
+
+// LoadModel loads a model, or replaces it if the name is loaded (new requests go to the
+// new model, in-flight ones finish on the old). config is config.pbtxt text or the same
+// schema as JSON; "" reads <modelDir>/config.pbtxt. modelDir "" means
+// <repository>/<name> (or no folder, for built-in backends).
+func (s *Server) LoadModel(name, config, modelDir string) error {
+	cname, err := cString("model name", name)
+	if err != nil {
+		return err
+	}
+	defer freeCString(cname)
+	cconfig, err := cStringOrNil("model config", config)
+	if err != nil {
+		return err
+	}
+	defer freeCString(cconfig)
+	cdir, err := cStringOrNil("model folder", modelDir)
+	if err != nil {
+		return err
+	}
+	defer freeCString(cdir)
+	return s.use(func(p *C.infer_server) error {
+		return call(func() C.infer_status { return C.infer_server_load_model(p, cname, cconfig, cdir) })
+	})
+}
+
+// modelCall runs a call that takes the server and a model name.
+func (s *Server) modelCall(name string, f func(p *C.infer_server, cname *C.char) C.infer_status) error {
+	cname, err := cString("model name", name)
+	if err != nil {
+		return err
+	}
+	defer freeCString(cname)
+	return s.use(func(p *C.infer_server) error {
+		return call(func() C.infer_status { return f(p, cname) })
+	})
+}
+
+// UnloadModel unloads a model after its queued and running requests finish.
+func (s *Server) UnloadModel(name string) error {
+	return s.modelCall(name, func(p *C.infer_server, cname *C.char) C.infer_status {
+		return C.infer_server_unload_model(p, cname)
+	})
+}
+
+// PauseModel holds batch formation for a model: requests are still accepted (queue
+// limits and timeouts apply) but nothing starts until ResumeModel.
+func (s *Server) PauseModel(name string) error {
+	return s.modelCall(name, func(p *C.infer_server, cname *C.char) C.infer_status {
+		return C.infer_server_pause_model(p, cname)
+	})
+}
+
+// ResumeModel resumes a paused model.
+func (s *Server) ResumeModel(name string) error {
+	return s.modelCall(name, func(p *C.infer_server, cname *C.char) C.infer_status {
+		return C.infer_server_resume_model(p, cname)
+	})
+}
+
+// ModelReady reports whether a version of the model (LatestVersion for the latest) is
+// loaded and serving.
+func (s *Server) ModelReady(name string, version int64) (bool, error) {
+	var ready C.bool
+	err := s.modelCall(name, func(p *C.infer_server, cname *C.char) C.infer_status {
+		return C.infer_server_model_ready(p, cname, C.int64_t(version), &ready)
+	})
+	return bool(ready), err
+}
+
+// ModelConfigJSON returns a model's configuration as JSON (Triton's field names), as
+// completed by the library.
+func (s *Server) ModelConfigJSON(name string, version int64) (string, error) {
+	cname, err := cString("model name", name)
+	if err != nil {
+		return "", err
+	}
+	defer freeCString(cname)
+	var out string
+	err = s.use(func(p *C.infer_server) error {
+		var err error
+		out, err = ownedString(func(o **C.char) C.infer_status {
+			return C.infer_server_model_config_json(p, cname, C.int64_t(version), o)
+		})
+		return err
+	})
+	return out, err
+}
+
+// StatisticsJSON returns the statistics of one model, or of all with model "".
+func (s *Server) StatisticsJSON(model string) (string, error) {
+	cname, err := cStringOrNil("model name", model)
+	if err != nil {
+		return "", err
+	}
+	defer freeCString(cname)
+	var out string
+	err = s.use(func(p *C.infer_server) error {
+		var err error
+		out, err = ownedString(func(o **C.char) C.infer_status { return C.infer_server_statistics_json(p, cname, o) })
+		return err
+	})
+	return out, err
+}
+
+// MetricsPrometheus returns the statistics in Prometheus text format.
+func (s *Server) MetricsPrometheus() (string, error) {
+	var out string
+	err := s.use(func(p *C.infer_server) error {
+		var err error
+		out, err = ownedString(func(o **C.char) C.infer_status { return C.infer_server_metrics_prometheus(p, o) })
+		return err
+	})
+	return out, err
+}
+
+// Cancel cancels a request by the id Enqueue returned: a queued request ends at once
+// with a FINAL Cancelled response; one already executing finishes normally. Unknown or
+// finished ids are NotFound.
+func (s *Server) Cancel(requestID uint64) error {
+	return s.use(func(p *C.infer_server) error {
+		return call(func() C.infer_status { return C.infer_server_cancel(p, C.uint64_t(requestID)) })
+	})
+}

@@ -1,0 +1,22 @@
+// Trampolines from the library's C callbacks into the Go functions exported in
+// callbacks.go. They run on library threads; the Go side never blocks there.
+#include "bridge.h"
+#include "_cgo_export.h"
+
+static void on_response(void *user_data, infer_response *response, uint32_t flags) {
+    goinferOnResponse((uintptr_t)user_data, response, flags);
+}
+
+infer_status goinfer_enqueue(infer_server *s, infer_request *r, uintptr_t handle,
+                             uint64_t *request_id) {
+    return infer_server_enqueue(s, r, on_response, (void *)handle, request_id);
+}
+
+static void on_log(void *user_data, uint32_t level, const char *message) {
+    goinferOnLog((uintptr_t)user_data, level, (char *)message);
+}
+
+infer_status goinfer_set_log_callback(infer_server_options *o, uint32_t min_level,
+                                      uintptr_t handle) {
+    return infer_server_options_set_log_callback(o, min_level, on_log, (void *)handle);
+}
