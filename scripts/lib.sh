@@ -33,6 +33,7 @@ ensure_build_tools() {
         exit 1
     fi
     ensure_tool gcc gcc
+    ensure_tool g++ g++
     ensure_tool cmake cmake
     ensure_tool nm binutils
     ensure_tool ninja ninja-build || echo "-- ninja unavailable; CMake will use make"

@@ -101,6 +101,10 @@ summary() {
         echo "ctest:"
         grep -E 'tests passed|tests failed' "$LOGS/ctest.log" | sed 's/^/  /' || true
     fi
+    if [[ -f "$LOGS/cpp-binding.log" ]]; then
+        echo "C++ binding (GoogleTest + examples):"
+        grep -E 'tests passed|tests failed' "$LOGS/cpp-binding.log" | sed 's/^/  /' || true
+    fi
     if [[ -f "$LOGS/go.log" ]]; then
         echo "Go:"
         grep -E '^(ok|FAIL|---) |^Go binding:' "$LOGS/go.log" | sed 's/^/  /' || true
@@ -127,4 +131,5 @@ step c-build build_c_tests
 step c-tests "$C_TESTS/c_api_tests"
 step cpp-examples build_cpp_examples
 step ctest ctest --test-dir cpp_examples/build --output-on-failure
+step cpp-binding scripts/test_cpp.sh
 step go scripts/test_go.sh
