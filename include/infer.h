@@ -307,6 +307,13 @@ infer_status infer_batch_set_request_error(struct infer_batch *b, uint32_t row, 
 infer_status infer_batch_set_error_message(struct infer_batch *b, const char *msg);
 
 /**
+ * Explains why `instance_init` is about to fail: call it from inside `instance_init`
+ * (on the thread that runs it), then return the error status. The message (copied) goes
+ * into the error the model load fails with.
+ */
+infer_status infer_backend_set_init_error(const char *msg);
+
+/**
  * Creates a request for `version` (-1 = latest) of a loaded model. The caller owns
  * `*out`: it passes it to `infer_server_enqueue` / `infer_server_infer` (which take
  * ownership) or frees it with `infer_request_free`.

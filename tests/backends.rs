@@ -193,6 +193,11 @@ unsafe extern "C" fn failing_init(
     _: *mut *mut c_void,
 ) -> u32 {
     if index == 1 {
+        if infer_backend_set_init_error(c"no room for a second instance".as_ptr())
+            != INFER_STATUS_OK
+        {
+            return INFER_STATUS_INTERNAL;
+        }
         INFER_STATUS_RESOURCE_EXHAUSTED
     } else {
         0
@@ -213,6 +218,14 @@ fn instance_init_failure_fails_the_load() {
     });
     let msg = expect_status(s.try_load("neg", NEG), INFER_STATUS_RESOURCE_EXHAUSTED);
     assert!(msg.contains("instance 1") && msg.contains("'neg'"), "{msg}");
+    assert!(msg.contains("no room for a second instance"), "{msg}");
+    // A message left over from a failed init does not leak into the next load's error.
+    let msg = expect_status(s.try_load("neg", NEG), INFER_STATUS_RESOURCE_EXHAUSTED);
+    assert_eq!(msg.matches("no room").count(), 1, "{msg}");
+    assert_eq!(
+        unsafe { infer_backend_set_init_error(std::ptr::null()) },
+        INFER_STATUS_INVALID_ARGUMENT
+    );
     let mut ready = true;
     ok(unsafe { infer_server_model_ready(s.0, c"neg".as_ptr(), -1, &mut ready) });
     assert!(!ready);

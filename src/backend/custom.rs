@@ -35,6 +35,16 @@ pub struct infer_backend {
     pub finalize: Option<unsafe extern "C" fn(backend_user_data: *mut c_void)>,
 }
 
+std::thread_local! {
+    /// The message an `instance_init` running on this thread gave for its failure.
+    static INIT_ERROR: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Records the message of the failing `instance_init` on this thread.
+pub(crate) fn set_init_error(msg: String) {
+    INIT_ERROR.with(|e| *e.borrow_mut() = Some(msg));
+}
+
 pub struct CustomBackend {
     name: String,
     callbacks: infer_backend,
@@ -138,6 +148,7 @@ impl Backend for CustomBackend {
         if let Some(init) = self.callbacks.instance_init {
             let name = CString::new(config.name.as_str()).unwrap_or_default();
             let json = CString::new(config.json.as_str()).unwrap_or_default();
+            INIT_ERROR.with(|e| e.borrow_mut().take());
             let rc = unsafe {
                 init(
                     self.user_data,
@@ -148,12 +159,17 @@ impl Backend for CustomBackend {
                     &mut state,
                 )
             };
+            let message = INIT_ERROR.with(|e| e.borrow_mut().take());
             if rc != 0 {
-                let code = Code::from_u32(rc).unwrap_or(Code::Internal);
+                let code = match Code::from_u32(rc) {
+                    Some(Code::Ok) | None => Code::Internal,
+                    Some(c) => c,
+                };
+                let why = message.map_or_else(String::new, |m| format!(": {m}"));
                 return Err(Error::new(
                     code,
                     format!(
-                        "backend '{}': instance_init of instance {index} of model '{}' failed with {}",
+                        "backend '{}': instance_init of instance {index} of model '{}' failed with {}{why}",
                         self.name,
                         config.name,
                         code.as_str()

@@ -194,3 +194,14 @@ pub unsafe extern "C" fn infer_batch_set_error_message(
         Ok(())
     })
 }
+
+/// Explains why `instance_init` is about to fail: call it from inside `instance_init`
+/// (on the thread that runs it), then return the error status. The message (copied) goes
+/// into the error the model load fails with.
+#[no_mangle]
+pub unsafe extern "C" fn infer_backend_set_init_error(msg: *const c_char) -> infer_status {
+    status_boundary(|| {
+        crate::backend::custom::set_init_error(arg_str(msg, "msg")?.to_owned());
+        Ok(())
+    })
+}
