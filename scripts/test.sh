@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check: formatting, clippy, the Rust tests (release, including the header
-# test), the exported-symbol check, the C API tests and the C examples under CTest.
+# test), ONNX conformance, the exported-symbol check, the C API tests, the C and C++
+# examples under CTest, the C++ (GoogleTest) and Go binding tests, the installed package,
+# and the C tests and examples under AddressSanitizer and valgrind.
 # Installs gcc, cmake, ninja (apt-get) and rustfmt, clippy (rustup) only when missing.
 # Each step's full output is kept in $TARGET_DIR/test-logs/; the closing summary repeats
 # the runners' own result lines.
@@ -109,6 +111,11 @@ summary() {
         echo "Go:"
         grep -E '^(ok|FAIL|---) |^Go binding:' "$LOGS/go.log" | sed 's/^/  /' || true
     fi
+    for s in package memcheck; do
+        if [[ -f "$LOGS/$s.log" ]]; then
+            grep -E "^$s: [0-9]+ passed, [0-9]+ failed" "$LOGS/$s.log" | sed 's/^/  /' || true
+        fi
+    done
     if [[ $rc -eq 0 ]]; then
         echo "ALL CHECKS PASSED"
     else
@@ -133,3 +140,5 @@ step cpp-examples build_cpp_examples
 step ctest ctest --test-dir cpp_examples/build --output-on-failure
 step cpp-binding scripts/test_cpp.sh
 step go scripts/test_go.sh
+step package scripts/test_package.sh
+step memcheck env INFER_MEMCHECK_NO_BUILD=1 scripts/test_memcheck.sh
