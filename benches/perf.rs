@@ -2,7 +2,8 @@
 //!
 //! Run with `cargo bench --bench perf -- [options] [scenario...]`; without a scenario
 //! every one runs. Each scenario prints one result line on stdout (`sequences`: one per
-//! execute_delay_us setting; details go to stderr). See `--help` and docs/PERFORMANCE.md.
+//! execute_delay_us setting; `ensemble`: one per case; details go to stderr). See `--help`
+//! and docs/PERFORMANCE.md.
 
 use infer::ffi::request::*;
 use infer::ffi::response::*;
@@ -361,13 +362,19 @@ impl CpuWindow {
 /// Context switches (voluntary, involuntary) so far of the library's worker threads
 /// (named "infer-<model>-<i>").
 fn worker_switches() -> (u64, u64) {
+    thread_switches("infer-")
+}
+
+/// Context switches (voluntary, involuntary) so far of this process's threads whose
+/// name starts with `prefix`.
+fn thread_switches(prefix: &str) -> (u64, u64) {
     let mut v = (0, 0);
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
         return v;
     };
     for t in dir.flatten() {
         let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with("infer-") {
+        if !comm.starts_with(prefix) {
             continue;
         }
         let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
@@ -1644,6 +1651,441 @@ fn sequences(cfg: &Config) -> String {
 }
 
 // ---------------------------------------------------------------------------------------
+// ensemble: (a) what an ensemble step costs against the application chaining the same
+// models itself, one request at a time; (b) a 3-stage pipeline against its slowest stage.
+
+/// An ensemble `name` chaining `models` (each INPUT0 -> OUTPUT0, FP32 `dims`): the
+/// ensemble's INPUT0 goes to the first, each output to the next, the last one's output
+/// is the ensemble's OUTPUT0.
+fn chain_ensemble(name: &str, max_batch_size: u32, dims: &str, models: &[String]) -> String {
+    let n = models.len();
+    let tensor = |k: usize| match k {
+        0 => "INPUT0".to_owned(),
+        k if k == n => "OUTPUT0".to_owned(),
+        k => format!("t{k}"),
+    };
+    let steps: Vec<String> = models
+        .iter()
+        .enumerate()
+        .map(|(k, m)| {
+            format!(
+                r#"{{ model_name: "{m}" model_version: -1 input_map {{ key: "INPUT0" value: "{}" }} output_map {{ key: "OUTPUT0" value: "{}" }} }}"#,
+                tensor(k),
+                tensor(k + 1)
+            )
+        })
+        .collect();
+    format!(
+        r#"name: "{name}" platform: "ensemble" max_batch_size: {max_batch_size}
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {dims} ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {dims} ] }} ]
+ensemble_scheduling {{ step [ {} ] }}
+"#,
+        steps.join(", ")
+    )
+}
+
+/// A pipeline stage: identity FP32 [16], `max_batch_size: 8`, dynamic batching with a
+/// 100 us queue delay, `instances` instances, `delay_us` simulated compute per execution.
+fn identity_stage(name: &str, delay_us: u64, instances: u32) -> String {
+    format!(
+        r#"name: "{name}" backend: "identity" max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }} ]
+instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 100 }}
+parameters {{ key: "execute_delay_us" value {{ string_value: "{delay_us}" }} }}
+"#
+    )
+}
+
+/// The data of output OUTPUT0 of a response, as bytes (valid until the response is freed).
+fn output0_bytes<'a>(resp: *const Response) -> Result<&'a [u8], String> {
+    let (mut dt, mut shape, mut nd, mut data, mut bs) =
+        (0, std::ptr::null(), 0usize, std::ptr::null(), 0usize);
+    unsafe {
+        if infer_response_status(resp) != INFER_STATUS_OK {
+            let m = infer_response_error_message(resp);
+            let m = if m.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(m).to_string_lossy().into_owned()
+            };
+            return Err(format!("status {}: {m}", infer_response_status(resp)));
+        }
+        let st = infer_response_output_by_name(
+            resp,
+            c"OUTPUT0".as_ptr(),
+            &mut dt,
+            &mut shape,
+            &mut nd,
+            &mut data,
+            &mut bs,
+        );
+        if st != INFER_STATUS_OK || dt != INFER_DATATYPE_FP32 {
+            return Err(format!("OUTPUT0: status {st}, datatype {dt}"));
+        }
+        Ok(std::slice::from_raw_parts(data as *const u8, bs))
+    }
+}
+
+/// Enqueues `r` and spins until its FINAL; returns the response and when its callback ran.
+#[inline]
+fn send_and_wait(s: &Server, slot: &LatencySlot, r: *mut Request) -> (*mut Response, u64) {
+    slot.done.store(false, Ordering::Relaxed);
+    check(
+        unsafe {
+            infer_server_enqueue(
+                s.0,
+                r,
+                Some(latency_cb),
+                slot as *const LatencySlot as *mut c_void,
+                std::ptr::null_mut(),
+            )
+        },
+        "infer_server_enqueue",
+    );
+    while !slot.done.load(Ordering::Acquire) {
+        std::hint::spin_loop();
+    }
+    (
+        slot.resp.load(Ordering::Relaxed),
+        slot.at_ns.load(Ordering::Relaxed),
+    )
+}
+
+/// The application's own chain: `first` (a request to models[0]) is sent, each output is
+/// copied into a new request to the next model, and the last response is returned with
+/// the time from the first enqueue to its FINAL.
+fn app_chain(
+    s: &Server,
+    slot: &LatencySlot,
+    first: *mut Request,
+    models: &[CString],
+    shape: &[i64],
+) -> (u64, *mut Response) {
+    let t0 = now_ns();
+    let (mut resp, mut at) = send_and_wait(s, slot, first);
+    for m in &models[1..] {
+        let out = output0_bytes(resp).unwrap_or_else(|e| die(format!("ensemble: {e}")));
+        let mut r = std::ptr::null_mut();
+        unsafe {
+            check(
+                infer_request_new(s.0, m.as_ptr(), -1, &mut r),
+                "infer_request_new",
+            );
+            check(
+                infer_request_add_input(
+                    r,
+                    c"INPUT0".as_ptr(),
+                    INFER_DATATYPE_FP32,
+                    shape.as_ptr(),
+                    shape.len(),
+                    out.as_ptr() as *const c_void,
+                    out.len(),
+                ),
+                "infer_request_add_input",
+            );
+            infer_response_free(resp);
+        }
+        (resp, at) = send_and_wait(s, slot, r);
+    }
+    (at.saturating_sub(t0), resp)
+}
+
+/// Latency samples (ns) summarised.
+struct LatStats {
+    n: usize,
+    mean: f64,
+    p50: f64,
+    p99: f64,
+}
+
+impl LatStats {
+    fn of(mut v: Vec<u64>) -> LatStats {
+        v.sort_unstable();
+        let us = |ns: u64| ns as f64 / 1000.0;
+        LatStats {
+            n: v.len(),
+            mean: v.iter().sum::<u64>() as f64 / v.len().max(1) as f64 / 1000.0,
+            p50: us(percentile(&v, 0.50)),
+            p99: us(percentile(&v, 0.99)),
+        }
+    }
+    fn show(&self) -> String {
+        format!(
+            "mean {:.2} p50 {:.2} p99 {:.2} us (n={})",
+            self.mean, self.p50, self.p99, self.n
+        )
+    }
+}
+
+/// (a) for each chain length and each way of building the chain (N distinct models, each
+/// with its own worker thread, or one model used N times): the ensemble and the
+/// application's own chain, in alternating 100 ms blocks, every response checked.
+fn ensemble_overhead(cfg: &Config) -> Vec<String> {
+    let lens = [1usize, 2, 4];
+    let max_len = *lens.iter().max().unwrap();
+    let s = Server::new();
+    let distinct: Vec<String> = (0..max_len).map(|k| format!("id{k}")).collect();
+    for m in &distinct {
+        s.load(m, &identity_unbatched(m));
+    }
+    s.load("same", &identity_unbatched("same"));
+    let same: Vec<String> = vec!["same".to_owned(); max_len];
+    let variants = [
+        (
+            "distinct",
+            "a chain of N unbatched identity models",
+            &distinct,
+        ),
+        ("same", "one unbatched identity model N times", &same),
+    ];
+    for (tag, _, models) in &variants {
+        for &n in &lens {
+            let name = format!("{tag}{n}");
+            s.load(&name, &chain_ensemble(&name, 0, "1, 16", &models[..n]));
+        }
+    }
+    let shape = [1i64, 16];
+    let slot = LatencySlot {
+        done: AtomicBool::new(false),
+        at_ns: AtomicU64::new(0),
+        resp: AtomicPtr::new(std::ptr::null_mut()),
+    };
+    let mut lines = Vec::new();
+    for (tag, what, models) in &variants {
+        if !cfg.ensemble_cases.contains('a') && !cfg.ensemble_cases.contains(&tag[..1]) {
+            continue;
+        }
+        let c_models: Vec<CString> = models
+            .iter()
+            .map(|m| CString::new(m.as_str()).unwrap())
+            .collect();
+        let mut means = Vec::new();
+        for &n in &lens {
+            let ens_spec = RequestSpec::new(&format!("{tag}{n}"), &["INPUT0"], &shape);
+            let app_spec = RequestSpec::new(&models[0], &["INPUT0"], &shape);
+            let want: Vec<u8> = ens_spec.inputs[0]
+                .1
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect();
+            let verify = |resp: *mut Response, who: &str| {
+                match output0_bytes(resp) {
+                    Ok(b) if b == want.as_slice() => {}
+                    Ok(_) => die(format!("ensemble: {who}, {tag} {n}: wrong OUTPUT0")),
+                    Err(e) => die(format!("ensemble: {who}, {tag} {n}: {e}")),
+                }
+                unsafe { infer_response_free(resp) };
+            };
+            let run = |ens: &mut Vec<u64>, app: &mut Vec<u64>, secs: Duration| {
+                let block = Duration::from_millis(100);
+                let end = Instant::now() + secs;
+                while Instant::now() < end {
+                    let until = Instant::now() + block;
+                    while Instant::now() < until {
+                        let (ns, resp) = round_trip(&s, &slot, ens_spec.build(s.0));
+                        verify(resp, "ensemble");
+                        ens.push(ns);
+                    }
+                    let until = Instant::now() + block;
+                    while Instant::now() < until {
+                        let (ns, resp) =
+                            app_chain(&s, &slot, app_spec.build(s.0), &c_models[..n], &shape);
+                        verify(resp, "application chain");
+                        app.push(ns);
+                    }
+                }
+            };
+            run(&mut Vec::new(), &mut Vec::new(), cfg.ensemble_warmup);
+            let (mut ens, mut app) = (Vec::new(), Vec::new());
+            let cpu = CpuWindow::start();
+            run(&mut ens, &mut app, cfg.ensemble_secs);
+            let cpu = cpu.report();
+            let (e, a) = (LatStats::of(ens), LatStats::of(app));
+            let step_mean = (e.mean - a.mean) / n as f64;
+            let step_p50 = (e.p50 - a.p50) / n as f64;
+            means.push((n, e.mean, a.mean, e.p50, a.p50));
+            lines.push(format!(
+                "ensemble overhead, {n} step(s), {what} ([1,16] FP32, 1 request in flight, enqueue->FINAL, every response checked): ensemble {}; application chaining the same calls itself {}; (ensemble - application) / steps: {step_mean:+.2} us (mean), {step_p50:+.2} us (p50); {cpu} | target <5 us per step: {}",
+                e.show(),
+                a.show(),
+                verdict(step_mean < 5.0 && step_p50 < 5.0),
+            ));
+        }
+        // How each side grows with the chain: the slope from the shortest to the longest.
+        let (n0, e0, a0, ep0, ap0) = means[0];
+        let (n1, e1, a1, ep1, ap1) = means[means.len() - 1];
+        let dn = (n1 - n0) as f64;
+        lines.push(format!(
+            "ensemble overhead, {what}: latency added per extra step ({n0} -> {n1} steps): ensemble {:+.2} us mean, {:+.2} us p50; application chain {:+.2} us mean, {:+.2} us p50",
+            (e1 - e0) / dn,
+            (ep1 - ep0) / dn,
+            (a1 - a0) / dn,
+            (ap1 - ap0) / dn,
+        ));
+    }
+    lines
+}
+
+/// What `saturate` measured.
+struct Saturated {
+    rate: f64,
+    secs: f64,
+    /// Statistics of the models asked for, over the measured window.
+    stats: Vec<Stats>,
+    failed: u64,
+    cpu: String,
+    /// Context switches (voluntary, involuntary) of the threads asked for.
+    switches: (u64, u64),
+}
+
+/// Clients keep `threads x window` requests to `spec.model` outstanding; the rate over
+/// the measured window and the statistics of `models` over it.
+fn saturate(
+    cfg: &Config,
+    s: &Arc<Server>,
+    spec: RequestSpec,
+    models: &[&str],
+    threads: &str,
+) -> Saturated {
+    let p = Pipeline::start(
+        s.clone(),
+        Arc::new(spec),
+        cfg.threads,
+        cfg.ensemble_window,
+        0,
+        true,
+    );
+    std::thread::sleep(cfg.ensemble_warmup);
+    let st0: Vec<Stats> = models.iter().map(|m| s.stats(m)).collect();
+    let (c0, t0) = (p.completed(), Instant::now());
+    let cpu = CpuWindow::start();
+    let sw0 = thread_switches(threads);
+    std::thread::sleep(cfg.ensemble_secs);
+    let (c1, t1) = (p.completed(), Instant::now());
+    let sw1 = thread_switches(threads);
+    let cpu = cpu.report();
+    let stats: Vec<Stats> = models
+        .iter()
+        .zip(&st0)
+        .map(|(m, a)| s.stats(m).since(a))
+        .collect();
+    let failed = p.failed();
+    p.finish();
+    let secs = (t1 - t0).as_secs_f64();
+    Saturated {
+        rate: (c1 - c0) as f64 / secs,
+        secs,
+        stats,
+        failed,
+        cpu,
+        switches: (sw1.0 - sw0.0, sw1.1 - sw0.1),
+    }
+}
+
+/// (b) a 3-stage pipeline (200 us / 1000 us / 300 us per execution, batches of up to 8)
+/// with several instance counts, against its slowest stage driven alone at the same
+/// concurrency.
+fn ensemble_pipeline(cfg: &Config) -> Vec<String> {
+    let delays = [200u64, 1000, 300];
+    let names = ["s1", "s2", "s3"];
+    // The built-in backends' simulated compute spins (at most) its last 500 us: the CPU
+    // one execution of each stage burns.
+    let spin_us: Vec<f64> = delays.iter().map(|&d| d.min(500) as f64).collect();
+    let mut lines = Vec::new();
+    for &inst in &cfg.ensemble_instances {
+        let s = Arc::new(Server::new());
+        for k in 0..3 {
+            s.load(names[k], &identity_stage(names[k], delays[k], inst[k]));
+        }
+        let stages: Vec<String> = names.iter().map(|x| x.to_string()).collect();
+        s.load("pipe", &chain_ensemble("pipe", 8, "16", &stages));
+        // Capacity of each stage with full batches; the slowest one is driven alone.
+        let cap: Vec<f64> = (0..3)
+            .map(|k| inst[k] as f64 * 8.0 * 1e6 / delays[k] as f64)
+            .collect();
+        let slow = (0..3).min_by(|&a, &b| cap[a].total_cmp(&cap[b])).unwrap();
+        let p = saturate(
+            cfg,
+            &s,
+            RequestSpec::new("pipe", &["INPUT0"], &[1, 16]),
+            &["pipe", "s1", "s2", "s3"],
+            &format!("infer-{}-", names[slow]),
+        );
+        let a = saturate(
+            cfg,
+            &s,
+            RequestSpec::new(names[slow], &["INPUT0"], &[1, 16]),
+            &[names[slow]],
+            &format!("infer-{}-", names[slow]),
+        );
+        drop(s);
+        let ratio = p.rate / a.rate;
+        let in_flight = cfg.threads * cfg.ensemble_window;
+        let spin_cores: f64 = (0..3)
+            .map(|k| p.stats[k + 1].executions as f64 * spin_us[k])
+            .sum::<f64>()
+            / 1e6
+            / p.secs;
+        // The slowest stage's cycle: time inside an execution and between executions.
+        // The slowest stage's cycle, per instance: time inside an execution and between
+        // executions.
+        let cycle = |m: &Saturated, st: &Stats| {
+            let n = st.executions.max(1) as f64;
+            let inside = st.compute_us as f64 / n;
+            format!(
+                "{:.0} executions/s, {inside:.0} us inside each and {:.0} us between (per instance), worker context switches per execution {:.1} voluntary {:.1} involuntary",
+                st.executions as f64 / m.secs,
+                m.secs * 1e6 * inst[slow] as f64 / n - inside,
+                m.switches.0 as f64 / n,
+                m.switches.1 as f64 / n,
+            )
+        };
+        let ok = ratio >= 0.9 && p.failed == 0 && a.failed == 0 && p.stats[0].failures == 0;
+        lines.push(format!(
+            "ensemble pipeline, 3 stages of {}/{}/{} us per execution, max_batch_size 8, instances {}/{}/{}, {in_flight} requests in flight: {:.0} req/s (stage mean batches {:.2}/{:.2}/{:.2}; {}: {}; simulated compute spins {spin_cores:.2} cores; failures {}; {}) || slowest stage {} alone, same concurrency: {:.0} req/s (ideal {:.0}, mean batch {:.2}, {}; failures {}; {}) || pipeline / slowest stage alone = {ratio:.3}, / ideal = {:.3} | target >=0.9: {}",
+            delays[0],
+            delays[1],
+            delays[2],
+            inst[0],
+            inst[1],
+            inst[2],
+            p.rate,
+            p.stats[1].mean_batch(),
+            p.stats[2].mean_batch(),
+            p.stats[3].mean_batch(),
+            names[slow],
+            cycle(&p, &p.stats[slow + 1]),
+            p.failed + p.stats[0].failures,
+            p.cpu,
+            names[slow],
+            a.rate,
+            cap[slow],
+            a.stats[0].mean_batch(),
+            cycle(&a, &a.stats[0]),
+            a.failed,
+            a.cpu,
+            p.rate / cap[slow],
+            verdict(ok),
+        ));
+    }
+    lines
+}
+
+fn ensemble(cfg: &Config) -> String {
+    let mut lines = Vec::new();
+    if cfg.ensemble_cases.contains(['a', 'd', 's']) {
+        lines.extend(ensemble_overhead(cfg));
+    }
+    if cfg.ensemble_cases.contains('b') {
+        lines.extend(ensemble_pipeline(cfg));
+    }
+    lines.join("\n")
+}
+
+// ---------------------------------------------------------------------------------------
 
 struct Config {
     warmup: Duration,
@@ -1659,22 +2101,28 @@ struct Config {
     sequence_max_len: u32,
     sequence_delays: Vec<u64>,
     sequence_rounds: usize,
+    ensemble_secs: Duration,
+    ensemble_warmup: Duration,
+    ensemble_window: usize,
+    ensemble_cases: String,
+    ensemble_instances: Vec<[u32; 3]>,
 }
 
 /// A scenario runs with the configuration and returns its result line.
 type Scenario = fn(&Config) -> String;
 
-const SCENARIOS: [(&str, Scenario); 6] = [
+const SCENARIOS: [(&str, Scenario); 7] = [
     ("latency", latency),
     ("closed_loop", closed_loop),
     ("pipelined", pipelined),
     ("batching_efficiency", batching_efficiency),
     ("memory", memory),
     ("sequences", sequences),
+    ("ensemble", ensemble),
 ];
 
 const USAGE: &str = "usage: cargo bench --bench perf -- [options] [scenario...]
-scenarios: latency closed_loop pipelined batching_efficiency memory sequences
+scenarios: latency closed_loop pipelined batching_efficiency memory sequences ensemble
            (default: all)
 options:
   --warmup-secs F     warm-up per scenario (default 1)
@@ -1689,7 +2137,14 @@ options:
   --sequences N       sequences: sequences started at once (default 10000)
   --sequence-max-len N sequences: lengths are uniform in 1..=N (default 32)
   --sequence-delays L sequences: execute_delay_us values, comma-separated (default 0,200)
-  --sequence-rounds N sequences: measured rounds per model and delay (default 3)";
+  --sequence-rounds N sequences: measured rounds per model and delay (default 3)
+  --ensemble-secs F   ensemble: measurement per case (default 2; warm-up a quarter of it)
+  --ensemble-window N ensemble: outstanding requests per client thread in the pipeline
+                      cases (default 64; --threads sets the threads)
+  --ensemble-cases C  ensemble: a = per-step overhead (d = chains of distinct models only,
+                      s = one model N times only), b = pipeline throughput (default ab)
+  --ensemble-instances L ensemble b: instance counts of the 3 stages, e.g. 1/1/1,2/1/2
+                      (default 1/1/1,2/1/2,1/2/1)";
 
 fn main() {
     let mut cfg = Config {
@@ -1706,6 +2161,11 @@ fn main() {
         sequence_max_len: 32,
         sequence_delays: vec![0, 200],
         sequence_rounds: 3,
+        ensemble_secs: Duration::from_secs(2),
+        ensemble_warmup: Duration::from_millis(500),
+        ensemble_window: 64,
+        ensemble_cases: "ab".to_owned(),
+        ensemble_instances: vec![[1, 1, 1], [2, 1, 2], [1, 2, 1]],
     };
     let mut chosen: Vec<&str> = Vec::new();
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -1751,6 +2211,28 @@ fn main() {
             "--sequences" => cfg.sequences = (num(value(&mut i)) as usize).max(1),
             "--sequence-rounds" => cfg.sequence_rounds = (num(value(&mut i)) as usize).max(1),
             "--sequence-max-len" => cfg.sequence_max_len = (num(value(&mut i)) as u32).max(1),
+            "--ensemble-secs" => {
+                cfg.ensemble_secs = Duration::from_secs_f64(num(value(&mut i)));
+                cfg.ensemble_warmup = cfg.ensemble_secs / 4;
+            }
+            "--ensemble-window" => cfg.ensemble_window = (num(value(&mut i)) as usize).max(1),
+            "--ensemble-cases" => cfg.ensemble_cases = value(&mut i),
+            "--ensemble-instances" => {
+                cfg.ensemble_instances = value(&mut i)
+                    .split(',')
+                    .map(|case| {
+                        let v: Vec<u32> = case
+                            .split('/')
+                            .map(|x| (num(x.trim().to_owned()) as u32).max(1))
+                            .collect();
+                        if v.len() != 3 {
+                            eprintln!("--ensemble-instances takes a/b/c,...: '{case}'\n{USAGE}");
+                            std::process::exit(2)
+                        }
+                        [v[0], v[1], v[2]]
+                    })
+                    .collect()
+            }
             "--sequence-delays" => {
                 cfg.sequence_delays = value(&mut i)
                     .split(',')

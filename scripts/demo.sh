@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds libinfer (release) and the C examples, then runs the quickstart, the dynamic
-# batching demo and the sequence demo. Installs gcc, cmake and ninja with apt-get only
-# when they are missing.
+# batching demo, the sequence demo and the ensemble pipeline demo. Installs gcc, cmake
+# and ninja with apt-get only when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -22,3 +22,6 @@ cpp_examples/build/dynamic_batching_demo
 
 echo "== sequence_demo"
 cpp_examples/build/sequence_demo
+
+echo "== pipeline_demo"
+cpp_examples/build/pipeline_demo
