@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds libinfer (release) and the C examples, then runs the quickstart, the dynamic
-# batching demo, the sequence demo and the ensemble pipeline demo. Installs gcc, cmake
-# and ninja with apt-get only when they are missing.
+# Builds libinfer (release) and the C and C++ examples, then serves the shipped model
+# repository models/ (ONNX models, a sequence model and an ensemble) and runs the
+# quickstarts (C and C++), the concurrent client, the dynamic batching, sequence and
+# pipeline demos and the C++ custom backend. Installs gcc, g++, cmake and ninja with
+# apt-get only when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -14,8 +16,17 @@ cargo build --release
 echo "== cpp_examples (CMake)"
 build_cpp_examples
 
+echo "== repository_demo (serves models/)"
+cpp_examples/build/repository_demo
+
 echo "== quickstart"
 cpp_examples/build/quickstart
+
+echo "== quickstart_cpp"
+cpp_examples/build/quickstart_cpp
+
+echo "== concurrent_client"
+cpp_examples/build/concurrent_client
 
 echo "== dynamic_batching_demo"
 cpp_examples/build/dynamic_batching_demo
@@ -25,3 +36,6 @@ cpp_examples/build/sequence_demo
 
 echo "== pipeline_demo"
 cpp_examples/build/pipeline_demo
+
+echo "== custom_backend (C++)"
+cpp_examples/build/custom_backend
