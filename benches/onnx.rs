@@ -10,8 +10,11 @@
 //! * `overhead`: per model and batch size (1, 8, 64), mean time of one call with one
 //!   request in flight: tract's plan run directly (input tensor built from the caller's
 //!   slice, as an application would) vs the same model through the C API (request
-//!   built, enqueued, FINAL response received). The library's overhead is the
-//!   difference.
+//!   built, enqueued, FINAL response received), and the library's own measure of the
+//!   execution (`compute_us`). Each is the median of 15 alternating rounds. The client
+//!   spins `--spin-us` (20) waiting for the FINAL, then parks (a client that spins all
+//!   along slows the worker down when the two vCPUs share a physical core);
+//!   `--blocking` uses `infer_server_infer` instead.
 //! * `batching`: the CNN with 64 requests of batch 1 in flight from one client, without
 //!   a batcher and with dynamic batching: throughput, p50/p99 latency, mean batch.
 
@@ -262,6 +265,8 @@ impl Direct {
 struct Slot {
     done: AtomicBool,
     resp: AtomicPtr<Response>,
+    /// The client thread, parked once it has spun for a while.
+    client: std::thread::Thread,
 }
 
 unsafe extern "C" fn slot_cb(ud: *mut c_void, resp: *mut Response, flags: u32) {
@@ -271,7 +276,9 @@ unsafe extern "C" fn slot_cb(ud: *mut c_void, resp: *mut Response, flags: u32) {
     }
     let slot = &*(ud as *const Slot);
     slot.resp.store(resp, Ordering::Relaxed);
+    let client = slot.client.clone();
     slot.done.store(true, Ordering::Release);
+    client.unpark();
 }
 
 fn build_request(s: &Server, m: &CStr, input: &CStr, shape: &[i64], data: &[f32]) -> *mut Request {
@@ -332,9 +339,17 @@ fn inputs(m: &BenchModel, batch: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Rounds each side of the overhead comparison is timed in.
+const ROUNDS: usize = 15;
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// Times `f` for about `secs` (at least 20 calls) after a warm-up; mean microseconds.
 fn time_mean(secs: f64, mut f: impl FnMut()) -> f64 {
-    for _ in 0..10 {
+    for _ in 0..3 {
         f();
     }
     let start = Instant::now();
@@ -346,10 +361,15 @@ fn time_mean(secs: f64, mut f: impl FnMut()) -> f64 {
     start.elapsed().as_secs_f64() * 1e6 / n as f64
 }
 
-fn overhead(models: &[BenchModel], secs: f64) {
-    println!("## overhead: one request in flight, mean microseconds per call");
-    println!("| model | batch | tract direct (us) | libinfer C API (us) | overhead (us) | overhead (%) |");
-    println!("|---|---:|---:|---:|---:|---:|");
+fn overhead(models: &[BenchModel], secs: f64, blocking: bool, spin_us: u64) {
+    let how = if blocking {
+        "infer_server_infer (the caller blocks)"
+    } else {
+        "enqueue + callback (the caller spins, then parks)"
+    };
+    println!("## overhead: one request in flight, {how}, mean microseconds per call");
+    println!("| model | batch | tract direct (us) | compute inside libinfer (us) | libinfer C API (us) | overhead (us) | overhead (%) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     let s = Server::new();
     for m in models {
         s.load(m.name, &m.config(None), &m.dir);
@@ -373,9 +393,19 @@ fn overhead(models: &[BenchModel], secs: f64) {
             let slot = Slot {
                 done: AtomicBool::new(false),
                 resp: AtomicPtr::new(std::ptr::null_mut()),
+                client: std::thread::current(),
             };
             let call = || {
                 let r = build_request(&s, &name, &input, &shape_i, &data);
+                if blocking {
+                    // infer_server_infer: the caller sleeps on a condition variable.
+                    let mut resp = std::ptr::null_mut();
+                    check(
+                        unsafe { infer_server_infer(s.0, r, &mut resp) },
+                        "infer_server_infer",
+                    );
+                    return first_output(resp, &output);
+                }
                 slot.done.store(false, Ordering::Relaxed);
                 check(
                     unsafe {
@@ -389,8 +419,15 @@ fn overhead(models: &[BenchModel], secs: f64) {
                     },
                     "infer_server_enqueue",
                 );
+                // Spin for `spin_us` (short calls answer fastest that way), then park so
+                // that a spinning client does not slow the worker down on a shared core.
+                let spin_until = Instant::now() + Duration::from_micros(spin_us);
                 while !slot.done.load(Ordering::Acquire) {
-                    std::hint::spin_loop();
+                    if Instant::now() < spin_until {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::park_timeout(Duration::from_millis(1));
+                    }
                 }
                 first_output(slot.resp.load(Ordering::Relaxed), &output)
             };
@@ -402,19 +439,27 @@ fn overhead(models: &[BenchModel], secs: f64) {
                 );
                 std::process::exit(1);
             }
-            // Alternate the two so drifts of the machine hit both alike.
-            let (mut td, mut tl) = (0.0, 0.0);
-            for _ in 0..3 {
-                td += time_mean(secs / 6.0, || {
+            // Alternate short rounds of the two so drifts of the machine hit both alike;
+            // the median round of each resists bursts of other work on the machine.
+            let before = s.stats(m.name);
+            let (mut tds, mut tls) = (Vec::new(), Vec::new());
+            for _ in 0..ROUNDS {
+                tds.push(time_mean(secs / (2.0 * ROUNDS as f64), || {
                     std::hint::black_box(direct.run(&shape_u, &data).unwrap_or(0.0));
-                });
-                tl += time_mean(secs / 6.0, || {
+                }));
+                tls.push(time_mean(secs / (2.0 * ROUNDS as f64), || {
                     std::hint::black_box(call());
-                });
+                }));
             }
-            let (td, tl) = (td / 3.0, tl / 3.0);
+            let (td, tl) = (median(&mut tds), median(&mut tls));
+            let after = s.stats(m.name);
+            let total = |v: &serde_json::Value, k: &str| {
+                v["models"][0]["compute_us"][k].as_f64().unwrap_or(0.0)
+            };
+            let compute = (total(&after, "total") - total(&before, "total"))
+                / (total(&after, "count") - total(&before, "count")).max(1.0);
             println!(
-                "| {} | {batch} | {td:.1} | {tl:.1} | {:.1} | {:.1} |",
+                "| {} | {batch} | {td:.1} | {compute:.1} | {tl:.1} | {:.1} | {:.1} |",
                 m.name,
                 tl - td,
                 (tl - td) / td * 100.0
@@ -539,14 +584,20 @@ fn batching(cnn: &BenchModel, secs: f64) {
 
 fn main() {
     let mut secs = 3.0;
+    let mut blocking = false;
+    let mut spin_us = 20u64;
     let mut scenarios: Vec<String> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--secs" => secs = args.next().and_then(|v| v.parse().ok()).unwrap_or(secs),
             "--bench" => {}
+            "--blocking" => blocking = true,
+            "--spin-us" => spin_us = args.next().and_then(|v| v.parse().ok()).unwrap_or(spin_us),
             "-h" | "--help" => {
-                println!("cargo bench --bench onnx -- [--secs S] [overhead] [batching]");
+                println!(
+                    "cargo bench --bench onnx -- [--secs S] [--blocking] [--spin-us N] [overhead] [batching]"
+                );
                 return;
             }
             s if s.starts_with('-') => {}
@@ -584,7 +635,7 @@ fn main() {
     ];
     let all = scenarios.is_empty();
     if all || scenarios.iter().any(|s| s == "overhead") {
-        overhead(&models, secs);
+        overhead(&models, secs, blocking, spin_us);
     }
     if all || scenarios.iter().any(|s| s == "batching") {
         batching(&models[1], secs);
