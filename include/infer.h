@@ -364,8 +364,9 @@ infer_status infer_request_add_input(struct infer_request *r, const char *name, 
 /**
  * Adds an input without copying: the library reads `data` until it calls `release`
  * (at most once, from any thread; NULL `release` = never told). If this call fails the
- * buffer was not taken and `release` is not called. Host memory only in this build
- * (INFER_MEMORY_CPU or INFER_MEMORY_CPU_PINNED; GPU memory is UNSUPPORTED).
+ * buffer was not taken and `release` is not called. Host memory (INFER_MEMORY_CPU or
+ * INFER_MEMORY_CPU_PINNED); INFER_MEMORY_GPU is UNAVAILABLE without a usable GPU (the
+ * message says why) and UNSUPPORTED with one (not implemented yet).
  */
 infer_status infer_request_add_input_borrowed(struct infer_request *r, const char *name, infer_datatype dt, const int64_t *shape, uintptr_t ndim, const void *data, uintptr_t byte_size, infer_memory_type mem, int64_t device_id, infer_release_fn release, void *release_user_data);
 

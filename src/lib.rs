@@ -13,6 +13,7 @@ pub(crate) mod affinity;
 pub mod backend;
 pub mod config;
 pub mod ffi;
+pub mod gpu;
 pub mod log;
 pub mod model;
 mod pool;

@@ -69,6 +69,8 @@ pub struct Request {
     pub batch_size: u32,
     pub enqueued_at: Instant,
     pub sink: Option<ResponseSink>,
+    /// What the server that made this request may use of the GPUs (for device memory).
+    pub gpu: crate::gpu::GpuState,
     /// Input buffers of an earlier use of this (pooled) object, kept for reuse.
     spare_buffers: Vec<Vec<u8>>,
 }
@@ -91,6 +93,7 @@ impl Request {
             batch_size: 1,
             enqueued_at: Instant::now(),
             sink: None,
+            gpu: crate::gpu::GpuState::Off,
             spare_buffers: Vec::new(),
         }
     }
@@ -147,6 +150,7 @@ impl Request {
         self.target = None;
         self.batch_size = 1;
         self.sink = None;
+        self.gpu = crate::gpu::GpuState::Off;
     }
 
     pub fn input(&self, name: &str) -> Option<&Tensor> {

@@ -6,6 +6,8 @@
 
 use crate::backend::{builtin, custom::CustomBackend, onnx, Backend, InstancePlace};
 use crate::config::{parse_raw, InstanceKind, ModelConfig, VersionPolicy};
+pub use crate::gpu::GpuMode;
+use crate::gpu::GpuState;
 use crate::log::Logger;
 use crate::model::prepare;
 use crate::request::{ModelIdentity, Request};
@@ -19,14 +21,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// GPU use, as `infer_server_options_set_gpu` sets it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GpuMode {
-    Auto = 0,
-    Off = 1,
-    Required = 2,
-}
 
 #[derive(Clone)]
 pub struct ServerOptions {
@@ -80,6 +74,8 @@ pub struct Server {
     me: std::sync::Weak<Server>,
     opts: ServerOptions,
     log: Logger,
+    /// What this server may use of the GPUs (fixed at start).
+    gpu: GpuState,
     backends: RwLock<HashMap<String, Arc<dyn Backend>>>,
     models: RwLock<HashMap<String, ModelEntry>>,
     /// Replaced or unloaded versions that may still hold queued or running requests.
@@ -107,14 +103,18 @@ const REPLACE_RETRIES: usize = 8;
 impl Server {
     pub fn new(opts: ServerOptions) -> Result<Arc<Server>> {
         let log = opts.log.clone();
-        match opts.gpu {
-            GpuMode::Required => {
-                return Err(Error::unavailable(
-                    "GPU required but this build has no CUDA support: models run on the CPU only",
-                ))
+        let gpu = GpuState::for_mode(opts.gpu);
+        match (&gpu, opts.gpu) {
+            (GpuState::Unavailable(why), GpuMode::Required) => {
+                return Err(Error::unavailable(format!("GPU required but {why}")))
             }
-            GpuMode::Auto => log.info("no GPU support in this build: models run on the CPU"),
-            GpuMode::Off => {}
+            (GpuState::Unavailable(why), _) => {
+                log.info(&format!("no usable GPU ({why}): models run on the CPU"))
+            }
+            (GpuState::Ready(runtime), _) => {
+                log.info(&format!("GPU found: {}", runtime.describe()))
+            }
+            (GpuState::Off, _) => {}
         }
         let mut backends: HashMap<String, Arc<dyn Backend>> = HashMap::new();
         for (name, b) in &opts.backends {
@@ -124,6 +124,7 @@ impl Server {
         let server = Arc::new_cyclic(|me| Server {
             me: me.clone(),
             log,
+            gpu,
             backends: RwLock::new(backends),
             models: RwLock::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
@@ -338,6 +339,42 @@ impl Server {
         Ok(())
     }
 
+    /// Whether a KIND_GPU group can start: a GPU this server may use, device ids that
+    /// exist, and a backend that runs on a GPU.
+    fn check_gpu_group(
+        &self,
+        config: &ModelConfig,
+        backend: &Arc<dyn Backend>,
+        g: &crate::config::InstanceGroup,
+    ) -> Result<()> {
+        let at = format!(
+            "model '{}': instance_group '{}' asks for KIND_GPU",
+            config.name, g.name
+        );
+        let Some(runtime) = self.gpu.runtime() else {
+            return Err(Error::unavailable(format!(
+                "{at}, but {}",
+                self.gpu.why_not()
+            )));
+        };
+        let count = runtime.devices.len();
+        if let Some(&bad) = g.gpus.iter().find(|&&id| id < 0 || id as usize >= count) {
+            return Err(Error::invalid(format!(
+                "{at} on GPU {bad}, which does not exist (this machine has {count}: ids 0 to {})",
+                count - 1
+            )));
+        }
+        if !backend.runs_on_gpu() {
+            return Err(Error::unsupported(format!(
+                "{at}, but backend '{}' cannot run on a GPU (use KIND_CPU or KIND_AUTO)",
+                config.backend
+            )));
+        }
+        Err(Error::unsupported(format!(
+            "{at}: custom backends on a GPU are not implemented yet (use KIND_CPU or KIND_AUTO)"
+        )))
+    }
+
     fn start_version(
         &self,
         config: &Arc<ModelConfig>,
@@ -352,10 +389,7 @@ impl Server {
         let mut index = 0u32;
         for g in &config.instance_groups {
             if g.kind == InstanceKind::Gpu {
-                return Err(Error::unsupported(format!(
-                    "model '{}': instance_group '{}' asks for KIND_GPU, but this build has no CUDA support (use KIND_CPU or KIND_AUTO)",
-                    config.name, g.name
-                )));
+                self.check_gpu_group(config, backend, g)?;
             }
             for _ in 0..g.count.max(1) {
                 let at = InstancePlace {
@@ -431,6 +465,11 @@ impl Server {
     /// The scheduler serving `version` (-1 = latest) of a model.
     pub fn resolve(&self, name: &str, version: i64) -> Result<Arc<Scheduler>> {
         self.with_model(name, |e| Ok(e.version(name, version)?.clone()))
+    }
+
+    /// What this server may use of the GPUs.
+    pub fn gpu(&self) -> &GpuState {
+        &self.gpu
     }
 
     pub fn is_accepting(&self) -> bool {

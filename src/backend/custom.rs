@@ -138,6 +138,12 @@ struct CustomInstance {
 unsafe impl Send for CustomInstance {}
 
 impl Backend for CustomBackend {
+    /// The application's code decides where it computes; on a GPU instance it gets device
+    /// memory and the instance's stream (C API section 10).
+    fn runs_on_gpu(&self) -> bool {
+        true
+    }
+
     fn create_instance(
         self: Arc<Self>,
         config: &Arc<ModelConfig>,

@@ -32,6 +32,12 @@ pub trait Backend: Send + Sync {
     ) -> Result<Box<dyn ModelInstance>> {
         self.create_instance(config, at.index, at.gpu)
     }
+
+    /// Whether instances of this backend can run on a GPU (KIND_GPU); none of the
+    /// built-in backends can yet.
+    fn runs_on_gpu(&self) -> bool {
+        false
+    }
 }
 
 /// Where an instance runs and what it serves.

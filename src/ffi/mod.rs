@@ -62,6 +62,13 @@ pub const INFER_MEMORY_CPU: infer_memory_type = 0;
 pub const INFER_MEMORY_CPU_PINNED: infer_memory_type = 1;
 pub const INFER_MEMORY_GPU: infer_memory_type = 2;
 
+/// INVALID_ARGUMENT for a memory type that is not one of INFER_MEMORY_*.
+pub(crate) fn unknown_memory_type(m: infer_memory_type) -> Error {
+    Error::invalid(format!(
+        "memory type {m} is not one of CPU=0, CPU_PINNED=1, GPU=2"
+    ))
+}
+
 pub const INFER_GPU_AUTO: u32 = 0;
 pub const INFER_GPU_OFF: u32 = 1;
 pub const INFER_GPU_REQUIRED: u32 = 2;

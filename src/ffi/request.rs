@@ -36,7 +36,7 @@ pub unsafe extern "C" fn infer_request_new(
         if !s.server.is_accepting() {
             return Err(Error::unavailable("the server is shutting down"));
         }
-        let req = match s.server.resolve(model, version) {
+        let mut req = match s.server.resolve(model, version) {
             Ok(target) => {
                 let mut r = Request::boxed(model, version, Some(target.config.clone()));
                 r.target = Some(target);
@@ -49,6 +49,7 @@ pub unsafe extern "C" fn infer_request_new(
             }
             Err(e) => return Err(e),
         };
+        req.gpu = s.server.gpu().clone();
         write_out(out, "out", Box::into_raw(req))
     })
 }
@@ -229,8 +230,9 @@ pub type infer_release_fn = Option<unsafe extern "C" fn(user_data: *mut c_void)>
 
 /// Adds an input without copying: the library reads `data` until it calls `release`
 /// (at most once, from any thread; NULL `release` = never told). If this call fails the
-/// buffer was not taken and `release` is not called. Host memory only in this build
-/// (INFER_MEMORY_CPU or INFER_MEMORY_CPU_PINNED; GPU memory is UNSUPPORTED).
+/// buffer was not taken and `release` is not called. Host memory (INFER_MEMORY_CPU or
+/// INFER_MEMORY_CPU_PINNED); INFER_MEMORY_GPU is UNAVAILABLE without a usable GPU (the
+/// message says why) and UNSUPPORTED with one (not implemented yet).
 #[no_mangle]
 pub unsafe extern "C" fn infer_request_add_input_borrowed(
     r: *mut Request,
@@ -249,15 +251,15 @@ pub unsafe extern "C" fn infer_request_add_input_borrowed(
         match mem {
             INFER_MEMORY_CPU | INFER_MEMORY_CPU_PINNED => {}
             INFER_MEMORY_GPU => {
+                let r = arg_ref(r, "r")?;
+                let input = arg_str(name, "name")?;
+                let at = format!("input '{input}' of model '{}' on GPU {device_id}", r.model);
+                r.gpu.check_device(device_id).map_err(|e| e.context(&at))?;
                 return Err(Error::unsupported(format!(
-                    "input on GPU {device_id}: this build has no CUDA support; pass host memory"
-                )))
+                    "{at}: inputs in GPU memory are not implemented yet; pass host memory"
+                )));
             }
-            m => {
-                return Err(Error::invalid(format!(
-                    "memory type {m} is not one of CPU=0, CPU_PINNED=1, GPU=2"
-                )))
-            }
+            m => return Err(unknown_memory_type(m)),
         }
         add_input(r, name, dt, shape, ndim, data, byte_size, |_, b| {
             let release = release.map(|func| ReleaseCallback {

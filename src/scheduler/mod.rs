@@ -539,7 +539,7 @@ impl Scheduler {
                     std::hint::spin_loop();
                     spins = spins.wrapping_add(1);
                     // Reading the clock costs more than a spin: look at it now and then.
-                    if spins % 64 == 0 && start.elapsed() >= IDLE_SPIN {
+                    if spins.is_multiple_of(64) && start.elapsed() >= IDLE_SPIN {
                         break;
                     }
                 }

@@ -1,0 +1,91 @@
+//! GPU runtime: whether this process can use NVIDIA GPUs, and which ones.
+//!
+//! The CUDA driver is loaded at run time (cudarc's dynamic loading), so the library builds
+//! and runs where no CUDA is installed. The driver and its devices are probed once per
+//! process, on the first server that asks (cuInit is process state); a server whose GPU
+//! mode is OFF never asks, so it never loads the driver. The probe must never panic and
+//! never abort: a missing driver, an old driver or a driver without devices is a reason,
+//! not an error of the caller.
+//!
+//! Models do not run on a GPU yet: this module only says whether one is there.
+
+mod probe;
+
+pub use probe::{DeviceInfo, GpuRuntime};
+
+use std::sync::{Arc, OnceLock};
+
+/// GPU use, as `infer_server_options_set_gpu` sets it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuMode {
+    /// Use a GPU when present; run on the CPU otherwise (with a log line).
+    Auto = 0,
+    /// Never touch CUDA.
+    Off = 1,
+    /// `infer_server_new` fails with UNAVAILABLE when no GPU can be used.
+    Required = 2,
+}
+
+/// What one server sees of the GPUs; fixed when the server is made. Cheap to clone and
+/// thread-safe.
+#[derive(Clone, Debug)]
+pub enum GpuState {
+    /// GPU use is OFF for this server: CUDA was never touched.
+    Off,
+    /// Probed and not usable, for this reason.
+    Unavailable(Arc<str>),
+    /// A driver and at least one device.
+    Ready(Arc<GpuRuntime>),
+}
+
+/// The process-wide probe result, computed on first use.
+static PROBE: OnceLock<Result<Arc<GpuRuntime>, Arc<str>>> = OnceLock::new();
+
+impl GpuState {
+    /// The state for a server in `mode`; probes the driver (once per process) unless the
+    /// mode is OFF.
+    pub fn for_mode(mode: GpuMode) -> GpuState {
+        if mode == GpuMode::Off {
+            return GpuState::Off;
+        }
+        match PROBE.get_or_init(|| probe::probe().map(Arc::new).map_err(Arc::from)) {
+            Ok(runtime) => GpuState::Ready(runtime.clone()),
+            Err(why) => GpuState::Unavailable(why.clone()),
+        }
+    }
+
+    pub fn runtime(&self) -> Option<&Arc<GpuRuntime>> {
+        match self {
+            GpuState::Ready(runtime) => Some(runtime),
+            _ => None,
+        }
+    }
+
+    /// Why no GPU can be used ("" when one can), for error messages.
+    pub fn why_not(&self) -> String {
+        match self {
+            GpuState::Off => {
+                "GPU use is OFF for this server (infer_server_options_set_gpu)".to_owned()
+            }
+            GpuState::Unavailable(why) => format!("no usable GPU: {why}"),
+            GpuState::Ready(_) => String::new(),
+        }
+    }
+
+    /// Checks that GPU `device` exists; the error says why not (no GPU at all is
+    /// UNAVAILABLE, a device id out of range INVALID_ARGUMENT).
+    pub fn check_device(&self, device: i64) -> crate::status::Result<&GpuRuntime> {
+        use crate::status::Error;
+        let runtime = self
+            .runtime()
+            .ok_or_else(|| Error::unavailable(self.why_not()))?;
+        let count = runtime.devices.len();
+        if device < 0 || device as u64 >= count as u64 {
+            return Err(Error::invalid(format!(
+                "GPU {device} does not exist (this machine has {count}: ids 0 to {})",
+                count - 1
+            )));
+        }
+        Ok(runtime)
+    }
+}
