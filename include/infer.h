@@ -42,7 +42,7 @@
  */
 #define INFER_API_VERSION_MAJOR 0
 
-#define INFER_API_VERSION_MINOR 1
+#define INFER_API_VERSION_MINOR 2
 
 /**
  * Longest string correlation ID, in bytes.
@@ -312,6 +312,43 @@ infer_status infer_batch_set_error_message(struct infer_batch *b, const char *ms
  * into the error the model load fails with.
  */
 infer_status infer_backend_set_init_error(const char *msg);
+
+/**
+ * Chooses where this request's outputs should live (default INFER_MEMORY_CPU, device 0).
+ * INFER_MEMORY_CPU_PINNED is accepted and served as ordinary host memory (reported as
+ * INFER_MEMORY_CPU). INFER_MEMORY_GPU is UNAVAILABLE without a usable GPU (the message
+ * says why), INVALID_ARGUMENT for a device id that does not exist, and UNSUPPORTED
+ * otherwise: outputs in GPU memory are not implemented yet. May be called from any
+ * thread that owns the request.
+ */
+infer_status infer_request_set_output_memory(struct infer_request *r, infer_memory_type mem, int64_t device_id);
+
+/**
+ * Where output `index` (0-based) of a response lives: its memory type and device id.
+ * Always INFER_MEMORY_CPU and device 0 today (no model runs on a GPU yet).
+ * INVALID_ARGUMENT for an index out of range or a NULL out-pointer.
+ */
+infer_status infer_response_output_memory(const struct infer_response *r, uintptr_t index, infer_memory_type *mem, int64_t *device_id);
+
+/**
+ * For a custom backend inside `execute`: where batched input `name` is. On a CPU
+ * instance (every instance today) INFER_MEMORY_CPU and device 0. NOT_FOUND if no request
+ * of the batch has the input.
+ */
+infer_status infer_batch_input_memory(const struct infer_batch *b, const char *name, infer_memory_type *mem, int64_t *device_id);
+
+/**
+ * For a custom backend on a GPU instance: allocates batched output `name` in device
+ * memory and writes its device pointer to `*device_ptr`. On a CPU instance (every
+ * instance today) INVALID_ARGUMENT: allocate outputs with `infer_batch_output`.
+ */
+infer_status infer_batch_output_device(struct infer_batch *b, const char *name, const int64_t *shape, uintptr_t ndim, void **device_ptr);
+
+/**
+ * For a custom backend on a GPU instance: the instance's CUDA stream (a CUstream) to
+ * enqueue work on. NULL on a CPU instance (every instance today) and for NULL.
+ */
+void *infer_batch_cuda_stream(const struct infer_batch *b);
 
 /**
  * Creates a request for `version` (-1 = latest) of a loaded model. The caller owns

@@ -401,6 +401,11 @@ void test_borrowed_inputs(void) {
                                                   INFER_MEMORY_GPU, 0, count_release, &rel[8]),
                  INFER_STATUS_UNAVAILABLE); /* new_server() has GPU use OFF */
     CHECK(strstr(infer_last_error_message(), "OFF") != NULL, "%s", infer_last_error_message());
+    /* Outputs: host memory (pinned is served as host memory); GPU memory needs a GPU. */
+    CHECK_OK(infer_request_set_output_memory(r, INFER_MEMORY_CPU, 0));
+    CHECK_OK(infer_request_set_output_memory(r, INFER_MEMORY_CPU_PINNED, 0));
+    CHECK_STATUS(infer_request_set_output_memory(r, INFER_MEMORY_GPU, 0), INFER_STATUS_UNAVAILABLE);
+    CHECK_STATUS(infer_request_set_output_memory(r, 5, 0), INFER_STATUS_INVALID_ARGUMENT);
     infer_request_free(r);
     for (int i = 0; i < 8; i++) CHECK(harness_wait_at_least(&rel[i], 1, 5.0), "buffer %d never released", i);
     infer_server_free(s);
