@@ -436,3 +436,147 @@ fn custom_backend_sees_host_memory_on_a_cpu_instance() {
         assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
     }
 }
+
+// ---- the probe against a stand-in driver (tests/fixtures/fake_libcuda.c) ----
+
+/// Builds the stand-in driver into `dir` as libcuda.so and libcuda.so.1; Err says why not.
+fn build_fake_driver(dir: &std::path::Path, only_version: bool) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake_libcuda.c");
+    let lib = dir.join("libcuda.so.1");
+    let mut cc = std::process::Command::new("cc");
+    cc.args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&lib)
+        .arg(src);
+    if only_version {
+        cc.arg("-DONLY_VERSION");
+    }
+    match cc.output() {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => return Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+        Err(e) => return Err(format!("cc: {e}")),
+    }
+    std::fs::copy(&lib, dir.join("libcuda.so")).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Runs `fake_driver_child` in a fresh process with the stand-in driver first on the
+/// loader's path; returns its output.
+fn run_with_fake_driver(dir: &std::path::Path, scenario: &str) -> String {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args(["--exact", "fake_driver_child", "--nocapture"])
+        .env("LD_LIBRARY_PATH", dir)
+        .env("INFER_FAKE_CUDA", scenario)
+        .output()
+        .expect("running the test binary again");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "scenario {scenario}: {all}");
+    assert!(
+        all.contains(&format!("fake driver '{scenario}': checked")),
+        "{all}"
+    );
+    all
+}
+
+#[test]
+fn probe_against_a_stand_in_driver() {
+    let base = std::env::temp_dir().join(format!("infer-fake-cuda-{}", std::process::id()));
+    let (full, partial) = (base.join("full"), base.join("partial"));
+    if let Err(why) =
+        build_fake_driver(&full, false).and_then(|()| build_fake_driver(&partial, true))
+    {
+        println!("SKIP: cannot build the stand-in driver ({why})");
+        return;
+    }
+    for scenario in ["old", "nodevice", "one"] {
+        run_with_fake_driver(&full, scenario);
+    }
+    run_with_fake_driver(&partial, "partial");
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+/// The child of `probe_against_a_stand_in_driver` (does nothing in a normal run).
+#[test]
+fn fake_driver_child() {
+    let Some(scenario) = std::env::var_os("INFER_FAKE_CUDA") else {
+        return;
+    };
+    let scenario = scenario.to_string_lossy().into_owned();
+    let required = server_in(INFER_GPU_REQUIRED);
+    let want = match scenario.as_str() {
+        "old" => Some("supports CUDA 12.8; this build needs 13.0"),
+        "nodevice" => Some("cuInit failed: CUDA_ERROR_NO_DEVICE"),
+        "partial" => Some("the CUDA driver could not be used"),
+        _ => None,
+    };
+    if let Some(want) = want {
+        let (st, msg) = required
+            .err()
+            .expect("REQUIRED started without a usable GPU");
+        assert_eq!(st, INFER_STATUS_UNAVAILABLE, "{msg}");
+        assert!(
+            msg.starts_with("GPU required but ") && msg.contains(want),
+            "{msg}"
+        );
+        // AUTO still serves, on the CPU.
+        let s = Server::new();
+        s.load("m", &add_sub_config("m", ""));
+        let r = s.infer(add_sub_request(&s, "m", [1.; 4], [2.; 4]));
+        assert_eq!(r.output_f32("OUTPUT0"), vec![3.; 4]);
+        expect_msg(
+            s.try_load("g", &gpu_config("g", "{ kind: KIND_GPU }")),
+            INFER_STATUS_UNAVAILABLE,
+            &["'g'", want],
+        );
+    } else {
+        // "one": a GPU is there, and nothing can run on it yet.
+        let s = required.unwrap_or_else(|(st, m)| panic!("REQUIRED with one GPU: {st} {m}"));
+        expect_msg(
+            s.try_load("m", &gpu_config("m", "{ kind: KIND_GPU gpus: [ 1 ] }")),
+            INFER_STATUS_INVALID_ARGUMENT,
+            &["'m'", "GPU 1", "does not exist", "ids 0 to 0"],
+        );
+        expect_msg(
+            s.try_load("m", &gpu_config("m", "{ kind: KIND_GPU gpus: [ 0 ] }")),
+            INFER_STATUS_UNSUPPORTED,
+            &[
+                "backend 'add_sub' cannot run on a GPU",
+                "KIND_CPU or KIND_AUTO",
+            ],
+        );
+        register_copy_backend(&s);
+        expect_msg(
+            s.try_load(
+                "c",
+                &copy_config("c", "instance_group [ { kind: KIND_GPU } ]"),
+            ),
+            INFER_STATUS_UNSUPPORTED,
+            &["'c'", "not implemented yet"],
+        );
+        s.load(
+            "m",
+            &add_sub_config("m", "instance_group [ { kind: KIND_AUTO } ]"),
+        );
+        let r = add_sub_request(&s, "m", [1.; 4], [2.; 4]);
+        unsafe {
+            expect_msg(
+                infer_request_set_output_memory(r.0, INFER_MEMORY_GPU, 1),
+                INFER_STATUS_INVALID_ARGUMENT,
+                &["GPU 1"],
+            );
+            expect_msg(
+                infer_request_set_output_memory(r.0, INFER_MEMORY_GPU, 0),
+                INFER_STATUS_UNSUPPORTED,
+                &["not implemented yet"],
+            );
+        }
+        let resp = s.infer(r);
+        assert_eq!(resp.output_f32("OUTPUT0"), vec![3.; 4]);
+    }
+    println!("fake driver '{scenario}': checked");
+}
