@@ -49,7 +49,7 @@ pub unsafe extern "C" fn infer_request_new(
             }
             Err(e) => return Err(e),
         };
-        req.gpu = s.server.gpu().clone();
+        req.gpu = *s.server.gpu();
         write_out(out, "out", Box::into_raw(req))
     })
 }

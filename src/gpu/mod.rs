@@ -13,7 +13,7 @@ mod probe;
 
 pub use probe::{DeviceInfo, GpuRuntime};
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 /// GPU use, as `infer_server_options_set_gpu` sets it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,20 +26,20 @@ pub enum GpuMode {
     Required = 2,
 }
 
-/// What one server sees of the GPUs; fixed when the server is made. Cheap to clone and
-/// thread-safe.
-#[derive(Clone, Debug)]
+/// What one server sees of the GPUs; fixed when the server is made. A copy is a word or
+/// two (it points into the process-wide probe result), so requests carry it for free.
+#[derive(Clone, Copy, Debug)]
 pub enum GpuState {
     /// GPU use is OFF for this server: CUDA was never touched.
     Off,
     /// Probed and not usable, for this reason.
-    Unavailable(Arc<str>),
+    Unavailable(&'static str),
     /// A driver and at least one device.
-    Ready(Arc<GpuRuntime>),
+    Ready(&'static GpuRuntime),
 }
 
 /// The process-wide probe result, computed on first use.
-static PROBE: OnceLock<Result<Arc<GpuRuntime>, Arc<str>>> = OnceLock::new();
+static PROBE: OnceLock<Result<GpuRuntime, Box<str>>> = OnceLock::new();
 
 impl GpuState {
     /// The state for a server in `mode`; probes the driver (once per process) unless the
@@ -48,14 +48,14 @@ impl GpuState {
         if mode == GpuMode::Off {
             return GpuState::Off;
         }
-        match PROBE.get_or_init(|| probe::probe().map(Arc::new).map_err(Arc::from)) {
-            Ok(runtime) => GpuState::Ready(runtime.clone()),
-            Err(why) => GpuState::Unavailable(why.clone()),
+        match PROBE.get_or_init(|| probe::probe().map_err(Box::from)) {
+            Ok(runtime) => GpuState::Ready(runtime),
+            Err(why) => GpuState::Unavailable(why),
         }
     }
 
-    pub fn runtime(&self) -> Option<&Arc<GpuRuntime>> {
-        match self {
+    pub fn runtime(&self) -> Option<&'static GpuRuntime> {
+        match *self {
             GpuState::Ready(runtime) => Some(runtime),
             _ => None,
         }
@@ -74,7 +74,7 @@ impl GpuState {
 
     /// Checks that GPU `device` exists; the error says why not (no GPU at all is
     /// UNAVAILABLE, a device id out of range INVALID_ARGUMENT).
-    pub fn check_device(&self, device: i64) -> crate::status::Result<&GpuRuntime> {
+    pub fn check_device(&self, device: i64) -> crate::status::Result<&'static GpuRuntime> {
         use crate::status::Error;
         let runtime = self
             .runtime()
