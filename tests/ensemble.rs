@@ -681,6 +681,72 @@ fn max_inflight_requests_bounds_a_slow_step() {
     assert_eq!(SLOW_MAX.load(Ordering::SeqCst), 1, "concurrent slow steps");
 }
 
+#[test]
+fn max_queue_size_bounds_the_requests_waiting_for_a_step() {
+    let s = Server::new();
+    s.register_fn_backend("slowq", slow_copy);
+    s.load("slowq", &unary("slowq", "slowq", ""));
+    s.load("fastq", &identity("fastq"));
+    let with_queue = |name: &str, extra: &str| {
+        ens(
+            name,
+            4,
+            &f4(&["X"]),
+            &f4(&["Y"]),
+            &[
+                step("fastq", &[("IN", "X")], &[("OUT", "t")], 0),
+                step("slowq", &[("IN", "t")], &[("OUT", "Y")], 1).replace(
+                    "max_inflight_requests: 1",
+                    &format!("max_inflight_requests: 1 {extra}"),
+                ),
+            ],
+        )
+    };
+    s.load("bq", &with_queue("bq", "max_queue_size: 2"));
+    let c = Collector::new();
+    // One in flight and two waiting fit; the slow step takes 30 ms, so most of the rest,
+    // sent at once, find the queue full.
+    let ids: Vec<u64> = (0..12)
+        .map(|i| {
+            s.enqueue(s.request("bq").input_f32("X", &[1, 4], &[i as f32; 4]), &c)
+                .unwrap()
+        })
+        .collect();
+    assert!(
+        c.wait_for(12, Duration::from_secs(30)),
+        "only {} answered",
+        c.finals()
+    );
+    c.assert_exactly_once(&ids);
+    let (mut ok, mut full) = (0, 0);
+    for r in c.take() {
+        if r.status() == 0 {
+            let i = ids.iter().position(|&id| id == r.id()).unwrap() as f32;
+            assert_eq!(r.output_f32("Y"), vec![i; 4]);
+            ok += 1;
+        } else {
+            assert_eq!(r.status(), INFER_STATUS_RESOURCE_EXHAUSTED, "{}", r.error());
+            let msg = r.error();
+            assert!(
+                msg.contains("in ensemble 'bq'")
+                    && msg.contains("'slowq'")
+                    && msg.contains("max_queue_size 2"),
+                "{msg}"
+            );
+            full += 1;
+        }
+    }
+    assert!(ok >= 3, "{ok} succeeded");
+    assert!(full >= 1, "no request found the queue full");
+    // A queue bound without an in-flight limit has nothing to bound.
+    let cfg = with_queue("bq2", "").replace("max_inflight_requests: 1", "max_queue_size: 2");
+    let msg = expect_status(s.try_load("bq2", &cfg), INFER_STATUS_INVALID_ARGUMENT);
+    assert!(
+        msg.contains("max_queue_size") && msg.contains("max_inflight_requests"),
+        "{msg}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Unload and cancel
 // ---------------------------------------------------------------------------------------

@@ -140,6 +140,8 @@ pub struct EnsembleStep {
     pub output_map: Vec<(Arc<str>, Arc<str>)>,
     /// 0 = no limit.
     pub max_inflight_requests: u32,
+    /// Requests waiting for an in-flight place; 0 = no limit.
+    pub max_queue_size: u32,
 }
 
 /// `sequence_batching`: stateful models whose requests form sequences.

@@ -648,12 +648,22 @@ impl Checker<'_> {
                 v.sort();
                 v
             };
+            if st.max_queue_size > 0 && st.max_inflight_requests == 0 {
+                return Err(self.err(
+                    format_args!("{path}.max_queue_size"),
+                    format!(
+                        "{} needs max_inflight_requests: a step's requests only wait behind that limit",
+                        st.max_queue_size
+                    ),
+                ));
+            }
             steps.push(EnsembleStep {
                 model_name: st.model_name.clone(),
                 model_version: st.model_version,
                 input_map: map(&st.input_map),
                 output_map: map(&st.output_map),
                 max_inflight_requests: st.max_inflight_requests,
+                max_queue_size: st.max_queue_size,
             });
         }
         for (i, st) in steps.iter().enumerate() {

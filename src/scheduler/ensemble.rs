@@ -10,7 +10,8 @@
 //!
 //! There are no worker threads: steps continue from the composing models' response
 //! callbacks, which run on those models' workers. Per-step `max_inflight_requests` bounds
-//! how many of a step's requests are out at once; the rest wait in the step's FIFO.
+//! how many of a step's requests are out at once; the rest wait in the step's FIFO, which
+//! `max_queue_size` bounds in turn (beyond it the ensemble request fails).
 
 use super::Scheduler;
 use crate::config::{EnsembleStep, ModelConfig};
@@ -241,12 +242,24 @@ impl Runner {
 
     /// Sends step `i` now, or queues it behind the step's in-flight limit.
     fn submit(&self, sched: &Arc<Scheduler>, run: &Arc<Run>, i: usize) {
-        let max = self.steps[i].max_inflight_requests;
-        if max > 0 {
+        let step = &self.steps[i];
+        if step.max_inflight_requests > 0 {
             let mut q = self.queues[i].lock();
-            if q.inflight >= max {
-                q.waiting.push_back(run.clone());
-                return;
+            if q.inflight >= step.max_inflight_requests {
+                let waiting = q.waiting.len();
+                if step.max_queue_size == 0 || waiting < step.max_queue_size as usize {
+                    q.waiting.push_back(run.clone());
+                    return;
+                }
+                drop(q);
+                let e = Error::new(
+                    Code::ResourceExhausted,
+                    format!(
+                        "step '{}': {waiting} requests already wait for it (max_queue_size {})",
+                        step.model_name, step.max_queue_size
+                    ),
+                );
+                return self.fail(sched, run, e);
             }
             q.inflight += 1;
         }
