@@ -42,7 +42,7 @@
  */
 #define INFER_API_VERSION_MAJOR 0
 
-#define INFER_API_VERSION_MINOR 2
+#define INFER_API_VERSION_MINOR 3
 
 /**
  * Longest string correlation ID, in bytes.
@@ -123,6 +123,12 @@ typedef struct infer_backend {
 } infer_backend;
 
 /**
+ * Receives one JSON object per scheduler iteration of a generative model (text valid
+ * during the call only).
+ */
+typedef void (*infer_stats_fn)(void *user_data, const char *json);
+
+/**
  * Receives a response: `response` is owned by the receiver and freed with
  * `infer_response_free` (any thread, any time); `flags` has INFER_RESPONSE_FLAG_FINAL on
  * the last call for the request.
@@ -196,6 +202,8 @@ typedef void (*infer_response_fn)(void *user_data, struct infer_response *respon
 #define INFER_MEMORY_CPU_PINNED 1
 
 #define INFER_MEMORY_GPU 2
+
+
 
 
 
@@ -617,6 +625,18 @@ infer_status infer_server_metrics_prometheus(struct infer_server *s, char **text
  * timeouts apply) but nothing starts until `infer_server_resume_model`.
  */
 infer_status infer_server_pause_model(struct infer_server *s, const char *name);
+
+/**
+ * Sets the per-iteration statistics callback of a generative model (NULL `fn` clears
+ * it). It runs on the model's generation threads after each iteration that ran, with at
+ * least: `timestamp_us`, `iteration`, `active_requests`, `max_requests`,
+ * `context_requests`, `generation_requests`, `context_tokens`, `kv_blocks_max`,
+ * `kv_blocks_used`, `kv_blocks_free`, `tokens_per_block`, `paused_requests`. It stays set
+ * across reloads of the model. When this call returns, a replaced callback is no longer
+ * running and is never called again. NOT_FOUND when the model is not loaded,
+ * INVALID_ARGUMENT when it is not generative.
+ */
+infer_status infer_server_set_iteration_stats_callback(struct infer_server *s, const char *model, infer_stats_fn func, void *user_data);
 
 /**
  * Resumes a paused model.

@@ -14,6 +14,7 @@ pub mod backend;
 pub mod config;
 pub mod ffi;
 pub mod gpu;
+pub mod llm;
 pub mod log;
 pub mod model;
 mod pool;

@@ -12,7 +12,7 @@ use crate::log::Logger;
 use crate::model::prepare;
 use crate::request::{ModelIdentity, Request};
 use crate::scheduler::sequence::{initial_states, StateValue};
-use crate::scheduler::{CancelOutcome, Scheduler};
+use crate::scheduler::{inflight, CancelOutcome, Scheduler};
 use crate::stats::PromText;
 use crate::status::{Code, Error, Result};
 use parking_lot::{Mutex, RwLock};
@@ -84,6 +84,8 @@ pub struct Server {
     lifecycle: Mutex<()>,
     next_request_id: AtomicU64,
     accepting: AtomicBool,
+    /// Iteration-statistics callbacks by model name (kept across reloads).
+    stats_callbacks: Mutex<HashMap<String, Arc<inflight::StatsCallback>>>,
 }
 
 /// Servers alive in this process; the object pools are emptied when it drops to zero.
@@ -131,6 +133,7 @@ impl Server {
             lifecycle: Mutex::new(()),
             next_request_id: AtomicU64::new(1),
             accepting: AtomicBool::new(true),
+            stats_callbacks: Mutex::new(HashMap::new()),
             opts,
         });
         if let Some(repo) = &server.opts.repository {
@@ -210,7 +213,7 @@ impl Server {
             return Ok(Arc::new(onnx::OnnxBackend));
         }
         Err(Error::unsupported(format!(
-            "model '{}': no backend '{key}' (built in: onnxruntime_onnx / onnxruntime, identity, add_sub, accumulator; register custom backends before loading)",
+            "model '{}': no backend '{key}' (built in: onnxruntime_onnx / onnxruntime, gpt2, identity, add_sub, accumulator; register custom backends before loading)",
             config.name
         )))
     }
@@ -254,9 +257,16 @@ impl Server {
         if onnx::is_onnx(&key) && !self.backends.read().contains_key(&key) {
             onnx::autocomplete(&mut raw, dir.as_deref())?;
         }
+        let generative = inflight::is_generative(&key) && !self.backends.read().contains_key(&key);
+        if generative {
+            inflight::autocomplete(&mut raw);
+        }
         let config = Arc::new(raw.finish()?);
         if config.ensemble.is_some() {
             return self.load_ensemble(name, config, dir.as_deref());
+        }
+        if generative {
+            return self.load_generative(name, config, dir.as_deref());
         }
         let backend = self.backend_for(&config)?;
         let versions = select_versions(&config, dir.as_deref().filter(|d| d.is_dir()))?;
@@ -306,6 +316,67 @@ impl Server {
             })
             .collect();
         self.register(name, config, started)
+    }
+
+    fn load_generative(
+        &self,
+        name: &str,
+        config: Arc<ModelConfig>,
+        dir: Option<&Path>,
+    ) -> Result<()> {
+        inflight::settings::check_config(&config)?;
+        let dir = dir.filter(|d| d.is_dir()).ok_or_else(|| {
+            Error::invalid(format!(
+                "model '{name}': a generative model reads its weights from <model folder>/<version>/ (config.json and model.safetensors), and it has no model folder"
+            ))
+        })?;
+        let versions = select_versions(&config, Some(dir))?;
+        let callback = self.stats_callbacks.lock().get(name).cloned();
+        let mut started: BTreeMap<i64, Arc<Scheduler>> = BTreeMap::new();
+        for v in versions {
+            match inflight::gpt2::start_version(&config, v, dir, &self.log) {
+                Ok(s) => {
+                    if let Some(g) = &s.gen {
+                        g.set_stats_callback(callback.clone());
+                    }
+                    started.insert(v, s);
+                }
+                Err(e) => {
+                    stop_versions(started.values());
+                    return Err(e);
+                }
+            }
+        }
+        self.register(name, config, started)
+    }
+
+    /// Sets (None: clears) the per-iteration statistics callback of a generative model,
+    /// for the versions loaded now and those a reload brings.
+    pub fn set_iteration_stats_callback(
+        &self,
+        name: &str,
+        cb: Option<Arc<inflight::StatsCallback>>,
+    ) -> Result<()> {
+        let versions: Vec<Arc<Scheduler>> =
+            self.with_model(name, |e| Ok(e.versions.values().cloned().collect()))?;
+        if versions.iter().any(|s| s.gen.is_none()) {
+            return Err(Error::invalid(format!(
+                "model '{name}' is not a generative model: it has no iterations to report"
+            )));
+        }
+        {
+            let mut map = self.stats_callbacks.lock();
+            match &cb {
+                Some(cb) => map.insert(name.to_owned(), cb.clone()),
+                None => map.remove(name),
+            };
+        }
+        for s in versions {
+            if let Some(g) = &s.gen {
+                g.set_stats_callback(cb.clone());
+            }
+        }
+        Ok(())
     }
 
     /// Puts started versions into the registry, retiring what they replace.
@@ -594,7 +665,7 @@ impl Server {
         let mut parts = Vec::new();
         for n in names {
             for (v, s) in &models[n].versions {
-                parts.push(s.stats.json(n, *v, s.pending()));
+                parts.push(s.stats_json(n, *v));
             }
         }
         Ok(format!("{{\"models\":[{}]}}", parts.join(",")))
@@ -607,7 +678,7 @@ impl Server {
         let mut p = PromText::default();
         for n in names {
             for (v, s) in &models[n].versions {
-                s.stats.prometheus(&mut p, n, *v, s.pending());
+                s.stats_prometheus(&mut p, n, *v);
             }
         }
         p.render()

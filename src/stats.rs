@@ -74,7 +74,7 @@ impl Histogram {
         }
         bucket_upper(self.buckets.len() - 1)
     }
-    fn json(&self) -> String {
+    pub(crate) fn json(&self) -> String {
         format!(
             "{{\"count\":{},\"total\":{},\"p50\":{},\"p99\":{}}}",
             self.count(),
@@ -151,7 +151,7 @@ impl ModelStats {
 
     /// Appends this version's samples to Prometheus families (name -> lines).
     pub fn prometheus(&self, out: &mut PromText, name: &str, version: i64, pending: usize) {
-        let labels = format!("model=\"{}\",version=\"{version}\"", escape_label(name));
+        let labels = labels(name, version);
         let c = |a: &AtomicU64| a.load(Relaxed);
         out.sample(
             "infer_request_success_total",
@@ -228,6 +228,11 @@ impl ModelStats {
     }
 }
 
+/// The labels of one model version's samples.
+pub fn labels(name: &str, version: i64) -> String {
+    format!("model=\"{}\",version=\"{version}\"", escape_label(name))
+}
+
 fn escape_label(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -256,7 +261,7 @@ impl PromText {
         };
         &mut self.families[i].3
     }
-    fn sample(&mut self, name: &str, kind: &str, help: &str, labels: &str, v: u64) {
+    pub(crate) fn sample(&mut self, name: &str, kind: &str, help: &str, labels: &str, v: u64) {
         let metric = if kind == "histogram" {
             format!("{name}_bucket")
         } else {

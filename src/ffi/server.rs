@@ -402,6 +402,34 @@ pub unsafe extern "C" fn infer_server_pause_model(
     })
 }
 
+/// Receives one JSON object per scheduler iteration of a generative model (text valid
+/// during the call only).
+pub type infer_stats_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, json: *const c_char)>;
+
+/// Sets the per-iteration statistics callback of a generative model (NULL `fn` clears
+/// it). It runs on the model's generation threads after each iteration that ran, with at
+/// least: `timestamp_us`, `iteration`, `active_requests`, `max_requests`,
+/// `context_requests`, `generation_requests`, `context_tokens`, `kv_blocks_max`,
+/// `kv_blocks_used`, `kv_blocks_free`, `tokens_per_block`, `paused_requests`. It stays set
+/// across reloads of the model. When this call returns, a replaced callback is no longer
+/// running and is never called again. NOT_FOUND when the model is not loaded,
+/// INVALID_ARGUMENT when it is not generative.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_set_iteration_stats_callback(
+    s: *mut ServerHandle,
+    model: *const c_char,
+    func: infer_stats_fn,
+    user_data: *mut c_void,
+) -> infer_status {
+    status_boundary(|| {
+        let server = &arg_ref(s, "s")?.server;
+        let name = arg_str(model, "model")?;
+        let cb =
+            func.map(|f| Arc::new(crate::scheduler::inflight::StatsCallback::new(f, user_data)));
+        server.set_iteration_stats_callback(name, cb)
+    })
+}
+
 /// Resumes a paused model.
 #[no_mangle]
 pub unsafe extern "C" fn infer_server_resume_model(

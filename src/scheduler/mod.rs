@@ -8,6 +8,7 @@
 
 pub mod dynamic;
 pub mod ensemble;
+pub mod inflight;
 pub mod queue;
 pub mod sequence;
 
@@ -81,6 +82,8 @@ pub struct Scheduler {
     seq: Option<sequence::Sequencer>,
     /// The ensemble runner, for `platform: "ensemble"` (no workers then).
     ens: Option<ensemble::Runner>,
+    /// In-flight batching, for generative models (its loops are the workers).
+    pub(crate) gen: Option<inflight::Engine>,
     log: crate::log::Logger,
 }
 
@@ -155,6 +158,7 @@ impl Scheduler {
             workers: Mutex::new(Vec::new()),
             seq,
             ens: None,
+            gen: None,
             log,
             config,
         });
@@ -251,9 +255,85 @@ impl Scheduler {
             workers: Mutex::new(Vec::new()),
             seq: None,
             ens: Some(ensemble::Runner::new(me.clone(), server, &config)),
+            gen: None,
             log,
             config,
         })
+    }
+
+    /// A generative model: one in-flight batching loop per executor (model instance).
+    pub fn start_generative(
+        model: ModelIdentity,
+        config: Arc<ModelConfig>,
+        engine: inflight::Engine,
+        executors: Vec<Box<dyn inflight::Executor>>,
+        log: crate::log::Logger,
+    ) -> Result<Arc<Scheduler>> {
+        let sched = Arc::new(Scheduler {
+            model,
+            stats: ModelStats::new(engine.settings.max_num_sequences as u32),
+            policy: BatchPolicy::single(),
+            preserve_ordering: false,
+            in_names: Vec::new(),
+            out_names: Vec::new(),
+            state: Mutex::new(State {
+                queue: PriorityQueue::new(None),
+                ending: Vec::new(),
+                paused: false,
+                closed: false,
+                executing: 0,
+                next_batch_seq: 0,
+            }),
+            cv: Condvar::new(),
+            pending: AtomicUsize::new(0),
+            reorder: Mutex::new(Reorder::default()),
+            running: Vec::new(),
+            workers: Mutex::new(Vec::new()),
+            seq: None,
+            ens: None,
+            gen: Some(engine),
+            log,
+            config,
+        });
+        for (i, exec) in executors.into_iter().enumerate() {
+            let s = sched.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("infer-{}-{i}", s.model.name_str()))
+                .spawn(move || inflight::run(s, i, exec));
+            match handle {
+                Ok(h) => sched.workers.lock().push(h),
+                Err(e) => {
+                    sched.close();
+                    sched.join();
+                    return Err(Error::internal(format!(
+                        "cannot start a generation loop thread: {e}"
+                    )));
+                }
+            }
+        }
+        Ok(sched)
+    }
+
+    /// This version's statistics as JSON (generation counters included for generative
+    /// models).
+    pub fn stats_json(&self, name: &str, version: i64) -> String {
+        let mut j = self.stats.json(name, version, self.pending());
+        if let Some(g) = &self.gen {
+            j.pop();
+            j.push_str(",\"generation\":");
+            j.push_str(&g.gen_stats.json());
+            j.push('}');
+        }
+        j
+    }
+
+    /// Appends this version's Prometheus samples.
+    pub fn stats_prometheus(&self, out: &mut crate::stats::PromText, name: &str, version: i64) {
+        self.stats.prometheus(out, name, version, self.pending());
+        if let Some(g) = &self.gen {
+            let labels = crate::stats::labels(name, version);
+            g.gen_stats.prometheus(out, &labels);
+        }
     }
 
     /// Queues a request. On failure the request comes back with the error so the caller
@@ -265,6 +345,9 @@ impl Scheduler {
     ) -> std::result::Result<(), (Box<Request>, Error)> {
         if let Some(ens) = &self.ens {
             return ens.start(req);
+        }
+        if let Some(g) = &self.gen {
+            return g.enqueue(&self.model, req);
         }
         if let Some(sq) = &self.seq {
             if let Some(warning) = sq.enqueue(req, shape_key)? {
@@ -311,6 +394,9 @@ impl Scheduler {
         if let Some(ens) = &self.ens {
             return ens.in_flight();
         }
+        if let Some(g) = &self.gen {
+            return g.pending();
+        }
         match &self.seq {
             Some(sq) => sq.queued(),
             None => self.pending.load(Ordering::Acquire),
@@ -318,6 +404,9 @@ impl Scheduler {
     }
 
     pub fn set_paused(&self, paused: bool) {
+        if let Some(g) = &self.gen {
+            return g.set_paused(paused);
+        }
         if let Some(sq) = &self.seq {
             return sq.set_paused(paused);
         }
@@ -329,6 +418,9 @@ impl Scheduler {
     pub fn close(&self) {
         if let Some(ens) = &self.ens {
             ens.close();
+        }
+        if let Some(g) = &self.gen {
+            return g.close();
         }
         if let Some(sq) = &self.seq {
             return sq.close();
@@ -342,6 +434,9 @@ impl Scheduler {
         if let Some(ens) = &self.ens {
             return ens.in_flight() == 0;
         }
+        if let Some(g) = &self.gen {
+            return g.is_idle();
+        }
         if let Some(sq) = &self.seq {
             return sq.is_idle();
         }
@@ -353,6 +448,9 @@ impl Scheduler {
     pub fn cancel_all(&self, why: &str) {
         if let Some(ens) = &self.ens {
             return ens.cancel_all(why);
+        }
+        if let Some(g) = &self.gen {
+            return g.cancel_all(why);
         }
         if let Some(sq) = &self.seq {
             return sq.cancel_all(why);
@@ -375,6 +473,9 @@ impl Scheduler {
                 true => CancelOutcome::Cancelled,
                 false => CancelOutcome::NotFound,
             };
+        }
+        if let Some(g) = &self.gen {
+            return g.cancel(&self.model, request_id);
         }
         if let Some(sq) = &self.seq {
             let running = || self.running.iter().any(|r| r.lock().contains(&request_id));

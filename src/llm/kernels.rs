@@ -1,0 +1,586 @@
+//! The arithmetic of the forward pass on the CPU: GEMMs (matrixmultiply), layer norm,
+//! activations, attention over the paged cache, and how each is spread over threads.
+//!
+//! Batching invariance is this module's contract: a row's result is computed by the same
+//! instructions in the same order whatever the number of rows, which thread runs it, or
+//! which other rows share the call. Work is therefore only ever split by output rows or
+//! output columns, never along a reduction, and no reduction order depends on a size
+//! other than the row's own (a token's context length, the model's widths).
+
+use super::config::Activation;
+use super::gpt2::StepSeq;
+use super::kv::KvCache;
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// Where and how wide to run a kernel.
+#[derive(Clone, Copy)]
+pub(crate) struct Exec<'a> {
+    pub pool: Option<&'a rayon::ThreadPool>,
+    pub threads: usize,
+    /// Multiply-adds below which a kernel stays on the calling thread.
+    pub min_par_work: usize,
+}
+
+impl Exec<'_> {
+    /// How many parts to split `work` multiply-adds into (1 = run here).
+    fn parts(&self, work: usize, max_parts: usize) -> usize {
+        match self.pool {
+            Some(_) if work >= self.min_par_work => self.threads.min(max_parts).max(1),
+            _ => 1,
+        }
+    }
+
+    /// Runs `f(i)` for `i in 0..parts`, in the pool when there is more than one.
+    fn run(&self, parts: usize, f: impl Fn(usize) + Sync + Send) {
+        match self.pool {
+            Some(pool) if parts > 1 => pool.install(|| (0..parts).into_par_iter().for_each(f)),
+            _ => (0..parts).for_each(f),
+        }
+    }
+}
+
+/// A raw pointer that crosses into pool threads. Each thread only touches a region no
+/// other thread touches (disjoint columns of the same rows), which slices cannot say.
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+// SAFETY: used only to hand disjoint column ranges of one buffer to threads that all
+// finish before the buffer's borrow ends (rayon `install` joins them).
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+impl SharedMut {
+    /// The pointer (a method, so closures capture the whole `SharedMut`, not the field).
+    #[inline(always)]
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// What happens to each finished part of a GEMM's output (on the thread that made it).
+pub(crate) enum Epilogue<'a> {
+    None,
+    /// `c += bias`.
+    Bias(&'a [f32]),
+    /// `c = act(c + bias)`.
+    BiasActivation(&'a [f32], Activation),
+    /// `residual += c + bias` (`c` is scratch), with `residual` shaped like `c`.
+    BiasResidual(&'a [f32], &'a mut [f32]),
+}
+
+/// `c[m×n] = a[m×k] · b[k×n]` (row-major, contiguous), then the epilogue. Threads split
+/// the columns; every element is the same sequence of multiply-adds over `k` whatever
+/// the split (matrixmultiply's blocking depends only on `k` for that).
+pub(crate) fn gemm(
+    exec: Exec<'_>,
+    (m, k, n): (usize, usize, usize),
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+    epilogue: Epilogue<'_>,
+) {
+    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    let (bias, act, residual) = match epilogue {
+        Epilogue::None => (None, None, None),
+        Epilogue::Bias(b) => (Some(b), None, None),
+        Epilogue::BiasActivation(b, act) => (Some(b), Some(act), None),
+        Epilogue::BiasResidual(b, r) => {
+            assert!(r.len() >= m * n);
+            (Some(b), None, Some(SharedMut(r.as_mut_ptr())))
+        }
+    };
+    if let Some(b) = bias {
+        assert!(b.len() >= n);
+    }
+    // Column parts of at least 64 (whole micro-kernel tiles).
+    let parts = exec.parts(m * k * n, n.div_ceil(64));
+    let width = n.div_ceil(parts).next_multiple_of(16);
+    let cp = SharedMut(c.as_mut_ptr());
+    let run_part = |i: usize| {
+        let cols = (i * width).min(n)..((i + 1) * width).min(n);
+        if cols.is_empty() {
+            return;
+        }
+        // SAFETY: `a`, `b`, `c` hold the sizes asserted above; this part writes only
+        // columns `cols` of `c` (and of `residual`), which no other part writes.
+        unsafe {
+            matrixmultiply::sgemm(
+                m,
+                k,
+                cols.len(),
+                1.0,
+                a.as_ptr(),
+                k as isize,
+                1,
+                b.as_ptr().add(cols.start),
+                n as isize,
+                1,
+                0.0,
+                cp.get().add(cols.start),
+                n as isize,
+                1,
+            );
+            for r in 0..m {
+                let row =
+                    std::slice::from_raw_parts_mut(cp.get().add(r * n + cols.start), cols.len());
+                finish_row(
+                    row,
+                    cols.clone(),
+                    bias,
+                    act,
+                    residual.map(|p| p.get().add(r * n)),
+                );
+            }
+        }
+    };
+    exec.run(parts, run_part);
+}
+
+/// The epilogue of one row's columns `cols` (`row` is that part of the output).
+///
+/// # Safety
+/// `residual`, when given, points at the row's start in a buffer of at least `cols.end`
+/// elements that nothing else touches in `cols`.
+#[inline]
+unsafe fn finish_row(
+    row: &mut [f32],
+    cols: Range<usize>,
+    bias: Option<&[f32]>,
+    act: Option<Activation>,
+    residual: Option<*mut f32>,
+) {
+    let Some(bias) = bias else { return };
+    let bias = &bias[cols.clone()];
+    match residual {
+        Some(res) => {
+            let res = std::slice::from_raw_parts_mut(res.add(cols.start), cols.len());
+            for ((r, &x), &b) in res.iter_mut().zip(row.iter()).zip(bias) {
+                *r += x + b;
+            }
+        }
+        None => {
+            for (x, &b) in row.iter_mut().zip(bias) {
+                *x += b;
+            }
+            if let Some(act) = act {
+                activate(act, row);
+            }
+        }
+    }
+}
+
+/// Applies `act` in place.
+pub(crate) fn activate(act: Activation, x: &mut [f32]) {
+    match act {
+        Activation::GeluTanh => {
+            const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+            for v in x.iter_mut() {
+                let u = *v;
+                *v = 0.5 * u * (1.0 + tanh(SQRT_2_OVER_PI * (u + 0.044715 * u * u * u)));
+            }
+        }
+        Activation::GeluErf => {
+            for v in x.iter_mut() {
+                let u = *v as f64;
+                *v = (0.5 * u * (1.0 + erf(u * std::f64::consts::FRAC_1_SQRT_2))) as f32;
+            }
+        }
+        Activation::Relu => {
+            for v in x.iter_mut() {
+                *v = v.max(0.0);
+            }
+        }
+    }
+}
+
+/// tanh as a rational function (Eigen's float approximation: a few ulp over the whole
+/// range). Pure arithmetic, so the compiler vectorises it, unlike a libm call.
+#[inline(always)]
+pub(crate) fn tanh(x: f32) -> f32 {
+    const CLAMP: f32 = 7.905_311;
+    const A1: f32 = 4.893_524_6e-3;
+    const A3: f32 = 6.372_619_3e-4;
+    const A5: f32 = 1.485_722_4e-5;
+    const A7: f32 = 5.122_297e-8;
+    const A9: f32 = -8.604_672e-11;
+    const A11: f32 = 2.000_188e-13;
+    const A13: f32 = -2.760_768_5e-16;
+    const B0: f32 = 4.893_525e-3;
+    const B2: f32 = 2.268_434_6e-3;
+    const B4: f32 = 1.185_347_1e-4;
+    const B6: f32 = 1.198_258_4e-6;
+    let x = x.clamp(-CLAMP, CLAMP);
+    let x2 = x * x;
+    let mut p = x2 * A13 + A11;
+    p = p * x2 + A9;
+    p = p * x2 + A7;
+    p = p * x2 + A5;
+    p = p * x2 + A3;
+    p = p * x2 + A1;
+    p *= x;
+    let mut q = x2 * B6 + B4;
+    q = q * x2 + B2;
+    q = q * x2 + B0;
+    p / q
+}
+
+/// erf in f64 (std has none on stable): the Taylor series for |x| < 3, the continued
+/// fraction of erfc beyond; error well below f32's resolution.
+pub(crate) fn erf(x: f64) -> f64 {
+    let a = x.abs();
+    let r = if a < 3.0 {
+        let x2 = a * a;
+        let mut term = a;
+        let mut sum = a;
+        let mut n = 0.0;
+        while term.abs() > 1e-17 * sum.abs() {
+            n += 1.0;
+            term *= -x2 / n;
+            sum += term / (2.0 * n + 1.0);
+        }
+        sum * std::f64::consts::FRAC_2_SQRT_PI
+    } else {
+        // erfc(a) = exp(-a²)/sqrt(pi) · 1/(a + 1/2/(a + 1/(a + 3/2/(a + 2/(a + ...)))))
+        let mut f = a;
+        for k in (1..60).rev() {
+            f = a + (k as f64 / 2.0) / f;
+        }
+        1.0 - (-a * a).exp() / (f * std::f64::consts::PI.sqrt())
+    };
+    r.copysign(x)
+}
+
+/// `out[r] = layer_norm(x[r]) · w + b` for each row; rows split over threads.
+pub(crate) fn layer_norm_rows(
+    exec: Exec<'_>,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    eps: f32,
+    out: &mut [f32],
+) {
+    let e = w.len();
+    let rows = out.len() / e;
+    let parts = exec.parts(rows * e * 8, rows);
+    let per = rows.div_ceil(parts.max(1)).max(1);
+    let part = |(i, out): (usize, &mut [f32])| {
+        for (r, o) in out.chunks_exact_mut(e).enumerate() {
+            let row = i * per + r;
+            layer_norm(&x[row * e..(row + 1) * e], w, b, eps, o);
+        }
+    };
+    match exec.pool {
+        Some(pool) if parts > 1 => {
+            pool.install(|| out.par_chunks_mut(per * e).enumerate().for_each(part))
+        }
+        _ => part((0, out)),
+    }
+}
+
+/// One row's layer norm (biased variance, like torch).
+#[inline]
+pub(crate) fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
+    let n = x.len() as f32;
+    let mean = sum(x) / n;
+    let mut acc = [0.0f32; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for l in 0..8 {
+            let d = c[l] - mean;
+            acc[l] += d * d;
+        }
+    }
+    for (l, &v) in chunks.remainder().iter().enumerate() {
+        let d = v - mean;
+        acc[l] += d * d;
+    }
+    let var = reduce8(acc) / n;
+    let rstd = 1.0 / (var + eps).sqrt();
+    for (((o, &v), &w), &b) in out.iter_mut().zip(x).zip(w).zip(b) {
+        *o = (v - mean) * rstd * w + b;
+    }
+}
+
+#[inline(always)]
+fn reduce8(a: [f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
+}
+
+#[inline(always)]
+fn sum(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for l in 0..8 {
+            acc[l] += c[l];
+        }
+    }
+    for (l, &v) in chunks.remainder().iter().enumerate() {
+        acc[l] += v;
+    }
+    reduce8(acc)
+}
+
+#[inline(always)]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut ca = a.chunks_exact(8);
+    let mut cb = b.chunks_exact(8);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    for (l, (&x, &y)) in ca.remainder().iter().zip(cb.remainder()).enumerate() {
+        acc[l] += x * y;
+    }
+    reduce8(acc)
+}
+
+/// One token's place in a step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TokenSlot {
+    /// Index of its sequence in the step.
+    pub seq: u32,
+    /// Its position in that sequence.
+    pub pos: u32,
+}
+
+/// Attention of one layer.
+pub(crate) struct AttentionShape {
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub layer: usize,
+    /// Attention scores are divided by this (sqrt(head_dim) and/or layer + 1).
+    pub divisor: f32,
+}
+
+/// Causal attention of every token over its sequence's cache (which already holds this
+/// step's K and V). `qkv` is `[T][3 · n_embd]` (q, k, v), `out` `[T][n_embd]`.
+/// `scratch` holds one score buffer (context-length long) per thread part.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention(
+    exec: Exec<'_>,
+    shape: &AttentionShape,
+    qkv: &[f32],
+    kv: &KvCache,
+    tokens: &[TokenSlot],
+    seqs: &[StepSeq<'_>],
+    scratch: &mut [Vec<f32>],
+    out: &mut [f32],
+) {
+    let e = shape.n_head * shape.head_dim;
+    let t = tokens.len();
+    let work: usize = tokens.iter().map(|s| (s.pos as usize + 1) * e * 2).sum();
+    let parts = exec.parts(work, t.min(scratch.len()));
+    let per = t.div_ceil(parts.max(1)).max(1);
+    let part = |((i, out), scores): ((usize, &mut [f32]), &mut Vec<f32>)| {
+        for (r, o) in out.chunks_exact_mut(e).enumerate() {
+            let ti = i * per + r;
+            let slot = tokens[ti];
+            let q = &qkv[ti * 3 * e..ti * 3 * e + e];
+            attend(
+                shape,
+                q,
+                kv,
+                seqs[slot.seq as usize].blocks,
+                slot.pos as usize,
+                scores,
+                o,
+            );
+        }
+    };
+    let out = &mut out[..t * e];
+    match exec.pool {
+        Some(pool) if parts > 1 => pool.install(|| {
+            out.par_chunks_mut(per * e)
+                .enumerate()
+                .zip(scratch.par_iter_mut())
+                .for_each(part)
+        }),
+        _ => part(((0, out), &mut scratch[0])),
+    }
+}
+
+/// One token at `pos` attends over positions `0..=pos` of its block table. Blocks are
+/// walked in the outer loop so that each block's K (then V) of all heads, contiguous in
+/// the cache, is read in one sweep; `scores` holds `[n_head][pos + 1]`.
+fn attend(
+    shape: &AttentionShape,
+    q: &[f32],
+    kv: &KvCache,
+    blocks: &[u32],
+    pos: usize,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let (nh, hd) = (shape.n_head, shape.head_dim);
+    let tpb = kv.tokens_per_block();
+    let n_ctx = pos + 1;
+    if scores.len() < nh * n_ctx {
+        scores.resize(nh * n_ctx, 0.0);
+    }
+    let scores = &mut scores[..nh * n_ctx];
+    let used = &blocks[..n_ctx.div_ceil(tpb)];
+    for (bi, &block) in used.iter().enumerate() {
+        let first = bi * tpb;
+        let count = tpb.min(n_ctx - first);
+        for h in 0..nh {
+            let qh = &q[h * hd..(h + 1) * hd];
+            let keys = kv.head(block as usize, shape.layer, false, h);
+            let row = &mut scores[h * n_ctx + first..h * n_ctx + first + count];
+            for (s, k) in row.iter_mut().zip(keys.chunks_exact(hd)) {
+                *s = dot(qh, k) / shape.divisor;
+            }
+        }
+    }
+    for row in scores.chunks_exact_mut(n_ctx) {
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+        let mut total = 0.0f32;
+        for s in row.iter_mut() {
+            *s = (*s - max).exp();
+            total += *s;
+        }
+        for s in row.iter_mut() {
+            *s /= total;
+        }
+    }
+    out.fill(0.0);
+    for (bi, &block) in used.iter().enumerate() {
+        let first = bi * tpb;
+        let count = tpb.min(n_ctx - first);
+        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+            let values = kv.head(block as usize, shape.layer, true, h);
+            let probs = &scores[h * n_ctx + first..h * n_ctx + first + count];
+            for (&p, v) in probs.iter().zip(values.chunks_exact(hd)) {
+                for (o, &v) in oh.iter_mut().zip(v) {
+                    *o += p * v;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tanh_is_accurate() {
+        let mut worst = 0.0f64;
+        for i in -200_000..=200_000 {
+            let x = i as f32 * 1e-4;
+            let err = (tanh(x) as f64 - (x as f64).tanh()).abs();
+            worst = worst.max(err);
+        }
+        assert!(worst < 1e-6, "{worst}");
+        assert_eq!(tanh(100.0), tanh(7.905_311));
+        assert!((tanh(100.0) - 1.0).abs() < 1e-6);
+        assert_eq!(tanh(0.0), 0.0);
+        assert_eq!(tanh(-0.3), -tanh(0.3));
+    }
+
+    #[test]
+    fn erf_is_accurate() {
+        // erf from tables (Abramowitz & Stegun) and symmetric.
+        for (x, want) in [
+            (0.0, 0.0),
+            (0.5, 0.520_499_877_8),
+            (1.0, 0.842_700_792_9),
+            (2.0, 0.995_322_265_0),
+            (3.5, 0.999_999_256_9),
+        ] {
+            assert!((erf(x) - want).abs() < 1e-9, "erf({x}) = {}", erf(x));
+            assert!((erf(-x) + want).abs() < 1e-9);
+        }
+        // Continuous where the method changes.
+        assert!((erf(2.999_999_9) - erf(3.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn layer_norm_matches_the_definition() {
+        let x: Vec<f32> = (0..37)
+            .map(|i| (i as f32 * 0.37).sin() * 3.0 + 1.0)
+            .collect();
+        let w: Vec<f32> = (0..37).map(|i| 1.0 + i as f32 * 0.01).collect();
+        let b: Vec<f32> = (0..37).map(|i| i as f32 * -0.02).collect();
+        let mut out = vec![0.0; 37];
+        layer_norm(&x, &w, &b, 1e-5, &mut out);
+        let mean = x.iter().map(|&v| v as f64).sum::<f64>() / 37.0;
+        let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / 37.0;
+        for i in 0..37 {
+            let want = (x[i] as f64 - mean) / (var + 1e-5).sqrt() * w[i] as f64 + b[i] as f64;
+            assert!(
+                (out[i] as f64 - want).abs() < 1e-5,
+                "{i}: {} vs {want}",
+                out[i]
+            );
+        }
+    }
+
+    #[test]
+    fn gemm_parts_agree_bitwise() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let (m, k, n) = (5, 300, 200);
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 5) % 11) as f32 * 0.1 - 0.5)
+            .collect();
+        let bias: Vec<f32> = (0..n).map(|i| i as f32 * 0.01).collect();
+        let run = |exec: Exec<'_>, rows: Range<usize>| {
+            let mut c = vec![0.0; rows.len() * n];
+            let a = &a[rows.start * k..rows.end * k];
+            gemm(
+                exec,
+                (rows.len(), k, n),
+                a,
+                &b,
+                &mut c,
+                Epilogue::BiasActivation(&bias, Activation::GeluTanh),
+            );
+            c
+        };
+        let alone = Exec {
+            pool: None,
+            threads: 1,
+            min_par_work: 0,
+        };
+        let split = Exec {
+            pool: Some(&pool),
+            threads: 3,
+            min_par_work: 0,
+        };
+        let whole = run(alone, 0..m);
+        assert_eq!(bits(&whole), bits(&run(split, 0..m)));
+        for r in 0..m {
+            assert_eq!(
+                bits(&whole[r * n..(r + 1) * n]),
+                bits(&run(split, r..r + 1))
+            );
+        }
+        // And against a plain loop, loosely.
+        for r in 0..m {
+            for j in 0..n {
+                let mut s = 0.0f64;
+                for i in 0..k {
+                    s += a[r * k + i] as f64 * b[i * n + j] as f64;
+                }
+                let mut want = [(s + bias[j] as f64) as f32];
+                activate(Activation::GeluTanh, &mut want);
+                assert!((whole[r * n + j] - want[0]).abs() < 1e-3, "{r},{j}");
+            }
+        }
+    }
+
+    pub(crate) fn bits(x: &[f32]) -> Vec<u32> {
+        x.iter().map(|v| v.to_bits()).collect()
+    }
+}

@@ -1,0 +1,25 @@
+//! GPT-2-family decoder-only language models on the CPU, with a paged KV cache.
+//!
+//! What this module owns: loading a Hugging Face GPT-2 folder ([`Gpt2::load`]), the
+//! forward pass over a packed batch of sequences ([`Runner::step`]), the KV cache's memory
+//! ([`KvCache`]) and token sampling ([`sample`]). What it never does: decide which
+//! sequences run, own block tables or hand out blocks — that is the scheduler's job; a
+//! step only reads and writes the blocks it is given.
+//!
+//! Batching invariance: a token's hidden states, K/V and logits are bitwise the same
+//! whether it runs alone, with other sequences, or inside a prefill chunk of any size, on
+//! any number of threads. The scheduler may therefore batch freely without changing any
+//! request's output.
+
+mod config;
+mod gpt2;
+mod kernels;
+mod kv;
+mod sampling;
+mod weights;
+
+pub use config::{Activation, Gpt2Config};
+pub use gpt2::{Logits, Runner, StepSeq};
+pub use kv::KvCache;
+pub use sampling::{argmax, sample, Rng, SamplingParams};
+pub use weights::Gpt2;

@@ -1,0 +1,372 @@
+//! A GPT-2 model's parameters: loading them from a Hugging Face folder (`config.json` +
+//! `model.safetensors`), drawing random ones, and saving them back.
+//!
+//! Weights are converted to f32 once, at load, into the layout the forward pass's GEMMs
+//! read without repacking; this module never runs the model.
+
+use super::config::Gpt2Config;
+use super::sampling::Rng;
+use crate::status::{Error, Result};
+use safetensors::{Dtype, SafeTensors};
+use std::borrow::Cow;
+use std::path::Path;
+
+/// A layer norm's gain and bias, `[n_embd]` each.
+pub(crate) struct Norm {
+    pub weight: Vec<f32>,
+    pub bias: Vec<f32>,
+}
+
+/// One transformer block. Matrices are Hugging Face's Conv1D layout, `[in][out]`
+/// row-major, which is the `B` a row-major GEMM wants.
+pub(crate) struct Block {
+    pub ln_1: Norm,
+    /// `[n_embd][3 n_embd]`: q, k, v.
+    pub attn_w: Vec<f32>,
+    pub attn_b: Vec<f32>,
+    /// `[n_embd][n_embd]`.
+    pub attn_proj_w: Vec<f32>,
+    pub attn_proj_b: Vec<f32>,
+    pub ln_2: Norm,
+    /// `[n_embd][n_inner]`.
+    pub fc_w: Vec<f32>,
+    pub fc_b: Vec<f32>,
+    /// `[n_inner][n_embd]`.
+    pub mlp_proj_w: Vec<f32>,
+    pub mlp_proj_b: Vec<f32>,
+}
+
+/// Where token embeddings are read from.
+pub(crate) enum TokenEmbedding {
+    /// `[vocab][n_embd]`, the model's own (its LM head is separate).
+    Own(Vec<f32>),
+    /// Tied to the LM head: column `token` of `head_t`.
+    Tied,
+}
+
+/// A GPT-2 language model (`GPT2LMHeadModel`), weights in f32.
+pub struct Gpt2 {
+    pub config: Gpt2Config,
+    pub(crate) wte: TokenEmbedding,
+    /// `[n_positions][n_embd]`.
+    pub(crate) wpe: Vec<f32>,
+    pub(crate) blocks: Vec<Block>,
+    pub(crate) ln_f: Norm,
+    /// The LM head transposed, `[n_embd][vocab]`, so that the logits GEMM reads it
+    /// row-major like every other weight.
+    pub(crate) head_t: Vec<f32>,
+}
+
+impl Gpt2 {
+    /// Reads `<dir>/config.json` (Hugging Face GPT-2 fields) and `<dir>/model.safetensors`
+    /// (F32, F16 or BF16 tensors, with or without the `transformer.` prefix).
+    pub fn load(dir: &Path) -> Result<Gpt2> {
+        let config_path = dir.join("config.json");
+        let text =
+            std::fs::read_to_string(&config_path).map_err(|e| read_error(&config_path, e))?;
+        let config = Gpt2Config::from_json(&text).map_err(|e| e.context(config_path.display()))?;
+        let weights_path = dir.join("model.safetensors");
+        let bytes = std::fs::read(&weights_path).map_err(|e| read_error(&weights_path, e))?;
+        let st = SafeTensors::deserialize(&bytes).map_err(|e| {
+            Error::invalid(format!(
+                "{}: not a valid safetensors file: {e}",
+                weights_path.display()
+            ))
+        })?;
+        Gpt2::from_tensors(config, &Tensors(st)).map_err(|e| e.context(weights_path.display()))
+    }
+
+    fn from_tensors(c: Gpt2Config, t: &Tensors<'_>) -> Result<Gpt2> {
+        let (e, i, v) = (c.n_embd, c.n_inner, c.vocab_size);
+        let norm = |name: &str| -> Result<Norm> {
+            Ok(Norm {
+                weight: t.get(&format!("{name}.weight"), &[e])?,
+                bias: t.get(&format!("{name}.bias"), &[e])?,
+            })
+        };
+        let mut blocks = Vec::with_capacity(c.n_layer);
+        for l in 0..c.n_layer {
+            let p = format!("h.{l}");
+            blocks.push(Block {
+                ln_1: norm(&format!("{p}.ln_1"))?,
+                attn_w: t.get(&format!("{p}.attn.c_attn.weight"), &[e, 3 * e])?,
+                attn_b: t.get(&format!("{p}.attn.c_attn.bias"), &[3 * e])?,
+                attn_proj_w: t.get(&format!("{p}.attn.c_proj.weight"), &[e, e])?,
+                attn_proj_b: t.get(&format!("{p}.attn.c_proj.bias"), &[e])?,
+                ln_2: norm(&format!("{p}.ln_2"))?,
+                fc_w: t.get(&format!("{p}.mlp.c_fc.weight"), &[e, i])?,
+                fc_b: t.get(&format!("{p}.mlp.c_fc.bias"), &[i])?,
+                mlp_proj_w: t.get(&format!("{p}.mlp.c_proj.weight"), &[i, e])?,
+                mlp_proj_b: t.get(&format!("{p}.mlp.c_proj.bias"), &[e])?,
+            });
+        }
+        let wte = t.get("wte.weight", &[v, e])?;
+        // Like transformers: a tied model uses the embedding whatever lm_head.weight holds.
+        let (wte, head_t) = if c.tie_word_embeddings {
+            (TokenEmbedding::Tied, transpose(&wte, v, e))
+        } else {
+            let head = t.get("lm_head.weight", &[v, e])?;
+            (TokenEmbedding::Own(wte), transpose(&head, v, e))
+        };
+        Ok(Gpt2 {
+            wte,
+            wpe: t.get("wpe.weight", &[c.n_positions, e])?,
+            blocks,
+            ln_f: norm("ln_f")?,
+            head_t,
+            config: c,
+        })
+    }
+
+    /// Random weights (for benchmarks and tests), deterministic in `seed`: matrices and
+    /// embeddings uniform with standard deviation 0.02 (Hugging Face's initializer
+    /// range), layer-norm gains around 1, small biases. The config should pass
+    /// [`Gpt2Config::validate`]; `Runner::new` refuses one that does not.
+    pub fn random(config: Gpt2Config, seed: u64) -> Gpt2 {
+        let c = config;
+        let (e, i, v) = (c.n_embd, c.n_inner, c.vocab_size);
+        let mut rng = Rng::new(seed);
+        let mut draw = |n: usize, mean: f32, std: f32| -> Vec<f32> {
+            // Uniform on [-sqrt(3) std, sqrt(3) std] has standard deviation `std`.
+            let half = std * 3f32.sqrt();
+            (0..n)
+                .map(|_| mean + (rng.next_f64() as f32 * 2.0 - 1.0) * half)
+                .collect()
+        };
+        let norm = |draw: &mut dyn FnMut(usize, f32, f32) -> Vec<f32>| Norm {
+            weight: draw(e, 1.0, 0.02),
+            bias: draw(e, 0.0, 0.02),
+        };
+        let mut blocks = Vec::with_capacity(c.n_layer);
+        for _ in 0..c.n_layer {
+            blocks.push(Block {
+                ln_1: norm(&mut draw),
+                attn_w: draw(e * 3 * e, 0.0, 0.02),
+                attn_b: draw(3 * e, 0.0, 0.02),
+                attn_proj_w: draw(e * e, 0.0, 0.02),
+                attn_proj_b: draw(e, 0.0, 0.02),
+                ln_2: norm(&mut draw),
+                fc_w: draw(e * i, 0.0, 0.02),
+                fc_b: draw(i, 0.0, 0.02),
+                mlp_proj_w: draw(i * e, 0.0, 0.02),
+                mlp_proj_b: draw(e, 0.0, 0.02),
+            });
+        }
+        let wpe = draw(c.n_positions * e, 0.0, 0.02);
+        let ln_f = norm(&mut draw);
+        let head_t = draw(e * v, 0.0, 0.02);
+        let wte = if c.tie_word_embeddings {
+            TokenEmbedding::Tied
+        } else {
+            TokenEmbedding::Own(draw(v * e, 0.0, 0.02))
+        };
+        Gpt2 {
+            config: c,
+            wte,
+            wpe,
+            blocks,
+            ln_f,
+            head_t,
+        }
+    }
+
+    /// Writes `config.json` and `model.safetensors` (F32, Hugging Face's tensor names) to
+    /// `dir`, creating it if needed.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let c = &self.config;
+        let (e, v) = (c.n_embd, c.vocab_size);
+        std::fs::create_dir_all(dir)
+            .map_err(|err| Error::invalid(format!("cannot create {}: {err}", dir.display())))?;
+        let head = transpose(&self.head_t, e, v);
+        let wte: &[f32] = match &self.wte {
+            TokenEmbedding::Own(w) => w,
+            TokenEmbedding::Tied => &head,
+        };
+        let mut tensors: Vec<(String, Vec<usize>, &[f32])> = Vec::new();
+        let mut add = |name: String, shape: Vec<usize>, data| {
+            let name = if name.starts_with("lm_head.") {
+                name
+            } else {
+                format!("transformer.{name}")
+            };
+            tensors.push((name, shape, data));
+        };
+        add("wte.weight".into(), vec![v, e], wte);
+        add("wpe.weight".into(), vec![c.n_positions, e], &self.wpe);
+        for (l, b) in self.blocks.iter().enumerate() {
+            let p = format!("h.{l}");
+            add(format!("{p}.ln_1.weight"), vec![e], &b.ln_1.weight);
+            add(format!("{p}.ln_1.bias"), vec![e], &b.ln_1.bias);
+            add(format!("{p}.attn.c_attn.weight"), vec![e, 3 * e], &b.attn_w);
+            add(format!("{p}.attn.c_attn.bias"), vec![3 * e], &b.attn_b);
+            add(
+                format!("{p}.attn.c_proj.weight"),
+                vec![e, e],
+                &b.attn_proj_w,
+            );
+            add(format!("{p}.attn.c_proj.bias"), vec![e], &b.attn_proj_b);
+            add(format!("{p}.ln_2.weight"), vec![e], &b.ln_2.weight);
+            add(format!("{p}.ln_2.bias"), vec![e], &b.ln_2.bias);
+            add(format!("{p}.mlp.c_fc.weight"), vec![e, c.n_inner], &b.fc_w);
+            add(format!("{p}.mlp.c_fc.bias"), vec![c.n_inner], &b.fc_b);
+            add(
+                format!("{p}.mlp.c_proj.weight"),
+                vec![c.n_inner, e],
+                &b.mlp_proj_w,
+            );
+            add(format!("{p}.mlp.c_proj.bias"), vec![e], &b.mlp_proj_b);
+        }
+        add("ln_f.weight".into(), vec![e], &self.ln_f.weight);
+        add("ln_f.bias".into(), vec![e], &self.ln_f.bias);
+        if let TokenEmbedding::Own(_) = self.wte {
+            add("lm_head.weight".into(), vec![v, e], &head);
+        }
+        let bytes: Vec<Cow<'_, [u8]>> = tensors.iter().map(|(_, _, d)| le_bytes(d)).collect();
+        let mut views = Vec::with_capacity(tensors.len());
+        for ((name, shape, _), data) in tensors.iter().zip(&bytes) {
+            let view = safetensors::tensor::TensorView::new(Dtype::F32, shape.clone(), data)
+                .map_err(|err| Error::internal(format!("tensor {name}: {err}")))?;
+            views.push((name.clone(), view));
+        }
+        let mut meta = std::collections::HashMap::new();
+        meta.insert("format".to_string(), "pt".to_string());
+        let path = dir.join("model.safetensors");
+        safetensors::serialize_to_file(views, Some(meta), &path)
+            .map_err(|err| Error::invalid(format!("cannot write {}: {err}", path.display())))?;
+        let config_path = dir.join("config.json");
+        std::fs::write(&config_path, c.to_json())
+            .map_err(|err| Error::invalid(format!("cannot write {}: {err}", config_path.display())))
+    }
+
+    /// Writes the input embedding of `token` at `pos` (token + position) to `out`.
+    #[inline]
+    pub(crate) fn embed(&self, token: usize, pos: usize, out: &mut [f32]) {
+        let e = self.config.n_embd;
+        let wpe = &self.wpe[pos * e..(pos + 1) * e];
+        match &self.wte {
+            TokenEmbedding::Own(w) => {
+                for ((o, &t), &p) in out.iter_mut().zip(&w[token * e..(token + 1) * e]).zip(wpe) {
+                    *o = t + p;
+                }
+            }
+            TokenEmbedding::Tied => {
+                let v = self.config.vocab_size;
+                for (d, (o, &p)) in out.iter_mut().zip(wpe).enumerate() {
+                    *o = self.head_t[d * v + token] + p;
+                }
+            }
+        }
+    }
+}
+
+fn read_error(path: &Path, e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        Error::not_found(format!("GPT-2 model: {} does not exist", path.display()))
+    } else {
+        Error::invalid(format!("GPT-2 model: cannot read {}: {e}", path.display()))
+    }
+}
+
+/// The tensors of a safetensors file, found by Hugging Face name.
+struct Tensors<'a>(SafeTensors<'a>);
+
+impl Tensors<'_> {
+    /// The tensor `name` (tried with and without `transformer.`) as f32, checked to have
+    /// `shape`.
+    fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let full = if name.starts_with("lm_head.") {
+            name.to_string()
+        } else {
+            format!("transformer.{name}")
+        };
+        let (found, view) = match self.0.tensor(&full) {
+            Ok(v) => (full, v),
+            Err(_) => match self.0.tensor(name) {
+                Ok(v) => (name.to_string(), v),
+                Err(_) => return Err(Error::invalid(format!("tensor {full} is missing"))),
+            },
+        };
+        if view.shape() != shape {
+            return Err(Error::invalid(format!(
+                "tensor {found} has shape {:?}, expected {shape:?}",
+                view.shape()
+            )));
+        }
+        let data = view.data();
+        let out: Vec<f32> = match view.dtype() {
+            Dtype::F32 => data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::F16 => data
+                .chunks_exact(2)
+                .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+                .collect(),
+            Dtype::BF16 => data
+                .chunks_exact(2)
+                .map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16))
+                .collect(),
+            other => {
+                return Err(Error::unsupported(format!(
+                    "tensor {found} has dtype {other:?}; F32, F16 and BF16 are supported"
+                )))
+            }
+        };
+        let want: usize = shape.iter().product();
+        if out.len() != want {
+            return Err(Error::invalid(format!(
+                "tensor {found} holds {} values, its shape {shape:?} needs {want}",
+                out.len()
+            )));
+        }
+        Ok(out)
+    }
+}
+
+/// IEEE half to single, exactly (subnormals, infinities and NaNs included).
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h & 0x8000) as u32) << 16;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    let bits = match (exp, man) {
+        (0, 0) => sign,
+        (0, _) => {
+            // Subnormal: value = man · 2^-24, normalised for f32.
+            let shift = man.leading_zeros() - 21; // brings the top set bit to bit 10
+            let man = (man << shift) & 0x3ff;
+            let exp = 127 - 15 + 1 - shift;
+            sign | (exp << 23) | (man << 13)
+        }
+        (0x1f, _) => sign | 0x7f80_0000 | (man << 13),
+        _ => sign | ((exp + 127 - 15) << 23) | (man << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// `[rows][cols]` → `[cols][rows]`, in tiles to stay in cache.
+pub(crate) fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    const TILE: usize = 32;
+    let mut out = vec![0.0; rows * cols];
+    for r0 in (0..rows).step_by(TILE) {
+        for c0 in (0..cols).step_by(TILE) {
+            for r in r0..(r0 + TILE).min(rows) {
+                for c in c0..(c0 + TILE).min(cols) {
+                    out[c * rows + r] = x[r * cols + c];
+                }
+            }
+        }
+    }
+    out
+}
+
+fn le_bytes(x: &[f32]) -> Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        Cow::Borrowed(bytemuck::cast_slice(x))
+    } else {
+        Cow::Owned(x.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+}
+
+#[cfg(test)]
+#[path = "weights_tests.rs"]
+mod tests;

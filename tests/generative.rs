@@ -1,0 +1,736 @@
+//! Generative models through the C API: the tiny GPT-2 of `models/tiny_gpt2` against the
+//! Hugging Face reference in `tests/fixtures/models/tiny_gpt2.json` (written by
+//! `models/generate_gpt2.py`), in-flight batching invariance (chunked prefill, preemption
+//! by a small KV cache, prefix reuse), streaming, cancellation, statistics and errors.
+
+mod common;
+use common::*;
+use infer::ffi::request::*;
+use infer::ffi::response::*;
+use infer::ffi::server::*;
+use infer::ffi::*;
+use serde_json::Value;
+use std::ffi::{c_void, CStr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+fn model_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny_gpt2")
+}
+
+fn fixture() -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/tiny_gpt2.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run models/generate_gpt2.py)", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The shipped config with `params` (key, value) replacing or adding parameters.
+fn config(params: &[(&str, &str)]) -> String {
+    let text = std::fs::read_to_string(model_dir().join("config.pbtxt")).unwrap();
+    let mut out: Vec<String> = text
+        .lines()
+        .filter(|l| !l.starts_with("name:"))
+        .filter(|l| {
+            !params
+                .iter()
+                .any(|(k, _)| l.contains(&format!("key: \"{k}\"")))
+        })
+        .map(str::to_owned)
+        .collect();
+    for (k, v) in params {
+        out.push(format!(
+            "parameters {{ key: \"{k}\" value {{ string_value: \"{v}\" }} }}"
+        ));
+    }
+    out.join("\n")
+}
+
+fn server_with(name: &str, config_text: &str) -> Server {
+    let s = Server::new();
+    let st = try_load_dir(&s, name, config_text);
+    assert_eq!(st, INFER_STATUS_OK, "loading {name}: {}", last_error());
+    s
+}
+
+fn try_load_dir(s: &Server, name: &str, config_text: &str) -> infer_status {
+    let dir = cs(model_dir().to_str().unwrap());
+    unsafe {
+        infer_server_load_model(
+            s.0,
+            cs(name).as_ptr(),
+            cs(config_text).as_ptr(),
+            dir.as_ptr(),
+        )
+    }
+}
+
+/// What one request received.
+#[derive(Default, Debug, Clone)]
+struct Got {
+    chunks: Vec<Vec<i32>>,
+    log_probs: Vec<f32>,
+    status: Option<infer_status>,
+    message: String,
+    reason: String,
+    cached_tokens: i64,
+    responses_after_final: usize,
+}
+
+impl Got {
+    fn tokens(&self) -> Vec<i32> {
+        self.chunks.concat()
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    got: Mutex<Got>,
+    cv: Condvar,
+}
+
+unsafe extern "C" fn on_response(ud: *mut c_void, resp: *mut Response, flags: u32) {
+    let slot = &*(ud as *const Slot);
+    let r = Resp(resp);
+    let mut g = slot.got.lock().unwrap();
+    if g.status.is_some() {
+        g.responses_after_final += 1;
+    }
+    if let Some((_, bytes)) = r.output("output_ids") {
+        g.chunks.push(
+            bytes
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        );
+    }
+    if r.output("output_log_probs").is_some() {
+        let lp = r.output_f32("output_log_probs");
+        g.log_probs.extend(lp);
+    }
+    if flags & INFER_RESPONSE_FLAG_FINAL != 0 {
+        let mut reason = std::ptr::null();
+        if infer_response_parameter_string(r.0, cs("finish_reason").as_ptr(), &mut reason)
+            == INFER_STATUS_OK
+        {
+            g.reason = CStr::from_ptr(reason).to_string_lossy().into_owned();
+        }
+        let mut cached = 0i64;
+        if infer_response_parameter_int(r.0, cs("cached_tokens").as_ptr(), &mut cached)
+            == INFER_STATUS_OK
+        {
+            g.cached_tokens = cached;
+        }
+        g.status = Some(r.status());
+        if r.status() != INFER_STATUS_OK {
+            g.message = r.error();
+        }
+        drop(g);
+        slot.cv.notify_all();
+        // The library never touches user_data after FINAL: the test's Arc is released.
+        drop(Arc::from_raw(ud as *const Slot));
+    }
+}
+
+struct Pending(Arc<Slot>, u64);
+
+impl Pending {
+    fn wait(&self) -> Got {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut g = self.0.got.lock().unwrap();
+        while g.status.is_none() {
+            let now = std::time::Instant::now();
+            assert!(now < deadline, "no FINAL for request {}", self.1);
+            g = self.0.cv.wait_timeout(g, deadline - now).unwrap().0;
+        }
+        g.clone()
+    }
+}
+
+#[derive(Clone, Default)]
+struct Params {
+    max_tokens: Option<i64>,
+    end_id: Option<i64>,
+    streaming: bool,
+    temperature: Option<f64>,
+    top_k: Option<i64>,
+    top_p: Option<f64>,
+    seed: Option<i64>,
+}
+
+fn max_tokens(n: i64) -> Params {
+    Params {
+        max_tokens: Some(n),
+        ..Default::default()
+    }
+}
+
+fn try_enqueue(
+    s: &Server,
+    model: &str,
+    prompt: &[i32],
+    p: &Params,
+) -> Result<Pending, (infer_status, String)> {
+    let r = s
+        .request(model)
+        .input_i32("input_ids", &[prompt.len() as i64], prompt);
+    let set_i = |k: &str, v: Option<i64>| {
+        if let Some(v) = v {
+            ok(unsafe { infer_request_set_parameter_int(r.0, cs(k).as_ptr(), v) });
+        }
+    };
+    set_i("max_tokens", p.max_tokens);
+    set_i("end_id", p.end_id);
+    set_i("top_k", p.top_k);
+    set_i("seed", p.seed);
+    for (k, v) in [("temperature", p.temperature), ("top_p", p.top_p)] {
+        if let Some(v) = v {
+            ok(unsafe { infer_request_set_parameter_double(r.0, cs(k).as_ptr(), v) });
+        }
+    }
+    if p.streaming {
+        ok(unsafe { infer_request_set_parameter_bool(r.0, cs("streaming").as_ptr(), true) });
+    }
+    let slot = Arc::new(Slot::default());
+    let ud = Arc::into_raw(slot.clone()) as *mut c_void;
+    let mut id = 0u64;
+    let st = unsafe { infer_server_enqueue(s.0, r.take(), Some(on_response), ud, &mut id) };
+    if st != INFER_STATUS_OK {
+        let msg = last_error();
+        unsafe { drop(Arc::from_raw(ud as *const Slot)) };
+        return Err((st, msg));
+    }
+    Ok(Pending(slot, id))
+}
+
+fn enqueue(s: &Server, model: &str, prompt: &[i32], p: &Params) -> Pending {
+    try_enqueue(s, model, prompt, p).unwrap_or_else(|(st, m)| panic!("enqueue: {st}: {m}"))
+}
+
+fn run(s: &Server, model: &str, prompt: &[i32], p: &Params) -> Got {
+    enqueue(s, model, prompt, p).wait()
+}
+
+fn ints(v: &Value) -> Vec<i32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_i64().unwrap() as i32)
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// Against the Hugging Face reference
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn greedy_tokens_match_the_reference_streaming_or_not() {
+    let fx = fixture();
+    let s = server_with("gpt", &config(&[]));
+    for case in fx["cases"].as_array().unwrap() {
+        let prompt = ints(&case["prompt"]);
+        let want = ints(&case["greedy"]);
+        let n = want.len() as i64;
+        let g = run(&s, "gpt", &prompt, &max_tokens(n));
+        assert_eq!(g.status, Some(INFER_STATUS_OK), "{}", g.message);
+        assert_eq!(g.tokens(), want, "prompt {prompt:?}");
+        assert_eq!(g.reason, "length");
+        assert_eq!(g.chunks.len(), 1, "not streaming: one response");
+        let st = run(
+            &s,
+            "gpt",
+            &prompt,
+            &Params {
+                streaming: true,
+                ..max_tokens(n)
+            },
+        );
+        assert_eq!(st.tokens(), want);
+        assert_eq!(st.chunks.len(), want.len(), "one response per token");
+        assert_eq!(st.responses_after_final, 0);
+    }
+}
+
+#[test]
+fn log_probs_of_greedy_tokens_match_the_reference_logits() {
+    let fx = fixture();
+    let s = server_with("gpt", &config(&[]));
+    let case = fx["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c.get("step_logits").is_some())
+        .expect("a case with the logits of each generated step");
+    let prompt = ints(&case["prompt"]);
+    let steps = case["step_logits"].as_array().unwrap();
+    let g = run(&s, "gpt", &prompt, &max_tokens(steps.len() as i64));
+    assert_eq!(g.log_probs.len(), steps.len());
+    for (k, row) in steps.iter().enumerate() {
+        let row: Vec<f64> = row
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        let max = row.iter().cloned().fold(f64::MIN, f64::max);
+        let lse = max + row.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+        let want = row[g.tokens()[k] as usize] - lse;
+        let got = f64::from(g.log_probs[k]);
+        assert!(
+            (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+            "step {k}: log-prob {got} vs reference {want}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// In-flight batching gives each request what it gets alone
+// ---------------------------------------------------------------------------------------
+
+/// 16 requests: prompts 1..90 tokens, several sharing a 40-token prefix, outputs 4..40.
+fn workload() -> Vec<(Vec<i32>, i64)> {
+    let shared: Vec<i32> = (0..40).map(|i| (i * 37 + 11) % 256).collect();
+    (0..16)
+        .map(|i: i32| {
+            let len = [1, 5, 16, 17, 33, 50][i as usize % 6];
+            let mut p = if i % 4 == 1 {
+                shared.clone()
+            } else {
+                Vec::new()
+            };
+            p.extend((0..len).map(|k| (k * 13 + i * 29 + 7) % 256));
+            (p, 4 + (i as i64 * 7) % 37)
+        })
+        .collect()
+}
+
+#[test]
+fn in_flight_batching_equals_each_request_alone() {
+    let w = workload();
+    let alone_server = server_with("gpt", &config(&[("enable_kv_cache_reuse", "false")]));
+    let want: Vec<Vec<i32>> = w
+        .iter()
+        .map(|(p, n)| run(&alone_server, "gpt", p, &max_tokens(*n)).tokens())
+        .collect();
+    drop(alone_server);
+    let variants: Vec<(&str, Vec<(&str, &str)>)> = vec![
+        (
+            "guaranteed_no_evict",
+            vec![("batch_scheduler_policy", "guaranteed_no_evict")],
+        ),
+        (
+            "static_batch",
+            vec![("batch_scheduler_policy", "static_batch")],
+        ),
+        (
+            "chunked prefill, 24 tokens per iteration",
+            vec![("max_num_tokens", "24"), ("enable_kv_cache_reuse", "false")],
+        ),
+        (
+            "preemption: 12 blocks of 16 tokens",
+            vec![
+                ("kv_cache_blocks", "12"),
+                ("enable_kv_cache_reuse", "false"),
+            ],
+        ),
+        (
+            "prefix reuse, 4 sequences at a time",
+            vec![
+                ("enable_kv_cache_reuse", "true"),
+                ("max_num_sequences", "4"),
+            ],
+        ),
+        (
+            "all at once, two instances of 2 threads",
+            vec![
+                ("kv_cache_blocks", "12"),
+                ("max_num_tokens", "24"),
+                ("intra_op_thread_count", "2"),
+            ],
+        ),
+    ];
+    for (what, params) in variants {
+        let mut text = config(&params);
+        if what.contains("two instances") {
+            text = text.replace("count: 1 kind: KIND_CPU", "count: 2 kind: KIND_CPU");
+        }
+        let s = server_with("gpt", &text);
+        s.pause("gpt");
+        let pending: Vec<Pending> = w
+            .iter()
+            .map(|(p, n)| enqueue(&s, "gpt", p, &max_tokens(*n)))
+            .collect();
+        s.resume("gpt");
+        let got: Vec<Got> = pending.iter().map(Pending::wait).collect();
+        for (i, g) in got.iter().enumerate() {
+            assert_eq!(
+                g.status,
+                Some(INFER_STATUS_OK),
+                "{what}: request {i}: {}",
+                g.message
+            );
+            assert_eq!(g.tokens(), want[i], "{what}: request {i}");
+        }
+        let gen = &s.stats("gpt")["models"][0]["generation"];
+        if what.contains("preemption") || what.contains("all at once") {
+            assert!(gen["preemptions"].as_u64().unwrap() > 0, "{what}: {gen}");
+        }
+        if what.starts_with("prefix reuse") {
+            assert!(
+                got.iter().any(|g| g.cached_tokens >= 32),
+                "{what}: nothing reused"
+            );
+            assert!(
+                gen["reused_kv_blocks"].as_u64().unwrap() > 0,
+                "{what}: {gen}"
+            );
+        }
+    }
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_under_batching() {
+    let s = server_with("gpt", &config(&[]));
+    let p = Params {
+        temperature: Some(1.5),
+        top_k: Some(50),
+        top_p: Some(0.95),
+        seed: Some(1234),
+        ..max_tokens(24)
+    };
+    let a = run(&s, "gpt", &[10, 20, 30], &p).tokens();
+    let greedy = run(&s, "gpt", &[10, 20, 30], &max_tokens(24)).tokens();
+    assert_ne!(a, greedy);
+    let other = run(
+        &s,
+        "gpt",
+        &[10, 20, 30],
+        &Params {
+            seed: Some(99),
+            ..p.clone()
+        },
+    )
+    .tokens();
+    assert_ne!(a, other, "another seed, another sample");
+    s.pause("gpt");
+    let many: Vec<Pending> = (0..6)
+        .map(|_| enqueue(&s, "gpt", &[10, 20, 30], &p))
+        .collect();
+    let noise: Vec<Pending> = (0..4)
+        .map(|i| {
+            enqueue(
+                &s,
+                "gpt",
+                &[i],
+                &Params {
+                    temperature: Some(1.0),
+                    ..max_tokens(30)
+                },
+            )
+        })
+        .collect();
+    s.resume("gpt");
+    for m in &many {
+        assert_eq!(m.wait().tokens(), a);
+    }
+    for n in &noise {
+        assert_eq!(n.wait().status, Some(INFER_STATUS_OK));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Streaming, end_id, cancellation, limits
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn end_id_and_context_length_end_generation() {
+    let s = server_with("gpt", &config(&[]));
+    let full = run(&s, "gpt", &[1, 2, 3], &max_tokens(20)).tokens();
+    let k = (1..full.len())
+        .find(|&k| !full[..k].contains(&full[k]))
+        .unwrap();
+    let g = run(
+        &s,
+        "gpt",
+        &[1, 2, 3],
+        &Params {
+            end_id: Some(full[k] as i64),
+            ..max_tokens(20)
+        },
+    );
+    assert_eq!(
+        (g.reason.as_str(), g.tokens()),
+        ("end_id", full[..k].to_vec())
+    );
+    // Context 128: a prompt of 120 tokens gets 8.
+    let prompt: Vec<i32> = (0..120).map(|i| i % 256).collect();
+    let g = run(&s, "gpt", &prompt, &max_tokens(100));
+    assert_eq!((g.reason.as_str(), g.tokens().len()), ("length", 8));
+}
+
+#[test]
+fn cancel_a_streaming_request_midway() {
+    let s = server_with("gpt", &config(&[]));
+    let p = enqueue(
+        &s,
+        "gpt",
+        &[5, 6, 7],
+        &Params {
+            streaming: true,
+            ..max_tokens(120)
+        },
+    );
+    // Wait for a few tokens, then cancel.
+    loop {
+        if p.0.got.lock().unwrap().chunks.len() >= 3 {
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    ok(unsafe { infer_server_cancel(s.0, p.1) });
+    let g = p.wait();
+    assert_eq!(g.status, Some(INFER_STATUS_CANCELLED), "{g:?}");
+    assert_eq!(g.reason, "cancelled");
+    assert!(
+        g.tokens().len() >= 3 && g.tokens().len() < 120,
+        "{}",
+        g.tokens().len()
+    );
+    let again = unsafe { infer_server_cancel(s.0, p.1) };
+    assert_eq!(again, INFER_STATUS_NOT_FOUND);
+}
+
+#[test]
+fn bad_requests_are_refused_at_enqueue_with_the_reason() {
+    let s = server_with("gpt", &config(&[]));
+    let cases: Vec<(Vec<i32>, Params, &str)> = vec![
+        (vec![256], max_tokens(1), "not a token id"),
+        (vec![1], max_tokens(0), "max_tokens"),
+        (
+            vec![1],
+            Params {
+                top_p: Some(1.5),
+                ..max_tokens(1)
+            },
+            "top_p",
+        ),
+        ((0..128).collect(), max_tokens(1), "no room"),
+    ];
+    for (prompt, p, want) in cases {
+        let (st, msg) = try_enqueue(&s, "gpt", &prompt, &p).err().expect("refused");
+        assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{want}: {msg}");
+        assert!(msg.contains(want) && msg.contains("gpt"), "{want}: {msg}");
+    }
+    // INT32 [n] only: a 2-D prompt is refused when added.
+    let r = s.request("gpt");
+    let st = unsafe {
+        infer_request_add_input(
+            r.0,
+            cs("input_ids").as_ptr(),
+            INFER_DATATYPE_INT32,
+            [1i64, 2].as_ptr(),
+            2,
+            [0u8; 8].as_ptr() as *const c_void,
+            8,
+        )
+    };
+    assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{}", last_error());
+}
+
+#[test]
+fn unload_and_shutdown_end_every_request_exactly_once() {
+    let s = server_with("gpt", &config(&[("max_num_sequences", "4")]));
+    let pending: Vec<Pending> = (0..12)
+        .map(|i| {
+            enqueue(
+                &s,
+                "gpt",
+                &[i, i + 1],
+                &Params {
+                    streaming: i % 2 == 0,
+                    ..max_tokens(30)
+                },
+            )
+        })
+        .collect();
+    ok(unsafe { infer_server_unload_model(s.0, cs("gpt").as_ptr()) });
+    for p in &pending {
+        let g = p.wait();
+        assert_eq!(
+            g.status,
+            Some(INFER_STATUS_OK),
+            "unload lets requests finish: {}",
+            g.message
+        );
+        assert_eq!(g.tokens().len(), 30);
+    }
+    let s = server_with("gpt", &config(&[("max_num_sequences", "4")]));
+    let pending: Vec<Pending> = (0..12)
+        .map(|i| enqueue(&s, "gpt", &[i], &max_tokens(100)))
+        .collect();
+    ok(unsafe { infer_server_shutdown(s.0, 0) });
+    for p in &pending {
+        let g = p.wait();
+        assert!(
+            g.status == Some(INFER_STATUS_OK) || g.status == Some(INFER_STATUS_CANCELLED),
+            "{g:?}"
+        );
+        assert_eq!(g.responses_after_final, 0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Statistics
+// ---------------------------------------------------------------------------------------
+
+unsafe extern "C" fn on_stats(ud: *mut c_void, json: *const std::ffi::c_char) {
+    let v = &*(ud as *const Mutex<Vec<Value>>);
+    let text = CStr::from_ptr(json).to_str().unwrap();
+    v.lock().unwrap().push(serde_json::from_str(text).unwrap());
+}
+
+#[test]
+fn iteration_statistics_callback_statistics_json_and_prometheus() {
+    let s = server_with("gpt", &config(&[]));
+    let seen: Box<Mutex<Vec<Value>>> = Box::default();
+    let ud = &*seen as *const _ as *mut c_void;
+    ok(unsafe {
+        infer_server_set_iteration_stats_callback(s.0, cs("gpt").as_ptr(), Some(on_stats), ud)
+    });
+    let g = run(&s, "gpt", &[1, 2, 3, 4, 5], &max_tokens(6));
+    assert_eq!(g.tokens().len(), 6);
+    ok(unsafe {
+        infer_server_set_iteration_stats_callback(
+            s.0,
+            cs("gpt").as_ptr(),
+            None,
+            std::ptr::null_mut(),
+        )
+    });
+    run(&s, "gpt", &[1], &max_tokens(3));
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 6, "one per iteration while set: {seen:?}");
+    assert_eq!(seen[0]["context_tokens"], 5);
+    assert_eq!(seen[0]["context_requests"], 1);
+    assert_eq!(seen[1]["generation_requests"], 1);
+    for v in seen.iter() {
+        for k in [
+            "timestamp_us",
+            "iteration",
+            "active_requests",
+            "max_requests",
+            "kv_blocks_max",
+            "kv_blocks_used",
+            "kv_blocks_free",
+            "tokens_per_block",
+            "paused_requests",
+        ] {
+            assert!(v.get(k).is_some(), "{k} missing: {v}");
+        }
+        assert_eq!(v["max_requests"], 16);
+        assert_eq!(v["tokens_per_block"], 16);
+    }
+    let m = &s.stats("gpt")["models"][0];
+    assert_eq!(m["success_count"], 2);
+    assert_eq!(m["generation"]["generated_tokens"], 9);
+    assert!(m["generation"]["time_to_first_token_us"]["count"].as_u64() == Some(2));
+    let mut text = std::ptr::null_mut();
+    ok(unsafe { infer_server_metrics_prometheus(s.0, &mut text) });
+    let prom = unsafe { CStr::from_ptr(text) }.to_str().unwrap().to_owned();
+    unsafe { infer_string_free(text) };
+    assert!(
+        prom.contains("infer_generation_tokens_total{model=\"gpt\",version=\"1\"} 9"),
+        "{prom}"
+    );
+    assert!(
+        prom.contains("infer_kv_cache_blocks_max{model=\"gpt\",version=\"1\"} 64"),
+        "{prom}"
+    );
+    // Unknown and non-generative models.
+    let st = unsafe {
+        infer_server_set_iteration_stats_callback(s.0, cs("nope").as_ptr(), Some(on_stats), ud)
+    };
+    assert_eq!(st, INFER_STATUS_NOT_FOUND);
+    s.load("plain", &add_sub_config("plain", ""));
+    let st = unsafe {
+        infer_server_set_iteration_stats_callback(s.0, cs("plain").as_ptr(), Some(on_stats), ud)
+    };
+    assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{}", last_error());
+    assert!(last_error().contains("not a generative model"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Load errors
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn load_errors_name_what_is_wrong() {
+    let s = Server::new();
+    let base = config(&[]);
+    let cases: Vec<(String, infer_status, &str)> = vec![
+        (
+            base.replace("max_batch_size: 0", "max_batch_size: 8"),
+            INFER_STATUS_INVALID_ARGUMENT,
+            "max_batch_size",
+        ),
+        (
+            base.replace("KIND_CPU", "KIND_GPU"),
+            INFER_STATUS_UNSUPPORTED,
+            "KIND_GPU",
+        ),
+        (
+            config(&[("batch_scheduler_policy", "fastest")]),
+            INFER_STATUS_INVALID_ARGUMENT,
+            "batch_scheduler_policy",
+        ),
+        (
+            config(&[("kv_cache_blocks", "many")]),
+            INFER_STATUS_INVALID_ARGUMENT,
+            "kv_cache_blocks",
+        ),
+        (
+            config(&[("max_num_sequences", "32"), ("max_num_tokens", "16")]),
+            INFER_STATUS_INVALID_ARGUMENT,
+            "max_num_tokens",
+        ),
+        (
+            base.replace("output_log_probs", "scores"),
+            INFER_STATUS_INVALID_ARGUMENT,
+            "'scores'",
+        ),
+        (
+            base.replace(
+                "TYPE_INT32 dims: [ -1 ] }\n]",
+                "TYPE_FP32 dims: [ -1 ] }\n]",
+            ),
+            INFER_STATUS_INVALID_ARGUMENT,
+            "input 'input_ids'",
+        ),
+        (
+            base.replace("version_policy", "")
+                + "\nversion_policy { specific { versions: [ 2 ] } }",
+            INFER_STATUS_NOT_FOUND,
+            "2",
+        ),
+    ];
+    for (text, want, what) in cases {
+        let st = try_load_dir(&s, "bad", &text);
+        let msg = last_error();
+        assert_eq!(st, want, "{what}: {msg}");
+        assert!(msg.contains(what) && msg.contains("bad"), "{what}: {msg}");
+    }
+    // A config without tensors gets input_ids / output_ids (INT32).
+    let minimal = "name: \"mini\" backend: \"gpt2\"";
+    assert_eq!(
+        try_load_dir(&s, "mini", minimal),
+        INFER_STATUS_OK,
+        "{}",
+        last_error()
+    );
+    let g = run(&s, "mini", &[1, 2], &max_tokens(3));
+    assert_eq!(g.tokens().len(), 3);
+    // Without a model folder there are no weights.
+    let st = s.try_load("nofolder", minimal);
+    assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{}", last_error());
+}
