@@ -22,8 +22,8 @@ const E: u32 = INFER_REQUEST_FLAG_SEQUENCE_END;
 const REL_TOL: f32 = 1e-4;
 const ABS_TOL: f32 = 1e-5;
 
-/// Every model of the repository.
-const MODELS: [&str; 7] = [
+/// Every model of the repository (`tiny_gpt2` is generative: tests/generative.rs runs it).
+const MODELS: [&str; 8] = [
     "accumulator_onnx",
     "add_sub",
     "cnn",
@@ -31,6 +31,7 @@ const MODELS: [&str; 7] = [
     "mlp",
     "postprocess",
     "preprocess",
+    "tiny_gpt2",
 ];
 
 // ---------------------------------------------------------------------------------------

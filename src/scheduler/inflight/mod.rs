@@ -707,6 +707,10 @@ struct Loop<'a> {
     batch_closed: bool,
     /// Time spent sampling in this iteration (model output processing, not scheduling).
     sample_time: Duration,
+    /// Reused per iteration: (request index, logits row) to sample, and what was sampled.
+    to_sample: Vec<(usize, usize)>,
+    sampled: Vec<(u32, f32)>,
+    scratch: Vec<(f32, u32)>,
 }
 
 /// Runs instance `index`'s iteration loop until the scheduler closes and everything is
@@ -732,6 +736,9 @@ pub(crate) fn run(s: Arc<Scheduler>, index: usize, exec: Box<dyn Executor>) {
         iteration: 0,
         batch_closed: false,
         sample_time: Duration::ZERO,
+        to_sample: Vec::new(),
+        sampled: Vec::new(),
+        scratch: Vec::new(),
     };
     lp.publish_gauges();
     while lp.sync() {
@@ -1205,46 +1212,60 @@ impl Loop<'_> {
     /// After a successful step: register full blocks, sample, stream, retire. Returns the
     /// number of requests that finished.
     fn advance(&mut self) -> usize {
-        let mut row = 0usize;
         let vocab = self.e.limits.vocab_size;
         let n_positions = self.e.limits.n_positions;
         let mut finished: Vec<(usize, Finish)> = Vec::new();
-        let mut scratch: Vec<(f32, u32)> = Vec::new();
         let now = Instant::now();
         let gs = &self.e.gen_stats;
         let reuse = self.e.settings.prefix_reuse;
+        // Positions computed; which requests sample, with their logits row.
+        let mut to_sample = std::mem::take(&mut self.to_sample);
+        to_sample.clear();
         for (i, seq) in self.active.iter_mut().enumerate() {
             if seq.chunk == 0 {
                 continue;
             }
             seq.computed += seq.chunk;
-            let wants = seq.computed == seq.tokens.len();
             seq.chunk = 0;
             if reuse {
                 register_blocks(&mut self.bm, seq);
             }
-            if !wants {
-                continue;
+            if seq.computed == seq.tokens.len() {
+                to_sample.push((i, to_sample.len()));
             }
-            let Some(logits) = self.logits.get(row * vocab..(row + 1) * vocab) else {
-                finished.push((
-                    i,
-                    Finish::Error(Error::internal(
-                        "the model returned fewer logits than asked",
-                    )),
-                ));
-                continue;
-            };
-            row += 1;
-            let t = Instant::now();
-            let (token, _) = sample(logits, &seq.p.sampling, &mut seq.rng, &mut scratch);
+        }
+        if self.logits.len() < to_sample.len() * vocab {
+            let err = Error::internal(format!(
+                "model '{}': the step returned {} logits for {} rows of {vocab}",
+                self.s.model.name_str(),
+                self.logits.len(),
+                to_sample.len()
+            ));
+            finished.extend(
+                to_sample
+                    .drain(..)
+                    .map(|(i, _)| (i, Finish::Error(err.clone()))),
+            );
+        }
+        // Sampling (timed apart: it is model output processing, not scheduling).
+        let t = Instant::now();
+        let mut sampled = std::mem::take(&mut self.sampled);
+        sampled.clear();
+        for &(i, row) in &to_sample {
+            let logits = &self.logits[row * vocab..(row + 1) * vocab];
+            let seq = &mut self.active[i];
+            let (token, _) = sample(logits, &seq.p.sampling, &mut seq.rng, &mut self.scratch);
             let log_prob = if seq.wants_log_probs {
                 model_log_prob(logits, token)
             } else {
                 0.0
             };
-            self.sample_time += t.elapsed();
-            gs.generated_tokens.fetch_add(1, Relaxed);
+            sampled.push((token, log_prob));
+        }
+        self.sample_time += t.elapsed();
+        gs.generated_tokens.fetch_add(sampled.len() as u64, Relaxed);
+        for (&(i, _), &(token, log_prob)) in to_sample.iter().zip(&sampled) {
+            let seq = &mut self.active[i];
             match seq.last_token_at {
                 None => gs.time_to_first_token_us.record(
                     now.saturating_duration_since(seq.p.req.enqueued_at)
@@ -1260,12 +1281,16 @@ impl Loop<'_> {
                 continue;
             }
             seq.tokens.push(token);
-            seq.log_probs.push(log_prob);
+            if seq.wants_log_probs {
+                seq.log_probs.push(log_prob);
+            }
             seq.generated += 1;
             if seq.generated >= seq.p.max_tokens || seq.tokens.len() >= n_positions {
                 finished.push((i, Finish::Length));
             }
         }
+        self.to_sample = to_sample;
+        self.sampled = sampled;
         let count = finished.len();
         // Stream the new tokens of the requests that go on.
         let mut done = vec![false; self.active.len()];
@@ -1443,16 +1468,17 @@ fn response(e: &Engine, model: &ModelIdentity, seq: &Seq, from: usize) -> Box<Re
             data: TensorData::Owned(bytes),
         });
     }
-    if let Some(name) = &e.log_probs_name {
-        if req.wants_output(OUTPUT_LOG_PROBS) {
-            let lp = &seq.log_probs[from.min(seq.generated)..seq.generated];
-            resp.outputs.push(OutputTensor {
-                name: name.clone(),
-                dtype: DataType::Fp32,
-                shape: Shape::from_slice(&[lp.len() as i64]),
-                data: TensorData::Owned(lp.iter().flat_map(|v| v.to_le_bytes()).collect()),
-            });
-        }
+    if let (Some(name), true) = (&e.log_probs_name, seq.wants_log_probs) {
+        let lp = seq
+            .log_probs
+            .get(from.min(seq.generated)..seq.generated)
+            .unwrap_or_default();
+        resp.outputs.push(OutputTensor {
+            name: name.clone(),
+            dtype: DataType::Fp32,
+            shape: Shape::from_slice(&[lp.len() as i64]),
+            data: TensorData::Owned(lp.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        });
     }
     resp
 }
