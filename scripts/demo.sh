@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds libinfer (release) and the C and C++ examples, then serves the shipped model
-# repository models/ (ONNX models, a sequence model and an ensemble) and runs the
-# quickstarts (C and C++), the concurrent client, the dynamic batching, sequence and
-# pipeline demos and the C++ custom backend. Installs gcc, g++, cmake and ninja with
-# apt-get only when they are missing.
+# repository models/ (ONNX models, a sequence model and an ensemble), streams tokens from
+# its generative tiny_gpt2, and runs the quickstarts (C and C++), the concurrent client,
+# the dynamic batching, sequence and pipeline demos and the C++ custom backend. Installs
+# gcc, g++, cmake and ninja with apt-get only when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -18,6 +18,9 @@ build_cpp_examples
 
 echo "== repository_demo (serves models/)"
 cpp_examples/build/repository_demo
+
+echo "== streaming_demo (generative models/tiny_gpt2: streaming, in-flight batching, cancel)"
+cpp_examples/build/streaming_demo
 
 echo "== quickstart"
 cpp_examples/build/quickstart

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks the Go binding (bindings/go) against the library cargo built (release; built
 # here when missing): go vet, go test -race, the tests again with cgo's full pointer
-# checks (cgocheck2), and the example program. Installs Go with apt-get (golang-go) when
+# checks (cgocheck2), and the example programs (cmd/example, and cmd/streaming, which
+# serves the generative models/tiny_gpt2). Installs Go with apt-get (golang-go) when
 # it is missing; the binding needs Go 1.19, Debian 12's version.
 #
 # The Go programs find the library through links in bindings/go/.lib: libinfer.so for the
@@ -58,4 +59,6 @@ else
 fi
 echo "-- go run ./cmd/example"
 go run ./cmd/example
-echo "Go binding: go vet, go test -race, cgocheck2 and the example passed ($go_version)"
+echo "-- go run ./cmd/streaming"
+go run ./cmd/streaming
+echo "Go binding: go vet, go test -race, cgocheck2 and the examples passed ($go_version)"

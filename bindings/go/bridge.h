@@ -18,4 +18,10 @@ infer_status goinfer_enqueue(infer_server *s, infer_request *r, uintptr_t handle
 infer_status goinfer_set_log_callback(infer_server_options *o, uint32_t min_level,
                                       uintptr_t handle);
 
+/* infer_server_set_iteration_stats_callback with the statistics trampoline; `handle` is a
+ * cgo.Handle of a Go func(string), or 0 to clear the callback. The Server deletes a
+ * handle once the library has stopped calling it. */
+infer_status goinfer_set_iteration_stats_callback(infer_server *s, const char *model,
+                                                  uintptr_t handle);
+
 #endif

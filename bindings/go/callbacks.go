@@ -42,6 +42,12 @@ func goinferOnLog(handle C.uintptr_t, level C.uint32_t, message *C.char) {
 	log(LogLevel(level), C.GoString(message))
 }
 
+//export goinferOnIterationStats
+func goinferOnIterationStats(handle C.uintptr_t, json *C.char) {
+	fn := cgo.Handle(handle).Value().(func(string))
+	fn(C.GoString(json))
+}
+
 // enqueue sends req with sink as the receiver of its responses and returns the
 // request's id. The request is consumed either way; on failure sink is never called.
 // The sink may receive responses, even the FINAL, before enqueue returns.

@@ -58,6 +58,11 @@ type Server struct {
 	mu  sync.RWMutex
 	ptr *C.infer_server
 	log cgo.Handle // 0 without a Log function; deleted after the server is freed
+
+	// The iteration statistics functions set per model; a replaced one is deleted when
+	// the library has let go of it, the others after the server is freed.
+	statsMu sync.Mutex
+	stats   map[string]cgo.Handle
 }
 
 // NewServer checks that the loaded library implements a compatible C API, then creates
@@ -175,6 +180,12 @@ func (s *Server) Close() error {
 	}
 	C.infer_server_free(p)
 	s.dropLog()
+	s.statsMu.Lock()
+	for model, h := range s.stats {
+		h.Delete()
+		delete(s.stats, model)
+	}
+	s.statsMu.Unlock()
 	return nil
 }
 
@@ -303,9 +314,57 @@ func (s *Server) MetricsPrometheus() (string, error) {
 	return out, err
 }
 
-// Cancel cancels a request by the id Enqueue returned: a queued request ends at once
-// with a FINAL Cancelled response; one already executing finishes normally. Unknown or
-// finished ids are NotFound.
+// SetIterationStatsCallback sets the function that receives, after each scheduler
+// iteration of the generative model, one JSON object with at least timestamp_us,
+// iteration, active_requests, max_requests, context_requests, generation_requests,
+// context_tokens, kv_blocks_max, kv_blocks_used, kv_blocks_free, tokens_per_block and
+// paused_requests. A nil fn clears it; a new one replaces the last, which is not running
+// and never called again once this returns. fn runs on the model's generation thread:
+// it delays the next iteration, so it must be quick and must not block, nor call
+// SetIterationStatsCallback, Close or Shutdown. NotFound when the model is not loaded,
+// InvalidArgument when it is not generative. It stays set across reloads of the model.
+func (s *Server) SetIterationStatsCallback(model string, fn func(json string)) error {
+	cmodel, err := cString("model name", model)
+	if err != nil {
+		return err
+	}
+	defer freeCString(cmodel)
+	return s.use(func(p *C.infer_server) error {
+		// Held across the call, so the handle the library holds is the one in the map.
+		s.statsMu.Lock()
+		defer s.statsMu.Unlock()
+		var h cgo.Handle
+		if fn != nil {
+			h = cgo.NewHandle(fn)
+		}
+		err := call(func() C.infer_status {
+			return C.goinfer_set_iteration_stats_callback(p, cmodel, C.uintptr_t(h))
+		})
+		if err != nil {
+			if h != 0 {
+				h.Delete()
+			}
+			return err
+		}
+		if old, ok := s.stats[model]; ok {
+			old.Delete()
+			delete(s.stats, model)
+		}
+		if h != 0 {
+			if s.stats == nil {
+				s.stats = make(map[string]cgo.Handle)
+			}
+			s.stats[model] = h
+		}
+		return nil
+	})
+}
+
+// Cancel cancels a request by its id (from Enqueue, or Response.RequestID of any of its
+// responses): a queued request ends at once with a FINAL Cancelled response; one already
+// executing finishes normally, except on a generative model, where it stops after the
+// current iteration and its FINAL is Cancelled with finish_reason "cancelled". Unknown
+// or finished ids are NotFound.
 func (s *Server) Cancel(requestID uint64) error {
 	return s.use(func(p *C.infer_server) error {
 		return call(func() C.infer_status { return C.infer_server_cancel(p, C.uint64_t(requestID)) })

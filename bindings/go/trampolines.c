@@ -20,3 +20,14 @@ infer_status goinfer_set_log_callback(infer_server_options *o, uint32_t min_leve
                                       uintptr_t handle) {
     return infer_server_options_set_log_callback(o, min_level, on_log, (void *)handle);
 }
+
+static void on_iteration_stats(void *user_data, const char *json) {
+    goinferOnIterationStats((uintptr_t)user_data, (char *)json);
+}
+
+infer_status goinfer_set_iteration_stats_callback(infer_server *s, const char *model,
+                                                  uintptr_t handle) {
+    if (handle == 0) return infer_server_set_iteration_stats_callback(s, model, NULL, NULL);
+    return infer_server_set_iteration_stats_callback(s, model, on_iteration_stats,
+                                                     (void *)handle);
+}

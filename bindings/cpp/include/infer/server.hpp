@@ -429,7 +429,9 @@ public:
         return id;
     }
 
-    /// Cancels a request: a queued one ends at once with a FINAL CANCELLED response.
+    /// Cancels a request: a queued one ends at once with a FINAL CANCELLED response; a
+    /// generative one that is generating stops after the current iteration, its FINAL
+    /// CANCELLED with finish_reason "cancelled"; another executing one finishes normally.
     /// Returns false when the id is unknown or already finished.
     bool cancel(uint64_t request_id) {
         const Status st = infer_server_cancel(handle(), request_id);
