@@ -663,9 +663,12 @@ infer_status infer_server_enqueue(struct infer_server *s, struct infer_request *
 infer_status infer_server_infer(struct infer_server *s, struct infer_request *r, struct infer_response **response_out);
 
 /**
- * Cancels a request: a queued one ends at once with a FINAL CANCELLED response; one that
- * is executing finishes normally (OK is returned). Unknown or finished ids are
- * NOT_FOUND. Idempotent, best effort, callable from any thread.
+ * Cancels a request: a queued one ends at once with a FINAL CANCELLED response (sent from
+ * a library thread); one that is executing finishes normally, except a generative
+ * request, which stops after the current iteration with a FINAL CANCELLED response
+ * (`finish_reason` "cancelled"; without streaming it carries the tokens generated so
+ * far). OK is returned in both cases. Unknown or finished ids are NOT_FOUND. Idempotent,
+ * best effort, callable from any thread.
  */
 infer_status infer_server_cancel(struct infer_server *s, uint64_t request_id);
 
