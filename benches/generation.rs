@@ -392,7 +392,7 @@ parameters {{ key: "intra_op_thread_count" value {{ string_value: "{}" }} }}"#,
 }
 
 unsafe extern "C" fn on_iteration(ud: *mut c_void, json: *const std::ffi::c_char) {
-    let v = &*(ud as *const Mutex<Vec<(u64, u64, u64, u64)>>);
+    let v = &*(ud as *const Mutex<Vec<IterationSample>>);
     let j: Value = serde_json::from_str(CStr::from_ptr(json).to_str().unwrap()).unwrap();
     let g = |k: &str| j[k].as_u64().unwrap_or(0);
     v.lock().unwrap().push((
@@ -402,6 +402,9 @@ unsafe extern "C" fn on_iteration(ud: *mut c_void, json: *const std::ffi::c_char
         g("sample_us"),
     ));
 }
+
+/// Per iteration: active requests, scheduler_us, step_us, sample_us.
+type IterationSample = (u64, u64, u64, u64);
 
 fn overhead() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny_gpt2");
@@ -413,7 +416,7 @@ parameters { key: "kv_cache_blocks" value { string_value: "2048" } }
 parameters { key: "intra_op_thread_count" value { string_value: "1" } }"#;
     let s = Server::new();
     s.load("tiny", config, &dir);
-    let seen: Box<Mutex<Vec<(u64, u64, u64, u64)>>> = Box::default();
+    let seen: Box<Mutex<Vec<IterationSample>>> = Box::default();
     check(
         unsafe {
             infer_server_set_iteration_stats_callback(
@@ -460,7 +463,7 @@ parameters { key: "intra_op_thread_count" value { string_value: "1" } }"#;
         "stats callback",
     );
     let seen = seen.lock().unwrap();
-    let full: Vec<&(u64, u64, u64, u64)> = seen.iter().filter(|v| v.0 == n as u64).collect();
+    let full: Vec<&IterationSample> = seen.iter().filter(|v| v.0 == n as u64).collect();
     let mut sched: Vec<f64> = full.iter().map(|v| v.1 as f64).collect();
     let mut step: Vec<f64> = full.iter().map(|v| v.2 as f64).collect();
     let mut sample: Vec<f64> = full.iter().map(|v| v.3 as f64).collect();

@@ -6,8 +6,9 @@
 //! operation whose order depends on the batch (no sums over tokens, no size-dependent
 //! kernels).
 
+use super::attention::{self, AttentionShape, TokenSlot};
 use super::config::Gpt2Config;
-use super::kernels::{self, AttentionShape, Epilogue, Exec, TokenSlot};
+use super::kernels::{self, Epilogue, Exec};
 use super::kv::KvCache;
 use super::weights::Gpt2;
 use crate::status::{Error, Result};
@@ -69,6 +70,7 @@ impl Runner {
     /// thread).
     pub fn new(model: Arc<Gpt2>, threads: usize) -> Result<Runner> {
         model.config.validate()?;
+        model.check_shapes()?;
         let threads = match threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
@@ -196,7 +198,7 @@ impl Runner {
                 layer: l,
                 divisor,
             };
-            kernels::attention(
+            attention::attention(
                 exec,
                 &shape,
                 qkv,

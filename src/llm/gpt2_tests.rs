@@ -569,6 +569,14 @@ fn runner_refuses_a_bad_config() {
     };
     let e = Runner::new(Arc::new(Gpt2::random(c, 1)), 1).err().unwrap();
     assert_eq!(e.code, Code::InvalidArgument);
+    // Weights that no longer match a config changed after loading.
+    let mut m = Gpt2::random(invariance_model().config.clone(), 1);
+    m.config.n_inner += 1;
+    let e = Runner::new(Arc::new(m), 1).err().unwrap();
+    assert!(
+        e.code == Code::InvalidArgument && e.message.contains("mlp.c_fc"),
+        "{e}"
+    );
 }
 
 /// Times one step of a GPT-2-small-sized random model. Run with

@@ -1,5 +1,5 @@
-//! The arithmetic of the forward pass on the CPU: GEMMs (matrixmultiply), layer norm,
-//! activations, attention over the paged cache, and how each is spread over threads.
+//! The dense arithmetic of the forward pass on the CPU: GEMMs (matrixmultiply), layer
+//! norm, activations, and how each is spread over threads (attention is in `attention`).
 //!
 //! Batching invariance is this module's contract: a row's result is computed by the same
 //! instructions in the same order whatever the number of rows, which thread runs it, or
@@ -8,8 +8,6 @@
 //! other than the row's own (a token's context length, the model's widths).
 
 use super::config::Activation;
-use super::gpt2::StepSeq;
-use super::kv::KvCache;
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -24,7 +22,7 @@ pub(crate) struct Exec<'a> {
 
 impl Exec<'_> {
     /// How many parts to split `work` multiply-adds into (1 = run here).
-    fn parts(&self, work: usize, max_parts: usize) -> usize {
+    pub(crate) fn parts(&self, work: usize, max_parts: usize) -> usize {
         match self.pool {
             Some(_) if work >= self.min_par_work => self.threads.min(max_parts).max(1),
             _ => 1,
@@ -305,7 +303,7 @@ pub(crate) fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f
 }
 
 #[inline(always)]
-fn reduce8(a: [f32; 8]) -> f32 {
+pub(crate) fn reduce8(a: [f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
 }
 
@@ -326,146 +324,23 @@ fn sum(x: &[f32]) -> f32 {
 
 #[inline(always)]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a8, ar) = a[..n].as_chunks::<8>();
+    let (b8, br) = b[..n].as_chunks::<8>();
     let mut acc = [0.0f32; 8];
-    let mut ca = a.chunks_exact(8);
-    let mut cb = b.chunks_exact(8);
-    for (x, y) in (&mut ca).zip(&mut cb) {
+    for (x, y) in a8.iter().zip(b8) {
         for l in 0..8 {
             acc[l] += x[l] * y[l];
         }
     }
-    for (l, (&x, &y)) in ca.remainder().iter().zip(cb.remainder()).enumerate() {
+    for (l, (&x, &y)) in ar.iter().zip(br).enumerate() {
         acc[l] += x * y;
     }
     reduce8(acc)
 }
 
-/// One token's place in a step.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct TokenSlot {
-    /// Index of its sequence in the step.
-    pub seq: u32,
-    /// Its position in that sequence.
-    pub pos: u32,
-}
-
-/// Attention of one layer.
-pub(crate) struct AttentionShape {
-    pub n_head: usize,
-    pub head_dim: usize,
-    pub layer: usize,
-    /// Attention scores are divided by this (sqrt(head_dim) and/or layer + 1).
-    pub divisor: f32,
-}
-
-/// Causal attention of every token over its sequence's cache (which already holds this
-/// step's K and V). `qkv` is `[T][3 · n_embd]` (q, k, v), `out` `[T][n_embd]`.
-/// `scratch` holds one score buffer (context-length long) per thread part.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attention(
-    exec: Exec<'_>,
-    shape: &AttentionShape,
-    qkv: &[f32],
-    kv: &KvCache,
-    tokens: &[TokenSlot],
-    seqs: &[StepSeq<'_>],
-    scratch: &mut [Vec<f32>],
-    out: &mut [f32],
-) {
-    let e = shape.n_head * shape.head_dim;
-    let t = tokens.len();
-    let work: usize = tokens.iter().map(|s| (s.pos as usize + 1) * e * 2).sum();
-    let parts = exec.parts(work, t.min(scratch.len()));
-    let per = t.div_ceil(parts.max(1)).max(1);
-    let part = |((i, out), scores): ((usize, &mut [f32]), &mut Vec<f32>)| {
-        for (r, o) in out.chunks_exact_mut(e).enumerate() {
-            let ti = i * per + r;
-            let slot = tokens[ti];
-            let q = &qkv[ti * 3 * e..ti * 3 * e + e];
-            attend(
-                shape,
-                q,
-                kv,
-                seqs[slot.seq as usize].blocks,
-                slot.pos as usize,
-                scores,
-                o,
-            );
-        }
-    };
-    let out = &mut out[..t * e];
-    match exec.pool {
-        Some(pool) if parts > 1 => pool.install(|| {
-            out.par_chunks_mut(per * e)
-                .enumerate()
-                .zip(scratch.par_iter_mut())
-                .for_each(part)
-        }),
-        _ => part(((0, out), &mut scratch[0])),
-    }
-}
-
-/// One token at `pos` attends over positions `0..=pos` of its block table. Blocks are
-/// walked in the outer loop so that each block's K (then V) of all heads, contiguous in
-/// the cache, is read in one sweep; `scores` holds `[n_head][pos + 1]`.
-fn attend(
-    shape: &AttentionShape,
-    q: &[f32],
-    kv: &KvCache,
-    blocks: &[u32],
-    pos: usize,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    let (nh, hd) = (shape.n_head, shape.head_dim);
-    let tpb = kv.tokens_per_block();
-    let n_ctx = pos + 1;
-    if scores.len() < nh * n_ctx {
-        scores.resize(nh * n_ctx, 0.0);
-    }
-    let scores = &mut scores[..nh * n_ctx];
-    let used = &blocks[..n_ctx.div_ceil(tpb)];
-    for (bi, &block) in used.iter().enumerate() {
-        let first = bi * tpb;
-        let count = tpb.min(n_ctx - first);
-        for h in 0..nh {
-            let qh = &q[h * hd..(h + 1) * hd];
-            let keys = kv.head(block as usize, shape.layer, false, h);
-            let row = &mut scores[h * n_ctx + first..h * n_ctx + first + count];
-            for (s, k) in row.iter_mut().zip(keys.chunks_exact(hd)) {
-                *s = dot(qh, k) / shape.divisor;
-            }
-        }
-    }
-    for row in scores.chunks_exact_mut(n_ctx) {
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-        let mut total = 0.0f32;
-        for s in row.iter_mut() {
-            *s = (*s - max).exp();
-            total += *s;
-        }
-        for s in row.iter_mut() {
-            *s /= total;
-        }
-    }
-    out.fill(0.0);
-    for (bi, &block) in used.iter().enumerate() {
-        let first = bi * tpb;
-        let count = tpb.min(n_ctx - first);
-        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-            let values = kv.head(block as usize, shape.layer, true, h);
-            let probs = &scores[h * n_ctx + first..h * n_ctx + first + count];
-            for (&p, v) in probs.iter().zip(values.chunks_exact(hd)) {
-                for (o, &v) in oh.iter_mut().zip(v) {
-                    *o += p * v;
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]

@@ -11,6 +11,7 @@
 //! any number of threads. The scheduler may therefore batch freely without changing any
 //! request's output.
 
+mod attention;
 mod config;
 mod gpt2;
 mod kernels;

@@ -238,6 +238,44 @@ impl Gpt2 {
             .map_err(|err| Error::invalid(format!("cannot write {}: {err}", config_path.display())))
     }
 
+    /// Checks that every weight has the size `config` implies (the config is public and
+    /// could have been changed after loading): INVALID_ARGUMENT naming the first that
+    /// does not.
+    pub(crate) fn check_shapes(&self) -> Result<()> {
+        let c = &self.config;
+        let (e, i, v) = (c.n_embd, c.n_inner, c.vocab_size);
+        let mut want: Vec<(&str, usize, usize)> = vec![
+            ("wpe", self.wpe.len(), c.n_positions * e),
+            ("ln_f.weight", self.ln_f.weight.len(), e),
+            ("ln_f.bias", self.ln_f.bias.len(), e),
+            ("lm head", self.head_t.len(), e * v),
+            ("layers", self.blocks.len(), c.n_layer),
+        ];
+        if let TokenEmbedding::Own(w) = &self.wte {
+            want.push(("wte", w.len(), v * e));
+        }
+        for b in &self.blocks {
+            want.extend([
+                ("ln_1", b.ln_1.weight.len() + b.ln_1.bias.len(), 2 * e),
+                ("ln_2", b.ln_2.weight.len() + b.ln_2.bias.len(), 2 * e),
+                ("attn.c_attn.weight", b.attn_w.len(), e * 3 * e),
+                ("attn.c_attn.bias", b.attn_b.len(), 3 * e),
+                ("attn.c_proj.weight", b.attn_proj_w.len(), e * e),
+                ("attn.c_proj.bias", b.attn_proj_b.len(), e),
+                ("mlp.c_fc.weight", b.fc_w.len(), e * i),
+                ("mlp.c_fc.bias", b.fc_b.len(), i),
+                ("mlp.c_proj.weight", b.mlp_proj_w.len(), i * e),
+                ("mlp.c_proj.bias", b.mlp_proj_b.len(), e),
+            ]);
+        }
+        match want.into_iter().find(|&(_, got, want)| got != want) {
+            Some((name, got, want)) => Err(Error::invalid(format!(
+                "GPT-2 weights do not match the config: {name} holds {got} values, the config needs {want}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Writes the input embedding of `token` at `pos` (token + position) to `out`.
     #[inline]
     pub(crate) fn embed(&self, token: usize, pos: usize, out: &mut [f32]) {

@@ -1,0 +1,241 @@
+//! Causal attention of a step's tokens over the paged KV cache.
+//!
+//! Each token's attention is computed on its own, from its query, its position and its
+//! sequence's block table: never from anything about the rest of the batch, so it is the
+//! same bits however the step is composed or split over threads.
+
+use super::gpt2::StepSeq;
+use super::kernels::{dot, reduce8, Exec};
+use super::kv::KvCache;
+use rayon::prelude::*;
+
+/// One token's place in a step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TokenSlot {
+    /// Index of its sequence in the step.
+    pub seq: u32,
+    /// Its position in that sequence.
+    pub pos: u32,
+}
+
+/// Attention of one layer.
+pub(crate) struct AttentionShape {
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub layer: usize,
+    /// Attention scores are divided by this (sqrt(head_dim) and/or layer + 1).
+    pub divisor: f32,
+}
+
+/// Causal attention of every token over its sequence's cache (which already holds this
+/// step's K and V). `qkv` is `[T][3 · n_embd]` (q, k, v), `out` `[T][n_embd]`.
+/// `scratch` holds one score buffer (`[n_head][context]`) per thread part.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention(
+    exec: Exec<'_>,
+    shape: &AttentionShape,
+    qkv: &[f32],
+    kv: &KvCache,
+    tokens: &[TokenSlot],
+    seqs: &[StepSeq<'_>],
+    scratch: &mut [Vec<f32>],
+    out: &mut [f32],
+) {
+    let e = shape.n_head * shape.head_dim;
+    let t = tokens.len();
+    let work: usize = tokens.iter().map(|s| (s.pos as usize + 1) * e * 2).sum();
+    let parts = exec.parts(work, t.min(scratch.len()));
+    let per = t.div_ceil(parts.max(1)).max(1);
+    let part = |((i, out), scores): ((usize, &mut [f32]), &mut Vec<f32>)| {
+        for (r, o) in out.chunks_exact_mut(e).enumerate() {
+            let ti = i * per + r;
+            let slot = tokens[ti];
+            let q = &qkv[ti * 3 * e..ti * 3 * e + e];
+            attend(
+                shape,
+                q,
+                kv,
+                seqs[slot.seq as usize].blocks,
+                slot.pos as usize,
+                scores,
+                o,
+            );
+        }
+    };
+    let out = &mut out[..t * e];
+    match exec.pool {
+        Some(pool) if parts > 1 => pool.install(|| {
+            out.par_chunks_mut(per * e)
+                .enumerate()
+                .zip(scratch.par_iter_mut())
+                .for_each(part)
+        }),
+        _ => part(((0, out), &mut scratch[0])),
+    }
+}
+
+/// One token at `pos` attends over positions `0..=pos` of its block table.
+///
+/// Compiled twice on x86-64: for the baseline and for AVX2, picked at run time. Both
+/// run the same operations in the same order (AVX2 only widens the vectors; no FMA), so
+/// they give the same bits.
+fn attend(
+    shape: &AttentionShape,
+    q: &[f32],
+    kv: &KvCache,
+    blocks: &[u32],
+    pos: usize,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { attend_avx2(shape, q, kv, blocks, pos, scores, out) };
+    }
+    attend_body(shape, q, kv, blocks, pos, scores, out, dot)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn attend_avx2(
+    shape: &AttentionShape,
+    q: &[f32],
+    kv: &KvCache,
+    blocks: &[u32],
+    pos: usize,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    // Closures inherit the enclosing function's target features.
+    let dot = |a: &[f32], b: &[f32]| dot_avx2(a, b);
+    attend_body(shape, q, kv, blocks, pos, scores, out, dot)
+}
+
+/// [`dot`] with the 8 accumulators in one AVX register: the same sums in the same order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len().min(b.len());
+    let (a8, ar) = a[..n].as_chunks::<8>();
+    let (b8, br) = b[..n].as_chunks::<8>();
+    let mut acc = _mm256_setzero_ps();
+    for (x, y) in a8.iter().zip(b8) {
+        // SAFETY: `x` and `y` are 8 f32s each.
+        let (x, y) = unsafe { (_mm256_loadu_ps(x.as_ptr()), _mm256_loadu_ps(y.as_ptr())) };
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(x, y));
+    }
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: `lanes` holds 8 f32s.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+    for (l, (&x, &y)) in ar.iter().zip(br).enumerate() {
+        lanes[l] += x * y;
+    }
+    reduce8(lanes)
+}
+
+/// Blocks are walked in the outer loop so that each block's K (then V) of all heads,
+/// contiguous in the cache, is read in one sweep; `scores` holds `[n_head][pos + 1]`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_body(
+    shape: &AttentionShape,
+    q: &[f32],
+    kv: &KvCache,
+    blocks: &[u32],
+    pos: usize,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+    dot: impl Fn(&[f32], &[f32]) -> f32,
+) {
+    let (nh, hd) = (shape.n_head, shape.head_dim);
+    let tpb = kv.tokens_per_block();
+    let n_ctx = pos + 1;
+    if scores.len() < nh * n_ctx {
+        scores.resize(nh * n_ctx, 0.0);
+    }
+    let scores = &mut scores[..nh * n_ctx];
+    let used = &blocks[..n_ctx.div_ceil(tpb)];
+    for (bi, &block) in used.iter().enumerate() {
+        let first = bi * tpb;
+        let count = tpb.min(n_ctx - first);
+        for h in 0..nh {
+            let qh = &q[h * hd..(h + 1) * hd];
+            let keys = kv.head(block as usize, shape.layer, false, h);
+            let row = &mut scores[h * n_ctx + first..h * n_ctx + first + count];
+            for (s, k) in row.iter_mut().zip(keys.chunks_exact(hd)) {
+                *s = dot(qh, k) / shape.divisor;
+            }
+        }
+    }
+    for row in scores.chunks_exact_mut(n_ctx) {
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+        let mut total = 0.0f32;
+        for s in row.iter_mut() {
+            *s = (*s - max).exp();
+            total += *s;
+        }
+        for s in row.iter_mut() {
+            *s /= total;
+        }
+    }
+    out.fill(0.0);
+    for (bi, &block) in used.iter().enumerate() {
+        let first = bi * tpb;
+        let count = tpb.min(n_ctx - first);
+        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+            let values = kv.head(block as usize, shape.layer, true, h);
+            let probs = &scores[h * n_ctx + first..h * n_ctx + first + count];
+            for (&p, v) in probs.iter().zip(values.chunks_exact(hd)) {
+                for (o, &v) in oh.iter_mut().zip(v) {
+                    *o += p * v;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::kernels::tests::bits;
+
+    #[test]
+    fn attention_versions_agree_bitwise() {
+        use crate::llm::config::Gpt2Config;
+        let c = Gpt2Config {
+            n_layer: 1,
+            n_head: 3,
+            n_embd: 60,
+            n_inner: 8,
+            vocab_size: 8,
+            n_positions: 64,
+            ..Gpt2Config::default()
+        };
+        let mut kv = KvCache::new(&c, 5, 13).unwrap();
+        let val = |i: usize| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0;
+        let blocks: Vec<u32> = (0..13).rev().collect();
+        for p in 0..64 {
+            let k: Vec<f32> = (0..60).map(|d| val(p * 120 + d)).collect();
+            let v: Vec<f32> = (0..60).map(|d| val(p * 120 + 60 + d)).collect();
+            kv.write(blocks[p / 5] as usize, p % 5, 0, &k, &v);
+        }
+        let q: Vec<f32> = (0..60).map(|d| val(100_000 + d)).collect();
+        let shape = AttentionShape {
+            n_head: 3,
+            head_dim: 20,
+            layer: 0,
+            divisor: 20f32.sqrt(),
+        };
+        let mut scores = Vec::new();
+        for pos in [0, 4, 5, 37, 63] {
+            let mut a = vec![0.0; 60];
+            let mut b = vec![0.0; 60];
+            attend(&shape, &q, &kv, &blocks, pos, &mut scores, &mut a);
+            attend_body(&shape, &q, &kv, &blocks, pos, &mut scores, &mut b, dot);
+            assert_eq!(bits(&a), bits(&b), "position {pos}");
+        }
+    }
+}
