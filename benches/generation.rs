@@ -467,6 +467,12 @@ parameters { key: "intra_op_thread_count" value { string_value: "1" } }"#;
     let mut sched: Vec<f64> = full.iter().map(|v| v.1 as f64).collect();
     let mut step: Vec<f64> = full.iter().map(|v| v.2 as f64).collect();
     let mut sample: Vec<f64> = full.iter().map(|v| v.3 as f64).collect();
+    let st = s.stats("tiny");
+    let deliver = &st["models"][0]["generation"]["deliver_us"];
+    println!(
+        "delivery (responses built, callbacks run) per iteration, all iterations: p50 {} p99 {} us",
+        deliver["p50"], deliver["p99"]
+    );
     println!(
         "scheduler overhead, tiny model, {n} requests in flight: {} iterations at {n} active; scheduler_us p50 {:.0} p99 {:.0} mean {:.1}; model step_us p50 {:.0}; sampling_us p50 {:.0}",
         full.len(),

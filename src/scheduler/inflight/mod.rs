@@ -103,6 +103,8 @@ pub struct GenStats {
     pub time_to_first_token_us: Histogram,
     pub inter_token_us: Histogram,
     pub scheduler_us: Histogram,
+    /// Building the iteration's responses and running their callbacks.
+    pub deliver_us: Histogram,
     /// Per instance: (active, paused, kv used, kv free, kv max), updated every iteration.
     gauges: Mutex<Vec<[u64; 5]>>,
 }
@@ -130,7 +132,7 @@ impl GenStats {
     pub fn json(&self) -> String {
         let [active, paused, used, free, max] = self.sums();
         format!(
-            "{{\"iterations\":{},\"context_tokens\":{},\"generated_tokens\":{},\"preemptions\":{},\"reused_kv_blocks\":{},\"active_requests\":{active},\"paused_requests\":{paused},\"kv_blocks_used\":{used},\"kv_blocks_free\":{free},\"kv_blocks_max\":{max},\"time_to_first_token_us\":{},\"inter_token_us\":{},\"scheduler_us\":{}}}",
+            "{{\"iterations\":{},\"context_tokens\":{},\"generated_tokens\":{},\"preemptions\":{},\"reused_kv_blocks\":{},\"active_requests\":{active},\"paused_requests\":{paused},\"kv_blocks_used\":{used},\"kv_blocks_free\":{free},\"kv_blocks_max\":{max},\"time_to_first_token_us\":{},\"inter_token_us\":{},\"scheduler_us\":{},\"deliver_us\":{}}}",
             self.iterations.load(Relaxed),
             self.context_tokens.load(Relaxed),
             self.generated_tokens.load(Relaxed),
@@ -139,6 +141,7 @@ impl GenStats {
             self.time_to_first_token_us.json(),
             self.inter_token_us.json(),
             self.scheduler_us.json(),
+            self.deliver_us.json(),
         )
     }
 
@@ -268,8 +271,8 @@ struct Seq {
     cancel: Option<Error>,
     /// Where the responses go (taken from the request at admission).
     sink: Option<ResponseSink>,
-    /// A stream response to deliver after this iteration.
-    stream_out: Option<Box<Response>>,
+    /// New tokens to stream after this iteration.
+    stream_out: bool,
     /// Whether the responses carry `output_log_probs`.
     wants_log_probs: bool,
 }
@@ -744,7 +747,12 @@ pub(crate) fn run(s: Arc<Scheduler>, index: usize, exec: Box<dyn Executor>) {
     while lp.sync() {
         lp.deliver();
         lp.iterate();
-        lp.deliver();
+        let t = Instant::now();
+        if lp.deliver() {
+            e.gen_stats
+                .deliver_us
+                .record(t.elapsed().as_micros() as u64);
+        }
     }
     lp.deliver();
 }
@@ -924,7 +932,7 @@ impl Loop<'_> {
             chunk: 0,
             cancel: None,
             sink: p.req.sink.take(),
-            stream_out: None,
+            stream_out: false,
             wants_log_probs: self.e.log_probs_name.is_some()
                 && p.req.wants_output(OUTPUT_LOG_PROBS),
             p,
@@ -1301,8 +1309,7 @@ impl Loop<'_> {
             if done[i] || !seq.p.streaming || seq.generated <= seq.streamed {
                 continue;
             }
-            seq.stream_out = Some(response(self.e, &self.s.model, seq, seq.streamed));
-            seq.streamed = seq.generated;
+            seq.stream_out = true;
         }
         // Retire finished requests (highest index first so indices stay valid).
         finished.sort_by_key(|f| std::cmp::Reverse(f.0));
@@ -1352,8 +1359,9 @@ impl Loop<'_> {
         }
     }
 
-    /// Runs the callbacks (no lock held).
-    fn deliver(&mut self) {
+    /// Runs the callbacks (no lock held). Returns whether there was anything to deliver.
+    fn deliver(&mut self) -> bool {
+        let mut any = !self.ending.is_empty() || !self.out.is_empty();
         for (mut req, err) in std::mem::take(&mut self.ending) {
             self.s.stats.failure_count.fetch_add(1, Relaxed);
             let reason = finish_reason(&Finish::Error(err.clone()));
@@ -1367,8 +1375,16 @@ impl Loop<'_> {
                 sink.send_final(resp);
             }
         }
+        // Stream responses are built here, after the iteration's bookkeeping, with the
+        // callbacks.
         for seq in self.active.iter_mut() {
-            if let (Some(resp), Some(sink)) = (seq.stream_out.take(), seq.sink.as_mut()) {
+            if !std::mem::take(&mut seq.stream_out) {
+                continue;
+            }
+            any = true;
+            let resp = response(self.e, &self.s.model, seq, seq.streamed);
+            seq.streamed = seq.generated;
+            if let Some(sink) = seq.sink.as_mut() {
                 sink.send(resp);
             }
         }
@@ -1385,6 +1401,7 @@ impl Loop<'_> {
                 }
             }
         }
+        any
     }
 }
 
