@@ -2,7 +2,8 @@
 //! and the scheduler's own CPU time per iteration.
 //!
 //! Run with `cargo bench --bench generation -- [mixed] [overhead] [--requests N]
-//! [--rate R] [--seed S] [--threads T]`; without a scenario both run. See
+//! [--rate R] [--seed S] [--threads T] [--max-num-tokens N] [--policy P ...]`; without a
+//! scenario both run (all three policies, max_num_tokens 2048, chunked prefill). See
 //! docs/PERFORMANCE.md.
 //!
 //! * `mixed`: a GPT-2-small-sized model (12 layers, width 768, vocabulary 50257, random
@@ -223,6 +224,8 @@ struct Args {
     rate: f64,
     seed: u64,
     threads: usize,
+    max_num_tokens: usize,
+    policies: Vec<String>,
 }
 
 fn args() -> Args {
@@ -232,6 +235,8 @@ fn args() -> Args {
         rate: 4.0,
         seed: 7,
         threads: 0,
+        max_num_tokens: 2048,
+        policies: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
@@ -245,10 +250,17 @@ fn args() -> Args {
             "--rate" => a.rate = num("--rate"),
             "--seed" => a.seed = num("--seed") as u64,
             "--threads" => a.threads = num("--threads") as usize,
+            "--max-num-tokens" => a.max_num_tokens = num("--max-num-tokens") as usize,
+            "--policy" => a.policies.push(it.next().expect("--policy needs a name")),
             "--bench" => {}
             s if !s.starts_with('-') => a.scenarios.push(s.to_owned()),
             s => panic!("unknown option {s}"),
         }
+    }
+    if a.policies.is_empty() {
+        a.policies = ["max_utilization", "guaranteed_no_evict", "static_batch"]
+            .map(String::from)
+            .to_vec();
     }
     if a.scenarios.is_empty() {
         a.scenarios = vec!["mixed".into(), "overhead".into()];
@@ -298,16 +310,16 @@ fn mixed(a: &Args) {
         "{:<22} {:>9} {:>8} {:>10} {:>10} {:>9} {:>9} {:>10}",
         "policy", "tokens/s", "wall s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "batch avg"
     );
-    for policy in ["max_utilization", "guaranteed_no_evict", "static_batch"] {
+    for policy in &a.policies {
         let config = format!(
             r#"name: "gpt" backend: "gpt2" max_batch_size: 0
 parameters {{ key: "batch_scheduler_policy" value {{ string_value: "{policy}" }} }}
 parameters {{ key: "max_num_sequences" value {{ string_value: "32" }} }}
-parameters {{ key: "max_num_tokens" value {{ string_value: "2048" }} }}
+parameters {{ key: "max_num_tokens" value {{ string_value: "{}" }} }}
 parameters {{ key: "enable_chunked_context" value {{ string_value: "true" }} }}
 parameters {{ key: "max_tokens_in_paged_kv_cache" value {{ string_value: "16384" }} }}
 parameters {{ key: "intra_op_thread_count" value {{ string_value: "{}" }} }}"#,
-            a.threads
+            a.max_num_tokens, a.threads
         );
         let s = Server::new();
         s.load("gpt", &config, &dir);
