@@ -656,3 +656,30 @@ fn iteration_statistics_reach_the_callback() {
     );
     h.stop();
 }
+
+#[test]
+fn a_running_request_past_its_timeout_ends_with_deadline_exceeded() {
+    let mut h = harness(
+        settings(Policy::GuaranteedNoEvict),
+        1,
+        Duration::from_millis(1),
+    );
+    let (mut r, rx) = h.request(
+        &[1, 2],
+        &[max_tokens(90), ("streaming", ParamValue::Bool(true))],
+    );
+    r.timeout_us = 20_000;
+    assert!(h.sched.enqueue(r, None).is_ok());
+    let g = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        (g.status, g.reason.as_str()),
+        (Some(Code::DeadlineExceeded), "error"),
+        "{g:?}"
+    );
+    let n = g.tokens().len();
+    assert!(n > 0 && n < 90, "stopped midway: {n} tokens");
+    // The cache is free again: a request needing all of it runs.
+    let g = h.run(&[3], &[max_tokens(90)]);
+    assert_eq!(g.tokens().len(), 90);
+    h.stop();
+}
