@@ -233,9 +233,26 @@ impl Scheduler {
         server: std::sync::Weak<crate::server::Server>,
         log: crate::log::Logger,
     ) -> Arc<Scheduler> {
-        Arc::new_cyclic(|me| Scheduler {
+        Arc::new_cyclic(|me| {
+            let runner = ensemble::Runner::new(me.clone(), server, &config);
+            let stats = ModelStats::new(config.max_batch_size);
+            Scheduler::without_queue(model, config, stats, log, Some(runner), None)
+        })
+    }
+
+    /// A scheduler whose requests go to an ensemble runner or an in-flight engine: the
+    /// batch queue, its state and the per-worker bookkeeping stay empty.
+    fn without_queue(
+        model: ModelIdentity,
+        config: Arc<ModelConfig>,
+        stats: ModelStats,
+        log: crate::log::Logger,
+        ens: Option<ensemble::Runner>,
+        gen: Option<inflight::Engine>,
+    ) -> Scheduler {
+        Scheduler {
             model,
-            stats: ModelStats::new(config.max_batch_size),
+            stats,
             policy: BatchPolicy::single(),
             preserve_ordering: false,
             in_names: Vec::new(),
@@ -254,11 +271,11 @@ impl Scheduler {
             running: Vec::new(),
             workers: Mutex::new(Vec::new()),
             seq: None,
-            ens: Some(ensemble::Runner::new(me.clone(), server, &config)),
-            gen: None,
+            ens,
+            gen,
             log,
             config,
-        })
+        }
     }
 
     /// A generative model: one in-flight batching loop per executor (model instance).
@@ -269,32 +286,15 @@ impl Scheduler {
         executors: Vec<Box<dyn inflight::Executor>>,
         log: crate::log::Logger,
     ) -> Result<Arc<Scheduler>> {
-        let sched = Arc::new(Scheduler {
+        let stats = ModelStats::new(engine.settings.max_num_sequences as u32);
+        let sched = Arc::new(Scheduler::without_queue(
             model,
-            stats: ModelStats::new(engine.settings.max_num_sequences as u32),
-            policy: BatchPolicy::single(),
-            preserve_ordering: false,
-            in_names: Vec::new(),
-            out_names: Vec::new(),
-            state: Mutex::new(State {
-                queue: PriorityQueue::new(None),
-                ending: Vec::new(),
-                paused: false,
-                closed: false,
-                executing: 0,
-                next_batch_seq: 0,
-            }),
-            cv: Condvar::new(),
-            pending: AtomicUsize::new(0),
-            reorder: Mutex::new(Reorder::default()),
-            running: Vec::new(),
-            workers: Mutex::new(Vec::new()),
-            seq: None,
-            ens: None,
-            gen: Some(engine),
-            log,
             config,
-        });
+            stats,
+            log,
+            None,
+            Some(engine),
+        ));
         for (i, exec) in executors.into_iter().enumerate() {
             let s = sched.clone();
             let handle = std::thread::Builder::new()
