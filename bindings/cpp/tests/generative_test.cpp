@@ -113,3 +113,33 @@ TEST(Generative, CancelStopsARunningRequestAfterTheCurrentIteration) {
     EXPECT_EQ(other.final->parameter_string("finish_reason"), "length");
     EXPECT_EQ(other.tokens.size(), 20u);
 }
+
+TEST(Generative, IterationStatisticsCallback) {
+    infer::Server server = gpt2_server();
+    std::mutex mu;
+    std::vector<std::string> seen;
+    server.set_iteration_stats_callback("tiny_gpt2", [&](std::string_view json) {
+        const std::lock_guard<std::mutex> lock(mu);
+        seen.emplace_back(json);
+    });
+    infer::Response r = server.infer(gpt2_request(server, {1, 2, 3}, 5, false)).get();
+    ASSERT_TRUE(r.ok()) << r.error_message();
+    {
+        const std::lock_guard<std::mutex> lock(mu);
+        ASSERT_EQ(seen.size(), 5u); // one per iteration: the prompt, then 4 decodes
+        EXPECT_NE(seen[0].find("\"context_tokens\":3"), std::string::npos) << seen[0];
+        EXPECT_NE(seen[0].find("\"kv_blocks_used\""), std::string::npos) << seen[0];
+    }
+    server.set_iteration_stats_callback("tiny_gpt2", nullptr);
+    (void)server.infer(gpt2_request(server, {4}, 3, false)).get();
+    {
+        const std::lock_guard<std::mutex> lock(mu);
+        EXPECT_EQ(seen.size(), 5u) << "cleared: no more calls";
+    }
+    try {
+        server.set_iteration_stats_callback("nope", [](std::string_view) {});
+        FAIL() << "an unknown model is refused";
+    } catch (const infer::Error &e) {
+        EXPECT_EQ(e.code(), INFER_STATUS_NOT_FOUND) << e.what();
+    }
+}

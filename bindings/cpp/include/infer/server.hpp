@@ -22,6 +22,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "infer.h"
 #include "infer/backend.hpp"
@@ -78,6 +79,21 @@ static inline void infer_cpp_log_trampoline(void *user_data, uint32_t level, con
         // A failing log callback has nowhere to report to; it must not unwind into C.
     }
 }
+}
+
+/// A generative model's iteration-statistics callback (a JSON object per iteration).
+struct StatsSink {
+    std::function<void(std::string_view)> fn;
+};
+
+static inline void infer_cpp_stats_trampoline(void *user_data, const char *json) {
+    try {
+        static_cast<StatsSink *>(user_data)->fn(json != nullptr ? std::string_view(json)
+                                                                : std::string_view());
+    } catch (...) {
+        // Nowhere to report to; it must not unwind into C.
+        std::fprintf(stderr, "infer: an iteration statistics callback threw\n");
+    }
 }
 
 /// What a Server shares with its callbacks in flight: the handler for exceptions that
@@ -449,6 +465,28 @@ public:
             infer_server_shutdown(handle(), static_cast<uint64_t>(std::max<int64_t>(0, timeout.count()))));
     }
 
+    /// Calls `fn(std::string_view json)` after each scheduler iteration of the generative
+    /// model `model`, on its generation thread, with the iteration's statistics (see
+    /// infer_server_set_iteration_stats_callback); an empty `fn` clears it. It stays set
+    /// across reloads of the model. When this returns, a replaced callback no longer runs
+    /// (unless this is called from that callback); every functor given is kept until the
+    /// server is destroyed. What `fn` throws is printed to stderr and dropped. Throws NOT_FOUND for a model that is not
+    /// loaded, INVALID_ARGUMENT for one that is not generative.
+    void set_iteration_stats_callback(const std::string &model,
+                                      std::function<void(std::string_view)> fn) {
+        infer_server *s = handle();
+        std::shared_ptr<detail::StatsSink> sink;
+        if (fn) {
+            sink = std::make_shared<detail::StatsSink>(detail::StatsSink{std::move(fn)});
+            // Kept with the server: a callback may replace itself while it runs, so a
+            // replaced functor is not destroyed before the server.
+            const std::lock_guard<std::mutex> lock(keep_->stats_mu);
+            keep_->stats.push_back(sink);
+        }
+        detail::check(infer_server_set_iteration_stats_callback(
+            s, model.c_str(), sink ? &detail::infer_cpp_stats_trampoline : nullptr, sink.get()));
+    }
+
     /// `handler(std::exception_ptr)` receives what response callbacks of this server
     /// throw, on the callback's thread; an empty handler restores the default (print to
     /// stderr). Exceptions the handler throws are dropped.
@@ -467,16 +505,20 @@ public:
 private:
     friend class Request;
 
-    /// What must outlive the C server: the log functor, and the state callbacks share.
+    /// What must outlive the C server: the log functor, the state callbacks share, and
+    /// the iteration-statistics callbacks.
     struct KeepAlive {
         std::shared_ptr<detail::LogSink> log;
         std::shared_ptr<detail::ServerState> state;
+        std::mutex stats_mu;
+        std::vector<std::shared_ptr<detail::StatsSink>> stats;
     };
 
     void create(const infer_server_options *options, std::shared_ptr<detail::LogSink> log) {
         require_compatible_api(library_api_version());
-        auto keep = std::make_unique<KeepAlive>(
-            KeepAlive{std::move(log), std::make_shared<detail::ServerState>()});
+        auto keep = std::make_unique<KeepAlive>();
+        keep->log = std::move(log);
+        keep->state = std::make_shared<detail::ServerState>();
         infer_server *s = nullptr;
         detail::last_instance_error().clear();
         check_load(infer_server_new(options, &s));
