@@ -282,9 +282,14 @@ fn alone(w: &[(Vec<i32>, i64)]) -> Vec<Vec<i32>> {
 fn together(s: Settings, instances: usize, w: &[(Vec<i32>, i64)]) -> (Vec<Got>, Harness) {
     let mut h = harness(s, instances, Duration::ZERO);
     h.sched.set_paused(true);
+    // Every other request streams: preemption and chunking must not change what it sees.
     let rxs: Vec<_> = w
         .iter()
-        .map(|(p, n)| h.enqueue(p, &[max_tokens(*n)]).1)
+        .enumerate()
+        .map(|(i, (p, n))| {
+            let streaming = ("streaming", ParamValue::Bool(i % 2 == 1));
+            h.enqueue(p, &[max_tokens(*n), streaming]).1
+        })
         .collect();
     h.sched.set_paused(false);
     let got = rxs
@@ -329,6 +334,12 @@ fn batched_output_equals_output_alone_under_every_policy() {
         for (i, g) in got.iter().enumerate() {
             assert_eq!(g.status, Some(Code::Ok), "{what}: request {i}: {g:?}");
             assert_eq!(g.tokens(), want[i], "{what}: request {i}");
+            if i % 2 == 1 {
+                assert!(
+                    g.chunks.iter().all(|c| c.len() == 1),
+                    "{what}: request {i}: {g:?}"
+                );
+            }
         }
         let stats = h.sched.stats_json("toy", 1);
         let v: serde_json::Value = serde_json::from_str(&stats).expect("stats JSON");
