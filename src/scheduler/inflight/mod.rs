@@ -87,9 +87,9 @@ struct StatsSlot {
 }
 
 thread_local! {
-    /// Set on generation loop threads (a stats callback that replaces itself must not
-    /// wait for itself).
-    static ON_LOOP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// On a generation loop thread: the address of its engine (a stats callback that
+    /// replaces itself must not wait for itself).
+    static ON_LOOP: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// Counters of a generative model version, shown in the statistics JSON and Prometheus.
@@ -658,7 +658,7 @@ impl Engine {
     pub fn set_stats_callback(&self, cb: Option<Arc<StatsCallback>>) {
         let mut slot = self.stats_cb.lock();
         slot.cb = cb;
-        if ON_LOOP.with(|c| c.get()) {
+        if ON_LOOP.with(|c| c.get()) == self as *const Engine as usize {
             return;
         }
         while slot.calling > 0 {
@@ -722,7 +722,7 @@ pub(crate) fn run(s: Arc<Scheduler>, index: usize, exec: Box<dyn Executor>) {
     let Some(e) = s.gen.as_ref() else {
         return;
     };
-    ON_LOOP.with(|c| c.set(true));
+    ON_LOOP.with(|c| c.set(e as *const Engine as usize));
     let st = &e.settings;
     let mut lp = Loop {
         s: &s,
@@ -1186,6 +1186,20 @@ impl Loop<'_> {
                         ));
                         self.finish(seq, Finish::Error(err));
                         continue;
+                    }
+                    if self.active.len() == 1 {
+                        // Alone, it has the whole cache: it can never grow further.
+                        let seq = self.active.remove(i);
+                        let err = Error::exhausted(format!(
+                            "model '{}': request {} outgrew the KV cache ({} blocks of {} tokens) at {} tokens, with no other request to pause",
+                            self.s.model.name_str(),
+                            seq.p.req.id,
+                            self.bm.num_blocks(),
+                            self.bm.tokens_per_block(),
+                            seq.tokens.len()
+                        ));
+                        self.finish(seq, Finish::Error(err));
+                        break;
                     }
                     // Pause the newest request (possibly this one) and try again.
                     let Some(victim) = self.active.pop() else {

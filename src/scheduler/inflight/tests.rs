@@ -694,3 +694,19 @@ fn a_running_request_past_its_timeout_ends_with_deadline_exceeded() {
     assert_eq!(g.tokens().len(), 90);
     h.stop();
 }
+
+#[test]
+fn a_request_that_outgrows_the_whole_cache_ends_with_resource_exhausted() {
+    let mut s = settings(Policy::MaxUtilization);
+    s.kv_blocks = 3; // 12 positions
+    let mut h = harness(s, 1, Duration::ZERO);
+    let g = h.run(&[1, 2], &[max_tokens(20)]);
+    assert_eq!(g.status, Some(Code::ResourceExhausted), "{g:?}");
+    assert_eq!(g.reason, "error");
+    // 12 positions hold the prompt and 10 tokens; the 11th comes from the last logits.
+    assert_eq!(g.tokens().len(), 11, "the tokens that fitted: {g:?}");
+    // The instance goes on serving.
+    let g = h.run(&[1, 2], &[max_tokens(5)]);
+    assert_eq!((g.status, g.tokens().len()), (Some(Code::Ok), 5));
+    h.stop();
+}
