@@ -195,6 +195,7 @@ static void test_null_arguments(void) {
     CHECK_STATUS(infer_server_pause_model(NULL, "m"), INFER_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(infer_server_resume_model(NULL, "m"), INFER_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(infer_server_cancel(NULL, 1), INFER_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(infer_server_set_iteration_stats_callback(NULL, "m", NULL, NULL), INFER_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(infer_server_enqueue(NULL, NULL, noop_response, NULL, NULL), INFER_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(infer_server_infer(NULL, NULL, &resp), INFER_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(infer_request_new(NULL, "m", -1, &r), INFER_STATUS_INVALID_ARGUMENT);
@@ -211,6 +212,9 @@ static void test_null_arguments(void) {
     CHECK_STATUS(infer_server_metrics_prometheus(s, NULL), INFER_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(infer_server_pause_model(s, NULL), INFER_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(infer_server_resume_model(s, NULL), INFER_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(infer_server_set_iteration_stats_callback(s, NULL, NULL, NULL), INFER_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(infer_server_set_iteration_stats_callback(s, "nope", NULL, NULL), INFER_STATUS_NOT_FOUND);
+    CHECK_STATUS(infer_server_set_iteration_stats_callback(s, "add_sub", NULL, NULL), INFER_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(infer_server_register_backend(s, NULL, &be, NULL), INFER_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(infer_server_register_backend(s, "b", NULL, NULL), INFER_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(infer_request_new(s, NULL, -1, &r), INFER_STATUS_INVALID_ARGUMENT);
