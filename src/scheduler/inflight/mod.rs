@@ -685,11 +685,9 @@ impl Engine {
     }
 }
 
-/// What a loop hands out after an iteration, delivered without any lock.
-enum Out {
-    /// The FINAL response, and whether the request succeeded.
-    Final(ResponseSink, Box<Response>, bool),
-}
+/// A FINAL response to deliver (without any lock) after the iteration, and whether the
+/// request succeeded.
+type Final = (ResponseSink, Box<Response>, bool);
 
 /// One instance's loop and its state.
 struct Loop<'a> {
@@ -703,7 +701,7 @@ struct Loop<'a> {
     paused: VecDeque<Seq>,
     cancel_epoch: u64,
     logits: Vec<f32>,
-    out: Vec<Out>,
+    finals: Vec<Final>,
     ending: Vec<(Box<Request>, Error)>,
     iteration: u64,
     /// STATIC_BATCH: the running batch takes no new requests.
@@ -734,7 +732,7 @@ pub(crate) fn run(s: Arc<Scheduler>, index: usize, exec: Box<dyn Executor>) {
         paused: VecDeque::new(),
         cancel_epoch: e.q.lock().cancel_epoch,
         logits: Vec::new(),
-        out: Vec::new(),
+        finals: Vec::new(),
         ending: Vec::new(),
         iteration: 0,
         batch_closed: false,
@@ -1369,13 +1367,13 @@ impl Loop<'_> {
             [seq.p.prompt.len(), seq.generated, seq.cached_tokens],
         );
         if let Some(sink) = seq.sink.take() {
-            self.out.push(Out::Final(sink, resp, ok));
+            self.finals.push((sink, resp, ok));
         }
     }
 
     /// Runs the callbacks (no lock held). Returns whether there was anything to deliver.
     fn deliver(&mut self) -> bool {
-        let mut any = !self.ending.is_empty() || !self.out.is_empty();
+        let mut any = !self.ending.is_empty() || !self.finals.is_empty();
         for (mut req, err) in std::mem::take(&mut self.ending) {
             self.s.stats.failure_count.fetch_add(1, Relaxed);
             let reason = finish_reason(&Finish::Error(err.clone()));
@@ -1402,18 +1400,14 @@ impl Loop<'_> {
                 sink.send(resp);
             }
         }
-        for out in std::mem::take(&mut self.out) {
-            match out {
-                Out::Final(sink, resp, ok) => {
-                    let c = if ok {
-                        &self.s.stats.success_count
-                    } else {
-                        &self.s.stats.failure_count
-                    };
-                    c.fetch_add(1, Relaxed);
-                    sink.send_final(resp);
-                }
-            }
+        for (sink, resp, ok) in std::mem::take(&mut self.finals) {
+            let c = if ok {
+                &self.s.stats.success_count
+            } else {
+                &self.s.stats.failure_count
+            };
+            c.fetch_add(1, Relaxed);
+            sink.send_final(resp);
         }
         any
     }
