@@ -325,36 +325,46 @@ infer_status infer_backend_set_init_error(const char *msg);
  * Chooses where this request's outputs should live (default INFER_MEMORY_CPU, device 0).
  * INFER_MEMORY_CPU_PINNED is accepted and served as ordinary host memory (reported as
  * INFER_MEMORY_CPU). INFER_MEMORY_GPU is UNAVAILABLE without a usable GPU (the message
- * says why), INVALID_ARGUMENT for a device id that does not exist, and UNSUPPORTED
- * otherwise: outputs in GPU memory are not implemented yet. May be called from any
- * thread that owns the request.
+ * says why) and INVALID_ARGUMENT for a device id that does not exist. With
+ * INFER_MEMORY_GPU, outputs a backend on a GPU instance produced in device memory stay
+ * there (on the instance's device, which `infer_response_output_memory` reports);
+ * outputs computed in host memory stay in host memory. Device outputs are complete
+ * before the callback runs and valid until `infer_response_free`.
  */
 infer_status infer_request_set_output_memory(struct infer_request *r, infer_memory_type mem, int64_t device_id);
 
 /**
- * Where output `index` (0-based) of a response lives: its memory type and device id.
- * Always INFER_MEMORY_CPU and device 0 today (no model runs on a GPU yet).
+ * Where output `index` (0-based) of a response lives: INFER_MEMORY_CPU and device 0, or
+ * INFER_MEMORY_GPU and the device id (then `infer_response_output`'s data pointer is a
+ * device address).
  * INVALID_ARGUMENT for an index out of range or a NULL out-pointer.
  */
 infer_status infer_response_output_memory(const struct infer_response *r, uintptr_t index, infer_memory_type *mem, int64_t *device_id);
 
 /**
- * For a custom backend inside `execute`: where batched input `name` is. On a CPU
- * instance (every instance today) INFER_MEMORY_CPU and device 0. NOT_FOUND if no request
- * of the batch has the input.
+ * For a custom backend inside `execute`: where batched input `name` is. On a GPU
+ * instance INFER_MEMORY_GPU and the instance's device (every input is in device memory
+ * there); on a CPU instance INFER_MEMORY_CPU and device 0. NOT_FOUND if no request of
+ * the batch has the input.
  */
 infer_status infer_batch_input_memory(const struct infer_batch *b, const char *name, infer_memory_type *mem, int64_t *device_id);
 
 /**
  * For a custom backend on a GPU instance: allocates batched output `name` in device
- * memory and writes its device pointer to `*device_ptr`. On a CPU instance (every
- * instance today) INVALID_ARGUMENT: allocate outputs with `infer_batch_output`.
+ * memory (uninitialised, from the instance's pool) and writes its device address to
+ * `*device_ptr`; the backend fills it with work on the instance's stream
+ * (`infer_batch_cuda_stream`), and the library waits for that stream before it reads
+ * the output or hands it to the caller. Same checks as `infer_batch_output`; BYTES
+ * outputs are host memory only. On a CPU instance INVALID_ARGUMENT: allocate outputs
+ * with `infer_batch_output`.
  */
 infer_status infer_batch_output_device(struct infer_batch *b, const char *name, const int64_t *shape, uintptr_t ndim, void **device_ptr);
 
 /**
  * For a custom backend on a GPU instance: the instance's CUDA stream (a CUstream) to
- * enqueue work on. NULL on a CPU instance (every instance today) and for NULL.
+ * enqueue work on; the instance's device context is current on the calling thread. The
+ * batch's inputs are ready in stream order (copies queued on this stream), so work
+ * enqueued on it needs no further synchronization. NULL on a CPU instance and for NULL.
  */
 void *infer_batch_cuda_stream(const struct infer_batch *b);
 
@@ -409,9 +419,17 @@ infer_status infer_request_add_input(struct infer_request *r, const char *name, 
 /**
  * Adds an input without copying: the library reads `data` until it calls `release`
  * (at most once, from any thread; NULL `release` = never told). If this call fails the
- * buffer was not taken and `release` is not called. Host memory (INFER_MEMORY_CPU or
- * INFER_MEMORY_CPU_PINNED); INFER_MEMORY_GPU is UNAVAILABLE without a usable GPU (the
- * message says why) and UNSUPPORTED with one (not implemented yet).
+ * buffer was not taken and `release` is not called.
+ *
+ * `mem` says where `data` is: host memory (INFER_MEMORY_CPU or INFER_MEMORY_CPU_PINNED),
+ * or device memory of GPU `device_id` (INFER_MEMORY_GPU). Device memory must be one
+ * allocation of that device holding all `byte_size` bytes (INVALID_ARGUMENT otherwise;
+ * UNAVAILABLE without a usable GPU) and BYTES inputs must be in host memory. A model
+ * whose instances all run on GPUs reads it there (in place when the batch has only this
+ * request and it is on the instance's device); any other model gets a copy in host
+ * memory, made when the request is enqueued, after which `release` is called. The
+ * caller must not change the memory until released, and work that produced it must be
+ * complete before enqueue (the library's stream does not wait for the caller's).
  */
 infer_status infer_request_add_input_borrowed(struct infer_request *r, const char *name, infer_datatype dt, const int64_t *shape, uintptr_t ndim, const void *data, uintptr_t byte_size, infer_memory_type mem, int64_t device_id, infer_release_fn release, void *release_user_data);
 

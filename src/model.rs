@@ -10,13 +10,36 @@ use std::sync::Arc;
 
 pub type ShapeKey = SmallVec<[i64; 8]>;
 
+/// The bytes of an input being checked: in host memory, or in device memory (only its
+/// length is known on the host).
+#[derive(Clone, Copy)]
+pub enum InputBytes<'a> {
+    Host(&'a [u8]),
+    Device(usize),
+}
+
+impl<'a> InputBytes<'a> {
+    pub fn of(data: &'a crate::tensor::TensorData) -> InputBytes<'a> {
+        match data.device() {
+            Some(d) => InputBytes::Device(d.len),
+            None => InputBytes::Host(data.as_slice()),
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            InputBytes::Host(b) => b.len(),
+            InputBytes::Device(n) => *n,
+        }
+    }
+}
+
 /// Checks one input against the config; returns the config's shared name for it.
 pub fn check_input(
     config: &ModelConfig,
     name: &str,
     dtype: DataType,
     shape: &[i64],
-    data: &[u8],
+    data: InputBytes<'_>,
 ) -> Result<Arc<str>> {
     let m = &config.name;
     let tc = config.input(name).ok_or_else(|| {
@@ -85,7 +108,13 @@ fn check_shape(config: &ModelConfig, tc: &TensorConfig, shape: &[i64]) -> Result
     Ok(())
 }
 
-fn check_bytes(m: &str, name: &str, dtype: DataType, shape: &[i64], data: &[u8]) -> Result<()> {
+fn check_bytes(
+    m: &str,
+    name: &str,
+    dtype: DataType,
+    shape: &[i64],
+    data: InputBytes<'_>,
+) -> Result<()> {
     let elems = element_count(shape).ok_or_else(|| {
         Error::invalid(format!(
             "input '{name}' of model '{m}': invalid shape {}",
@@ -93,6 +122,11 @@ fn check_bytes(m: &str, name: &str, dtype: DataType, shape: &[i64], data: &[u8])
         ))
     })?;
     if dtype == DataType::Bytes {
+        let InputBytes::Host(data) = data else {
+            return Err(Error::invalid(format!(
+                "input '{name}' of model '{m}': BYTES inputs must be in host memory"
+            )));
+        };
         let n = count_bytes_elements(data)
             .map_err(|e| e.context(format!("input '{name}' of model '{m}'")))?;
         if n != elems {
@@ -132,7 +166,7 @@ pub fn prepare(config: &Arc<ModelConfig>, req: &mut Request) -> Result<Option<Sh
         .is_some_and(|c| Arc::ptr_eq(c, config));
     if !checked {
         for t in &mut req.inputs {
-            t.name = check_input(config, &t.name, t.dtype, &t.shape, t.data.as_slice())?;
+            t.name = check_input(config, &t.name, t.dtype, &t.shape, InputBytes::of(&t.data))?;
         }
     }
     for tc in &config.inputs {

@@ -71,6 +71,9 @@ pub struct Request {
     pub sink: Option<ResponseSink>,
     /// What the server that made this request may use of the GPUs (for device memory).
     pub gpu: crate::gpu::GpuState,
+    /// The GPU this request wants its outputs on (`infer_request_set_output_memory`);
+    /// None: host memory.
+    pub output_device: Option<i32>,
     /// Input buffers of an earlier use of this (pooled) object, kept for reuse.
     spare_buffers: Vec<Vec<u8>>,
 }
@@ -94,6 +97,7 @@ impl Request {
             enqueued_at: Instant::now(),
             sink: None,
             gpu: crate::gpu::GpuState::Off,
+            output_device: None,
             spare_buffers: Vec::new(),
         }
     }
@@ -151,6 +155,7 @@ impl Request {
         self.batch_size = 1;
         self.sink = None;
         self.gpu = crate::gpu::GpuState::Off;
+        self.output_device = None;
     }
 
     pub fn input(&self, name: &str) -> Option<&Tensor> {
@@ -328,7 +333,9 @@ impl ResponseSink {
                 let ptr = Box::into_raw(resp);
                 IN_CALLBACK.with(|c| c.set(c.get() + 1));
                 // A C callback must not unwind; if a foreign exception tries, stop it here.
-                let _ = std::panic::catch_unwind(|| unsafe { func(user_data, ptr, flags) });
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+                    func(user_data, ptr, flags)
+                }));
                 IN_CALLBACK.with(|c| c.set(c.get() - 1));
             }
             Target::Rust(f) => f(resp, flags),

@@ -441,9 +441,33 @@ impl Server {
                 config.backend
             )));
         }
-        Err(Error::unsupported(format!(
-            "{at}: custom backends on a GPU are not implemented yet (use KIND_CPU or KIND_AUTO)"
-        )))
+        Ok(())
+    }
+
+    /// Creates one instance on GPU `device`: the backend's `instance_init` runs with the
+    /// device's primary context current (the caller's own context is given back after),
+    /// and the instance gets its stream and memory pool.
+    fn gpu_instance(
+        &self,
+        config: &Arc<ModelConfig>,
+        backend: &Arc<dyn Backend>,
+        at: &InstancePlace<'_>,
+    ) -> Result<Box<dyn crate::backend::ModelInstance>> {
+        let ctx = crate::gpu::context(at.gpu).map_err(|e| {
+            e.context(format!(
+                "model '{}': instance {} on GPU {}",
+                config.name, at.index, at.gpu
+            ))
+        })?;
+        let _bound = crate::gpu::ScopedBind::new(&ctx)?;
+        let inner = backend.clone().create_version_instance(config, at)?;
+        let instance = crate::gpu::instance::GpuInstance::new(inner, ctx).map_err(|e| {
+            e.context(format!(
+                "model '{}': instance {} on GPU {}",
+                config.name, at.index, at.gpu
+            ))
+        })?;
+        Ok(Box::new(instance))
     }
 
     fn start_version(
@@ -461,6 +485,27 @@ impl Server {
         for g in &config.instance_groups {
             if g.kind == InstanceKind::Gpu {
                 self.check_gpu_group(config, backend, g)?;
+                // `count` instances on each listed GPU (every GPU when none is listed).
+                let gpus: Vec<i32> = if g.gpus.is_empty() {
+                    let n = self.gpu.runtime().map_or(0, |r| r.devices.len());
+                    (0..n as i32).collect()
+                } else {
+                    g.gpus.clone()
+                };
+                for gpu in gpus {
+                    for _ in 0..g.count.max(1) {
+                        let at = InstancePlace {
+                            index,
+                            gpu,
+                            version,
+                            model_dir,
+                        };
+                        instances.push(self.gpu_instance(config, backend, &at)?);
+                        cpus.push(g.cpus.clone());
+                        index += 1;
+                    }
+                }
+                continue;
             }
             for _ in 0..g.count.max(1) {
                 let at = InstancePlace {
@@ -590,7 +635,13 @@ impl Server {
                 Some(t) => Ok(t),
                 None => self.resolve(&req.model, req.version),
             };
-            let result = resolved.and_then(|sched| Ok((prepare(&sched.config, &mut req)?, sched)));
+            let result = resolved.and_then(|sched| {
+                let key = prepare(&sched.config, &mut req)?;
+                if !sched.takes_device_inputs {
+                    crate::gpu::instance::inputs_to_host(&mut req)?;
+                }
+                Ok((key, sched))
+            });
             let (key, sched) = match result {
                 Ok(v) => v,
                 Err(e) => {

@@ -213,14 +213,37 @@ pub enum TensorData {
         offset: usize,
         len: usize,
     },
+    /// Bytes in GPU memory: never read on the host (see [`TensorData::as_slice`]).
+    Device(DeviceData),
+}
+
+/// A tensor in GPU memory: an input the caller lends, or a window into a batch output
+/// the library keeps on the device.
+pub struct DeviceData {
+    pub ptr: u64,
+    pub len: usize,
+    pub device: i32,
+    /// What keeps the memory valid.
+    pub keep: DeviceKeep,
+}
+
+pub enum DeviceKeep {
+    /// The caller's memory, released through its callback (if any) when dropped.
+    Borrowed(#[allow(dead_code)] Option<Borrowed>),
+    /// A batch output shared by the responses of a batch.
+    Pooled(#[allow(dead_code)] Arc<crate::gpu::DeviceBuf>),
 }
 
 impl TensorData {
+    /// The bytes in host memory. Empty for [`TensorData::Device`]: code that may meet
+    /// device data asks [`TensorData::device`] first (the scheduler copies device inputs
+    /// to the host before any path that reads them there).
     pub fn as_slice(&self) -> &[u8] {
         match self {
             TensorData::Owned(v) => v,
             TensorData::Borrowed(b) => b.as_slice(),
             TensorData::Shared { buf, offset, len } => &buf[*offset..*offset + *len],
+            TensorData::Device(_) => &[],
         }
     }
     pub fn len(&self) -> usize {
@@ -228,6 +251,14 @@ impl TensorData {
             TensorData::Owned(v) => v.len(),
             TensorData::Borrowed(b) => b.len,
             TensorData::Shared { len, .. } => *len,
+            TensorData::Device(d) => d.len,
+        }
+    }
+    /// The device memory, for data on a GPU.
+    pub fn device(&self) -> Option<&DeviceData> {
+        match self {
+            TensorData::Device(d) => Some(d),
+            _ => None,
         }
     }
     pub fn is_empty(&self) -> bool {

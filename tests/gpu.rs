@@ -7,6 +7,7 @@ use common::*;
 use infer::ffi::backend::*;
 use infer::ffi::memory::*;
 use infer::ffi::request::*;
+use infer::ffi::response::*;
 use infer::ffi::server::*;
 use infer::ffi::*;
 use std::ffi::c_void;
@@ -445,7 +446,7 @@ fn build_fake_driver(dir: &std::path::Path, only_version: bool) -> Result<(), St
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake_libcuda.c");
     let lib = dir.join("libcuda.so.1");
     let mut cc = std::process::Command::new("cc");
-    cc.args(["-shared", "-fPIC", "-O1", "-o"])
+    cc.args(["-shared", "-fPIC", "-O1", "-pthread", "-o"])
         .arg(&lib)
         .arg(src);
     if only_version {
@@ -456,7 +457,11 @@ fn build_fake_driver(dir: &std::path::Path, only_version: bool) -> Result<(), St
         Ok(out) => return Err(String::from_utf8_lossy(&out.stderr).into_owned()),
         Err(e) => return Err(format!("cc: {e}")),
     }
-    std::fs::copy(&lib, dir.join("libcuda.so")).map_err(|e| e.to_string())?;
+    // A link, not a copy: the library may open either name and the tests open
+    // libcuda.so.1; both must be the same loaded object (one set of driver state).
+    let link = dir.join("libcuda.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink("libcuda.so.1", &link).map_err(|e| e.to_string())?;
     Ok(())
 }
 
@@ -549,15 +554,6 @@ fn fake_driver_child() {
                 "KIND_CPU or KIND_AUTO",
             ],
         );
-        register_copy_backend(&s);
-        expect_msg(
-            s.try_load(
-                "c",
-                &copy_config("c", "instance_group [ { kind: KIND_GPU } ]"),
-            ),
-            INFER_STATUS_UNSUPPORTED,
-            &["'c'", "not implemented yet"],
-        );
         s.load(
             "m",
             &add_sub_config("m", "instance_group [ { kind: KIND_AUTO } ]"),
@@ -569,14 +565,658 @@ fn fake_driver_child() {
                 INFER_STATUS_INVALID_ARGUMENT,
                 &["GPU 1"],
             );
-            expect_msg(
-                infer_request_set_output_memory(r.0, INFER_MEMORY_GPU, 0),
-                INFER_STATUS_UNSUPPORTED,
-                &["not implemented yet"],
-            );
+            ok(infer_request_set_output_memory(r.0, INFER_MEMORY_GPU, 0));
         }
+        // A model on the CPU computes in host memory, and says so.
         let resp = s.infer(r);
         assert_eq!(resp.output_f32("OUTPUT0"), vec![3.; 4]);
+        let (mut mem, mut dev) = (99u32, 99i64);
+        ok(unsafe { infer_response_output_memory(resp.0, 0, &mut mem, &mut dev) });
+        assert_eq!((mem, dev), (INFER_MEMORY_CPU, 0));
     }
     println!("fake driver '{scenario}': checked");
+}
+
+// ---- the data path of GPU instances, against the stand-in driver ----
+//
+// The stand-in driver keeps "device" memory in host RAM and runs each stream's copies on
+// a thread of its own, each after a delay, so a library that reads results before
+// waiting for its stream sees the stand-in's poison bytes. It counts allocations and
+// copies, so the tests can check that the steady state allocates nothing and that every
+// asynchronous copy uses pinned memory.
+
+/// The stand-in driver's counters (`struct fake_cuda_counters`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct FakeCounters {
+    mem_alloc: u64,
+    mem_free: u64,
+    host_alloc: u64,
+    host_free: u64,
+    async_copies: u64,
+    pageable_async_copies: u64,
+    sync_copies: u64,
+    memsets: u64,
+    host_funcs: u64,
+    stream_creates: u64,
+    stream_destroys: u64,
+    event_records: u64,
+    invalid_calls: u64,
+    live_device_bytes: u64,
+    live_host_bytes: u64,
+}
+
+type HostFn = unsafe extern "C" fn(*mut c_void);
+
+/// Driver calls the tests make themselves (the stand-in's, in the child process).
+struct Driver {
+    counters: unsafe extern "C" fn(*mut FakeCounters),
+    reset: unsafe extern "C" fn(),
+    retain: unsafe extern "C" fn(*mut *mut c_void, i32) -> i32,
+    set_current: unsafe extern "C" fn(*mut c_void) -> i32,
+    mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> i32,
+    mem_free: unsafe extern "C" fn(u64) -> i32,
+    htod: unsafe extern "C" fn(u64, *const c_void, usize) -> i32,
+    dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> i32,
+    dtod_async: unsafe extern "C" fn(u64, u64, usize, *mut c_void) -> i32,
+    host_func: unsafe extern "C" fn(*mut c_void, HostFn, *mut c_void) -> i32,
+    pointer_attr: unsafe extern "C" fn(*mut c_void, i32, u64) -> i32,
+}
+
+#[allow(clippy::missing_transmute_annotations)] // each field's type says what it is
+fn driver() -> &'static Driver {
+    static D: std::sync::OnceLock<Driver> = std::sync::OnceLock::new();
+    D.get_or_init(|| unsafe {
+        let h = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW);
+        assert!(
+            !h.is_null(),
+            "the stand-in driver is not on the loader's path"
+        );
+        let sym = |name: &std::ffi::CStr| {
+            let p = libc::dlsym(h, name.as_ptr());
+            assert!(!p.is_null(), "the stand-in driver lacks {name:?}");
+            p
+        };
+        use std::mem::transmute as t;
+        Driver {
+            counters: t(sym(c"fake_cuda_counters")),
+            reset: t(sym(c"fake_cuda_reset_counters")),
+            retain: t(sym(c"cuDevicePrimaryCtxRetain")),
+            set_current: t(sym(c"cuCtxSetCurrent")),
+            mem_alloc: t(sym(c"cuMemAlloc_v2")),
+            mem_free: t(sym(c"cuMemFree_v2")),
+            htod: t(sym(c"cuMemcpyHtoD_v2")),
+            dtoh: t(sym(c"cuMemcpyDtoH_v2")),
+            dtod_async: t(sym(c"cuMemcpyDtoDAsync_v2")),
+            host_func: t(sym(c"cuLaunchHostFunc")),
+            pointer_attr: t(sym(c"cuPointerGetAttribute")),
+        }
+    })
+}
+
+impl Driver {
+    fn counters(&self) -> FakeCounters {
+        let mut c = FakeCounters::default();
+        unsafe { (self.counters)(&mut c) };
+        c
+    }
+    /// Makes GPU `dev`'s primary context current on this thread.
+    fn bind(&self, dev: i32) {
+        let mut ctx = null_mut();
+        unsafe {
+            assert_eq!((self.retain)(&mut ctx, dev), 0);
+            assert_eq!((self.set_current)(ctx), 0);
+        }
+    }
+    /// Device memory on the bound device holding `data`.
+    fn upload(&self, data: &[f32]) -> u64 {
+        let mut p = 0u64;
+        unsafe {
+            assert_eq!((self.mem_alloc)(&mut p, data.len() * 4), 0);
+            assert_eq!(
+                (self.htod)(p, data.as_ptr() as *const c_void, data.len() * 4),
+                0
+            );
+        }
+        p
+    }
+    fn download(&self, p: u64, n: usize) -> Vec<f32> {
+        let mut v = vec![0f32; n];
+        assert_eq!(
+            unsafe { (self.dtoh)(v.as_mut_ptr() as *mut c_void, p, n * 4) },
+            0
+        );
+        v
+    }
+    /// (memory type, device ordinal) of an address: 2 = device, 1 = host.
+    fn place(&self, p: u64) -> (u32, i32) {
+        let (mut ty, mut dev) = (0u32, -1i32);
+        unsafe {
+            assert_eq!(
+                (self.pointer_attr)(&mut ty as *mut u32 as *mut c_void, 2, p),
+                0
+            );
+            assert_eq!(
+                (self.pointer_attr)(&mut dev as *mut i32 as *mut c_void, 9, p),
+                0
+            );
+        }
+        (ty, dev)
+    }
+}
+
+/// A model whose backend computes Y = 2 X + 1 and X_COPY = X on the GPU instance's
+/// stream: X_COPY with a device-to-device copy, Y with a host function queued on the
+/// stream (the stand-in's device memory is host memory).
+fn affine_config(name: &str, group: &str, extra: &str) -> String {
+    format!(
+        r#"name: "{name}" backend: "gpu_affine" max_batch_size: 8
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }},
+         {{ name: "X_COPY" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+instance_group [ {group} ]
+{extra}"#
+    )
+}
+
+unsafe extern "C" fn affine_init(
+    _: *mut c_void,
+    _: *const std::ffi::c_char,
+    _: *const std::ffi::c_char,
+    _: u32,
+    gpu: i32,
+    state: *mut *mut c_void,
+) -> u32 {
+    *state = Box::into_raw(Box::new(gpu)) as *mut c_void;
+    INFER_STATUS_OK
+}
+
+unsafe extern "C" fn affine_fini(state: *mut c_void) {
+    drop(Box::from_raw(state as *mut i32));
+}
+
+struct AffineJob {
+    x: u64,
+    y: u64,
+    n: usize,
+}
+
+unsafe extern "C" fn affine_kernel(job: *mut c_void) {
+    let job = Box::from_raw(job as *mut AffineJob);
+    let x = std::slice::from_raw_parts(job.x as *const f32, job.n);
+    let y = std::slice::from_raw_parts_mut(job.y as *mut f32, job.n);
+    for (y, x) in y.iter_mut().zip(x) {
+        *y = 2. * x + 1.;
+    }
+}
+
+fn affine_batch(gpu: i32, b: *mut Batch) -> std::result::Result<(), String> {
+    let d = driver();
+    unsafe {
+        let stream = infer_batch_cuda_stream(b);
+        if stream.is_null() {
+            return Err("no stream on a GPU instance".into());
+        }
+        let (mut mem, mut dev) = (99u32, 99i64);
+        ok(infer_batch_input_memory(
+            b,
+            c"X".as_ptr(),
+            &mut mem,
+            &mut dev,
+        ));
+        if (mem, dev) != (INFER_MEMORY_GPU, gpu as i64) {
+            return Err(format!(
+                "input memory {mem} on {dev}, instance on GPU {gpu}"
+            ));
+        }
+        let (mut shape, mut nd, mut data, mut bytes) = (null(), 0usize, null(), 0usize);
+        ok(infer_batch_input(
+            b,
+            c"X".as_ptr(),
+            null_mut(),
+            &mut shape,
+            &mut nd,
+            &mut data,
+            &mut bytes,
+        ));
+        let x = data as u64;
+        let (ty, on) = d.place(x);
+        if ty != 2 || on != gpu {
+            return Err(format!("input X at {x:#x}: memory type {ty} on GPU {on}"));
+        }
+        let rows = infer_batch_size(b) as i64;
+        if std::slice::from_raw_parts(shape, nd) != [rows, 4] || bytes != rows as usize * 16 {
+            return Err(format!("input X: {bytes} bytes"));
+        }
+        let (mut y, mut xc) = (null_mut(), null_mut());
+        ok(infer_batch_output_device(
+            b,
+            c"Y".as_ptr(),
+            [rows, 4].as_ptr(),
+            2,
+            &mut y,
+        ));
+        ok(infer_batch_output_device(
+            b,
+            c"X_COPY".as_ptr(),
+            [rows, 4].as_ptr(),
+            2,
+            &mut xc,
+        ));
+        if d.place(y as u64) != (2, gpu) {
+            return Err("output Y is not on the instance's GPU".into());
+        }
+        // The same output twice, and BYTES-free checks of the section-10 calls.
+        let mut again = null_mut();
+        let st = infer_batch_output_device(b, c"Y".as_ptr(), [rows, 4].as_ptr(), 2, &mut again);
+        if st != INFER_STATUS_INVALID_ARGUMENT || !last_error().contains("already allocated") {
+            return Err(format!("second Y: {st} {}", last_error()));
+        }
+        assert_eq!((d.dtod_async)(xc as u64, x, bytes, stream), 0);
+        let job = Box::new(AffineJob {
+            x,
+            y: y as u64,
+            n: rows as usize * 4,
+        });
+        assert_eq!(
+            (d.host_func)(stream, affine_kernel, Box::into_raw(job) as *mut c_void),
+            0
+        );
+    }
+    Ok(())
+}
+
+unsafe extern "C" fn affine_execute(state: *mut c_void, b: *mut Batch) -> u32 {
+    match affine_batch(*(state as *const i32), b) {
+        Ok(()) => INFER_STATUS_OK,
+        Err(why) => {
+            let msg = cs(&why);
+            infer_batch_set_error_message(b, msg.as_ptr());
+            INFER_STATUS_INTERNAL
+        }
+    }
+}
+
+fn register_affine_backend(s: &Server) {
+    let vt = infer_backend {
+        struct_size: std::mem::size_of::<infer_backend>() as u32,
+        instance_init: Some(affine_init),
+        execute: Some(affine_execute),
+        instance_fini: Some(affine_fini),
+        finalize: None,
+    };
+    ok(unsafe { infer_server_register_backend(s.0, c"gpu_affine".as_ptr(), &vt, null_mut()) });
+}
+
+fn x_of(i: usize) -> [f32; 4] {
+    let b = i as f32;
+    [b, b + 0.25, -b, b * 0.5]
+}
+
+/// Where output `name` of a response is, and its values (read from the device when it
+/// is there).
+fn read_output(resp: &Resp, name: &str) -> (u32, i64, Vec<f32>) {
+    unsafe {
+        let n = infer_response_output_count(resp.0);
+        for i in 0..n {
+            let (mut oname, mut data, mut bytes) = (null(), null(), 0usize);
+            ok(infer_response_output(
+                resp.0,
+                i,
+                &mut oname,
+                null_mut(),
+                null_mut(),
+                null_mut(),
+                &mut data,
+                &mut bytes,
+            ));
+            if std::ffi::CStr::from_ptr(oname).to_str() != Ok(name) {
+                continue;
+            }
+            let (mut mem, mut dev) = (99u32, 99i64);
+            ok(infer_response_output_memory(resp.0, i, &mut mem, &mut dev));
+            let values = if mem == INFER_MEMORY_GPU {
+                assert_eq!(driver().place(data as u64), (2, dev as i32));
+                driver().bind(dev as i32);
+                driver().download(data as u64, bytes / 4)
+            } else {
+                bytemuck::pod_collect_to_vec(std::slice::from_raw_parts(data as *const u8, bytes))
+            };
+            return (mem, dev, values);
+        }
+    }
+    panic!("no output {name}: {}", resp.error());
+}
+
+fn affine_request(s: &Server, model: &str, x: [f32; 4], on_gpu: Option<i64>) -> Req {
+    let r = s.request(model).input_f32("X", &[1, 4], &x);
+    if let Some(dev) = on_gpu {
+        ok(unsafe { infer_request_set_output_memory(r.0, INFER_MEMORY_GPU, dev) });
+    }
+    r
+}
+
+fn check_affine(resp: &Resp, x: [f32; 4], want_mem: u32) -> i64 {
+    assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
+    let (mem, dev, y) = read_output(resp, "Y");
+    assert_eq!(mem, want_mem);
+    assert_eq!(y, x.map(|v| 2. * v + 1.).to_vec());
+    let (mem2, dev2, xc) = read_output(resp, "X_COPY");
+    assert_eq!((mem2, dev2), (mem, dev));
+    assert_eq!(xc, x.to_vec());
+    dev
+}
+
+static RELEASED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+unsafe extern "C" fn count_release(_: *mut c_void) {
+    RELEASED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Adds input `name` from device memory `p` (GPU `dev`) with a counting release.
+fn device_input(r: &Req, name: &str, p: u64, bytes: usize, dev: i64) -> infer_status {
+    unsafe {
+        infer_request_add_input_borrowed(
+            r.0,
+            cs(name).as_ptr(),
+            INFER_DATATYPE_FP32,
+            [1i64, 4].as_ptr(),
+            2,
+            p as *const c_void,
+            bytes,
+            INFER_MEMORY_GPU,
+            dev,
+            Some(count_release),
+            null_mut(),
+        )
+    }
+}
+
+/// One GPU: batching, outputs on the host and on the device, device inputs, the steady
+/// state, bad device memory.
+fn data_path_one_gpu() {
+    let d = driver();
+    let s = server_in(INFER_GPU_REQUIRED).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
+    register_affine_backend(&s);
+    s.load(
+        "g",
+        &affine_config(
+            "g",
+            "{ kind: KIND_GPU count: 2 gpus: [ 0 ] }",
+            "dynamic_batching { max_queue_delay_microseconds: 3000 }",
+        ),
+    );
+
+    // Concurrent requests, batched; every third wants its outputs on the device.
+    let c = Collector::new();
+    let n = 48;
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let gpu = (i % 3 == 0).then_some(0);
+        ids.push(
+            s.enqueue(affine_request(&s, "g", x_of(i), gpu), &c)
+                .unwrap(),
+        );
+    }
+    c.wait(n);
+    c.assert_exactly_once(&ids);
+    let mut batched = false;
+    for resp in c.take() {
+        let i = ids.iter().position(|&id| id == resp.id()).unwrap();
+        let mem = if i % 3 == 0 {
+            INFER_MEMORY_GPU
+        } else {
+            INFER_MEMORY_CPU
+        };
+        check_affine(&resp, x_of(i), mem);
+        batched = true;
+    }
+    assert!(batched);
+    let st = s.stats("g");
+    let execs = st["models"][0]["execution_count"].as_u64().unwrap_or(0);
+    println!("48 requests in {execs} executions");
+    assert!(execs < 48, "no batch had more than one request: {st}");
+
+    // The steady state: requests one at a time to one instance, sizes repeating: no
+    // allocation, and every asynchronous copy from or to pinned memory.
+    s.load(
+        "s1",
+        &affine_config("s1", "{ kind: KIND_GPU count: 1 gpus: [ 0 ] }", ""),
+    );
+    for round in 0..12 {
+        if round == 2 {
+            unsafe { (d.reset)() };
+        }
+        let gpu = (round % 2 == 0).then_some(0);
+        let resp = s.infer(affine_request(&s, "s1", x_of(round), gpu));
+        check_affine(
+            &resp,
+            x_of(round),
+            if gpu.is_some() {
+                INFER_MEMORY_GPU
+            } else {
+                INFER_MEMORY_CPU
+            },
+        );
+    }
+    let c = d.counters();
+    assert_eq!((c.mem_alloc, c.host_alloc), (0, 0), "{c:?}");
+    assert!(c.async_copies >= 10 * 2, "{c:?}");
+    assert_eq!(c.pageable_async_copies, 0, "{c:?}");
+    assert_eq!(c.invalid_calls, 0, "{c:?}");
+
+    // Inputs already on the device: read in place by the GPU model (no copy to it), and
+    // copied to the host for a model on the CPU; released exactly once either way.
+    d.bind(0);
+    let x = x_of(7);
+    let p = d.upload(&x);
+    RELEASED.store(0, std::sync::atomic::Ordering::SeqCst);
+    unsafe { (d.reset)() };
+    let r = s.request("g");
+    ok(device_input(&r, "X", p, 16, 0));
+    let resp = s.infer(r);
+    check_affine(&resp, x, INFER_MEMORY_CPU);
+    let c = d.counters();
+    // Down: Y and X_COPY; up: nothing (X was used in place).
+    assert_eq!(c.async_copies, 3, "{c:?}"); // + the backend's own device-to-device copy
+    drop(resp);
+    assert_eq!(RELEASED.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    s.load("cpu", &add_sub_config("cpu", ""));
+    let (a, b) = ([1., 2., 3., 4.], [0.5; 4]);
+    let (pa, pb) = (d.upload(&a), d.upload(&b));
+    let r = s.request("cpu");
+    ok(device_input(&r, "INPUT0", pa, 16, 0));
+    ok(device_input(&r, "INPUT1", pb, 16, 0));
+    let resp = s.infer(r);
+    assert_eq!(resp.output_f32("OUTPUT0"), vec![1.5, 2.5, 3.5, 4.5]);
+    assert_eq!(resp.output_f32("OUTPUT1"), vec![0.5, 1.5, 2.5, 3.5]);
+    assert_eq!(RELEASED.load(std::sync::atomic::Ordering::SeqCst), 3);
+
+    // Bad device memory is refused with the reason, and not taken.
+    let host = [0f32; 4];
+    let r = s.request("g");
+    expect_msg(
+        device_input(&r, "X", host.as_ptr() as u64, 16, 0),
+        INFER_STATUS_INVALID_ARGUMENT,
+        &["input 'X' of model 'g' on GPU 0", "not device memory"],
+    );
+    expect_msg(
+        device_input(&r, "X", p + 8, 16, 0),
+        INFER_STATUS_INVALID_ARGUMENT,
+        &[
+            "16 bytes at",
+            "run past the end of its allocation (16 bytes",
+        ],
+    );
+    expect_msg(
+        device_input(&r, "X", p, 16, 1),
+        INFER_STATUS_INVALID_ARGUMENT,
+        &["GPU 1 does not exist"],
+    );
+    expect_msg(
+        device_input(&r, "X", p, 12, 0),
+        INFER_STATUS_INVALID_ARGUMENT,
+        &["'X'", "16 bytes"],
+    );
+    assert_eq!(RELEASED.load(std::sync::atomic::Ordering::SeqCst), 3);
+    drop(r);
+
+    // A backend on a CPU instance cannot allocate device outputs (and sees host memory).
+    register_copy_backend(&s);
+    s.load(
+        "c",
+        &copy_config("c", "instance_group [ { kind: KIND_CPU } ]"),
+    );
+    let resp = s.infer(s.request("c").input_f32("IN", &[1, 2], &[1., 2.]));
+    assert_eq!(resp.output_f32("OUT"), vec![1., 2.]);
+
+    drop(s);
+    unsafe {
+        for q in [p, pa, pb] {
+            assert_eq!((d.mem_free)(q), 0);
+        }
+    }
+    // Everything the server allocated went back to the driver.
+    let c = d.counters();
+    assert_eq!((c.live_device_bytes, c.live_host_bytes), (0, 0), "{c:?}");
+    // The streams of the three GPU instances (two of "g", one of "s1"), made before the
+    // counters were last reset.
+    assert_eq!(c.stream_destroys, 3, "{c:?}");
+}
+
+/// Two GPUs: an instance on each; outputs on the device of the instance that ran them;
+/// device memory named with the wrong GPU.
+fn data_path_two_gpus() {
+    let d = driver();
+    let s = server_in(INFER_GPU_REQUIRED).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
+    register_affine_backend(&s);
+    s.load(
+        "g",
+        &affine_config(
+            "g",
+            "{ kind: KIND_GPU count: 1 gpus: [ 0, 1 ] }",
+            "dynamic_batching { max_queue_delay_microseconds: 500 }",
+        ),
+    );
+    let c = Collector::new();
+    let n = 40;
+    let mut ids = Vec::new();
+    for i in 0..n {
+        ids.push(
+            s.enqueue(affine_request(&s, "g", x_of(i), Some(1)), &c)
+                .unwrap(),
+        );
+    }
+    c.wait(n);
+    let mut devices = std::collections::BTreeSet::new();
+    for resp in c.take() {
+        let i = ids.iter().position(|&id| id == resp.id()).unwrap();
+        devices.insert(check_affine(&resp, x_of(i), INFER_MEMORY_GPU));
+    }
+    assert!(devices.iter().all(|d| *d == 0 || *d == 1), "{devices:?}");
+    println!("outputs on GPUs {devices:?}");
+
+    d.bind(1);
+    let x = x_of(3);
+    let p = d.upload(&x);
+    let r = s.request("g");
+    expect_msg(
+        device_input(&r, "X", p, 16, 0),
+        INFER_STATUS_INVALID_ARGUMENT,
+        &["memory of GPU 1, not of GPU 0"],
+    );
+    ok(device_input(&r, "X", p, 16, 1));
+    let resp = s.infer(r);
+    check_affine(&resp, x, INFER_MEMORY_CPU);
+    drop(resp);
+    drop(s);
+    assert_eq!(unsafe { (d.mem_free)(p) }, 0);
+    let c = d.counters();
+    assert_eq!((c.live_device_bytes, c.live_host_bytes), (0, 0), "{c:?}");
+    assert_eq!(c.pageable_async_copies, 0, "{c:?}");
+}
+
+/// Runs `gpu_data_path_child` under the stand-in driver with `scenario`.
+fn run_data_path(dir: &std::path::Path, scenario: &str) {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args(["--exact", "gpu_data_path_child", "--nocapture"])
+        .env("LD_LIBRARY_PATH", dir)
+        .env("INFER_FAKE_CUDA", scenario)
+        .env("INFER_FAKE_CUDA_DELAY_US", "300")
+        .output()
+        .expect("running the test binary again");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "scenario {scenario}: {all}");
+    assert!(
+        all.contains(&format!("data path '{scenario}': checked")),
+        "{all}"
+    );
+    for line in all
+        .lines()
+        .filter(|l| l.contains(" in ") || l.contains("on GPUs"))
+    {
+        println!("{scenario}: {line}");
+    }
+}
+
+#[test]
+fn gpu_instances_against_a_stand_in_driver() {
+    let dir = std::env::temp_dir().join(format!("infer-fake-cuda-dp-{}", std::process::id()));
+    if let Err(why) = build_fake_driver(&dir, false) {
+        println!("SKIP: cannot build the stand-in driver ({why})");
+        return;
+    }
+    // The stand-in's own self-check first: a stand-in that does not emulate what it
+    // claims would make the checks below meaningless.
+    let check = dir.join("fake_cuda_check");
+    let src = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/fake_cuda_check.c"
+    );
+    let built = std::process::Command::new("cc")
+        .args(["-O1", "-pthread", "-o"])
+        .arg(&check)
+        .arg(src)
+        .arg("-ldl")
+        .output()
+        .expect("running cc");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let out = std::process::Command::new(&check)
+        .arg(dir.join("libcuda.so.1"))
+        .output()
+        .expect("running the stand-in's self-check");
+    let all =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && all.contains("fake cuda: all checks passed"),
+        "{all}"
+    );
+    run_data_path(&dir, "one");
+    run_data_path(&dir, "two");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The child of `gpu_instances_against_a_stand_in_driver` (does nothing in a normal run).
+#[test]
+fn gpu_data_path_child() {
+    let Some(scenario) = std::env::var_os("INFER_FAKE_CUDA") else {
+        return;
+    };
+    let scenario = scenario.to_string_lossy().into_owned();
+    match scenario.as_str() {
+        "one" => data_path_one_gpu(),
+        "two" => data_path_two_gpus(),
+        other => panic!("no data path checks for scenario {other}"),
+    }
+    println!("data path '{scenario}': checked");
 }

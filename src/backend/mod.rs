@@ -11,7 +11,7 @@ pub mod onnx;
 use crate::config::ModelConfig;
 use crate::request::{Request, Shape};
 use crate::status::{Error, Result};
-use crate::tensor::{count_bytes_elements, element_count, shape_string, DataType};
+use crate::tensor::{count_bytes_elements, element_count, shape_string, DataType, TensorData};
 use std::sync::Arc;
 
 pub trait Backend: Send + Sync {
@@ -56,6 +56,12 @@ pub trait ModelInstance: Send {
     /// Runs one batch. An error fails every request of the batch; per-row errors go
     /// through [`Batch::set_row_error`].
     fn execute(&mut self, batch: &mut Batch) -> Result<()>;
+
+    /// The GPU this instance runs on (None: the CPU). A GPU instance gets its batches
+    /// with the rows of several requests not yet concatenated (`Batch::assemble_gathered`).
+    fn device(&self) -> Option<i32> {
+        None
+    }
 }
 
 /// Where a batched input's bytes are.
@@ -64,6 +70,9 @@ enum InputSource {
     Request { request: usize, input: usize },
     /// Rows of several requests concatenated along dim 0.
     Assembled(Vec<u8>),
+    /// Rows of several requests (request, input) not yet concatenated: a GPU instance
+    /// gathers them straight into pinned memory (see `gpu::instance`).
+    Gather(Vec<(u32, u32)>),
 }
 
 pub struct BatchInput {
@@ -78,7 +87,11 @@ pub struct BatchOutput {
     pub name: Arc<str>,
     pub dtype: DataType,
     pub shape: Shape,
+    /// The bytes in host memory (empty when the output only lives on the device).
     pub data: Vec<u8>,
+    /// The output in device memory (GPU instances), shared by the responses that asked
+    /// for device memory.
+    pub device: Option<Arc<crate::gpu::DeviceBuf>>,
 }
 
 /// One execution's worth of requests, their batched inputs and the outputs the backend
@@ -96,6 +109,8 @@ pub struct Batch {
     pub config: Arc<ModelConfig>,
     /// Message a custom backend gave for a failed execute.
     pub error_message: Option<String>,
+    /// Device, stream and device buffers while a GPU instance runs the batch.
+    pub gpu: Option<crate::gpu::instance::BatchGpu>,
 }
 
 impl Batch {
@@ -116,6 +131,45 @@ impl Batch {
         Self::assemble_rows(config, c_names, requests, first_rows, size)
     }
 
+    /// Like [`Batch::assemble`], but the rows of several requests are not concatenated:
+    /// a GPU instance gathers them into pinned memory itself.
+    pub fn assemble_gathered(
+        config: Arc<ModelConfig>,
+        c_names: &[Arc<std::ffi::CString>],
+        requests: Vec<Box<Request>>,
+    ) -> std::result::Result<Batch, (Error, Vec<Box<Request>>)> {
+        let mut first_rows = Vec::with_capacity(requests.len());
+        let mut size = 0u32;
+        for r in &requests {
+            first_rows.push(size);
+            size += r.batch_size;
+        }
+        match Self::batch_inputs(&config, c_names, &requests, None, size, true) {
+            Ok(inputs) => Ok(Batch::new(config, requests, first_rows, size, inputs)),
+            Err(e) => Err((e, requests)),
+        }
+    }
+
+    fn new(
+        config: Arc<ModelConfig>,
+        requests: Vec<Box<Request>>,
+        first_rows: Vec<u32>,
+        size: u32,
+        inputs: Vec<BatchInput>,
+    ) -> Batch {
+        Batch {
+            requests,
+            first_rows,
+            size,
+            inputs,
+            outputs: Vec::new(),
+            row_errors: Vec::new(),
+            config,
+            error_message: None,
+            gpu: None,
+        }
+    }
+
     /// Like [`Batch::assemble`], with each request (of batch size 1) at a given row and
     /// zero-filled padding rows elsewhere (sequence batching's empty slots).
     pub fn assemble_rows(
@@ -131,17 +185,8 @@ impl Batch {
         } else {
             None
         };
-        match Self::batch_inputs(&config, c_names, &requests, rows, size) {
-            Ok(inputs) => Ok(Batch {
-                requests,
-                first_rows,
-                size,
-                inputs,
-                outputs: Vec::new(),
-                row_errors: Vec::new(),
-                config,
-                error_message: None,
-            }),
+        match Self::batch_inputs(&config, c_names, &requests, rows, size, false) {
+            Ok(inputs) => Ok(Batch::new(config, requests, first_rows, size, inputs)),
             Err(e) => Err((e, requests)),
         }
     }
@@ -172,6 +217,7 @@ impl Batch {
         requests: &[Box<Request>],
         rows: Option<&[u32]>,
         size: u32,
+        gather: bool,
     ) -> Result<Vec<BatchInput>> {
         let mut inputs = Vec::with_capacity(config.inputs.len());
         for (ci, tc) in config.inputs.iter().enumerate() {
@@ -217,6 +263,17 @@ impl Batch {
                     request: 0,
                     input: first,
                 }
+            } else if gather {
+                let mut pieces = Vec::with_capacity(requests.len());
+                for (ri, r) in requests.iter().enumerate() {
+                    let ii = r
+                        .inputs
+                        .iter()
+                        .position(|t| t.name == tc.name)
+                        .ok_or_else(|| missing(r))?;
+                    pieces.push((ri as u32, ii as u32));
+                }
+                InputSource::Gather(pieces)
             } else {
                 let total: usize = requests
                     .iter()
@@ -265,12 +322,45 @@ impl Batch {
         Ok(inputs)
     }
 
+    /// The input's bytes in host memory. Empty for the inputs of a GPU instance's batch,
+    /// which are in device memory (`gpu`).
     pub fn input_data<'a>(&'a self, input: &'a BatchInput) -> &'a [u8] {
         match &input.source {
             InputSource::Request { request, input } => {
                 self.requests[*request].inputs[*input].data.as_slice()
             }
             InputSource::Assembled(v) => v,
+            InputSource::Gather(_) => &[],
+        }
+    }
+
+    /// The input's length in bytes, wherever its pieces are.
+    pub fn input_len(&self, input: &BatchInput) -> usize {
+        match &input.source {
+            InputSource::Assembled(v) => v.len(),
+            _ => self.input_pieces(input).iter().map(|p| p.len()).sum(),
+        }
+    }
+
+    /// The host pieces or device pieces that make up an input, in row order.
+    pub(crate) fn input_pieces<'a>(&'a self, input: &'a BatchInput) -> Vec<&'a TensorData> {
+        match &input.source {
+            InputSource::Request { request, input } => {
+                vec![&self.requests[*request].inputs[*input].data]
+            }
+            InputSource::Assembled(_) => Vec::new(),
+            InputSource::Gather(p) => p
+                .iter()
+                .map(|&(r, i)| &self.requests[r as usize].inputs[i as usize].data)
+                .collect(),
+        }
+    }
+
+    /// The input's bytes when the library assembled them (padded or computed inputs).
+    pub(crate) fn assembled(input: &BatchInput) -> Option<&[u8]> {
+        match &input.source {
+            InputSource::Assembled(v) => Some(v),
+            _ => None,
         }
     }
 
@@ -287,6 +377,27 @@ impl Batch {
         shape: &[i64],
         byte_size: Option<usize>,
     ) -> Result<&mut [u8]> {
+        let (tname, dtype, bytes) = self.output_spec(name, shape, byte_size)?;
+        self.outputs.push(BatchOutput {
+            name: tname,
+            dtype,
+            shape: Shape::from_slice(shape),
+            data: vec![0u8; bytes],
+            device: None,
+        });
+        let last = self.outputs.len() - 1;
+        Ok(&mut self.outputs[last].data)
+    }
+
+    /// Checks an output about to be allocated: its name (model output or implicit state
+    /// output), that it is not allocated yet, its shape and byte size. Returns the
+    /// shared name, the datatype and the byte size.
+    pub(crate) fn output_spec(
+        &self,
+        name: &str,
+        shape: &[i64],
+        byte_size: Option<usize>,
+    ) -> Result<(Arc<str>, DataType, usize)> {
         let cfg = &self.config;
         // A model output, or the output of an implicit state (sequence batching).
         let (tname, dtype): (Arc<str>, DataType) = match cfg.output(name) {
@@ -349,14 +460,7 @@ impl Batch {
             }
             b
         };
-        self.outputs.push(BatchOutput {
-            name: tname,
-            dtype,
-            shape: Shape::from_slice(shape),
-            data: vec![0u8; bytes],
-        });
-        let last = self.outputs.len() - 1;
-        Ok(&mut self.outputs[last].data)
+        Ok((tname, dtype, bytes))
     }
 
     /// Allocates output `output` with the shape of input `input` and copies the input's
@@ -371,6 +475,7 @@ impl Batch {
                 self.requests[*request].inputs[*input].data.as_slice()
             }
             InputSource::Assembled(v) => v.as_slice(),
+            InputSource::Gather(_) => &[],
         };
         if let Some(out) = self.outputs.last_mut() {
             out.data.copy_from_slice(src);

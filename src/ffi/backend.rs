@@ -27,6 +27,19 @@ pub unsafe extern "C" fn infer_batch_input_count(b: *const Batch) -> u32 {
 }
 
 fn write_input(out: &TensorOut, b: &Batch, i: &BatchInput) {
+    if let Some(g) = &b.gpu {
+        // On a GPU instance every input is in device memory.
+        let index = b
+            .inputs
+            .iter()
+            .position(|x| std::ptr::eq(x, i))
+            .unwrap_or(0);
+        let ptr = g.inputs.get(index).copied().unwrap_or(0);
+        let len = b.input_len(i);
+        // SAFETY: as below.
+        unsafe { out.write_raw(&i.c_name, i.dtype, &i.shape, ptr as *const c_void, len) };
+        return;
+    }
     // SAFETY: the caller passes pointers that are NULL or writable (C API contract).
     unsafe { out.write(&i.c_name, i.dtype, &i.shape, b.input_data(i)) }
 }

@@ -1,9 +1,10 @@
 //! GPU memory in the C API (section 10): where a request's outputs go, where a
 //! response's outputs are, and what a custom backend sees of device memory.
 //!
-//! No model runs on a GPU yet, so every tensor the library hands out is in host memory;
-//! asking for device memory fails with the reason (no usable GPU, or not implemented yet)
-//! rather than silently giving host memory.
+//! Instances of custom backends run on GPUs (KIND_GPU); their batches and, when asked,
+//! their outputs are in device memory. Every other model computes in host memory, and
+//! its outputs stay there whatever a request asks: `infer_response_output_memory` says
+//! where each output is.
 
 use super::*;
 use crate::backend::Batch;
@@ -13,9 +14,11 @@ use std::ffi::c_void;
 /// Chooses where this request's outputs should live (default INFER_MEMORY_CPU, device 0).
 /// INFER_MEMORY_CPU_PINNED is accepted and served as ordinary host memory (reported as
 /// INFER_MEMORY_CPU). INFER_MEMORY_GPU is UNAVAILABLE without a usable GPU (the message
-/// says why), INVALID_ARGUMENT for a device id that does not exist, and UNSUPPORTED
-/// otherwise: outputs in GPU memory are not implemented yet. May be called from any
-/// thread that owns the request.
+/// says why) and INVALID_ARGUMENT for a device id that does not exist. With
+/// INFER_MEMORY_GPU, outputs a backend on a GPU instance produced in device memory stay
+/// there (on the instance's device, which `infer_response_output_memory` reports);
+/// outputs computed in host memory stay in host memory. Device outputs are complete
+/// before the callback runs and valid until `infer_response_free`.
 #[no_mangle]
 pub unsafe extern "C" fn infer_request_set_output_memory(
     r: *mut Request,
@@ -25,21 +28,24 @@ pub unsafe extern "C" fn infer_request_set_output_memory(
     status_boundary(|| {
         let r = arg_mut(r, "r")?;
         match mem {
-            INFER_MEMORY_CPU | INFER_MEMORY_CPU_PINNED => Ok(()),
+            INFER_MEMORY_CPU | INFER_MEMORY_CPU_PINNED => {
+                r.output_device = None;
+                Ok(())
+            }
             INFER_MEMORY_GPU => {
                 let at = format!("outputs of model '{}' on GPU {device_id}", r.model);
                 r.gpu.check_device(device_id).map_err(|e| e.context(&at))?;
-                Err(Error::unsupported(format!(
-                    "{at}: outputs in GPU memory are not implemented yet"
-                )))
+                r.output_device = Some(device_id as i32);
+                Ok(())
             }
             m => Err(unknown_memory_type(m)),
         }
     })
 }
 
-/// Where output `index` (0-based) of a response lives: its memory type and device id.
-/// Always INFER_MEMORY_CPU and device 0 today (no model runs on a GPU yet).
+/// Where output `index` (0-based) of a response lives: INFER_MEMORY_CPU and device 0, or
+/// INFER_MEMORY_GPU and the device id (then `infer_response_output`'s data pointer is a
+/// device address).
 /// INVALID_ARGUMENT for an index out of range or a NULL out-pointer.
 #[no_mangle]
 pub unsafe extern "C" fn infer_response_output_memory(
@@ -61,14 +67,23 @@ pub unsafe extern "C" fn infer_response_output_memory(
                 "arguments 'mem' and 'device_id' must not be NULL",
             ));
         }
-        write_out(mem, "mem", INFER_MEMORY_CPU)?;
-        write_out(device_id, "device_id", 0)
+        match r.outputs[index].data.device() {
+            Some(d) => {
+                write_out(mem, "mem", INFER_MEMORY_GPU)?;
+                write_out(device_id, "device_id", d.device as i64)
+            }
+            None => {
+                write_out(mem, "mem", INFER_MEMORY_CPU)?;
+                write_out(device_id, "device_id", 0)
+            }
+        }
     })
 }
 
-/// For a custom backend inside `execute`: where batched input `name` is. On a CPU
-/// instance (every instance today) INFER_MEMORY_CPU and device 0. NOT_FOUND if no request
-/// of the batch has the input.
+/// For a custom backend inside `execute`: where batched input `name` is. On a GPU
+/// instance INFER_MEMORY_GPU and the instance's device (every input is in device memory
+/// there); on a CPU instance INFER_MEMORY_CPU and device 0. NOT_FOUND if no request of
+/// the batch has the input.
 #[no_mangle]
 pub unsafe extern "C" fn infer_batch_input_memory(
     b: *const Batch,
@@ -90,14 +105,26 @@ pub unsafe extern "C" fn infer_batch_input_memory(
                 "arguments 'mem' and 'device_id' must not be NULL",
             ));
         }
-        write_out(mem, "mem", INFER_MEMORY_CPU)?;
-        write_out(device_id, "device_id", 0)
+        match &b.gpu {
+            Some(g) => {
+                write_out(mem, "mem", INFER_MEMORY_GPU)?;
+                write_out(device_id, "device_id", g.device as i64)
+            }
+            None => {
+                write_out(mem, "mem", INFER_MEMORY_CPU)?;
+                write_out(device_id, "device_id", 0)
+            }
+        }
     })
 }
 
 /// For a custom backend on a GPU instance: allocates batched output `name` in device
-/// memory and writes its device pointer to `*device_ptr`. On a CPU instance (every
-/// instance today) INVALID_ARGUMENT: allocate outputs with `infer_batch_output`.
+/// memory (uninitialised, from the instance's pool) and writes its device address to
+/// `*device_ptr`; the backend fills it with work on the instance's stream
+/// (`infer_batch_cuda_stream`), and the library waits for that stream before it reads
+/// the output or hands it to the caller. Same checks as `infer_batch_output`; BYTES
+/// outputs are host memory only. On a CPU instance INVALID_ARGUMENT: allocate outputs
+/// with `infer_batch_output`.
 #[no_mangle]
 pub unsafe extern "C" fn infer_batch_output_device(
     b: *mut Batch,
@@ -109,22 +136,24 @@ pub unsafe extern "C" fn infer_batch_output_device(
     status_boundary(|| {
         let b = arg_mut(b, "b")?;
         let n = arg_str(name, "name")?;
-        arg_slice(shape, ndim, "shape")?;
+        let shape = arg_slice(shape, ndim, "shape")?;
         if device_ptr.is_null() {
             return Err(Error::invalid("argument 'device_ptr' must not be NULL"));
         }
-        Err(Error::invalid(format!(
-            "model '{}': output '{n}': this instance runs on the CPU, where outputs are in host memory (allocate outputs with infer_batch_output)",
-            b.config.name
-        )))
+        let ptr = b.alloc_output_device(n, shape)?;
+        write_out(device_ptr, "device_ptr", ptr as *mut c_void)
     })
 }
 
 /// For a custom backend on a GPU instance: the instance's CUDA stream (a CUstream) to
-/// enqueue work on. NULL on a CPU instance (every instance today) and for NULL.
+/// enqueue work on; the instance's device context is current on the calling thread. The
+/// batch's inputs are ready in stream order (copies queued on this stream), so work
+/// enqueued on it needs no further synchronization. NULL on a CPU instance and for NULL.
 #[no_mangle]
 pub unsafe extern "C" fn infer_batch_cuda_stream(b: *const Batch) -> *mut c_void {
-    // No instance runs on a GPU yet, so no batch has a stream.
-    let _ = b;
-    std::ptr::null_mut()
+    value_boundary(std::ptr::null_mut(), || {
+        b.as_ref()
+            .and_then(|b| b.gpu.as_ref())
+            .map_or(std::ptr::null_mut(), |g| g.stream)
+    })
 }

@@ -199,6 +199,24 @@ impl TensorOut {
         shape: &[i64],
         bytes: &[u8],
     ) {
+        self.write_raw(
+            name,
+            dt,
+            shape,
+            bytes.as_ptr() as *const std::ffi::c_void,
+            bytes.len(),
+        )
+    }
+
+    /// Like `write`, for data given by address (device memory).
+    pub(crate) unsafe fn write_raw(
+        &self,
+        name: &CStr,
+        dt: crate::tensor::DataType,
+        shape: &[i64],
+        data: *const std::ffi::c_void,
+        len: usize,
+    ) {
         if !self.name.is_null() {
             self.name.write(name.as_ptr());
         }
@@ -212,10 +230,10 @@ impl TensorOut {
             self.ndim.write(shape.len());
         }
         if !self.data.is_null() {
-            self.data.write(bytes.as_ptr() as *const std::ffi::c_void);
+            self.data.write(data);
         }
         if !self.byte_size.is_null() {
-            self.byte_size.write(bytes.len());
+            self.byte_size.write(len);
         }
     }
 }

@@ -2,10 +2,11 @@
 
 use super::server::ServerHandle;
 use super::*;
-use crate::model::check_input;
+use crate::model::{check_input, InputBytes};
 use crate::request::{CorrelationId, ParamValue, Request};
 use crate::tensor::{
-    element_count, shape_string, Borrowed, DataType, ReleaseCallback, Shape, Tensor, TensorData,
+    element_count, shape_string, Borrowed, DataType, DeviceData, DeviceKeep, ReleaseCallback,
+    Shape, Tensor, TensorData,
 };
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -149,6 +150,7 @@ unsafe fn add_input(
     ndim: usize,
     data: *const c_void,
     byte_size: usize,
+    on_device: bool,
     make: impl FnOnce(&mut Request, &[u8]) -> TensorData,
 ) -> Result<()> {
     let r = arg_mut(r, "r")?;
@@ -167,7 +169,20 @@ unsafe fn add_input(
         )));
     }
     let shape: Shape = arg_slice(shape, ndim, "shape")?.iter().copied().collect();
-    let bytes: &[u8] = arg_slice(data as *const u8, byte_size, "data")?;
+    // Device memory is never read on the host: only its length is checked here.
+    let bytes: &[u8] = if on_device {
+        if data.is_null() && byte_size > 0 {
+            return Err(Error::invalid("argument 'data' must not be NULL"));
+        }
+        &[]
+    } else {
+        arg_slice(data as *const u8, byte_size, "data")?
+    };
+    let checked = if on_device {
+        InputBytes::Device(byte_size)
+    } else {
+        InputBytes::Host(bytes)
+    };
     if r.input(name).is_some() {
         return Err(Error::new(
             Code::AlreadyExists,
@@ -175,7 +190,7 @@ unsafe fn add_input(
         ));
     }
     let shared_name: Arc<str> = match &r.checked_against {
-        Some(cfg) => check_input(cfg, name, dtype, &shape, bytes)?,
+        Some(cfg) => check_input(cfg, name, dtype, &shape, checked)?,
         None => {
             let elems = element_count(&shape).ok_or_else(|| {
                 Error::invalid(format!(
@@ -183,11 +198,16 @@ unsafe fn add_input(
                     shape_string(&shape)
                 ))
             })?;
-            if dtype != DataType::Bytes && elems.checked_mul(dtype.byte_size()) != Some(bytes.len())
-            {
+            if on_device && dtype == DataType::Bytes {
+                return Err(Error::invalid(format!(
+                    "input '{name}' of model '{}': BYTES inputs must be in host memory",
+                    r.model
+                )));
+            }
+            if dtype != DataType::Bytes && elems.checked_mul(dtype.byte_size()) != Some(byte_size) {
                 return Err(Error::invalid(format!(
                     "input '{name}': byte size {} does not match shape {} of {}",
-                    bytes.len(),
+                    byte_size,
                     shape_string(&shape),
                     dtype.as_str()
                 )));
@@ -219,7 +239,7 @@ pub unsafe extern "C" fn infer_request_add_input(
     byte_size: usize,
 ) -> infer_status {
     status_boundary(|| {
-        add_input(r, name, dt, shape, ndim, data, byte_size, |r, b| {
+        add_input(r, name, dt, shape, ndim, data, byte_size, false, |r, b| {
             TensorData::Owned(r.buffer_from(b))
         })
     })
@@ -230,9 +250,17 @@ pub type infer_release_fn = Option<unsafe extern "C" fn(user_data: *mut c_void)>
 
 /// Adds an input without copying: the library reads `data` until it calls `release`
 /// (at most once, from any thread; NULL `release` = never told). If this call fails the
-/// buffer was not taken and `release` is not called. Host memory (INFER_MEMORY_CPU or
-/// INFER_MEMORY_CPU_PINNED); INFER_MEMORY_GPU is UNAVAILABLE without a usable GPU (the
-/// message says why) and UNSUPPORTED with one (not implemented yet).
+/// buffer was not taken and `release` is not called.
+///
+/// `mem` says where `data` is: host memory (INFER_MEMORY_CPU or INFER_MEMORY_CPU_PINNED),
+/// or device memory of GPU `device_id` (INFER_MEMORY_GPU). Device memory must be one
+/// allocation of that device holding all `byte_size` bytes (INVALID_ARGUMENT otherwise;
+/// UNAVAILABLE without a usable GPU) and BYTES inputs must be in host memory. A model
+/// whose instances all run on GPUs reads it there (in place when the batch has only this
+/// request and it is on the instance's device); any other model gets a copy in host
+/// memory, made when the request is enqueued, after which `release` is called. The
+/// caller must not change the memory until released, and work that produced it must be
+/// complete before enqueue (the library's stream does not wait for the caller's).
 #[no_mangle]
 pub unsafe extern "C" fn infer_request_add_input_borrowed(
     r: *mut Request,
@@ -251,17 +279,35 @@ pub unsafe extern "C" fn infer_request_add_input_borrowed(
         match mem {
             INFER_MEMORY_CPU | INFER_MEMORY_CPU_PINNED => {}
             INFER_MEMORY_GPU => {
-                let r = arg_ref(r, "r")?;
+                let rr = arg_ref(r, "r")?;
                 let input = arg_str(name, "name")?;
-                let at = format!("input '{input}' of model '{}' on GPU {device_id}", r.model);
-                r.gpu.check_device(device_id).map_err(|e| e.context(&at))?;
-                return Err(Error::unsupported(format!(
-                    "{at}: inputs in GPU memory are not implemented yet; pass host memory"
-                )));
+                let at = format!("input '{input}' of model '{}' on GPU {device_id}", rr.model);
+                rr.gpu.check_device(device_id).map_err(|e| e.context(&at))?;
+                if byte_size > 0 {
+                    check_device_range(data as u64, byte_size, device_id as i32)
+                        .map_err(|why| Error::invalid(format!("{at}: {why}")))?;
+                }
+                let ptr = data as u64;
+                return add_input(r, name, dt, shape, ndim, data, byte_size, true, |_, _| {
+                    let release = release.map(|func| ReleaseCallback {
+                        func,
+                        user_data: release_user_data,
+                    });
+                    TensorData::Device(DeviceData {
+                        ptr,
+                        len: byte_size,
+                        device: device_id as i32,
+                        keep: DeviceKeep::Borrowed(Some(Borrowed::new(
+                            std::ptr::null(),
+                            0,
+                            release,
+                        ))),
+                    })
+                });
             }
             m => return Err(unknown_memory_type(m)),
         }
-        add_input(r, name, dt, shape, ndim, data, byte_size, |_, b| {
+        add_input(r, name, dt, shape, ndim, data, byte_size, false, |_, b| {
             let release = release.map(|func| ReleaseCallback {
                 func,
                 user_data: release_user_data,
@@ -352,4 +398,24 @@ pub unsafe extern "C" fn infer_request_set_parameter_string(
             ParamValue::Str(std::ffi::CString::new(v).unwrap_or_default()),
         )
     })
+}
+
+/// Checks that `[ptr, ptr + len)` lies in one allocation of device memory on `device`.
+fn check_device_range(ptr: u64, len: usize, device: i32) -> std::result::Result<(), String> {
+    let info = crate::gpu::driver::pointer_info(ptr)
+        .map_err(|why| format!("{ptr:#x} is not device memory ({why})"))?;
+    if info.device != device {
+        return Err(format!(
+            "{ptr:#x} is memory of GPU {}, not of GPU {device}",
+            info.device
+        ));
+    }
+    let end = info.range_start.saturating_add(info.range_size as u64);
+    if ptr.saturating_add(len as u64) > end {
+        return Err(format!(
+            "{len} bytes at {ptr:#x} run past the end of its allocation ({} bytes at {:#x})",
+            info.range_size, info.range_start
+        ));
+    }
+    Ok(())
 }

@@ -56,7 +56,12 @@ pub unsafe extern "C" fn infer_response_output_count(r: *const Response) -> usiz
 
 fn write_output(out: &TensorOut, o: &OutputTensor) {
     // SAFETY: the caller passes pointers that are NULL or writable (C API contract).
-    unsafe { out.write(&o.name, o.dtype, &o.shape, o.data.as_slice()) }
+    unsafe {
+        match o.data.device() {
+            Some(d) => out.write_raw(&o.name, o.dtype, &o.shape, d.ptr as *const c_void, d.len),
+            None => out.write(&o.name, o.dtype, &o.shape, o.data.as_slice()),
+        }
+    }
 }
 
 use std::ffi::c_void;

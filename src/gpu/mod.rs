@@ -7,10 +7,14 @@
 //! never abort: a missing driver, an old driver or a driver without devices is a reason,
 //! not an error of the caller.
 //!
-//! Models do not run on a GPU yet: this module only says whether one is there.
+//! Instances of custom backends run on a GPU (`instance`): the library moves their
+//! batches through pinned host memory and device memory on the instance's stream.
 
+pub mod driver;
+pub mod instance;
 mod probe;
 
+pub use driver::{Context, DeviceBuf, DevicePtr, MemoryPool, PinnedBuf, ScopedBind, Stream};
 pub use probe::{DeviceInfo, GpuRuntime};
 
 use std::sync::OnceLock;
@@ -36,6 +40,28 @@ pub enum GpuState {
     Unavailable(&'static str),
     /// A driver and at least one device.
     Ready(&'static GpuRuntime),
+}
+
+/// The primary context of each device this process has used, retained for the life of
+/// the process (retaining is reference counted by the driver; one retain per device is
+/// enough, and releasing it while another server still works there would be wrong).
+static CONTEXTS: parking_lot::Mutex<Vec<Option<std::sync::Arc<Context>>>> =
+    parking_lot::Mutex::new(Vec::new());
+
+/// The primary context of GPU `ordinal` (which the probe found).
+pub fn context(ordinal: i32) -> crate::status::Result<std::sync::Arc<Context>> {
+    let mut all = CONTEXTS.lock();
+    let i = usize::try_from(ordinal)
+        .map_err(|_| crate::status::Error::invalid(format!("GPU {ordinal} does not exist")))?;
+    if all.len() <= i {
+        all.resize(i + 1, None);
+    }
+    if let Some(c) = &all[i] {
+        return Ok(c.clone());
+    }
+    let c = Context::retain(ordinal)?;
+    all[i] = Some(c.clone());
+    Ok(c)
 }
 
 /// The process-wide probe result, computed on first use.

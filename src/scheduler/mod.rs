@@ -84,6 +84,10 @@ pub struct Scheduler {
     ens: Option<ensemble::Runner>,
     /// In-flight batching, for generative models (its loops are the workers).
     pub(crate) gen: Option<inflight::Engine>,
+    /// Every instance runs on a GPU and batches go straight to them (no sequence
+    /// batcher): inputs in device memory stay there. Otherwise the server copies them to
+    /// the host before they are queued.
+    pub takes_device_inputs: bool,
     log: crate::log::Logger,
 }
 
@@ -136,7 +140,11 @@ impl Scheduler {
             },
             None => BatchPolicy::single(),
         };
+        let takes_device_inputs = seq.is_none()
+            && !instances.is_empty()
+            && instances.iter().all(|i| i.device().is_some());
         let sched = Arc::new(Scheduler {
+            takes_device_inputs,
             model,
             stats: ModelStats::new(config.max_batch_size),
             policy,
@@ -273,6 +281,7 @@ impl Scheduler {
             seq: None,
             ens,
             gen,
+            takes_device_inputs: false,
             log,
             config,
         }
@@ -741,7 +750,12 @@ impl Scheduler {
         let start = Instant::now();
         self.record_queue_times(&requests, start);
         let nreq = requests.len() as u64;
-        let mut batch = match Batch::assemble(self.config.clone(), &self.in_names, requests) {
+        let assembled = if instance.device().is_some() {
+            Batch::assemble_gathered(self.config.clone(), &self.in_names, requests)
+        } else {
+            Batch::assemble(self.config.clone(), &self.in_names, requests)
+        };
+        let mut batch = match assembled {
             Ok(b) => b,
             Err((e, requests)) => return self.fail_all(requests, e),
         };
@@ -824,6 +838,7 @@ impl Scheduler {
                         dtype: o.dtype,
                         shape: o.shape,
                         buf: Arc::new(o.data),
+                        device: o.device,
                         bytes_offsets,
                         reshape_back,
                     })
@@ -887,8 +902,9 @@ impl Scheduler {
             if !req.wants_output(o.name.to_str().unwrap_or("")) {
                 continue;
             }
+            let total = o.device.as_ref().map_or(o.buf.len(), |d| d.len());
             let (offset, len, mut shape) =
-                row_window(config, w, &o.shape, o.buf.len(), o.bytes_offsets.as_deref());
+                row_window(config, w, &o.shape, total, o.bytes_offsets.as_deref());
             if let Some(dims) = &o.reshape_back {
                 let batch_dims = usize::from(config.max_batch_size > 0);
                 shape.truncate(batch_dims);
@@ -898,10 +914,20 @@ impl Scheduler {
                 name: o.name.clone(),
                 dtype: o.dtype,
                 shape,
-                data: crate::tensor::TensorData::Shared {
-                    buf: o.buf.clone(),
-                    offset,
-                    len,
+                data: match (&o.device, req.output_device) {
+                    (Some(d), Some(_)) => {
+                        crate::tensor::TensorData::Device(crate::tensor::DeviceData {
+                            ptr: d.ptr() + offset as u64,
+                            len,
+                            device: d.device(),
+                            keep: crate::tensor::DeviceKeep::Pooled(d.clone()),
+                        })
+                    }
+                    _ => crate::tensor::TensorData::Shared {
+                        buf: o.buf.clone(),
+                        offset,
+                        len,
+                    },
                 },
             });
         }
@@ -945,6 +971,8 @@ struct SplitOutput {
     dtype: crate::tensor::DataType,
     shape: crate::request::Shape,
     buf: Arc<Vec<u8>>,
+    /// The output in device memory, for requests that want it there.
+    device: Option<Arc<crate::gpu::DeviceBuf>>,
     /// Element offsets of a BYTES output.
     bytes_offsets: Option<Vec<usize>>,
     /// The config's dims, when the model computes this output in a `reshape` shape.

@@ -402,6 +402,7 @@ mod tests {
             row_errors: Vec::new(),
             config: config.clone(),
             error_message: None,
+            gpu: None,
         };
         for (name, dtype, shape, data) in inputs {
             let c_name = Arc::new(std::ffi::CString::new(name).unwrap());

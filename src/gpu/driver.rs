@@ -1,0 +1,526 @@
+//! The few driver objects the data path needs, as owned handles: a device's primary
+//! context, streams, events, and pooled device and pinned host memory.
+//!
+//! Every call goes through cudarc's `sys` layer (the driver is loaded at run time). They
+//! are only made after the probe found a driver new enough to have every symbol used
+//! here, so cudarc's lazy symbol lookup does not fail. Errors name the call and the
+//! driver's error name.
+
+use crate::status::{Code, Error, Result};
+use cudarc::driver::sys;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A device address (`CUdeviceptr`).
+pub type DevicePtr = u64;
+
+fn check(r: sys::CUresult, what: &str) -> Result<()> {
+    super::probe::check(r, what).map_err(|why| {
+        let code = if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            Code::ResourceExhausted
+        } else {
+            Code::Internal
+        };
+        Error::new(code, why)
+    })
+}
+
+/// A device's primary context, retained for as long as this lives. Binding it makes the
+/// device current on the calling thread (what `cudaSetDevice` does in the runtime API,
+/// so an application's own CUDA code on that thread sees the same context).
+pub struct Context {
+    ordinal: i32,
+    raw: sys::CUcontext,
+}
+
+// SAFETY: a CUcontext is a handle the driver lets any thread bind.
+unsafe impl Send for Context {}
+unsafe impl Sync for Context {}
+
+impl Context {
+    pub fn retain(ordinal: i32) -> Result<Arc<Context>> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the probe checked the driver and the ordinal exists.
+        check(
+            unsafe { sys::cuDevicePrimaryCtxRetain(&mut raw, ordinal) },
+            &format!("cuDevicePrimaryCtxRetain(GPU {ordinal})"),
+        )?;
+        Ok(Arc::new(Context { ordinal, raw }))
+    }
+
+    pub fn ordinal(&self) -> i32 {
+        self.ordinal
+    }
+
+    /// Makes this context current on the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        // SAFETY: `raw` is a retained primary context.
+        check(unsafe { sys::cuCtxSetCurrent(self.raw) }, "cuCtxSetCurrent")
+    }
+}
+
+/// Binds a context on the calling thread and gives the thread its previous context back
+/// when dropped (for work on a caller's thread, whose own CUDA state must not change).
+pub struct ScopedBind {
+    previous: sys::CUcontext,
+}
+
+impl ScopedBind {
+    pub fn new(ctx: &Context) -> Result<ScopedBind> {
+        let mut previous = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        check(
+            unsafe { sys::cuCtxGetCurrent(&mut previous) },
+            "cuCtxGetCurrent",
+        )?;
+        ctx.bind()?;
+        Ok(ScopedBind { previous })
+    }
+}
+
+impl Drop for ScopedBind {
+    fn drop(&mut self) {
+        // SAFETY: the context that was current before (or NULL: none).
+        unsafe { sys::cuCtxSetCurrent(self.previous) };
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: releases the retain of `retain`.
+        unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.ordinal) };
+    }
+}
+
+/// A non-blocking stream of one context.
+pub struct Stream {
+    raw: sys::CUstream,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: streams may be used from any thread that binds their context.
+unsafe impl Send for Stream {}
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    pub fn new(ctx: &Arc<Context>) -> Result<Stream> {
+        ctx.bind()?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid out-pointer, context bound. 1 = CU_STREAM_NON_BLOCKING.
+        check(
+            unsafe { sys::cuStreamCreate(&mut raw, 1) },
+            "cuStreamCreate",
+        )?;
+        Ok(Stream {
+            raw,
+            ctx: ctx.clone(),
+        })
+    }
+
+    pub fn raw(&self) -> sys::CUstream {
+        self.raw
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: a live stream.
+        check(
+            unsafe { sys::cuStreamSynchronize(self.raw) },
+            "cuStreamSynchronize",
+        )
+    }
+
+    /// Copies `len` bytes from pinned host memory to the device, in stream order.
+    ///
+    /// # Safety
+    /// Both ranges must be valid until the stream has run the copy.
+    pub unsafe fn copy_to_device(&self, dst: DevicePtr, src: *const u8, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        check(
+            sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, self.raw),
+            "cuMemcpyHtoDAsync",
+        )
+    }
+
+    /// Copies `len` bytes from the device to pinned host memory, in stream order.
+    ///
+    /// # Safety
+    /// Both ranges must be valid until the stream has run the copy.
+    pub unsafe fn copy_to_host(&self, dst: *mut u8, src: DevicePtr, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        check(
+            sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, self.raw),
+            "cuMemcpyDtoHAsync",
+        )
+    }
+
+    /// Copies between device addresses (any devices: unified addressing), in stream order.
+    ///
+    /// # Safety
+    /// Both ranges must be valid until the stream has run the copy.
+    pub unsafe fn copy_device(&self, dst: DevicePtr, src: DevicePtr, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        check(sys::cuMemcpyAsync(dst, src, len, self.raw), "cuMemcpyAsync")
+    }
+
+    /// Sets `len` bytes at `dst` to zero, in stream order.
+    ///
+    /// # Safety
+    /// The range must be valid until the stream has run the memset.
+    pub unsafe fn zero(&self, dst: DevicePtr, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        check(
+            sys::cuMemsetD8Async(dst, 0, len, self.raw),
+            "cuMemsetD8Async",
+        )
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // Work still queued may use memory about to be freed: drain first.
+        let _ = self.ctx.bind();
+        // SAFETY: a live stream, destroyed once.
+        unsafe {
+            sys::cuStreamSynchronize(self.raw);
+            sys::cuStreamDestroy_v2(self.raw);
+        }
+    }
+}
+
+/// Copies `len` bytes from device memory to host memory now (a synchronous, pageable
+/// copy: for inputs in device memory that a model on the CPU needs).
+///
+/// # Safety
+/// `src` must hold `len` readable device bytes; the context of some device must be bound.
+pub unsafe fn copy_to_host_now(dst: &mut [u8], src: DevicePtr) -> Result<()> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    check(
+        sys::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut c_void, src, dst.len()),
+        "cuMemcpyDtoH",
+    )
+}
+
+/// What the driver says about a device address.
+#[derive(Clone, Copy, Debug)]
+pub struct PointerInfo {
+    pub device: i32,
+    /// The allocation holding the address: its start and size.
+    pub range_start: DevicePtr,
+    pub range_size: usize,
+}
+
+/// Looks up device memory at `ptr`; Err (with the reason) for anything else: host
+/// memory, freed memory, an address the driver does not know.
+pub fn pointer_info(ptr: DevicePtr) -> std::result::Result<PointerInfo, String> {
+    use sys::CUpointer_attribute::*;
+    let mut mem_type: u32 = 0;
+    let mut device: i32 = -1;
+    let mut start: DevicePtr = 0;
+    let mut size: usize = 0;
+    let attr = |out: *mut c_void, a| {
+        // SAFETY: each out-pointer has the size the attribute writes.
+        super::probe::check(
+            unsafe { sys::cuPointerGetAttribute(out, a, ptr) },
+            "cuPointerGetAttribute",
+        )
+    };
+    attr(
+        &mut mem_type as *mut u32 as *mut c_void,
+        CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+    )
+    .map_err(|_| "the CUDA driver does not know this address".to_owned())?;
+    // 2 = CU_MEMORY_TYPE_DEVICE.
+    if mem_type != 2 {
+        return Err("it is host memory, not device memory".to_owned());
+    }
+    attr(
+        &mut device as *mut i32 as *mut c_void,
+        CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+    )?;
+    attr(
+        &mut start as *mut u64 as *mut c_void,
+        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+    )?;
+    attr(
+        &mut size as *mut usize as *mut c_void,
+        CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    )?;
+    Ok(PointerInfo {
+        device,
+        range_start: start,
+        range_size: size,
+    })
+}
+
+/// Allocation counters of a pool (for statistics and for tests that check that the
+/// steady state allocates nothing).
+#[derive(Default, Debug)]
+pub struct PoolCounters {
+    pub device_allocs: AtomicU64,
+    pub device_bytes: AtomicU64,
+    pub pinned_allocs: AtomicU64,
+    pub pinned_bytes: AtomicU64,
+}
+
+/// Device and pinned host memory of one context, in power-of-two size classes (256 bytes
+/// and up). A buffer goes back to its free list when dropped (from any thread, no driver
+/// call); the driver frees the lists when the pool goes. A failed allocation empties the
+/// free lists and tries once more before it reports RESOURCE_EXHAUSTED.
+pub struct MemoryPool {
+    ctx: Arc<Context>,
+    device_free: Mutex<HashMap<usize, Vec<DevicePtr>>>,
+    pinned_free: Mutex<HashMap<usize, Vec<usize>>>,
+    pub counters: PoolCounters,
+}
+
+fn size_class(bytes: usize) -> usize {
+    bytes.max(256).next_power_of_two()
+}
+
+impl MemoryPool {
+    pub fn new(ctx: &Arc<Context>) -> Arc<MemoryPool> {
+        Arc::new(MemoryPool {
+            ctx: ctx.clone(),
+            device_free: Mutex::new(HashMap::new()),
+            pinned_free: Mutex::new(HashMap::new()),
+            counters: PoolCounters::default(),
+        })
+    }
+
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// `len` bytes of device memory (uninitialised). The context must be bound.
+    pub fn device(self: &Arc<Self>, len: usize) -> Result<DeviceBuf> {
+        let class = size_class(len);
+        let reused = self
+            .device_free
+            .lock()
+            .get_mut(&class)
+            .and_then(|v| v.pop());
+        let ptr = match reused {
+            Some(p) => p,
+            None => {
+                let alloc = || {
+                    let mut p: DevicePtr = 0;
+                    // SAFETY: valid out-pointer; the caller bound the context.
+                    check(unsafe { sys::cuMemAlloc_v2(&mut p, class) }, "cuMemAlloc").map(|()| p)
+                };
+                let p = alloc().or_else(|_| {
+                    self.release_free();
+                    alloc()
+                });
+                let p = p.map_err(|e| {
+                    Error::new(
+                        Code::ResourceExhausted,
+                        format!(
+                            "{class} bytes of memory on GPU {}: {}",
+                            self.ctx.ordinal, e.message
+                        ),
+                    )
+                })?;
+                self.counters.device_allocs.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .device_bytes
+                    .fetch_add(class as u64, Ordering::Relaxed);
+                p
+            }
+        };
+        Ok(DeviceBuf {
+            ptr,
+            len,
+            class,
+            pool: self.clone(),
+        })
+    }
+
+    /// `len` bytes of page-locked host memory (uninitialised). The context must be bound.
+    pub fn pinned(self: &Arc<Self>, len: usize) -> Result<PinnedBuf> {
+        let class = size_class(len);
+        let reused = self
+            .pinned_free
+            .lock()
+            .get_mut(&class)
+            .and_then(|v| v.pop());
+        let addr = match reused {
+            Some(p) => p,
+            None => {
+                let alloc = || {
+                    let mut p: *mut c_void = std::ptr::null_mut();
+                    // SAFETY: valid out-pointer; the caller bound the context. Flags 0:
+                    // portable to this context only, not mapped.
+                    check(
+                        unsafe { sys::cuMemHostAlloc(&mut p, class, 0) },
+                        "cuMemHostAlloc",
+                    )
+                    .map(|()| p as usize)
+                };
+                let p = alloc().or_else(|_| {
+                    self.release_free();
+                    alloc()
+                });
+                let p = p.map_err(|e| {
+                    Error::new(
+                        Code::ResourceExhausted,
+                        format!("{class} bytes of pinned host memory: {}", e.message),
+                    )
+                })?;
+                self.counters.pinned_allocs.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .pinned_bytes
+                    .fetch_add(class as u64, Ordering::Relaxed);
+                p
+            }
+        };
+        Ok(PinnedBuf {
+            ptr: addr as *mut u8,
+            len,
+            class,
+            pool: self.clone(),
+        })
+    }
+
+    /// Frees every buffer on the free lists.
+    fn release_free(&self) {
+        let device: Vec<(usize, Vec<DevicePtr>)> = self.device_free.lock().drain().collect();
+        let pinned: Vec<(usize, Vec<usize>)> = self.pinned_free.lock().drain().collect();
+        if device.is_empty() && pinned.is_empty() {
+            return;
+        }
+        let _ = self.ctx.bind();
+        for (class, ptrs) in device {
+            for p in ptrs {
+                // SAFETY: allocated by cuMemAlloc in this context, no longer referenced.
+                unsafe { sys::cuMemFree_v2(p) };
+                self.counters
+                    .device_bytes
+                    .fetch_sub(class as u64, Ordering::Relaxed);
+            }
+        }
+        for (class, ptrs) in pinned {
+            for p in ptrs {
+                // SAFETY: allocated by cuMemHostAlloc, no longer referenced.
+                unsafe { sys::cuMemFreeHost(p as *mut c_void) };
+                self.counters
+                    .pinned_bytes
+                    .fetch_sub(class as u64, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for MemoryPool {
+    fn drop(&mut self) {
+        self.release_free();
+    }
+}
+
+/// Device memory from a [`MemoryPool`]; back to the pool when dropped.
+pub struct DeviceBuf {
+    ptr: DevicePtr,
+    len: usize,
+    class: usize,
+    pool: Arc<MemoryPool>,
+}
+
+impl DeviceBuf {
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn device(&self) -> i32 {
+        self.pool.ctx.ordinal
+    }
+}
+
+impl Drop for DeviceBuf {
+    fn drop(&mut self) {
+        self.pool
+            .device_free
+            .lock()
+            .entry(self.class)
+            .or_default()
+            .push(self.ptr);
+    }
+}
+
+/// Page-locked host memory from a [`MemoryPool`]; back to the pool when dropped.
+pub struct PinnedBuf {
+    ptr: *mut u8,
+    len: usize,
+    class: usize,
+    pool: Arc<MemoryPool>,
+}
+
+// SAFETY: plain host memory owned by this handle.
+unsafe impl Send for PinnedBuf {}
+unsafe impl Sync for PinnedBuf {}
+
+impl PinnedBuf {
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The bytes; only meaningful once the stream that wrote them has been synchronized.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `len` bytes owned by this handle (class >= len).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, exclusively borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for PinnedBuf {
+    fn drop(&mut self) {
+        self.pool
+            .pinned_free
+            .lock()
+            .entry(self.class)
+            .or_default()
+            .push(self.ptr as usize);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::size_class;
+
+    #[test]
+    fn size_classes_are_powers_of_two_from_256() {
+        assert_eq!(size_class(0), 256);
+        assert_eq!(size_class(1), 256);
+        assert_eq!(size_class(256), 256);
+        assert_eq!(size_class(257), 512);
+        assert_eq!(size_class(1 << 20), 1 << 20);
+        assert_eq!(size_class((1 << 20) + 1), 2 << 20);
+    }
+}

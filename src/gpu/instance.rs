@@ -1,0 +1,340 @@
+//! A model instance on a GPU: the data path around a backend that computes on a device.
+//!
+//! Per batch, on the instance's worker thread:
+//! 1. the inputs are laid out in one device buffer (256-byte aligned). Host rows are
+//!    gathered straight from the requests into a pinned staging buffer with the same
+//!    layout and copied up in as few host-to-device copies as the layout allows; rows
+//!    already in device memory are copied device to device, and a batch of one request
+//!    whose input is on this device uses the caller's memory as it is;
+//! 2. the backend runs with device pointers and the instance's stream, and allocates its
+//!    outputs in device memory from the instance's pool;
+//! 3. outputs that someone needs on the host are copied down into pinned memory, the
+//!    stream is synchronized once, and outputs wanted on the device stay there, shared
+//!    by the responses that asked (`infer_request_set_output_memory`).
+//!
+//! Every copy is asynchronous on the instance's stream and every host buffer involved is
+//! pinned; buffers come from the instance's pool, so the steady state allocates nothing.
+
+use super::driver::{Context, DevicePtr, MemoryPool, Stream};
+use super::DeviceBuf;
+use crate::backend::{Batch, BatchOutput, ModelInstance};
+use crate::status::{Error, Result};
+use crate::tensor::{DataType, Shape};
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// Alignment of each input in the batch's device buffer.
+const ALIGN: usize = 256;
+
+/// What a backend sees of the GPU while it runs a batch.
+pub struct BatchGpu {
+    pub device: i32,
+    /// The instance's stream (a `CUstream`).
+    pub stream: *mut c_void,
+    /// The device address of each batch input (parallel to `Batch::inputs`).
+    pub inputs: Vec<DevicePtr>,
+    /// Outputs the backend allocated in device memory: (index in `Batch::outputs`, buffer).
+    pub outputs: Vec<(usize, DeviceBuf)>,
+    pool: Arc<MemoryPool>,
+}
+
+// SAFETY: the stream handle is only passed to the backend on the worker thread.
+unsafe impl Send for BatchGpu {}
+
+impl Batch {
+    /// For a backend on a GPU instance: allocates batched output `name` in device memory
+    /// and returns its address.
+    pub fn alloc_output_device(&mut self, name: &str, shape: &[i64]) -> Result<DevicePtr> {
+        if self.gpu.is_none() {
+            return Err(Error::invalid(format!(
+                "model '{}': output '{name}': this instance runs on the CPU, where outputs are in host memory (allocate outputs with infer_batch_output)",
+                self.config.name
+            )));
+        }
+        if self.config.output(name).map(|t| t.data_type) == Some(DataType::Bytes) {
+            return Err(Error::invalid(format!(
+                "model '{}': output '{name}' is BYTES, which lives in host memory (allocate it with infer_batch_output)",
+                self.config.name
+            )));
+        }
+        let (tname, dtype, bytes) = self.output_spec(name, shape, None)?;
+        let g = self
+            .gpu
+            .as_mut()
+            .ok_or_else(|| Error::internal("no GPU state"))?;
+        let buf = g
+            .pool
+            .device(bytes)
+            .map_err(|e| e.context(format!("model '{}': output '{name}'", self.config.name)))?;
+        let ptr = buf.ptr();
+        self.outputs.push(BatchOutput {
+            name: tname,
+            dtype,
+            shape: Shape::from_slice(shape),
+            data: Vec::new(),
+            device: None,
+        });
+        g.outputs.push((self.outputs.len() - 1, buf));
+        Ok(ptr)
+    }
+}
+
+/// A backend's instance on one GPU, with its stream and memory pool.
+pub struct GpuInstance {
+    // Dropped first: the backend's own teardown may still use the context and stream.
+    inner: Box<dyn ModelInstance>,
+    stream: Stream,
+    pool: Arc<MemoryPool>,
+    ctx: Arc<Context>,
+}
+
+/// Where one batch input lives on the device.
+enum Place {
+    /// The caller's device memory, used in place.
+    InPlace(DevicePtr),
+    /// At this offset of the batch's input buffer.
+    Packed(usize),
+}
+
+impl GpuInstance {
+    pub fn new(inner: Box<dyn ModelInstance>, ctx: Arc<Context>) -> Result<GpuInstance> {
+        let stream = Stream::new(&ctx)?;
+        let pool = MemoryPool::new(&ctx);
+        Ok(GpuInstance {
+            inner,
+            stream,
+            pool,
+            ctx,
+        })
+    }
+
+    /// Lays out and copies the batch's inputs to the device. The returned buffers must
+    /// live until the stream has been synchronized.
+    fn stage_inputs(
+        &self,
+        batch: &Batch,
+    ) -> Result<(Vec<DevicePtr>, Option<DeviceBuf>, Option<super::PinnedBuf>)> {
+        let device = self.ctx.ordinal();
+        let mut places = Vec::with_capacity(batch.inputs.len());
+        let mut total = 0usize;
+        let mut host_bytes = 0usize;
+        for input in &batch.inputs {
+            let pieces = batch.input_pieces(input);
+            if let [one] = pieces.as_slice() {
+                if let Some(d) = one.device().filter(|d| d.device == device) {
+                    places.push(Place::InPlace(d.ptr));
+                    continue;
+                }
+            }
+            let len = match Batch::assembled(input) {
+                Some(v) => {
+                    host_bytes += v.len();
+                    v.len()
+                }
+                None => pieces
+                    .iter()
+                    .map(|p| {
+                        if p.device().is_none() {
+                            host_bytes += p.len();
+                        }
+                        p.len()
+                    })
+                    .sum(),
+            };
+            let at = total.next_multiple_of(ALIGN);
+            places.push(Place::Packed(at));
+            total = at + len;
+        }
+        if total == 0 {
+            let ptrs = places
+                .iter()
+                .map(|p| match p {
+                    Place::InPlace(ptr) => *ptr,
+                    Place::Packed(_) => 0,
+                })
+                .collect();
+            return Ok((ptrs, None, None));
+        }
+        let dev = self.pool.device(total)?;
+        let mut pinned = if host_bytes > 0 {
+            Some(self.pool.pinned(total)?)
+        } else {
+            None
+        };
+        // Host pieces go to the pinned buffer at their device offsets; a run of host
+        // pieces goes up in one copy, broken only by pieces that are already on a device.
+        let mut run: Option<(usize, usize)> = None;
+        let flush = |run: &mut Option<(usize, usize)>, pinned: &Option<super::PinnedBuf>| {
+            if let (Some((start, end)), Some(p)) = (run.take(), pinned) {
+                // SAFETY: both ranges lie inside buffers that live until the stream is
+                // synchronized (the caller keeps them).
+                unsafe {
+                    self.stream.copy_to_device(
+                        dev.ptr() + start as u64,
+                        p.as_ptr().add(start),
+                        end - start,
+                    )
+                }
+            } else {
+                Ok(())
+            }
+        };
+        for (input, place) in batch.inputs.iter().zip(&places) {
+            let Place::Packed(mut at) = *place else {
+                continue;
+            };
+            if let Some(v) = Batch::assembled(input) {
+                if let Some(p) = pinned.as_mut() {
+                    p.as_mut_slice()[at..at + v.len()].copy_from_slice(v);
+                }
+                let start = run.map_or(at, |(s, _)| s);
+                run = Some((start, at + v.len()));
+                continue;
+            }
+            for piece in batch.input_pieces(input) {
+                let len = piece.len();
+                match piece.device() {
+                    Some(d) => {
+                        flush(&mut run, &pinned)?;
+                        // SAFETY: the caller's memory stays valid until the request is
+                        // released, after the stream is synchronized; the destination is
+                        // inside `dev`.
+                        unsafe { self.stream.copy_device(dev.ptr() + at as u64, d.ptr, len)? };
+                    }
+                    None => {
+                        if let Some(p) = pinned.as_mut() {
+                            p.as_mut_slice()[at..at + len].copy_from_slice(piece.as_slice());
+                        }
+                        let start = run.map_or(at, |(s, _)| s);
+                        run = Some((start, at + len));
+                    }
+                }
+                at += len;
+            }
+        }
+        flush(&mut run, &pinned)?;
+        let ptrs = places
+            .iter()
+            .map(|p| match p {
+                Place::InPlace(ptr) => *ptr,
+                Place::Packed(at) => dev.ptr() + *at as u64,
+            })
+            .collect();
+        Ok((ptrs, Some(dev), pinned))
+    }
+
+    /// After the backend ran: copies down what the host needs, waits for the stream, and
+    /// leaves device outputs where the requests want them.
+    fn finish(&self, batch: &mut Batch, gpu: BatchGpu, ran: bool) -> Result<()> {
+        let all_on_device =
+            !batch.requests.is_empty() && batch.requests.iter().all(|r| r.output_device.is_some());
+        let any_on_device = batch.requests.iter().any(|r| r.output_device.is_some());
+        let mut landing = Vec::new();
+        let mut copy_down = || -> Result<()> {
+            for (idx, buf) in &gpu.outputs {
+                let o = &batch.outputs[*idx];
+                // Implicit-state outputs always come back to the host (the sequence
+                // batcher keeps them there).
+                let model_output = batch.config.output(&o.name).is_some();
+                if all_on_device && model_output {
+                    continue;
+                }
+                let mut p = self.pool.pinned(buf.len())?;
+                // SAFETY: `p` and `buf` live until after the synchronization below.
+                unsafe {
+                    self.stream
+                        .copy_to_host(p.as_mut_ptr(), buf.ptr(), buf.len())?
+                };
+                landing.push((*idx, p));
+            }
+            Ok(())
+        };
+        let copied = if ran { copy_down() } else { Ok(()) };
+        // Always wait: the backend may have queued work on buffers about to be reused.
+        let synced = self.stream.synchronize().map_err(|e| {
+            e.context(format!(
+                "model '{}' on GPU {}: the batch's work on the stream failed",
+                batch.config.name, gpu.device
+            ))
+        });
+        copied?;
+        synced?;
+        if !ran {
+            return Ok(());
+        }
+        for (idx, p) in landing {
+            batch.outputs[idx].data = p.as_slice().to_vec();
+        }
+        for (idx, buf) in gpu.outputs {
+            if any_on_device && batch.config.output(&batch.outputs[idx].name).is_some() {
+                batch.outputs[idx].device = Some(Arc::new(buf));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ModelInstance for GpuInstance {
+    fn execute(&mut self, batch: &mut Batch) -> Result<()> {
+        let at = |e: Error| {
+            e.context(format!(
+                "model '{}' on GPU {}",
+                batch.config.name,
+                self.ctx.ordinal()
+            ))
+        };
+        self.ctx.bind().map_err(at)?;
+        let (inputs, dev_in, pinned_in) = match self.stage_inputs(batch) {
+            Ok(s) => s,
+            Err(e) => {
+                // Copies already queued read buffers that are about to go back.
+                let _ = self.stream.synchronize();
+                return Err(at(e));
+            }
+        };
+        batch.gpu = Some(BatchGpu {
+            device: self.ctx.ordinal(),
+            stream: self.stream.raw() as *mut c_void,
+            inputs,
+            outputs: Vec::new(),
+            pool: self.pool.clone(),
+        });
+        let result = self.inner.execute(batch);
+        let gpu = batch.gpu.take();
+        let finished = match gpu {
+            Some(g) => self.finish(batch, g, result.is_ok()),
+            None => self.stream.synchronize(),
+        };
+        drop((dev_in, pinned_in));
+        result.and(finished)
+    }
+
+    fn device(&self) -> Option<i32> {
+        Some(self.ctx.ordinal())
+    }
+}
+
+/// Copies a request's inputs that are in device memory to the host, for a model whose
+/// instances read them there (CPU instances, sequence batching, ensembles, generative
+/// models). The caller's device memory is released once copied.
+pub fn inputs_to_host(req: &mut crate::request::Request) -> Result<()> {
+    for t in &mut req.inputs {
+        let Some(d) = t.data.device() else {
+            continue;
+        };
+        let at = |e: Error| {
+            e.context(format!(
+                "input '{}' of model '{}' on GPU {}: copying it to the host",
+                t.name, req.model, d.device
+            ))
+        };
+        let ctx = super::context(d.device).map_err(at)?;
+        let _bound = super::ScopedBind::new(&ctx).map_err(at)?;
+        let mut host = vec![0u8; d.len];
+        // SAFETY: the caller lent `len` bytes of device memory at `ptr` (checked against
+        // the driver's allocation when the input was added).
+        unsafe { super::driver::copy_to_host_now(&mut host, d.ptr) }.map_err(at)?;
+        t.data = crate::tensor::TensorData::Owned(host);
+    }
+    Ok(())
+}
