@@ -741,17 +741,32 @@ struct AffineJob {
     n: usize,
 }
 
+/// How long the "kernel" takes (to observe batches overlapping), and what overlapped.
+static KERNEL_US: AtomicU64 = AtomicU64::new(0);
+static KERNELS_DONE: AtomicU64 = AtomicU64::new(0);
+static EXECUTES: AtomicU64 = AtomicU64::new(0);
+/// Executes that began while an earlier batch's kernel had not run yet.
+static OVERLAPPED: AtomicU64 = AtomicU64::new(0);
+
 unsafe extern "C" fn affine_kernel(job: *mut c_void) {
     let job = Box::from_raw(job as *mut AffineJob);
+    let us = KERNEL_US.load(SeqCst);
+    if us > 0 {
+        std::thread::sleep(std::time::Duration::from_micros(us));
+    }
     let x = std::slice::from_raw_parts(job.x as *const f32, job.n);
     let y = std::slice::from_raw_parts_mut(job.y as *mut f32, job.n);
     for (y, x) in y.iter_mut().zip(x) {
         *y = 2. * x + 1.;
     }
+    KERNELS_DONE.fetch_add(1, SeqCst);
 }
 
 fn affine_batch(gpu: i32, b: *mut Batch) -> std::result::Result<(), String> {
     let d = driver();
+    if EXECUTES.fetch_add(1, SeqCst) > KERNELS_DONE.load(SeqCst) {
+        OVERLAPPED.fetch_add(1, SeqCst);
+    }
     unsafe {
         let stream = infer_batch_cuda_stream(b);
         if stream.is_null() {
@@ -907,6 +922,20 @@ fn check_affine(resp: &Resp, x: [f32; 4], want_mem: u32) -> i64 {
     dev
 }
 
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+/// Callbacks of `unload_p` that ran (the first unloads "p"; all three must be answered).
+static UNLOADED: AtomicU64 = AtomicU64::new(0);
+
+unsafe extern "C" fn unload_p(server: *mut c_void, resp: *mut Response, _: u32) {
+    if UNLOADED.load(SeqCst) == 0 {
+        let st = infer_server_unload_model(server as *mut ServerHandle, c"p".as_ptr());
+        assert_eq!(st, INFER_STATUS_OK, "{}", last_error());
+    }
+    infer_response_free(resp);
+    UNLOADED.fetch_add(1, SeqCst);
+}
+
 static RELEASED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 unsafe extern "C" fn count_release(_: *mut c_void) {
@@ -1005,6 +1034,64 @@ fn data_path_one_gpu() {
     assert_eq!(c.pageable_async_copies, 0, "{c:?}");
     assert_eq!(c.invalid_calls, 0, "{c:?}");
 
+    // Double buffering: with slow kernels, the next batch starts (its inputs staged and
+    // its work queued) while the previous one is still running.
+    s.load(
+        "p",
+        &affine_config("p", "{ kind: KIND_GPU count: 1 gpus: [ 0 ] }", ""),
+    );
+    KERNEL_US.store(20_000, SeqCst);
+    let (executes, kernels) = (EXECUTES.load(SeqCst), KERNELS_DONE.load(SeqCst));
+    assert_eq!(executes, kernels);
+    OVERLAPPED.store(0, SeqCst);
+    let c = Collector::new();
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        ids.push(
+            s.enqueue(affine_request(&s, "p", x_of(i), None), &c)
+                .unwrap(),
+        );
+    }
+    c.wait(6);
+    c.assert_exactly_once(&ids);
+    for resp in c.take() {
+        let i = ids.iter().position(|&id| id == resp.id()).unwrap();
+        check_affine(&resp, x_of(i), INFER_MEMORY_CPU);
+    }
+    KERNEL_US.store(0, SeqCst);
+    let overlapped = OVERLAPPED.load(SeqCst);
+    println!("6 batches, {overlapped} started while the previous one ran");
+    assert!(
+        overlapped >= 1,
+        "no batch started before the previous one finished"
+    );
+
+    // A callback that unloads its own model (on the worker that runs the batches)
+    // while a second batch is in flight.
+    KERNEL_US.store(5_000, SeqCst);
+    UNLOADED.store(0, SeqCst);
+    for i in 0..3 {
+        let r = affine_request(&s, "p", x_of(i), None);
+        let mut id = 0;
+        ok(unsafe {
+            infer_server_enqueue(s.0, r.take(), Some(unload_p), s.0 as *mut c_void, &mut id)
+        });
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while UNLOADED.load(SeqCst) < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "callbacks did not finish"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    KERNEL_US.store(0, SeqCst);
+    expect_msg(
+        unsafe { infer_server_unload_model(s.0, c"p".as_ptr()) },
+        INFER_STATUS_NOT_FOUND,
+        &["'p'"],
+    );
+
     // Inputs already on the device: read in place by the GPU model (no copy to it), and
     // copied to the host for a model on the CPU; released exactly once either way.
     d.bind(0);
@@ -1080,8 +1167,8 @@ fn data_path_one_gpu() {
     // Everything the server allocated went back to the driver.
     let c = d.counters();
     assert_eq!((c.live_device_bytes, c.live_host_bytes), (0, 0), "{c:?}");
-    // The streams of the three GPU instances (two of "g", one of "s1"), made before the
-    // counters were last reset.
+    // The streams of the three GPU instances still loaded (two of "g", one of "s1"),
+    // made before the counters were last reset ("p" was unloaded before).
     assert_eq!(c.stream_destroys, 3, "{c:?}");
 }
 
@@ -1159,7 +1246,7 @@ fn run_data_path(dir: &std::path::Path, scenario: &str) {
     );
     for line in all
         .lines()
-        .filter(|l| l.contains(" in ") || l.contains("on GPUs"))
+        .filter(|l| l.contains(" in ") || l.contains("on GPUs") || l.contains("batches,"))
     {
         println!("{scenario}: {line}");
     }

@@ -62,6 +62,22 @@ pub trait ModelInstance: Send {
     fn device(&self) -> Option<i32> {
         None
     }
+
+    /// For instances whose work completes asynchronously (GPU instances): starts the
+    /// batch and returns what finishes it, so that the next batch can start while this
+    /// one completes (double buffering). None: the instance only has `execute`.
+    fn begin(&mut self, batch: &mut Batch) -> Option<Result<Box<dyn Completion>>> {
+        let _ = batch;
+        None
+    }
+}
+
+/// The rest of a batch started with [`ModelInstance::begin`]; `complete` may run on
+/// another thread than `begin` did.
+pub trait Completion: Send {
+    /// Waits for the batch's work and leaves its outputs in the batch; an error fails
+    /// every request of the batch.
+    fn complete(self: Box<Self>, batch: &mut Batch) -> Result<()>;
 }
 
 /// Where a batched input's bytes are.

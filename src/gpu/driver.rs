@@ -198,6 +198,56 @@ impl Drop for Stream {
     }
 }
 
+/// An event of one context, to wait for a point of a stream from another thread.
+pub struct Event {
+    raw: sys::CUevent,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: events may be recorded and waited on from any thread that binds their context.
+unsafe impl Send for Event {}
+unsafe impl Sync for Event {}
+
+impl Event {
+    pub fn new(ctx: &Arc<Context>) -> Result<Event> {
+        ctx.bind()?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid out-pointer, context bound. 2 = CU_EVENT_DISABLE_TIMING.
+        check(unsafe { sys::cuEventCreate(&mut raw, 2) }, "cuEventCreate")?;
+        Ok(Event {
+            raw,
+            ctx: ctx.clone(),
+        })
+    }
+
+    /// Marks the current end of `stream`'s work.
+    pub fn record(&self, stream: &Stream) -> Result<()> {
+        // SAFETY: live event and stream of the same context.
+        check(
+            unsafe { sys::cuEventRecord(self.raw, stream.raw) },
+            "cuEventRecord",
+        )
+    }
+
+    /// Waits until the work before the last `record` has run. Binds the context.
+    pub fn synchronize(&self) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: a live event.
+        check(
+            unsafe { sys::cuEventSynchronize(self.raw) },
+            "cuEventSynchronize",
+        )
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind();
+        // SAFETY: a live event, destroyed once.
+        unsafe { sys::cuEventDestroy_v2(self.raw) };
+    }
+}
+
 /// Copies `len` bytes from device memory to host memory now (a synchronous, pageable
 /// copy: for inputs in device memory that a model on the CPU needs).
 ///

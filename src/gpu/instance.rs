@@ -15,11 +15,12 @@
 //! Every copy is asynchronous on the instance's stream and every host buffer involved is
 //! pinned; buffers come from the instance's pool, so the steady state allocates nothing.
 
-use super::driver::{Context, DevicePtr, MemoryPool, Stream};
+use super::driver::{Context, DevicePtr, Event, MemoryPool, Stream};
 use super::DeviceBuf;
-use crate::backend::{Batch, BatchOutput, ModelInstance};
+use crate::backend::{Batch, BatchOutput, Completion, ModelInstance};
 use crate::status::{Error, Result};
 use crate::tensor::{DataType, Shape};
+use parking_lot::Mutex;
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -85,6 +86,8 @@ pub struct GpuInstance {
     inner: Box<dyn ModelInstance>,
     stream: Stream,
     pool: Arc<MemoryPool>,
+    /// Events of finished batches, for the next ones.
+    events: Arc<Mutex<Vec<Event>>>,
     ctx: Arc<Context>,
 }
 
@@ -104,6 +107,7 @@ impl GpuInstance {
             inner,
             stream,
             pool,
+            events: Arc::new(Mutex::new(Vec::new())),
             ctx,
         })
     }
@@ -223,66 +227,12 @@ impl GpuInstance {
         Ok((ptrs, Some(dev), pinned))
     }
 
-    /// After the backend ran: copies down what the host needs, waits for the stream, and
-    /// leaves device outputs where the requests want them.
-    fn finish(&self, batch: &mut Batch, gpu: BatchGpu, ran: bool) -> Result<()> {
-        let all_on_device =
-            !batch.requests.is_empty() && batch.requests.iter().all(|r| r.output_device.is_some());
-        let any_on_device = batch.requests.iter().any(|r| r.output_device.is_some());
-        let mut landing = Vec::new();
-        let mut copy_down = || -> Result<()> {
-            for (idx, buf) in &gpu.outputs {
-                let o = &batch.outputs[*idx];
-                // Implicit-state outputs always come back to the host (the sequence
-                // batcher keeps them there).
-                let model_output = batch.config.output(&o.name).is_some();
-                if all_on_device && model_output {
-                    continue;
-                }
-                let mut p = self.pool.pinned(buf.len())?;
-                // SAFETY: `p` and `buf` live until after the synchronization below.
-                unsafe {
-                    self.stream
-                        .copy_to_host(p.as_mut_ptr(), buf.ptr(), buf.len())?
-                };
-                landing.push((*idx, p));
-            }
-            Ok(())
-        };
-        let copied = if ran { copy_down() } else { Ok(()) };
-        // Always wait: the backend may have queued work on buffers about to be reused.
-        let synced = self.stream.synchronize().map_err(|e| {
-            e.context(format!(
-                "model '{}' on GPU {}: the batch's work on the stream failed",
-                batch.config.name, gpu.device
-            ))
-        });
-        copied?;
-        synced?;
-        if !ran {
-            return Ok(());
-        }
-        for (idx, p) in landing {
-            batch.outputs[idx].data = p.as_slice().to_vec();
-        }
-        for (idx, buf) in gpu.outputs {
-            if any_on_device && batch.config.output(&batch.outputs[idx].name).is_some() {
-                batch.outputs[idx].device = Some(Arc::new(buf));
-            }
-        }
-        Ok(())
-    }
-}
-
-impl ModelInstance for GpuInstance {
-    fn execute(&mut self, batch: &mut Batch) -> Result<()> {
-        let at = |e: Error| {
-            e.context(format!(
-                "model '{}' on GPU {}",
-                batch.config.name,
-                self.ctx.ordinal()
-            ))
-        };
+    /// Starts a batch: stages its inputs, runs the backend, queues the copies down of
+    /// what the host needs and marks the end of the batch's work with an event.
+    fn start(&mut self, batch: &mut Batch) -> Result<InFlight> {
+        let device = self.ctx.ordinal();
+        let config = batch.config.clone();
+        let at = |e: Error| e.context(format!("model '{}' on GPU {device}", config.name));
         self.ctx.bind().map_err(at)?;
         let (inputs, dev_in, pinned_in) = match self.stage_inputs(batch) {
             Ok(s) => s,
@@ -293,20 +243,129 @@ impl ModelInstance for GpuInstance {
             }
         };
         batch.gpu = Some(BatchGpu {
-            device: self.ctx.ordinal(),
+            device,
             stream: self.stream.raw() as *mut c_void,
             inputs,
             outputs: Vec::new(),
             pool: self.pool.clone(),
         });
-        let result = self.inner.execute(batch);
-        let gpu = batch.gpu.take();
-        let finished = match gpu {
-            Some(g) => self.finish(batch, g, result.is_ok()),
-            None => self.stream.synchronize(),
+        let ran = self.inner.execute(batch);
+        let outputs = batch.gpu.take().map_or_else(Vec::new, |g| g.outputs);
+        let all_on_device =
+            !batch.requests.is_empty() && batch.requests.iter().all(|r| r.output_device.is_some());
+        let mut flight = InFlight {
+            ran,
+            event: None,
+            events: self.events.clone(),
+            outputs,
+            landing: Vec::new(),
+            inputs: (dev_in, pinned_in),
+            any_on_device: batch.requests.iter().any(|r| r.output_device.is_some()),
+            device,
         };
-        drop((dev_in, pinned_in));
-        result.and(finished)
+        let queued = self.queue_copies_down(batch, &mut flight, all_on_device);
+        if let Err(e) = queued {
+            // Nothing to wait for from another thread: wait here, then fail the batch.
+            let _ = self.stream.synchronize();
+            flight.event = None;
+            if flight.ran.is_ok() {
+                flight.ran = Err(at(e));
+            }
+        }
+        Ok(flight)
+    }
+
+    fn queue_copies_down(
+        &self,
+        batch: &Batch,
+        flight: &mut InFlight,
+        all_on_device: bool,
+    ) -> Result<()> {
+        if flight.ran.is_ok() {
+            for (idx, buf) in &flight.outputs {
+                // Implicit-state outputs always come back to the host (the sequence
+                // batcher keeps them there).
+                let model_output = batch.config.output(&batch.outputs[*idx].name).is_some();
+                if all_on_device && model_output {
+                    continue;
+                }
+                let mut p = self.pool.pinned(buf.len())?;
+                // SAFETY: `p` and `buf` live in `flight` until its event has completed.
+                unsafe {
+                    self.stream
+                        .copy_to_host(p.as_mut_ptr(), buf.ptr(), buf.len())?
+                };
+                flight.landing.push((*idx, p));
+            }
+        }
+        let event = match self.events.lock().pop() {
+            Some(e) => e,
+            None => Event::new(&self.ctx)?,
+        };
+        event.record(&self.stream)?;
+        flight.event = Some(event);
+        Ok(())
+    }
+}
+
+/// A started batch: the buffers its queued work uses and the event that marks its end.
+struct InFlight {
+    /// What the backend's `execute` returned.
+    ran: Result<()>,
+    event: Option<Event>,
+    events: Arc<Mutex<Vec<Event>>>,
+    outputs: Vec<(usize, DeviceBuf)>,
+    landing: Vec<(usize, super::PinnedBuf)>,
+    /// Kept until the work that reads them has run.
+    #[allow(dead_code)]
+    inputs: (Option<DeviceBuf>, Option<super::PinnedBuf>),
+    any_on_device: bool,
+    device: i32,
+}
+
+impl Completion for InFlight {
+    fn complete(mut self: Box<Self>, batch: &mut Batch) -> Result<()> {
+        if let Some(event) = self.event.take() {
+            let waited = event.synchronize();
+            self.events.lock().push(event);
+            waited.map_err(|e| {
+                e.context(format!(
+                    "model '{}' on GPU {}: the batch's work on the stream failed",
+                    batch.config.name, self.device
+                ))
+            })?;
+        }
+        let InFlight {
+            ran,
+            outputs,
+            landing,
+            any_on_device,
+            ..
+        } = *self;
+        ran?;
+        for (idx, p) in landing {
+            batch.outputs[idx].data = p.as_slice().to_vec();
+        }
+        for (idx, buf) in outputs {
+            if any_on_device && batch.config.output(&batch.outputs[idx].name).is_some() {
+                batch.outputs[idx].device = Some(Arc::new(buf));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ModelInstance for GpuInstance {
+    fn execute(&mut self, batch: &mut Batch) -> Result<()> {
+        let flight = self.start(batch)?;
+        Box::new(flight).complete(batch)
+    }
+
+    fn begin(&mut self, batch: &mut Batch) -> Option<Result<Box<dyn Completion>>> {
+        Some(
+            self.start(batch)
+                .map(|f| Box::new(f) as Box<dyn Completion>),
+        )
     }
 
     fn device(&self) -> Option<i32> {

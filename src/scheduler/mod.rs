@@ -190,6 +190,8 @@ impl Scheduler {
                     }
                     if s.seq.is_some() {
                         s.sequence_worker(i, instance)
+                    } else if instance.device().is_some() {
+                        s.pipelined_worker(i, instance)
                     } else {
                         s.worker(i, instance)
                     }
@@ -539,7 +541,7 @@ impl Scheduler {
     fn worker(self: Arc<Self>, index: usize, mut instance: Box<dyn ModelInstance>) {
         let mut taken: Vec<Queued> = Vec::new();
         let mut ending: Vec<(Box<Request>, Error)> = Vec::new();
-        while let Some(seq) = self.next_batch(index, &mut taken, &mut ending) {
+        while let Some(seq) = self.next_batch(index, &mut taken, &mut ending, false) {
             for (req, err) in ending.drain(..) {
                 self.fail(req, err);
             }
@@ -554,6 +556,118 @@ impl Scheduler {
             st.executing -= 1;
         }
         drop(instance);
+    }
+
+    /// The worker of an instance that completes batches asynchronously (a GPU
+    /// instance): it starts batch N+1 (inputs staged, work queued) before it waits for
+    /// batch N and answers its requests, so at most two batches are in flight and the
+    /// device works on one while the host prepares or delivers the other. With a batch
+    /// in flight the worker does not sleep for new requests: when none are ready it
+    /// finishes the batch first.
+    fn pipelined_worker(self: Arc<Self>, index: usize, mut instance: Box<dyn ModelInstance>) {
+        let mut taken: Vec<Queued> = Vec::new();
+        let mut ending: Vec<(Box<Request>, Error)> = Vec::new();
+        let mut in_flight: Option<Started> = None;
+        loop {
+            let next = self.next_batch(index, &mut taken, &mut ending, in_flight.is_some());
+            for (req, err) in ending.drain(..) {
+                self.fail(req, err);
+            }
+            let Some(seq) = next.filter(|_| !taken.is_empty()) else {
+                if let Some(previous) = in_flight.take() {
+                    self.finish_started(index, previous);
+                }
+                if next.is_none() {
+                    break;
+                }
+                continue;
+            };
+            let requests: Vec<Box<Request>> = taken.drain(..).map(|q| q.req).collect();
+            let ids: Vec<u64> = requests.iter().map(|r| r.id).collect();
+            let start = Instant::now();
+            self.record_queue_times(&requests, start);
+            let nreq = requests.len() as u64;
+            let started =
+                match Batch::assemble_gathered(self.config.clone(), &self.in_names, requests) {
+                    Ok(mut batch) => {
+                        let begun = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            instance.begin(&mut batch)
+                        }));
+                        let done = match begun {
+                            Ok(Some(r)) => r,
+                            Ok(None) => Err(Error::internal(format!(
+                                "model '{}': instance {index} cannot start batches",
+                                self.model.name_str()
+                            ))),
+                            Err(panic) => Err(self.panic_error(panic)),
+                        };
+                        Some(Started {
+                            seq,
+                            batch,
+                            done,
+                            start,
+                            nreq,
+                            ids,
+                        })
+                    }
+                    Err((e, requests)) => {
+                        let answers = self.fail_all(requests, e);
+                        self.end_batch(index, seq, &ids, answers);
+                        None
+                    }
+                };
+            if let Some(previous) = in_flight.take() {
+                self.finish_started(index, previous);
+            }
+            in_flight = started;
+        }
+        drop(instance);
+    }
+
+    /// Waits for a started batch, then answers its requests.
+    fn finish_started(&self, index: usize, s: Started) {
+        let Started {
+            seq,
+            mut batch,
+            done,
+            start,
+            nreq,
+            ids,
+        } = s;
+        let result = done.and_then(|c| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| c.complete(&mut batch)))
+                .unwrap_or_else(|panic| Err(self.panic_error(panic)))
+        });
+        let compute = start.elapsed().as_micros() as u64;
+        self.stats.record_execution(batch.size, nreq, compute);
+        let answers = self.split(batch, result);
+        self.end_batch(index, seq, &ids, answers);
+    }
+
+    /// Delivers a finished batch and forgets its requests.
+    fn end_batch(
+        &self,
+        index: usize,
+        seq: u64,
+        ids: &[u64],
+        answers: Vec<(ResponseSink, Box<Response>)>,
+    ) {
+        self.running[index].lock().retain(|id| !ids.contains(id));
+        self.deliver(seq, answers);
+        let mut st = self.state.lock();
+        st.executing -= 1;
+    }
+
+    fn panic_error(&self, panic: Box<dyn std::any::Any + Send>) -> Error {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        Error::internal(format!(
+            "model '{}': the backend panicked: {what}",
+            self.model.name_str()
+        ))
     }
 
     fn sequence_worker(self: Arc<Self>, index: usize, mut instance: Box<dyn ModelInstance>) {
@@ -629,6 +743,7 @@ impl Scheduler {
         worker: usize,
         taken: &mut Vec<Queued>,
         ending: &mut Vec<(Box<Request>, Error)>,
+        no_wait: bool,
     ) -> Option<u64> {
         let mut st = self.state.lock();
         let mut expired = Vec::new();
@@ -640,6 +755,9 @@ impl Scheduler {
             if st.queue.is_empty() {
                 if st.closed {
                     return None;
+                }
+                if no_wait {
+                    return Some(0);
                 }
                 // Spin briefly before sleeping: see IDLE_SPIN.
                 drop(st);
@@ -675,6 +793,9 @@ impl Scheduler {
                 return Some(0);
             }
             if st.paused {
+                if no_wait {
+                    return Some(0);
+                }
                 match st.queue.next_deadline() {
                     Some(d) => {
                         self.cv.wait_until(&mut st, d);
@@ -687,11 +808,11 @@ impl Scheduler {
                 Decision::Execute(n) => {
                     st.queue.pop_front(n, taken);
                     self.pending.fetch_sub(taken.len(), Ordering::Release);
-                    {
-                        let mut running = self.running[worker].lock();
-                        running.clear();
-                        running.extend(taken.iter().map(|q| q.req.id));
-                    }
+                    // (A pipelined worker may still be completing its previous batch,
+                    // whose ids stay until it is delivered.)
+                    self.running[worker]
+                        .lock()
+                        .extend(taken.iter().map(|q| q.req.id));
                     st.executing += 1;
                     let seq = st.next_batch_seq;
                     st.next_batch_seq += 1;
@@ -702,6 +823,7 @@ impl Scheduler {
                     }
                     return Some(seq);
                 }
+                Decision::WaitUntil(_) | Decision::Idle if no_wait => return Some(0),
                 Decision::WaitUntil(t) => {
                     let t = st.queue.next_deadline().map_or(t, |d| d.min(t));
                     self.cv.wait_until(&mut st, t);
@@ -777,17 +899,7 @@ impl Scheduler {
         self.stats.record_execution(batch.size, nreq, compute);
         match result {
             Ok(r) => r,
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
-                Err(Error::internal(format!(
-                    "model '{}': the backend panicked: {what}",
-                    self.model.name_str()
-                )))
-            }
+            Err(panic) => Err(self.panic_error(panic)),
         }
     }
 
@@ -966,6 +1078,16 @@ impl Scheduler {
 }
 
 /// A batch output ready to be split into responses.
+/// A batch a pipelined worker started, on its way to completion.
+struct Started {
+    seq: u64,
+    batch: Batch,
+    done: Result<Box<dyn crate::backend::Completion>>,
+    start: Instant,
+    nreq: u64,
+    ids: Vec<u64>,
+}
+
 struct SplitOutput {
     name: Arc<CString>,
     dtype: crate::tensor::DataType,
