@@ -610,8 +610,9 @@ type HostFn = unsafe extern "C" fn(*mut c_void);
 
 /// Driver calls the tests make themselves (the stand-in's, in the child process).
 struct Driver {
-    counters: unsafe extern "C" fn(*mut FakeCounters),
-    reset: unsafe extern "C" fn(),
+    /// The stand-in's own functions (None with a real driver).
+    counters: Option<unsafe extern "C" fn(*mut FakeCounters)>,
+    reset: Option<unsafe extern "C" fn()>,
     retain: unsafe extern "C" fn(*mut *mut c_void, i32) -> i32,
     set_current: unsafe extern "C" fn(*mut c_void) -> i32,
     mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> i32,
@@ -628,19 +629,17 @@ fn driver() -> &'static Driver {
     static D: std::sync::OnceLock<Driver> = std::sync::OnceLock::new();
     D.get_or_init(|| unsafe {
         let h = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW);
-        assert!(
-            !h.is_null(),
-            "the stand-in driver is not on the loader's path"
-        );
+        assert!(!h.is_null(), "no CUDA driver on the loader's path");
         let sym = |name: &std::ffi::CStr| {
             let p = libc::dlsym(h, name.as_ptr());
-            assert!(!p.is_null(), "the stand-in driver lacks {name:?}");
+            assert!(!p.is_null(), "the CUDA driver lacks {name:?}");
             p
         };
+        let optional = |name: &std::ffi::CStr| libc::dlsym(h, name.as_ptr());
         use std::mem::transmute as t;
         Driver {
-            counters: t(sym(c"fake_cuda_counters")),
-            reset: t(sym(c"fake_cuda_reset_counters")),
+            counters: t(optional(c"fake_cuda_counters")),
+            reset: t(optional(c"fake_cuda_reset_counters")),
             retain: t(sym(c"cuDevicePrimaryCtxRetain")),
             set_current: t(sym(c"cuCtxSetCurrent")),
             mem_alloc: t(sym(c"cuMemAlloc_v2")),
@@ -657,8 +656,13 @@ fn driver() -> &'static Driver {
 impl Driver {
     fn counters(&self) -> FakeCounters {
         let mut c = FakeCounters::default();
-        unsafe { (self.counters)(&mut c) };
+        let f = self.counters.expect("the stand-in driver's counters");
+        unsafe { f(&mut c) };
         c
+    }
+    fn reset(&self) {
+        let f = self.reset.expect("the stand-in driver's counters");
+        unsafe { f() };
     }
     /// Makes GPU `dev`'s primary context current on this thread.
     fn bind(&self, dev: i32) {
@@ -1014,7 +1018,7 @@ fn data_path_one_gpu() {
     );
     for round in 0..12 {
         if round == 2 {
-            unsafe { (d.reset)() };
+            d.reset();
         }
         let gpu = (round % 2 == 0).then_some(0);
         let resp = s.infer(affine_request(&s, "s1", x_of(round), gpu));
@@ -1098,7 +1102,7 @@ fn data_path_one_gpu() {
     let x = x_of(7);
     let p = d.upload(&x);
     RELEASED.store(0, std::sync::atomic::Ordering::SeqCst);
-    unsafe { (d.reset)() };
+    d.reset();
     let r = s.request("g");
     ok(device_input(&r, "X", p, 16, 0));
     let resp = s.infer(r);
@@ -1306,4 +1310,107 @@ fn gpu_data_path_child() {
         other => panic!("no data path checks for scenario {other}"),
     }
     println!("data path '{scenario}': checked");
+}
+
+// ---- on a real GPU (skips without one) ----
+
+/// Y = X and X_COPY = X with device-to-device copies on the instance's stream: work a
+/// real GPU can do without kernels of its own.
+unsafe extern "C" fn copy_on_gpu_execute(state: *mut c_void, b: *mut Batch) -> u32 {
+    let gpu = *(state as *const i32);
+    let d = driver();
+    let stream = infer_batch_cuda_stream(b);
+    let (mut mem, mut dev) = (99u32, 99i64);
+    let st = infer_batch_input_memory(b, c"X".as_ptr(), &mut mem, &mut dev);
+    if stream.is_null() || st != INFER_STATUS_OK || (mem, dev) != (INFER_MEMORY_GPU, gpu as i64) {
+        return INFER_STATUS_INTERNAL;
+    }
+    let (mut data, mut bytes) = (null(), 0usize);
+    let st = infer_batch_input(
+        b,
+        c"X".as_ptr(),
+        null_mut(),
+        null_mut(),
+        null_mut(),
+        &mut data,
+        &mut bytes,
+    );
+    if st != INFER_STATUS_OK {
+        return st;
+    }
+    let rows = infer_batch_size(b) as i64;
+    for name in [c"Y", c"X_COPY"] {
+        let mut out = null_mut();
+        let st = infer_batch_output_device(b, name.as_ptr(), [rows, 4].as_ptr(), 2, &mut out);
+        if st != INFER_STATUS_OK {
+            return st;
+        }
+        if (d.dtod_async)(out as u64, data as u64, bytes, stream) != 0 {
+            return INFER_STATUS_INTERNAL;
+        }
+    }
+    INFER_STATUS_OK
+}
+
+#[test]
+fn custom_backend_on_a_real_gpu() {
+    if std::env::var_os("INFER_FAKE_CUDA").is_some() {
+        return; // a child process of the stand-in tests
+    }
+    if let Some(why) = no_gpu_reason() {
+        println!("SKIP: {why}");
+        return;
+    }
+    let s = server_in(INFER_GPU_REQUIRED).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
+    let vt = infer_backend {
+        struct_size: std::mem::size_of::<infer_backend>() as u32,
+        instance_init: Some(affine_init),
+        execute: Some(copy_on_gpu_execute),
+        instance_fini: Some(affine_fini),
+        finalize: None,
+    };
+    ok(unsafe { infer_server_register_backend(s.0, c"gpu_affine".as_ptr(), &vt, null_mut()) });
+    s.load(
+        "g",
+        &affine_config(
+            "g",
+            "{ kind: KIND_GPU count: 2 gpus: [ 0 ] }",
+            "dynamic_batching { max_queue_delay_microseconds: 2000 }",
+        ),
+    );
+    let c = Collector::new();
+    let mut ids = Vec::new();
+    for i in 0..64 {
+        let gpu = (i % 2 == 0).then_some(0);
+        ids.push(
+            s.enqueue(affine_request(&s, "g", x_of(i), gpu), &c)
+                .unwrap(),
+        );
+    }
+    c.wait(64);
+    c.assert_exactly_once(&ids);
+    for resp in c.take() {
+        let i = ids.iter().position(|&id| id == resp.id()).unwrap();
+        assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
+        for name in ["Y", "X_COPY"] {
+            let (mem, dev, v) = read_output(&resp, name);
+            let want = if i % 2 == 0 {
+                INFER_MEMORY_GPU
+            } else {
+                INFER_MEMORY_CPU
+            };
+            assert_eq!((mem, dev), (want, 0));
+            assert_eq!(v, x_of(i).to_vec());
+        }
+    }
+    // An input already on the device.
+    let d = driver();
+    d.bind(0);
+    let p = d.upload(&x_of(9));
+    let r = s.request("g");
+    ok(device_input(&r, "X", p, 16, 0));
+    let resp = s.infer(r);
+    assert_eq!(read_output(&resp, "Y").2, x_of(9).to_vec());
+    drop(resp);
+    assert_eq!(unsafe { (d.mem_free)(p) }, 0);
 }
