@@ -74,6 +74,13 @@ onnx_conformance() {
     onnx_python "$venv"
     "$venv/bin/python" scripts/onnx_conformance.py "$out"
     INFER_ONNX_CONFORMANCE_DIR="$out" cargo test --release --test onnx_conformance -- --nocapture
+    # The same cases on the GPU executor, against the stand-in CUDA libraries (the
+    # kernels built for the host): the planner and the kernels' semantics, without a GPU.
+    local fakes="$TARGET_DIR/fake-cuda"
+    case "$fakes" in /*) ;; *) fakes="$PWD/$fakes" ;; esac
+    sh tests/fixtures/build_fakes.sh "$fakes"
+    LD_LIBRARY_PATH="$fakes" INFER_FAKE_CUDA=one INFER_ONNX_CONFORMANCE_GPU=1 \
+        INFER_ONNX_CONFORMANCE_DIR="$out" cargo test --release --test onnx_conformance -- --nocapture
 }
 
 summary() {
@@ -92,7 +99,7 @@ summary() {
     fi
     if [[ -f "$LOGS/onnx-conformance.log" ]]; then
         echo "ONNX node test cases (onnx $ONNX_VERSION):"
-        grep -E '^onnx conformance: passed' "$LOGS/onnx-conformance.log" | sed 's/^/  /' || true
+        grep -E '^onnx conformance( \(GPU\))?: passed' "$LOGS/onnx-conformance.log" | sed 's/^/  /' || true
     fi
     [[ -f "$LOGS/symbols.log" ]] && sed 's/^/  /' "$LOGS/symbols.log"
     if [[ -f "$LOGS/c-tests.log" ]]; then

@@ -445,13 +445,31 @@ fn build_fake_driver(dir: &std::path::Path, only_version: bool) -> Result<(), St
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake_libcuda.c");
     let lib = dir.join("libcuda.so.1");
-    let mut cc = std::process::Command::new("cc");
-    cc.args(["-shared", "-fPIC", "-O1", "-pthread", "-o"])
-        .arg(&lib)
-        .arg(src);
-    if only_version {
-        cc.arg("-DONLY_VERSION");
+    if !only_version {
+        // The driver with the kernels built for the host, NVRTC and cuBLAS.
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/build_fakes.sh");
+        let out = std::process::Command::new("sh")
+            .arg(script)
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("sh: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        return Ok(());
     }
+    let mut cc = std::process::Command::new("cc");
+    cc.args([
+        "-shared",
+        "-fPIC",
+        "-O1",
+        "-pthread",
+        "-DONLY_VERSION",
+        "-o",
+    ])
+    .arg(&lib)
+    .arg(src)
+    .arg("-lm");
     match cc.output() {
         Ok(out) if out.status.success() => {}
         Ok(out) => return Err(String::from_utf8_lossy(&out.stderr).into_owned()),
@@ -604,6 +622,7 @@ struct FakeCounters {
     invalid_calls: u64,
     live_device_bytes: u64,
     live_host_bytes: u64,
+    kernel_launches: u64,
 }
 
 type HostFn = unsafe extern "C" fn(*mut c_void);
@@ -1228,13 +1247,16 @@ fn data_path_two_gpus() {
     assert_eq!(c.pageable_async_copies, 0, "{c:?}");
 }
 
-/// Runs `gpu_data_path_child` under the stand-in driver with `scenario`.
+/// Runs `gpu_data_path_child` under the stand-in driver with `scenario` (the checks of
+/// "onnx" run with one device).
 fn run_data_path(dir: &std::path::Path, scenario: &str) {
     let exe = std::env::current_exe().expect("the test binary's path");
+    let devices = if scenario == "two" { "two" } else { "one" };
     let out = std::process::Command::new(exe)
         .args(["--exact", "gpu_data_path_child", "--nocapture"])
         .env("LD_LIBRARY_PATH", dir)
-        .env("INFER_FAKE_CUDA", scenario)
+        .env("INFER_FAKE_CUDA", devices)
+        .env("INFER_DATA_PATH_CHECKS", scenario)
         .env("INFER_FAKE_CUDA_DELAY_US", "300")
         .output()
         .expect("running the test binary again");
@@ -1248,10 +1270,12 @@ fn run_data_path(dir: &std::path::Path, scenario: &str) {
         all.contains(&format!("data path '{scenario}': checked")),
         "{all}"
     );
-    for line in all
-        .lines()
-        .filter(|l| l.contains(" in ") || l.contains("on GPUs") || l.contains("batches,"))
-    {
+    for line in all.lines().filter(|l| {
+        l.contains(" in ")
+            || l.contains("on GPUs")
+            || l.contains("batches,")
+            || l.contains("matches CPU")
+    }) {
         println!("{scenario}: {line}");
     }
 }
@@ -1294,19 +1318,21 @@ fn gpu_instances_against_a_stand_in_driver() {
     );
     run_data_path(&dir, "one");
     run_data_path(&dir, "two");
+    run_data_path(&dir, "onnx");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The child of `gpu_instances_against_a_stand_in_driver` (does nothing in a normal run).
 #[test]
 fn gpu_data_path_child() {
-    let Some(scenario) = std::env::var_os("INFER_FAKE_CUDA") else {
+    let Some(scenario) = std::env::var_os("INFER_DATA_PATH_CHECKS") else {
         return;
     };
     let scenario = scenario.to_string_lossy().into_owned();
     match scenario.as_str() {
         "one" => data_path_one_gpu(),
         "two" => data_path_two_gpus(),
+        "onnx" => onnx_on_the_stand_in(),
         other => panic!("no data path checks for scenario {other}"),
     }
     println!("data path '{scenario}': checked");
@@ -1413,4 +1439,180 @@ fn custom_backend_on_a_real_gpu() {
     assert_eq!(read_output(&resp, "Y").2, x_of(9).to_vec());
     drop(resp);
     assert_eq!(unsafe { (d.mem_free)(p) }, 0);
+}
+
+// ---- the GPU executor for ONNX models, against the stand-ins ----
+//
+// The stand-in driver runs the kernels of src/gpu/kernels/kernels.cu compiled for the
+// host, the stand-in NVRTC "compiles" them, and the stand-in cuBLAS computes GEMMs on
+// the host: every model of models/ on a KIND_GPU instance must give what it gives on
+// the CPU.
+
+/// The config of `models/<name>` with its instances on GPU 0.
+fn gpu_config_of(name: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models")
+        .join(name)
+        .join("config.pbtxt");
+    let text = std::fs::read_to_string(&path).unwrap();
+    if text.contains("instance_group") {
+        assert!(text.contains("KIND_CPU"), "{}", path.display());
+        text.replace("KIND_CPU", "KIND_GPU")
+    } else {
+        format!("{text}\ninstance_group [ {{ kind: KIND_GPU count: 1 gpus: [ 0 ] }} ]\n")
+    }
+}
+
+fn model_dir_of(name: &str) -> std::ffi::CString {
+    cs(std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models")
+        .join(name)
+        .to_str()
+        .unwrap())
+}
+
+fn load_from_models(s: &Server, name: &str, config: Option<&str>) {
+    let c = config.map(cs);
+    ok(unsafe {
+        infer_server_load_model(
+            s.0,
+            cs(name).as_ptr(),
+            c.as_ref().map_or(null(), |c| c.as_ptr()),
+            model_dir_of(name).as_ptr(),
+        )
+    });
+}
+
+/// A small deterministic generator (xorshift).
+struct Rand(u64);
+impl Rand {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f32s(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| (self.next() % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+}
+
+/// (name, datatype, dims without the batch dim) of the inputs of each model tested.
+fn inputs_of(model: &str) -> Vec<(&'static str, infer_datatype, Vec<i64>)> {
+    match model {
+        "add_sub" => vec![
+            ("INPUT0", INFER_DATATYPE_FP32, vec![16]),
+            ("INPUT1", INFER_DATATYPE_FP32, vec![16]),
+        ],
+        "mlp" => vec![("FEATURES", INFER_DATATYPE_FP32, vec![64])],
+        "cnn" => vec![("PIXELS", INFER_DATATYPE_FP32, vec![1, 28, 28])],
+        "preprocess" => vec![("IMAGE", INFER_DATATYPE_UINT8, vec![28, 28])],
+        "postprocess" => vec![("LOGITS", INFER_DATATYPE_FP32, vec![10])],
+        "image_classifier" => vec![("IMAGE", INFER_DATATYPE_UINT8, vec![28, 28])],
+        other => panic!("no inputs for {other}"),
+    }
+}
+
+fn random_request(s: &Server, model: &str, batch: i64, rng: &mut Rand) -> Req {
+    let r = s.request(model);
+    for (name, dt, dims) in inputs_of(model) {
+        let mut shape = vec![batch];
+        shape.extend(&dims);
+        let n = shape.iter().product::<i64>() as usize;
+        let bytes: Vec<u8> = if dt == INFER_DATATYPE_UINT8 {
+            (0..n).map(|_| rng.next() as u8).collect()
+        } else {
+            bytemuck::cast_slice(&rng.f32s(n)).to_vec()
+        };
+        ok(r.try_input(name, dt, &shape, &bytes));
+    }
+    r
+}
+
+/// Every output of a response: name -> (shape, bytes).
+fn all_outputs(resp: &Resp) -> std::collections::BTreeMap<String, (Vec<i64>, Vec<u8>)> {
+    assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
+    let mut out = std::collections::BTreeMap::new();
+    for i in 0..resp.output_count() {
+        let (mut name, mut shape, mut nd, mut data, mut bytes) = (null(), null(), 0, null(), 0);
+        ok(unsafe {
+            infer_response_output(
+                resp.0,
+                i,
+                &mut name,
+                null_mut(),
+                &mut shape,
+                &mut nd,
+                &mut data,
+                &mut bytes,
+            )
+        });
+        let (mut mem, mut dev) = (99u32, 99i64);
+        ok(unsafe { infer_response_output_memory(resp.0, i, &mut mem, &mut dev) });
+        assert_eq!(mem, INFER_MEMORY_CPU);
+        let name = unsafe { std::ffi::CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned();
+        let shape = unsafe { std::slice::from_raw_parts(shape, nd) }.to_vec();
+        let data = unsafe { std::slice::from_raw_parts(data as *const u8, bytes) }.to_vec();
+        out.insert(name, (shape, data));
+    }
+    out
+}
+
+fn assert_close(model: &str, name: &str, want: &[u8], got: &[u8], int64: bool) {
+    assert_eq!(want.len(), got.len(), "{model}.{name}");
+    if int64 {
+        assert_eq!(want, got, "{model}.{name}");
+        return;
+    }
+    let (w, g): (Vec<f32>, Vec<f32>) = (
+        bytemuck::pod_collect_to_vec(want),
+        bytemuck::pod_collect_to_vec(got),
+    );
+    for (i, (a, b)) in w.iter().zip(&g).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 + 1e-4 * a.abs(),
+            "{model}.{name}[{i}]: CPU {a}, GPU {b}"
+        );
+    }
+}
+
+fn onnx_on_the_stand_in() {
+    let d = driver();
+    let cpu = server_in(INFER_GPU_OFF).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
+    let gpu = server_in(INFER_GPU_REQUIRED).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
+    let models = ["add_sub", "mlp", "cnn", "preprocess", "postprocess"];
+    for m in models {
+        load_from_models(&cpu, m, None);
+        load_from_models(&gpu, m, Some(&gpu_config_of(m)));
+    }
+    // The ensemble over the GPU models.
+    load_from_models(&cpu, "image_classifier", None);
+    load_from_models(&gpu, "image_classifier", None);
+    let mut rng = Rand(0x9e3779b97f4a7c15);
+    for m in models.iter().chain(&["image_classifier"]) {
+        for batch in [1i64, 3, 4] {
+            let seed = rng.next();
+            let resp_cpu = cpu.infer(random_request(&cpu, m, batch, &mut Rand(seed)));
+            let resp_gpu = gpu.infer(random_request(&gpu, m, batch, &mut Rand(seed)));
+            let (want, got) = (all_outputs(&resp_cpu), all_outputs(&resp_gpu));
+            assert_eq!(
+                want.keys().collect::<Vec<_>>(),
+                got.keys().collect::<Vec<_>>()
+            );
+            for (name, (shape, bytes)) in &want {
+                let (gshape, gbytes) = &got[name];
+                assert_eq!(shape, gshape, "{m}.{name}");
+                assert_close(m, name, bytes, gbytes, name == "LABEL");
+            }
+        }
+        println!("{m}: GPU matches CPU at batch 1, 3, 4");
+    }
+    let c = d.counters();
+    assert!(c.kernel_launches > 0, "{c:?}");
+    assert_eq!(c.pageable_async_copies, 0, "{c:?}");
+    assert_eq!(c.invalid_calls, 0, "{c:?}");
 }

@@ -25,6 +25,12 @@
 //! to run), `INFER_ONNX_CONFORMANCE_TIMEOUT_S` (per case, default 30). Every case's outcome
 //! is also written to `OUT/report.tsv`.
 //!
+//! With `INFER_ONNX_CONFORMANCE_GPU=1` every case runs on a KIND_GPU instance (the GPU
+//! executor of `src/gpu/onnx`) of a server whose GPU use is REQUIRED, the known failures
+//! come from `tests/onnx_conformance_gpu_known.txt`, the report goes to
+//! `OUT/report_gpu.tsv`, and there is no floor on passed cases. scripts/test.sh runs it
+//! against the stand-in CUDA libraries of tests/fixtures/ (kernels run on the host).
+//!
 //! Run: `cargo test --release --test onnx_conformance -- --nocapture`.
 
 mod common;
@@ -41,10 +47,20 @@ use std::time::{Duration, Instant};
 const DIR_ENV: &str = "INFER_ONNX_CONFORMANCE_DIR";
 const FILTER_ENV: &str = "INFER_ONNX_CONFORMANCE_FILTER";
 const TIMEOUT_ENV: &str = "INFER_ONNX_CONFORMANCE_TIMEOUT_S";
-const KNOWN: &str = concat!(
+const KNOWN_CPU: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/onnx_conformance_known.txt"
 );
+const KNOWN_GPU: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/onnx_conformance_gpu_known.txt"
+);
+const GPU_ENV: &str = "INFER_ONNX_CONFORMANCE_GPU";
+
+/// Whether the cases run on the GPU executor.
+fn on_gpu() -> bool {
+    std::env::var_os(GPU_ENV).is_some_and(|v| v == "1")
+}
 /// With every case of onnx [`MIN_PASSED_ONNX`] (the version scripts/test.sh pins) run, at
 /// least this many must pass: a backend that starts refusing models it used to run
 /// (counted as "unsupported") is caught here. Raise it when more cases pass.
@@ -128,8 +144,11 @@ fn set_stage(stage: &Stage, s: &'static str) {
 fn run_case(server: &Server, name: &str, dir: &Path, stage: &Stage) -> Outcome {
     set_stage(stage, "reading the test data");
     let read = || -> Result<(String, TensorData, TensorData), String> {
-        let config = std::fs::read_to_string(dir.join("config.pbtxt"))
+        let mut config = std::fs::read_to_string(dir.join("config.pbtxt"))
             .map_err(|e| format!("config.pbtxt: {e}"))?;
+        if on_gpu() {
+            config.push_str("\ninstance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]\n");
+        }
         let text = std::fs::read_to_string(dir.join("data.json"))
             .map_err(|e| format!("data.json: {e}"))?;
         let v: serde_json::Value =
@@ -422,6 +441,8 @@ fn compare_values(datatype: &str, shape: &[i64], got: &[u8], want: &[u8]) -> Res
 
 /// `case # reason` lines of the known-failures list.
 fn known_failures() -> BTreeMap<String, String> {
+    #[allow(non_snake_case)]
+    let KNOWN = if on_gpu() { KNOWN_GPU } else { KNOWN_CPU };
     let text = std::fs::read_to_string(KNOWN).unwrap_or_else(|e| panic!("{KNOWN}: {e}"));
     let mut known = BTreeMap::new();
     for (n, line) in text.lines().enumerate() {
@@ -519,6 +540,9 @@ fn onnx_node_test_cases() {
     let mut opts = std::ptr::null_mut();
     ok(unsafe { infer_server_options_new(&mut opts) });
     ok(unsafe { infer_server_options_set_model_control_explicit(opts, true) });
+    if on_gpu() {
+        ok(unsafe { infer_server_options_set_gpu(opts, INFER_GPU_REQUIRED) });
+    }
     ok(unsafe {
         infer_server_options_set_log_callback(opts, 2, Some(log_line), std::ptr::null_mut())
     });
@@ -645,8 +669,13 @@ fn onnx_node_test_cases() {
     for (name, reason) in &not_representable {
         report += &format!("{name}\tnot-representable\t{reason}\t0s\n");
     }
-    if let Err(e) = std::fs::write(root.join("report.tsv"), &report) {
-        println!("(could not write {}/report.tsv: {e})", root.display());
+    let report_file = if on_gpu() {
+        "report_gpu.tsv"
+    } else {
+        "report.tsv"
+    };
+    if let Err(e) = std::fs::write(root.join(report_file), &report) {
+        println!("(could not write {}/{report_file}: {e})", root.display());
     }
     let ran: HashSet<&str> = results.iter().map(|(n, ..)| n.as_str()).collect();
     let absent: Vec<&String> = known.keys().filter(|k| !ran.contains(k.as_str())).collect();
@@ -717,9 +746,10 @@ fn onnx_node_test_cases() {
         );
     }
     println!(
-        "\nonnx conformance: passed {passed}, failed {}, known failures {}, \
+        "\nonnx conformance{}: passed {passed}, failed {}, known failures {}, \
          skipped (unsupported) {n_unsupported}, skipped (not representable) {} in {:.0}s; \
-         details in {}/report.tsv",
+         details in {}/{report_file}",
+        if on_gpu() { " (GPU)" } else { "" },
         unexpected.len(),
         known_failing.len(),
         not_representable.len(),
@@ -731,7 +761,8 @@ fn onnx_node_test_cases() {
         // A timed-out execution may never finish: freeing the server would wait for it.
         std::mem::forget(server);
     }
-    let floor = filters.is_empty() && index["onnx_version"].as_str() == Some(MIN_PASSED_ONNX);
+    let floor =
+        filters.is_empty() && !on_gpu() && index["onnx_version"].as_str() == Some(MIN_PASSED_ONNX);
     if floor && passed < MIN_PASSED {
         println!(
             "\nonly {passed} cases passed, expected at least {MIN_PASSED}: compare {}/report.tsv \

@@ -24,4 +24,13 @@ infer_status goinfer_set_log_callback(infer_server_options *o, uint32_t min_leve
 infer_status goinfer_set_iteration_stats_callback(infer_server *s, const char *model,
                                                   uintptr_t handle);
 
+/* infer_request_add_input_borrowed for device memory (INFER_MEMORY_GPU): `data` is a
+ * device address as an integer (never Go memory), and `release_handle` a cgo.Handle of
+ * a Go func() that the release trampoline runs and deletes, or 0 for no release
+ * callback. When the call fails the library never calls the trampoline. */
+infer_status goinfer_add_input_device(infer_request *r, const char *name, infer_datatype dt,
+                                      const int64_t *shape, uintptr_t ndim, uintptr_t data,
+                                      uintptr_t byte_size, int64_t device_id,
+                                      uintptr_t release_handle);
+
 #endif

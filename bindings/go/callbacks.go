@@ -36,6 +36,20 @@ func goinferOnResponse(handle C.uintptr_t, resp *C.infer_response, flags C.uint3
 	sink.deliver(resp, final)
 }
 
+// liveReleases counts release functions of device inputs the library has not called
+// yet; tests use it to check that each one ran once.
+var liveReleases atomic.Int64
+
+//export goinferOnRelease
+func goinferOnRelease(handle C.uintptr_t) {
+	h := cgo.Handle(handle)
+	release := h.Value().(func())
+	// The library calls each release callback at most once.
+	h.Delete()
+	liveReleases.Add(-1)
+	release()
+}
+
 //export goinferOnLog
 func goinferOnLog(handle C.uintptr_t, level C.uint32_t, message *C.char) {
 	log := cgo.Handle(handle).Value().(func(LogLevel, string))

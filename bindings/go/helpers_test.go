@@ -62,11 +62,15 @@ func newTestServer(t *testing.T, models map[string]string) *Server {
 }
 
 // checkNothingLeft checks, after the server was closed (which drains), that no request
-// waits for its FINAL and the goroutine count is back to before.
+// waits for its FINAL, every device input was released and the goroutine count is back
+// to before.
 func checkNothingLeft(t *testing.T, goroutinesBefore int) {
 	t.Helper()
 	if n := liveSinks.Load(); n != 0 {
 		t.Errorf("%d requests still wait for their FINAL after Close", n)
+	}
+	if n := liveReleases.Load(); n != 0 {
+		t.Errorf("%d device inputs were never released after Close", n)
 	}
 	deadline := time.Now().Add(2 * time.Second)
 	for runtime.NumGoroutine() > goroutinesBefore && time.Now().Before(deadline) {

@@ -1,14 +1,14 @@
 package infer
 
 /*
-#include <stdlib.h>
-#include "infer.h"
+#include "bridge.h"
 */
 import "C"
 
 import (
 	"fmt"
 	"runtime"
+	"runtime/cgo"
 	"time"
 	"unsafe"
 )
@@ -22,8 +22,9 @@ const (
 	SequenceEnd   RequestFlags = C.INFER_REQUEST_FLAG_SEQUENCE_END
 )
 
-// Request is an inference request being built. Inputs are copied into the library when
-// added, so the caller's slices may be reused at once. A Request is used by one goroutine
+// Request is an inference request being built. Inputs from Go memory are copied into
+// the library when added, so the caller's slices may be reused at once (device inputs,
+// AddInputDevice, are borrowed instead). A Request is used by one goroutine
 // at a time. Sending it (Server.Infer, Server.Stream, Server.Enqueue, Sequence.Send)
 // consumes it, also when sending fails; a Request that is never sent is released by
 // Close.
@@ -160,6 +161,73 @@ func (r *Request) AddInputUint8(name string, shape []int64, data []uint8) error 
 // AddInputBytes adds a BYTES input, one element per entry of elements.
 func (r *Request) AddInputBytes(name string, shape []int64, elements [][]byte) error {
 	return r.AddInput(name, TypeBytes, shape, EncodeBytes(elements))
+}
+
+// AddInputDevice adds an input that is already in the device memory of GPU deviceID,
+// without copying it. ptr is a device address (a CUdeviceptr), not Go memory: it goes
+// to the library as an integer and is never read on the host by this package. The
+// range [ptr, ptr+byteSize) must lie in one allocation of that device, and the work
+// that wrote it must be complete.
+//
+// The library reads the memory until it releases the input: on a model whose instances
+// all run on GPUs after the batch that used it, on any other model once it made a host
+// copy when the request was sent, and when a request that is never sent is closed. It
+// then calls onRelease once (nil: not told), on a library thread or inside the call that
+// released it (Server.Infer, Request.Close, ...), possibly after the FINAL response. The
+// caller must keep the memory allocated and unchanged until onRelease runs. Without
+// onRelease there is no such signal: keep it until Close of the unsent request returns
+// or, once the request is sent, until the Server is closed. onRelease must not block,
+// panic or call into the Server.
+//
+// Unavailable without a usable GPU (also when the server's GPU mode is GPUOff);
+// InvalidArgument for a device that does not exist, a range outside one allocation, or
+// a BYTES input. When it fails, the memory was not taken and onRelease is never called.
+func (r *Request) AddInputDevice(name string, dt DataType, shape []int64, ptr uintptr, byteSize int,
+	deviceID int64, onRelease func()) error {
+	if byteSize < 0 {
+		return newError(InvalidArgument, fmt.Sprintf("input '%s': byte size %d is negative", name, byteSize))
+	}
+	cname, err := cString("input name", name)
+	if err != nil {
+		return err
+	}
+	defer freeCString(cname)
+	var cshape *C.int64_t
+	if len(shape) > 0 {
+		cshape = (*C.int64_t)(unsafe.Pointer(&shape[0]))
+	}
+	var h cgo.Handle
+	if onRelease != nil {
+		h = cgo.NewHandle(onRelease)
+		liveReleases.Add(1)
+	}
+	// The device address crosses as a uintptr_t and becomes a pointer only in C
+	// (trampolines.c): it is not a Go pointer, so cgo's pointer rules do not apply to it,
+	// and Go never holds it as an unsafe.Pointer. The shape is Go memory without Go
+	// pointers, copied before the call returns.
+	err = r.do(func(p *C.infer_request) C.infer_status {
+		return C.goinfer_add_input_device(p, cname, C.infer_datatype(dt), cshape, C.uintptr_t(len(shape)),
+			C.uintptr_t(ptr), C.uintptr_t(byteSize), C.int64_t(deviceID), C.uintptr_t(h))
+	})
+	runtime.KeepAlive(shape)
+	if err != nil && onRelease != nil {
+		// Refused: the library never calls the release trampoline.
+		liveReleases.Add(-1)
+		h.Delete()
+	}
+	return err
+}
+
+// SetOutputMemory chooses where the outputs should live (default MemoryCPU, device 0).
+// With MemoryGPU, outputs that a GPU instance produces in device memory stay on that
+// instance's device: read them with Response.OutputDevice. Outputs computed in host
+// memory stay there, so check Response.OutputMemory. MemoryCPUPinned is served as
+// MemoryCPU. MemoryGPU is Unavailable without a usable GPU (also when the server's GPU
+// mode is GPUOff) and InvalidArgument for a device that does not exist.
+func (r *Request) SetOutputMemory(mem MemoryType, deviceID int64) error {
+	return r.do(func(p *C.infer_request) C.infer_status {
+		return C.infer_request_set_output_memory(p, C.infer_memory_type(mem), C.int64_t(deviceID))
+	})
 }
 
 // AddRequestedOutput asks for outputs by name; with none requested, the response

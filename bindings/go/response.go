@@ -2,6 +2,7 @@ package infer
 
 /*
 #include <stdlib.h>
+#include <string.h>
 #include "infer.h"
 */
 import "C"
@@ -15,7 +16,9 @@ import (
 
 // Response is one response of a request: its status, its outputs and where it came
 // from. Output data is copied out into Go memory, so what the accessors return stays
-// valid after Close. Close releases the library's memory; it is idempotent and may be
+// valid after Close. Outputs in GPU memory (see Request.SetOutputMemory) are never
+// copied or read on the host: the copying accessors refuse them, and OutputDevice gives
+// their device address, which is valid only until Close. Close releases the library's memory; it is idempotent and may be
 // called from any goroutine, but not while another goroutine still reads the Response.
 type Response struct {
 	mu  sync.RWMutex
@@ -132,12 +135,17 @@ func TensorValues[T Element](t *Tensor) ([]T, error) {
 }
 
 // rawOutput describes an output in the response's memory, valid while the read lock
-// that produced it is held.
+// that produced it is held. data is set only for outputs in host memory; ptr is the
+// address (a device address for MemoryGPU) and size the byte size either way.
 type rawOutput struct {
-	name  string
-	dt    DataType
-	shape []int64
-	data  []byte
+	name   string
+	dt     DataType
+	shape  []int64
+	data   []byte
+	mem    MemoryType
+	device int64
+	ptr    uintptr
+	size   int
 }
 
 // withOutput finds output name (or index when name is "") and runs f on it under the
@@ -160,6 +168,8 @@ func (r *Response) withOutput(name string, index int, f func(o rawOutput) error)
 			ndim  C.uintptr_t
 			data  unsafe.Pointer
 			size  C.uintptr_t
+			mem   C.infer_memory_type
+			dev   C.int64_t
 		)
 		err = call(func() C.infer_status {
 			if cname != nil {
@@ -170,14 +180,28 @@ func (r *Response) withOutput(name string, index int, f func(o rawOutput) error)
 		if err != nil {
 			return
 		}
-		o := rawOutput{name: name, dt: DataType(dt), shape: make([]int64, int(ndim))}
+		if cname != nil {
+			if index = outputIndex(p, cname); index < 0 {
+				err = newError(Internal, fmt.Sprintf("output '%s' has no index", name))
+				return
+			}
+		}
+		err = call(func() C.infer_status {
+			return C.infer_response_output_memory(p, C.uintptr_t(index), &mem, &dev)
+		})
+		if err != nil {
+			return
+		}
+		o := rawOutput{name: name, dt: DataType(dt), shape: make([]int64, int(ndim)),
+			mem: MemoryType(mem), device: int64(dev), ptr: uintptr(data), size: int(size)}
 		if cname == nil {
 			o.name = C.GoString(oname)
 		}
 		if ndim > 0 {
 			copy(o.shape, unsafe.Slice((*int64)(unsafe.Pointer(shape)), int(ndim)))
 		}
-		if size > 0 {
+		// A device address never becomes a Go slice.
+		if size > 0 && o.onHost() {
 			o.data = unsafe.Slice((*byte)(data), int(size))
 		}
 		err = f(o)
@@ -188,31 +212,121 @@ func (r *Response) withOutput(name string, index int, f func(o rawOutput) error)
 	return err
 }
 
-func (o rawOutput) tensor() Tensor {
-	return Tensor{Name: o.name, DataType: o.dt, Shape: o.shape, Data: append([]byte(nil), o.data...)}
+// outputIndex returns the index of the output called name, or -1.
+func outputIndex(p *C.infer_response, name *C.char) int {
+	n := int(C.infer_response_output_count(p))
+	for i := 0; i < n; i++ {
+		var oname *C.char
+		if C.infer_response_output(p, C.uintptr_t(i), &oname, nil, nil, nil, nil, nil) == C.INFER_STATUS_OK &&
+			oname != nil && C.strcmp(oname, name) == 0 {
+			return i
+		}
+	}
+	return -1
 }
 
-// Output returns a copy of the output called name (NotFound if the response has none).
+func (o rawOutput) onHost() bool { return o.mem != MemoryGPU }
+
+// hostOnly refuses an output in GPU memory to the accessors that copy bytes to Go.
+func (o rawOutput) hostOnly() error {
+	if o.onHost() {
+		return nil
+	}
+	return newError(InvalidArgument, fmt.Sprintf(
+		"output '%s' is in the memory of GPU %d, not in host memory: read it with "+
+			"Response.OutputDevice, or ask for host outputs with Request.SetOutputMemory(MemoryCPU, 0)",
+		o.name, o.device))
+}
+
+func (o rawOutput) tensor() (Tensor, error) {
+	if err := o.hostOnly(); err != nil {
+		return Tensor{}, err
+	}
+	return Tensor{Name: o.name, DataType: o.dt, Shape: o.shape, Data: append([]byte(nil), o.data...)}, nil
+}
+
+func (o rawOutput) deviceTensor() (DeviceTensor, error) {
+	if o.onHost() {
+		return DeviceTensor{}, newError(InvalidArgument, fmt.Sprintf(
+			"output '%s' is in host memory, not in GPU memory: read it with Response.Output", o.name))
+	}
+	return DeviceTensor{Name: o.name, DataType: o.dt, Shape: o.shape, Ptr: o.ptr, ByteSize: o.size,
+		DeviceID: o.device}, nil
+}
+
+// OutputMemory returns where the output called name lives: MemoryCPU and device 0, or
+// MemoryGPU and the GPU's id (NotFound if the response has no such output).
+func (r *Response) OutputMemory(name string) (MemoryType, int64, error) {
+	if name == "" {
+		return 0, 0, newError(InvalidArgument, "output name is empty")
+	}
+	var o rawOutput
+	err := r.withOutput(name, 0, func(raw rawOutput) error { o = raw; return nil })
+	if err != nil {
+		return 0, 0, err
+	}
+	return o.mem, o.device, nil
+}
+
+// OutputMemoryAt returns where output index (0-based, below OutputCount) lives.
+func (r *Response) OutputMemoryAt(index int) (MemoryType, int64, error) {
+	if index < 0 {
+		return 0, 0, newError(InvalidArgument, fmt.Sprintf("output index %d is negative", index))
+	}
+	var o rawOutput
+	err := r.withOutput("", index, func(raw rawOutput) error { o = raw; return nil })
+	if err != nil {
+		return 0, 0, err
+	}
+	return o.mem, o.device, nil
+}
+
+// OutputDevice returns the output called name when it is in GPU memory: its device
+// address, byte size and GPU (valid until Close; see DeviceTensor). InvalidArgument for
+// an output in host memory (read those with Output), NotFound if there is none.
+func (r *Response) OutputDevice(name string) (DeviceTensor, error) {
+	if name == "" {
+		return DeviceTensor{}, newError(InvalidArgument, "output name is empty")
+	}
+	var t DeviceTensor
+	err := r.withOutput(name, 0, func(o rawOutput) (err error) { t, err = o.deviceTensor(); return err })
+	return t, err
+}
+
+// OutputDeviceAt returns output index (0-based) when it is in GPU memory.
+func (r *Response) OutputDeviceAt(index int) (DeviceTensor, error) {
+	if index < 0 {
+		return DeviceTensor{}, newError(InvalidArgument, fmt.Sprintf("output index %d is negative", index))
+	}
+	var t DeviceTensor
+	err := r.withOutput("", index, func(o rawOutput) (err error) { t, err = o.deviceTensor(); return err })
+	return t, err
+}
+
+// Output returns a copy of the output called name (NotFound if the response has none;
+// InvalidArgument if it is in GPU memory, see OutputDevice).
 func (r *Response) Output(name string) (Tensor, error) {
 	if name == "" {
 		return Tensor{}, newError(InvalidArgument, "output name is empty")
 	}
 	var t Tensor
-	err := r.withOutput(name, 0, func(o rawOutput) error { t = o.tensor(); return nil })
+	err := r.withOutput(name, 0, func(o rawOutput) (err error) { t, err = o.tensor(); return err })
 	return t, err
 }
 
-// OutputAt returns a copy of output index (0-based, below OutputCount).
+// OutputAt returns a copy of output index (0-based, below OutputCount); InvalidArgument
+// if it is in GPU memory.
 func (r *Response) OutputAt(index int) (Tensor, error) {
 	if index < 0 {
 		return Tensor{}, newError(InvalidArgument, fmt.Sprintf("output index %d is negative", index))
 	}
 	var t Tensor
-	err := r.withOutput("", index, func(o rawOutput) error { t = o.tensor(); return nil })
+	err := r.withOutput("", index, func(o rawOutput) (err error) { t, err = o.tensor(); return err })
 	return t, err
 }
 
-// Outputs returns copies of every output, in the response's order.
+// Outputs returns copies of every output, in the response's order; InvalidArgument if
+// one is in GPU memory.
 func (r *Response) Outputs() ([]Tensor, error) {
 	n := r.OutputCount()
 	out := make([]Tensor, 0, n)
@@ -227,7 +341,7 @@ func (r *Response) Outputs() ([]Tensor, error) {
 }
 
 // OutputOf returns output name as Go elements (a copy) and its shape; T must match the
-// output's datatype.
+// output's datatype, and the output must be in host memory.
 func OutputOf[T Element](r *Response, name string) ([]T, []int64, error) {
 	if name == "" {
 		return nil, nil, newError(InvalidArgument, "output name is empty")
@@ -237,6 +351,9 @@ func OutputOf[T Element](r *Response, name string) ([]T, []int64, error) {
 		shape  []int64
 	)
 	err := r.withOutput(name, 0, func(o rawOutput) error {
+		if err := o.hostOnly(); err != nil {
+			return err
+		}
 		if want := DataTypeOf[T](); o.dt != want {
 			return newError(InvalidArgument, fmt.Sprintf("output '%s' is %s, not %s", name, o.dt, want))
 		}

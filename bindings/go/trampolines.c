@@ -31,3 +31,17 @@ infer_status goinfer_set_iteration_stats_callback(infer_server *s, const char *m
     return infer_server_set_iteration_stats_callback(s, model, on_iteration_stats,
                                                      (void *)handle);
 }
+
+static void on_release(void *user_data) {
+    goinferOnRelease((uintptr_t)user_data);
+}
+
+infer_status goinfer_add_input_device(infer_request *r, const char *name, infer_datatype dt,
+                                      const int64_t *shape, uintptr_t ndim, uintptr_t data,
+                                      uintptr_t byte_size, int64_t device_id,
+                                      uintptr_t release_handle) {
+    return infer_request_add_input_borrowed(r, name, dt, shape, ndim, (const void *)data,
+                                            byte_size, INFER_MEMORY_GPU, device_id,
+                                            release_handle != 0 ? on_release : NULL,
+                                            (void *)release_handle);
+}

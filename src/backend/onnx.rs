@@ -29,6 +29,11 @@ pub fn is_onnx(key: &str) -> bool {
 pub struct OnnxBackend;
 
 impl Backend for OnnxBackend {
+    /// On KIND_GPU instances the GPU executor runs the graph (`gpu::onnx`).
+    fn runs_on_gpu(&self) -> bool {
+        true
+    }
+
     fn create_instance(
         self: Arc<Self>,
         config: &Arc<ModelConfig>,
@@ -54,6 +59,12 @@ impl Backend for OnnxBackend {
         })?;
         let file = model_file(dir, at.version, &config.default_model_filename);
         let what = format!("model '{}' version {}", config.name, at.version);
+        if at.gpu >= 0 {
+            // On a GPU instance: the GPU executor (the context is bound by the caller).
+            return Ok(Box::new(crate::gpu::onnx::OnnxGpuInstance::new(
+                config, &file, at.gpu, &what,
+            )?));
+        }
         let plan = Plan::build(config, &file, &what)?;
         let state = plan
             .runnable

@@ -248,6 +248,22 @@ impl Drop for Event {
     }
 }
 
+/// Copies `len` bytes between device addresses in the order of `stream` (a raw handle).
+///
+/// # Safety
+/// Both ranges must be valid until the stream has run the copy.
+pub unsafe fn copy_async(
+    dst: DevicePtr,
+    src: DevicePtr,
+    len: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    check(sys::cuMemcpyAsync(dst, src, len, stream), "cuMemcpyAsync")
+}
+
 /// Copies `len` bytes from device memory to host memory now (a synchronous, pageable
 /// copy: for inputs in device memory that a model on the CPU needs).
 ///
@@ -261,6 +277,64 @@ pub unsafe fn copy_to_host_now(dst: &mut [u8], src: DevicePtr) -> Result<()> {
         sys::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut c_void, src, dst.len()),
         "cuMemcpyDtoH",
     )
+}
+
+/// Device memory of exactly one allocation, freed when dropped (model constants: sized
+/// once, kept for the life of an instance).
+pub struct DeviceMem {
+    ptr: DevicePtr,
+    len: usize,
+    ctx: Arc<Context>,
+}
+
+impl DeviceMem {
+    /// Allocates `bytes.len()` bytes (at least 1) and copies `bytes` in, synchronously.
+    /// The context must be bound.
+    pub fn upload(ctx: &Arc<Context>, bytes: &[u8]) -> Result<DeviceMem> {
+        let mut ptr: DevicePtr = 0;
+        // SAFETY: valid out-pointer; the caller bound the context.
+        check(
+            unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.len().max(1)) },
+            "cuMemAlloc",
+        )
+        .map_err(|e| {
+            e.context(format!(
+                "{} bytes of constants on GPU {}",
+                bytes.len(),
+                ctx.ordinal
+            ))
+        })?;
+        let mem = DeviceMem {
+            ptr,
+            len: bytes.len(),
+            ctx: ctx.clone(),
+        };
+        if !bytes.is_empty() {
+            // SAFETY: `ptr` holds `len` bytes; a synchronous copy from host memory.
+            check(
+                unsafe { sys::cuMemcpyHtoD_v2(ptr, bytes.as_ptr() as *const c_void, bytes.len()) },
+                "cuMemcpyHtoD",
+            )?;
+        }
+        Ok(mem)
+    }
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for DeviceMem {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind();
+        // SAFETY: allocated by cuMemAlloc, freed once (the driver waits for pending work).
+        unsafe { sys::cuMemFree_v2(self.ptr) };
+    }
 }
 
 /// What the driver says about a device address.

@@ -42,6 +42,13 @@ pub struct BatchGpu {
 // SAFETY: the stream handle is only passed to the backend on the worker thread.
 unsafe impl Send for BatchGpu {}
 
+impl BatchGpu {
+    /// The instance's memory pool.
+    pub fn pool(&self) -> &Arc<MemoryPool> {
+        &self.pool
+    }
+}
+
 impl Batch {
     /// For a backend on a GPU instance: allocates batched output `name` in device memory
     /// and returns its address.

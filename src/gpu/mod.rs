@@ -12,6 +12,7 @@
 
 pub mod driver;
 pub mod instance;
+pub mod onnx;
 mod probe;
 
 pub use driver::{Context, DeviceBuf, DevicePtr, MemoryPool, PinnedBuf, ScopedBind, Stream};

@@ -1,9 +1,9 @@
 // libinfer C++ binding: building a request.
 //
 // Request owns one infer_request until it is handed to Server::infer / Server::enqueue
-// (which always take it, also when they throw). Borrowed inputs keep their release
-// functor in a heap holder that the library's release callback deletes; it never lets
-// an exception out into the library.
+// (which always take it, also when they throw). Borrowed inputs (host or device memory)
+// keep their release functor in a heap holder that the library's release callback
+// deletes; it never lets an exception out into the library.
 #ifndef INFER_CPP_REQUEST_HPP
 #define INFER_CPP_REQUEST_HPP
 
@@ -163,25 +163,42 @@ public:
     /// Adds an input the library reads in place until it calls `on_release()` (once,
     /// from any thread: after the request's responses, or when the request is destroyed
     /// unsent). If this call throws, the buffer was not taken and `on_release` is
-    /// destroyed without being called. Host memory only.
+    /// destroyed without being called. Host memory only (see input_device_raw).
     template <class F>
     Request &input_borrowed_raw(const std::string &name, DataType dt, const Shape &shape,
                                 const void *data, std::size_t byte_size, F &&on_release) & {
-        static_assert(std::is_invocable_v<std::decay_t<F> &>, "on_release must be callable as f()");
-        auto holder = std::make_unique<detail::ReleaseFunctor<std::decay_t<F>>>(
-            std::decay_t<F>(std::forward<F>(on_release)));
-        detail::check(infer_request_add_input_borrowed(
-            handle(), name.c_str(), static_cast<infer_datatype>(dt), shape.data(), shape.size(),
-            data, byte_size, INFER_MEMORY_CPU, 0, &detail::infer_cpp_release_trampoline,
-            static_cast<detail::ReleaseHolder *>(holder.get())));
-        holder.release(); // the library owns it now and hands it to the trampoline
-        return *this;
+        return borrow(name, dt, shape, data, byte_size, MemoryType::Cpu, 0,
+                      std::forward<F>(on_release));
     }
     template <class F>
     Request &&input_borrowed_raw(const std::string &name, DataType dt, const Shape &shape,
                                  const void *data, std::size_t byte_size, F &&on_release) && {
         return std::move(
             input_borrowed_raw(name, dt, shape, data, byte_size, std::forward<F>(on_release)));
+    }
+
+    /// Adds an input in the device memory of GPU `device_id`: `device_ptr` (a CUdeviceptr
+    /// as a pointer, never read on the host by this binding) must lie in one allocation of
+    /// that device holding all `byte_size` bytes, and the work that wrote it must be
+    /// complete. The library reads it (on the GPU, or into a host copy made at enqueue
+    /// for models not on GPUs) until it calls `on_release()`, once, from any thread;
+    /// keep the memory unchanged until then. Throws UNAVAILABLE without a usable GPU
+    /// (also when the server's GPU use is Off), INVALID_ARGUMENT for a device that does
+    /// not exist, a range outside one allocation, or a BYTES input; when it throws, the
+    /// memory was not taken and `on_release` is destroyed without being called.
+    template <class F>
+    Request &input_device_raw(const std::string &name, DataType dt, const Shape &shape,
+                              const void *device_ptr, std::size_t byte_size, int64_t device_id,
+                              F &&on_release) & {
+        return borrow(name, dt, shape, device_ptr, byte_size, MemoryType::Gpu, device_id,
+                      std::forward<F>(on_release));
+    }
+    template <class F>
+    Request &&input_device_raw(const std::string &name, DataType dt, const Shape &shape,
+                               const void *device_ptr, std::size_t byte_size,
+                               int64_t device_id, F &&on_release) && {
+        return std::move(input_device_raw(name, dt, shape, device_ptr, byte_size, device_id,
+                                          std::forward<F>(on_release)));
     }
 
     /// Borrows `count` elements of T at `data`; `on_release()` says when they may go.
@@ -216,6 +233,21 @@ public:
     }
 
     // ---- what to compute and how ----
+
+    /// Where the outputs should live (default: MemoryType::Cpu). With MemoryType::Gpu,
+    /// outputs that a GPU instance produces in device memory stay on that instance's
+    /// device (read them with Response::device_output); outputs computed in host memory
+    /// stay there, so check Response::output_memory. CpuPinned is served as Cpu. Gpu
+    /// throws UNAVAILABLE without a usable GPU (also when the server's GPU use is Off)
+    /// and INVALID_ARGUMENT for a device id that does not exist.
+    Request &output_memory(MemoryType mem, int64_t device_id = 0) & {
+        detail::check(infer_request_set_output_memory(
+            handle(), static_cast<infer_memory_type>(mem), device_id));
+        return *this;
+    }
+    Request &&output_memory(MemoryType mem, int64_t device_id = 0) && {
+        return std::move(output_memory(mem, device_id));
+    }
 
     /// Asks for one output (call again for more); with none requested, all are returned.
     Request &requested_output(const std::string &name) & {
@@ -320,6 +352,23 @@ public:
     infer_request *release() noexcept { return handle_.release(); }
 
 private:
+    /// infer_request_add_input_borrowed with `on_release` in a heap holder that the
+    /// library's release callback runs and deletes (here, if the call fails).
+    template <class F>
+    Request &borrow(const std::string &name, DataType dt, const Shape &shape, const void *data,
+                    std::size_t byte_size, MemoryType mem, int64_t device_id, F &&on_release) {
+        static_assert(std::is_invocable_v<std::decay_t<F> &>, "on_release must be callable as f()");
+        auto holder = std::make_unique<detail::ReleaseFunctor<std::decay_t<F>>>(
+            std::decay_t<F>(std::forward<F>(on_release)));
+        detail::check(infer_request_add_input_borrowed(
+            handle(), name.c_str(), static_cast<infer_datatype>(dt), shape.data(), shape.size(),
+            data, byte_size, static_cast<infer_memory_type>(mem), device_id,
+            &detail::infer_cpp_release_trampoline,
+            static_cast<detail::ReleaseHolder *>(holder.get())));
+        holder.release(); // the library owns it now and hands it to the trampoline
+        return *this;
+    }
+
     infer_request *handle() const {
         detail::require_handle(handle_.get(), "infer::Request");
         return handle_.get();

@@ -1,7 +1,9 @@
 // libinfer C++ binding: the response to a request.
 //
 // Response owns one infer_response and frees it on destruction (on any thread, as the C
-// API allows). Reading outputs of a failed response throws that response's error.
+// API allows). Reading outputs of a failed response throws that response's error. The
+// host accessors (output, output_at, output<T>) refuse outputs in GPU memory instead of
+// handing out a device address as host memory; device_output gives those.
 #ifndef INFER_CPP_RESPONSE_HPP
 #define INFER_CPP_RESPONSE_HPP
 
@@ -18,8 +20,8 @@
 namespace infer {
 
 /// One response of a request: its status and, on success, its output tensors. Move-only;
-/// a Tensor or TensorView read from it is valid until the Response is destroyed (moving
-/// the Response keeps them valid). The accessors may be called from any thread, but one
+/// a Tensor, TensorView or DeviceTensor read from it is valid until the Response is
+/// destroyed (moving the Response keeps them valid). The accessors may be called from any thread, but one
 /// Response is not meant to be destroyed while another thread reads it.
 class Response {
 public:
@@ -63,37 +65,63 @@ public:
         return infer_response_output_count(handle_.get());
     }
 
-    /// Output `index` (0-based); throws the response's error if it failed.
+    /// Output `index` (0-based), in host memory; throws the response's error if it
+    /// failed, and INVALID_ARGUMENT, naming the output and the GPU, if the output is in
+    /// GPU memory (read those with device_output_at).
     Tensor output_at(std::size_t index) const {
         throw_if_error();
-        const char *name = nullptr;
-        infer_datatype dt = INFER_DATATYPE_INVALID;
-        const int64_t *shape = nullptr;
-        uintptr_t ndim = 0;
-        const void *data = nullptr;
-        uintptr_t bytes = 0;
-        detail::check(
-            infer_response_output(handle_.get(), index, &name, &dt, &shape, &ndim, &data, &bytes));
-        return Tensor(name != nullptr ? name : "", static_cast<DataType>(dt),
-                      Shape(shape, shape + ndim), data, bytes);
+        const Raw o = read(index);
+        if (!o.where.on_host()) {
+            throw Error(INFER_STATUS_INVALID_ARGUMENT,
+                        "output '" + o.name + "' is in the memory of GPU " +
+                            std::to_string(o.where.device_id) +
+                            ", not in host memory: read it with Response::device_output, or "
+                            "ask for host outputs with Request::output_memory(MemoryType::Cpu)");
+        }
+        return Tensor(o.name, o.dt, Shape(o.shape, o.shape + o.ndim), o.data, o.bytes);
     }
 
-    /// The output called `name`: NOT_FOUND if the response has none of that name; the
-    /// response's own error if it failed.
-    Tensor output(const std::string &name) const {
+    /// The output called `name`, in host memory: NOT_FOUND if the response has none of
+    /// that name; the response's own error if it failed; INVALID_ARGUMENT if the output
+    /// is in GPU memory (see device_output).
+    Tensor output(const std::string &name) const { return output_at(output_index(name)); }
+
+    /// Where output `index` lives: {MemoryType::Cpu, 0} in host memory, or
+    /// {MemoryType::Gpu, device id}. INVALID_ARGUMENT past the end; the response's error
+    /// if it failed.
+    MemoryLocation output_memory_at(std::size_t index) const {
         throw_if_error();
-        infer_datatype dt = INFER_DATATYPE_INVALID;
-        const int64_t *shape = nullptr;
-        uintptr_t ndim = 0;
-        const void *data = nullptr;
-        uintptr_t bytes = 0;
-        detail::check(infer_response_output_by_name(handle_.get(), name.c_str(), &dt, &shape,
-                                                    &ndim, &data, &bytes));
-        return Tensor(name, static_cast<DataType>(dt), Shape(shape, shape + ndim), data, bytes);
+        return memory_at(index);
+    }
+
+    /// Where the output called `name` lives (NOT_FOUND if there is none).
+    MemoryLocation output_memory(const std::string &name) const {
+        return output_memory_at(output_index(name));
+    }
+
+    /// Output `index` when it is in GPU memory: its device address, byte size and device
+    /// (valid until this Response is destroyed). INVALID_ARGUMENT if the output is in
+    /// host memory (read those with output_at); the response's error if it failed.
+    DeviceTensor device_output_at(std::size_t index) const {
+        throw_if_error();
+        const Raw o = read(index);
+        if (o.where.on_host()) {
+            throw Error(INFER_STATUS_INVALID_ARGUMENT,
+                        "output '" + o.name +
+                            "' is in host memory, not GPU memory: read it with Response::output");
+        }
+        return DeviceTensor(o.name, o.dt, Shape(o.shape, o.shape + o.ndim), o.data, o.bytes,
+                            o.where.device_id);
+    }
+
+    /// The output called `name` when it is in GPU memory (NOT_FOUND if there is none).
+    DeviceTensor device_output(const std::string &name) const {
+        return device_output_at(output_index(name));
     }
 
     /// The output called `name` as elements of T: `resp.output<float>("OUTPUT0")`.
-    /// Throws INVALID_ARGUMENT when T is not the output's datatype.
+    /// Throws INVALID_ARGUMENT when T is not the output's datatype or the output is in
+    /// GPU memory.
     template <class T>
     TensorView<const T> output(const std::string &name) const {
         return output(name).as<T>();
@@ -128,6 +156,59 @@ public:
     infer_response *release() noexcept { return handle_.release(); }
 
 private:
+    /// One output as infer_response_output gives it, with its memory.
+    struct Raw {
+        std::string name;
+        DataType dt = DataType::Invalid;
+        const int64_t *shape = nullptr;
+        uintptr_t ndim = 0;
+        const void *data = nullptr;
+        uintptr_t bytes = 0;
+        MemoryLocation where;
+    };
+
+    Raw read(std::size_t index) const {
+        const char *name = nullptr;
+        infer_datatype dt = INFER_DATATYPE_INVALID;
+        Raw o;
+        detail::check(infer_response_output(handle_.get(), index, &name, &dt, &o.shape, &o.ndim,
+                                            &o.data, &o.bytes));
+        o.name = name != nullptr ? name : "";
+        o.dt = static_cast<DataType>(dt);
+        o.where = memory_at(index);
+        return o;
+    }
+
+    MemoryLocation memory_at(std::size_t index) const {
+        infer_memory_type mem = INFER_MEMORY_CPU;
+        int64_t device_id = 0;
+        detail::check(infer_response_output_memory(handle_.get(), index, &mem, &device_id));
+        return MemoryLocation{static_cast<MemoryType>(mem), device_id};
+    }
+
+    /// The index of the output called `name`: the response's error if it failed,
+    /// NOT_FOUND (the library's message) if it has no such output.
+    std::size_t output_index(const std::string &name) const {
+        throw_if_error();
+        const std::size_t n = output_count();
+        for (std::size_t i = 0; i < n; i++) {
+            const char *oname = nullptr;
+            detail::check(infer_response_output(handle_.get(), i, &oname, nullptr, nullptr,
+                                                nullptr, nullptr, nullptr));
+            if (oname != nullptr && name == oname) {
+                return i;
+            }
+        }
+        infer_datatype dt = INFER_DATATYPE_INVALID;
+        const int64_t *shape = nullptr;
+        uintptr_t ndim = 0;
+        const void *data = nullptr;
+        uintptr_t bytes = 0;
+        detail::check(infer_response_output_by_name(handle_.get(), name.c_str(), &dt, &shape,
+                                                    &ndim, &data, &bytes));
+        throw Error(INFER_STATUS_NOT_FOUND, "the response has no output '" + name + "'");
+    }
+
     struct Free {
         void operator()(infer_response *r) const noexcept { infer_response_free(r); }
     };

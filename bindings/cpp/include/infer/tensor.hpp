@@ -1,7 +1,9 @@
-// libinfer C++ binding: datatypes and views of tensors the library owns.
+// libinfer C++ binding: datatypes, memory types and views of tensors the library owns.
 //
 // A Tensor or TensorView never owns memory: it points into a Response (valid until the
 // Response is destroyed) or into a Batch (valid until the backend's execute returns).
+// A Response hands out a Tensor only for outputs in host memory; outputs in GPU memory
+// come as a DeviceTensor, which has a device address and no host accessors.
 // Typed views check the element type against the tensor's datatype and throw on a
 // mismatch; they never reinterpret bytes of another type.
 #ifndef INFER_CPP_TENSOR_HPP
@@ -14,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "infer.h"
@@ -54,6 +57,40 @@ inline DataType datatype_from_string(const std::string &name) noexcept {
 inline std::size_t byte_size(DataType dt) noexcept {
     return infer_datatype_byte_size(static_cast<infer_datatype>(dt));
 }
+
+/// Where a tensor's memory lives (the INFER_MEMORY_* values).
+enum class MemoryType : infer_memory_type {
+    Cpu = INFER_MEMORY_CPU,              ///< ordinary host memory
+    CpuPinned = INFER_MEMORY_CPU_PINNED, ///< page-locked host memory (served as Cpu)
+    Gpu = INFER_MEMORY_GPU,              ///< device memory of one GPU
+};
+
+/// "CPU", "CPU_PINNED", "GPU"; "UNKNOWN" for other values.
+inline const char *to_string(MemoryType mem) noexcept {
+    switch (mem) {
+    case MemoryType::Cpu:
+        return "CPU";
+    case MemoryType::CpuPinned:
+        return "CPU_PINNED";
+    case MemoryType::Gpu:
+        return "GPU";
+    }
+    return "UNKNOWN";
+}
+
+/// Where a response output is: {Cpu, 0} in host memory, {Gpu, id} on GPU `id`.
+struct MemoryLocation {
+    MemoryType type = MemoryType::Cpu;
+    int64_t device_id = 0;
+
+    bool on_host() const noexcept { return type != MemoryType::Gpu; }
+    friend bool operator==(const MemoryLocation &a, const MemoryLocation &b) noexcept {
+        return a.type == b.type && a.device_id == b.device_id;
+    }
+    friend bool operator!=(const MemoryLocation &a, const MemoryLocation &b) noexcept {
+        return !(a == b);
+    }
+};
 
 /// The raw bits of an IEEE half-precision (FP16) element; C++17 has no such type.
 struct fp16_t {
@@ -246,6 +283,38 @@ private:
     Shape shape_;
     const void *data_ = nullptr;
     std::size_t byte_size_ = 0;
+};
+
+/// A response output in GPU memory: its name, datatype, shape and the device address of
+/// its bytes. The address is not host memory: never dereference it on the host; read it
+/// with CUDA on `device_id()` (copies, kernels). Borrowed like Tensor: valid until the
+/// Response it came from is destroyed; the work that produced it is complete.
+class DeviceTensor {
+public:
+    DeviceTensor() = default;
+    DeviceTensor(std::string name, DataType dt, Shape shape, const void *device_ptr,
+                 std::size_t byte_size, int64_t device_id)
+        : name_(std::move(name)), datatype_(dt), shape_(std::move(shape)), ptr_(device_ptr),
+          byte_size_(byte_size), device_id_(device_id) {}
+
+    const std::string &name() const noexcept { return name_; }
+    DataType datatype() const noexcept { return datatype_; }
+    const Shape &shape() const noexcept { return shape_; }
+    /// The device address (a CUdeviceptr as a pointer) of the first byte.
+    const void *device_ptr() const noexcept { return ptr_; }
+    std::size_t byte_size() const noexcept { return byte_size_; }
+    /// The GPU that holds the bytes.
+    int64_t device_id() const noexcept { return device_id_; }
+    /// Elements of the shape.
+    std::size_t element_count() const { return detail::element_count(shape_); }
+
+private:
+    std::string name_;
+    DataType datatype_ = DataType::Invalid;
+    Shape shape_;
+    const void *ptr_ = nullptr;
+    std::size_t byte_size_ = 0;
+    int64_t device_id_ = 0;
 };
 
 /// Encodes strings in the BYTES layout: each a little-endian uint32 length, then its

@@ -1,0 +1,378 @@
+//! The GPU executor for ONNX graphs: an instance on a GPU reads the graph itself, plans
+//! it per set of input shapes (kernels of kernels.cu compiled with NVRTC, GEMMs through
+//! cuBLAS, intermediates in one arena whose space is reused), and runs the plan on the
+//! instance's stream. It is the inner instance of a [`crate::gpu::instance::GpuInstance`],
+//! which moves inputs and outputs between host and device.
+//!
+//! Operators: see [`SUPPORTED`]. Shape computations (Shape, Gather, Concat, ... on
+//! constants and shapes) run on the host while planning. A model with any other operator
+//! fails to load with the operator named.
+
+pub mod graph;
+pub mod host;
+pub mod kargs;
+pub mod plan;
+pub mod runtime;
+
+use crate::backend::{Batch, ModelInstance};
+use crate::config::ModelConfig;
+use crate::gpu::driver::{Context, DevicePtr};
+use crate::gpu::DeviceBuf;
+use crate::status::{Error, Result};
+use graph::{Dt, Graph};
+use plan::{Buf, Consts, Plan, Planner, Ptr, Step};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The operators the executor runs on the device (besides those it evaluates on the
+/// host while planning).
+pub const SUPPORTED: &[&str] = &[
+    "Abs",
+    "Add",
+    "ArgMax",
+    "ArgMin",
+    "AveragePool",
+    "BatchNormalization",
+    "Cast",
+    "Ceil",
+    "Clip",
+    "Concat",
+    "Conv",
+    "Cos",
+    "Div",
+    "Dropout",
+    "Elu",
+    "Erf",
+    "Exp",
+    "Expand",
+    "Flatten",
+    "Floor",
+    "Gather",
+    "Gelu",
+    "Gemm",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "HardSigmoid",
+    "Identity",
+    "LayerNormalization",
+    "LeakyRelu",
+    "Log",
+    "LogSoftmax",
+    "MatMul",
+    "Max",
+    "MaxPool",
+    "Min",
+    "Mul",
+    "Neg",
+    "PRelu",
+    "Pow",
+    "Reciprocal",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceSum",
+    "ReduceSumSquare",
+    "Relu",
+    "Reshape",
+    "Shape",
+    "Sigmoid",
+    "Sin",
+    "Slice",
+    "Softmax",
+    "Softplus",
+    "Sqrt",
+    "Squeeze",
+    "Sub",
+    "Sum",
+    "Tanh",
+    "Transpose",
+    "Unsqueeze",
+    "Where",
+];
+
+/// Operators only evaluated on the host (constants and shape computations).
+const HOST_ONLY: &[&str] = &[
+    "Constant",
+    "ConstantOfShape",
+    "Range",
+    "Equal",
+    "Less",
+    "Greater",
+    "And",
+    "Or",
+    "Not",
+    "Mod",
+    "Size",
+];
+
+/// Reads and checks a graph for the GPU: every operator known, BatchNormalization after
+/// Conv folded.
+pub fn load_graph(file: &Path, what: &str) -> Result<Graph> {
+    use tract_onnx::prelude::Framework;
+    let proto = tract_onnx::onnx()
+        .proto_model_for_path(file)
+        .map_err(|e| Error::invalid(format!("{what}: cannot read {}: {e}", file.display())))?;
+    let mut g = Graph::from_proto(&proto, what)?;
+    if let Some(n) = g
+        .nodes
+        .iter()
+        .find(|n| !SUPPORTED.contains(&n.op.as_str()) && !HOST_ONLY.contains(&n.op.as_str()))
+    {
+        return Err(Error::unsupported(format!(
+            "{what}: {}: operator {} is not supported by the GPU executor (supported: {})",
+            n.label(),
+            n.op,
+            SUPPORTED.join(", ")
+        )));
+    }
+    if let Some(n) = g
+        .nodes
+        .iter()
+        .find(|n| !n.inputs.is_empty() && n.op == "Constant")
+    {
+        return Err(Error::invalid(format!(
+            "{what}: {}: a Constant with inputs",
+            n.label()
+        )));
+    }
+    plan::fold_batchnorm_into_conv(&mut g);
+    Ok(g)
+}
+
+/// One instance of an ONNX model on one GPU.
+pub struct OnnxGpuInstance {
+    graph: Arc<Graph>,
+    config: Arc<ModelConfig>,
+    ctx: Arc<Context>,
+    module: Arc<runtime::Module>,
+    blas: Option<runtime::Blas>,
+    tf32: bool,
+    consts: Consts,
+    plans: HashMap<Vec<(Dt, Vec<i64>)>, Arc<Plan>>,
+    arena: Option<DeviceBuf>,
+    what: String,
+}
+
+impl OnnxGpuInstance {
+    /// Loads the graph, compiles (or finds) the kernels for the device, and plans the
+    /// graph once for a batch of one so that anything it cannot run fails the load.
+    /// The device's context must be bound.
+    pub fn new(
+        config: &Arc<ModelConfig>,
+        file: &Path,
+        device: i32,
+        what: &str,
+    ) -> Result<OnnxGpuInstance> {
+        let graph = Arc::new(load_graph(file, what)?);
+        let info = crate::gpu::GpuState::for_mode(crate::gpu::GpuMode::Auto)
+            .runtime()
+            .and_then(|r| r.devices.get(device as usize).cloned())
+            .ok_or_else(|| Error::unavailable(format!("{what}: GPU {device} is not usable")))?;
+        let ctx = crate::gpu::context(device)?;
+        let module = runtime::module(&ctx, info.compute_capability).map_err(|e| e.context(what))?;
+        let tf32 = config
+            .parameters
+            .get("allow_tf32")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+        let mut inst = OnnxGpuInstance {
+            graph,
+            config: config.clone(),
+            consts: Consts::new(&ctx),
+            ctx,
+            module,
+            blas: None,
+            tf32,
+            plans: HashMap::new(),
+            arena: None,
+            what: what.to_owned(),
+        };
+        for tc in &config.inputs {
+            if !inst.graph.inputs.iter().any(|i| *i.name == *tc.name) {
+                return Err(Error::invalid(format!(
+                    "{what}: the config has input '{}', which the model does not",
+                    tc.name
+                )));
+            }
+        }
+        for tc in &config.outputs {
+            if !inst.graph.outputs.iter().any(|o| *o.name == *tc.name) {
+                return Err(Error::invalid(format!(
+                    "{what}: the config has output '{}', which the model does not",
+                    tc.name
+                )));
+            }
+        }
+        let probe = inst.sample_inputs()?;
+        inst.plan_for(probe)?;
+        Ok(inst)
+    }
+
+    /// Input types and shapes of a batch of one (symbolic dims as 1).
+    fn sample_inputs(&self) -> Result<Vec<(Dt, Vec<i64>)>> {
+        let batching = self.config.max_batch_size > 0;
+        self.graph
+            .inputs
+            .iter()
+            .map(|io| {
+                let tc = self.config.input(&io.name);
+                let dt = tc
+                    .and_then(|t| Dt::from_library(t.data_type))
+                    .or(io.dt)
+                    .ok_or_else(|| {
+                        Error::unsupported(format!(
+                            "{}: input '{}' has a type the GPU executor does not support",
+                            self.what, io.name
+                        ))
+                    })?;
+                let mut shape: Vec<i64> = match tc {
+                    Some(t) => {
+                        let mut s = if batching { vec![1] } else { Vec::new() };
+                        s.extend(t.reshape.clone().unwrap_or_else(|| t.dims.clone()));
+                        s
+                    }
+                    None => io.dims.clone().unwrap_or_default(),
+                };
+                for d in &mut shape {
+                    if *d < 0 {
+                        *d = 1;
+                    }
+                }
+                Ok((dt, shape))
+            })
+            .collect()
+    }
+
+    fn plan_for(&mut self, key: Vec<(Dt, Vec<i64>)>) -> Result<Arc<Plan>> {
+        if let Some(p) = self.plans.get(&key) {
+            return Ok(p.clone());
+        }
+        self.ctx.bind()?;
+        let plan = Planner::new(&self.graph, &mut self.consts)
+            .plan(&key)
+            .map_err(|e| e.context(&self.what))?;
+        let plan = Arc::new(plan);
+        self.plans.insert(key, plan.clone());
+        Ok(plan)
+    }
+}
+
+impl ModelInstance for OnnxGpuInstance {
+    fn execute(&mut self, batch: &mut Batch) -> Result<()> {
+        let (stream, pool) = match &batch.gpu {
+            Some(g) => (g.stream, g.pool().clone()),
+            None => {
+                return Err(Error::internal(format!(
+                    "{}: not on a GPU instance",
+                    self.what
+                )))
+            }
+        };
+        // Graph inputs from the batch, by name.
+        let mut key = Vec::with_capacity(self.graph.inputs.len());
+        let mut in_ptrs = Vec::with_capacity(self.graph.inputs.len());
+        for io in &self.graph.inputs {
+            let Some(i) = batch.inputs.iter().position(|b| *b.name == io.name) else {
+                return Err(Error::invalid(format!(
+                    "{}: input '{}' is missing from the batch (optional inputs are not supported on the GPU)",
+                    self.what, io.name
+                )));
+            };
+            let bi = &batch.inputs[i];
+            let dt = Dt::from_library(bi.dtype).ok_or_else(|| {
+                Error::unsupported(format!(
+                    "{}: input '{}' of type {} on the GPU",
+                    self.what,
+                    io.name,
+                    bi.dtype.as_str()
+                ))
+            })?;
+            key.push((dt, bi.shape.to_vec()));
+            in_ptrs.push(batch.gpu.as_ref().map_or(0, |g| g.inputs[i]));
+        }
+        let plan = self.plan_for(key)?;
+        // Outputs the config lists, in device memory.
+        let mut out_ptrs: Vec<Option<DevicePtr>> = Vec::with_capacity(plan.outputs.len());
+        for (io, (dt, shape)) in self.graph.outputs.iter().zip(&plan.outputs) {
+            // A model output, or the output of an implicit state.
+            let declared = self
+                .config
+                .output(&io.name)
+                .map(|t| t.data_type)
+                .or_else(|| {
+                    self.config
+                        .sequence_batching
+                        .as_ref()
+                        .and_then(|q| q.state_by_output(&io.name))
+                        .map(|st| st.data_type)
+                });
+            match declared {
+                Some(cdt) => {
+                    if Dt::from_library(cdt) != Some(*dt) {
+                        return Err(Error::invalid(format!(
+                            "{}: output '{}' is {} in the model and {} in the config",
+                            self.what,
+                            io.name,
+                            dt.name(),
+                            cdt.as_str()
+                        )));
+                    }
+                    out_ptrs.push(Some(batch.alloc_output_device(&io.name, shape)?));
+                }
+                None => out_ptrs.push(None),
+            }
+        }
+        if self.arena.as_ref().map_or(0, |a| a.len() as u64) < plan.arena_bytes {
+            // The old arena goes back to the pool; only this instance's stream uses it,
+            // so work still queued on it finishes before anything reuses it.
+            self.arena = Some(pool.device(plan.arena_bytes as usize)?);
+        }
+        let arena = self.arena.as_ref().map_or(0, |a| a.ptr());
+        if self.blas.is_none() {
+            self.blas = Some(runtime::Blas::new(stream as _, self.tf32)?);
+        }
+        let resolve = |p: &Ptr| -> Option<DevicePtr> {
+            let base = match &p.buf {
+                Buf::Input(k) => in_ptrs[*k],
+                Buf::Output(k) => out_ptrs[*k]?,
+                Buf::Temp(t) => arena + plan.temp_offsets[*t],
+                Buf::Const(m) => m.ptr(),
+            };
+            Some(base + p.bytes)
+        };
+        let stream = stream as cudarc::driver::sys::CUstream;
+        for step in &plan.steps {
+            match step {
+                Step::Kernel { k, args, ins, out } => {
+                    let mut a = **args;
+                    for (slot, p) in a.inp.iter_mut().zip(ins) {
+                        *slot = p.as_ref().and_then(resolve).unwrap_or(0);
+                    }
+                    let Some(o) = resolve(out) else { continue };
+                    a.out = o;
+                    // SAFETY: the instance's live stream.
+                    unsafe { self.module.launch(*k, &a, stream)? };
+                }
+                Step::Gemm { g, a, b, c } => {
+                    let (Some(a), Some(b), Some(c)) = (resolve(a), resolve(b), resolve(c)) else {
+                        continue;
+                    };
+                    if let Some(blas) = &self.blas {
+                        blas.sgemm(g, a, b, c)?;
+                    }
+                }
+                Step::Copy { dst, src, bytes } => {
+                    let (Some(d), Some(s)) = (resolve(dst), resolve(src)) else {
+                        continue;
+                    };
+                    // SAFETY: both ranges were sized by the plan.
+                    unsafe { crate::gpu::driver::copy_async(d, s, *bytes as usize, stream)? };
+                }
+            }
+        }
+        Ok(())
+    }
+}

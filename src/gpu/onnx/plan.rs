@@ -1,0 +1,1500 @@
+//! Turning a graph into a plan for given input shapes: every node becomes kernel
+//! launches, cuBLAS GEMMs or nothing at all (views and host computations), and every
+//! intermediate tensor gets an offset in one device arena, reused once the tensor is dead.
+
+use super::graph::{Dt, Graph, HostTensor, Node};
+use super::host::{self, broadcast, broadcast_strides, strides, SliceSpec};
+use super::kargs::{KArgs, Kernel};
+use super::runtime::GemmArgs;
+use crate::gpu::driver::{Context, DeviceMem};
+use crate::status::{Error, Result};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Where a tensor's bytes are, resolved to an address when the plan runs.
+#[derive(Clone)]
+pub enum Buf {
+    /// Batch input `k` (graph input order).
+    Input(usize),
+    /// Graph output `k`.
+    Output(usize),
+    /// Intermediate `k` (an offset of the arena).
+    Temp(usize),
+    /// A constant on the device.
+    Const(Arc<DeviceMem>),
+}
+
+#[derive(Clone)]
+pub struct Ptr {
+    pub buf: Buf,
+    /// Byte offset into the buffer.
+    pub bytes: u64,
+}
+
+/// A tensor on the device: contiguous, row-major.
+#[derive(Clone)]
+pub struct Dev {
+    pub dt: Dt,
+    pub shape: Vec<i64>,
+    pub ptr: Ptr,
+}
+
+impl Dev {
+    fn numel(&self) -> i64 {
+        self.shape.iter().product()
+    }
+}
+
+#[derive(Clone)]
+pub enum Val {
+    Host(HostTensor),
+    Dev(Dev),
+}
+
+pub enum Step {
+    Kernel {
+        k: Kernel,
+        args: Box<KArgs>,
+        ins: [Option<Ptr>; 4],
+        out: Ptr,
+    },
+    Gemm {
+        g: GemmArgs,
+        a: Ptr,
+        b: Ptr,
+        c: Ptr,
+    },
+    Copy {
+        dst: Ptr,
+        src: Ptr,
+        bytes: u64,
+    },
+}
+
+struct Temp {
+    bytes: u64,
+    first: usize,
+    last: usize,
+}
+
+/// A plan for one set of input shapes.
+pub struct Plan {
+    pub steps: Vec<Step>,
+    /// Arena offset of each intermediate.
+    pub temp_offsets: Vec<u64>,
+    pub arena_bytes: u64,
+    /// Element type and shape of each graph output.
+    pub outputs: Vec<(Dt, Vec<i64>)>,
+}
+
+/// Constants uploaded to the device, shared by an instance's plans.
+pub struct Consts {
+    ctx: Arc<Context>,
+    by_key: HashMap<String, Arc<DeviceMem>>,
+}
+
+impl Consts {
+    pub fn new(ctx: &Arc<Context>) -> Consts {
+        Consts {
+            ctx: ctx.clone(),
+            by_key: HashMap::new(),
+        }
+    }
+    fn get(&mut self, key: &str, t: &HostTensor) -> Result<Arc<DeviceMem>> {
+        let full = format!("{key}|{:?}|{:?}|{}", t.dt, t.shape, content_hash(t));
+        if let Some(m) = self.by_key.get(&full) {
+            return Ok(m.clone());
+        }
+        let m = Arc::new(DeviceMem::upload(&self.ctx, &t.to_bytes())?);
+        self.by_key.insert(full, m.clone());
+        Ok(m)
+    }
+}
+
+fn content_hash(t: &HostTensor) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for v in &t.data {
+        v.to_bits().hash(&mut h);
+    }
+    h.finish()
+}
+
+const ALIGN: u64 = 256;
+
+/// Builds plans.
+pub struct Planner<'a> {
+    graph: &'a Graph,
+    consts: &'a mut Consts,
+    vals: HashMap<String, Val>,
+    steps: Vec<Step>,
+    temps: Vec<Temp>,
+}
+
+fn unsupported(node: &Node, why: impl std::fmt::Display) -> Error {
+    Error::unsupported(format!("{}: {why} on the GPU", node.label()))
+}
+
+fn numel(shape: &[i64]) -> i64 {
+    shape.iter().product()
+}
+
+impl<'a> Planner<'a> {
+    pub fn new(graph: &'a Graph, consts: &'a mut Consts) -> Planner<'a> {
+        Planner {
+            graph,
+            consts,
+            vals: HashMap::new(),
+            steps: Vec::new(),
+            temps: Vec::new(),
+        }
+    }
+
+    /// Plans the graph for inputs of these types and shapes (graph input order).
+    pub fn plan(mut self, inputs: &[(Dt, Vec<i64>)]) -> Result<Plan> {
+        for (name, t) in &self.graph.initializers {
+            self.vals.insert(name.clone(), Val::Host(t.clone()));
+        }
+        for (k, (io, (dt, shape))) in self.graph.inputs.iter().zip(inputs).enumerate() {
+            self.vals.insert(
+                io.name.clone(),
+                Val::Dev(Dev {
+                    dt: *dt,
+                    shape: shape.clone(),
+                    ptr: Ptr {
+                        buf: Buf::Input(k),
+                        bytes: 0,
+                    },
+                }),
+            );
+        }
+        let graph = self.graph;
+        for node in &graph.nodes {
+            self.node(node)?;
+        }
+        let mut outputs = Vec::new();
+        for (k, io) in graph.outputs.iter().enumerate() {
+            let v = self.dev(&io.name)?;
+            let bytes = (numel(&v.shape) as usize * v.dt.size()) as u64;
+            let dst = Ptr {
+                buf: Buf::Output(k),
+                bytes: 0,
+            };
+            self.push(Step::Copy {
+                dst,
+                src: v.ptr.clone(),
+                bytes,
+            });
+            outputs.push((v.dt, v.shape.clone()));
+        }
+        let (temp_offsets, arena_bytes) = self.assign();
+        Ok(Plan {
+            steps: self.steps,
+            temp_offsets,
+            arena_bytes,
+            outputs,
+        })
+    }
+
+    /// First-fit offsets for the intermediates, reusing space of dead ones.
+    fn assign(&self) -> (Vec<u64>, u64) {
+        let mut placed: Vec<(u64, u64, usize, usize)> = Vec::new(); // offset, bytes, first, last
+        let mut offsets = vec![0u64; self.temps.len()];
+        let mut total = 0u64;
+        let mut order: Vec<usize> = (0..self.temps.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(self.temps[i].bytes));
+        for i in order {
+            let t = &self.temps[i];
+            let mut busy: Vec<(u64, u64)> = placed
+                .iter()
+                .filter(|p| p.2 <= t.last && t.first <= p.3)
+                .map(|p| (p.0, p.0 + p.1))
+                .collect();
+            busy.sort_unstable();
+            let mut at = 0u64;
+            for (s, e) in busy {
+                if at + t.bytes <= s {
+                    break;
+                }
+                at = at.max(e.next_multiple_of(ALIGN));
+            }
+            offsets[i] = at;
+            total = total.max(at + t.bytes);
+            placed.push((at, t.bytes, t.first, t.last));
+        }
+        (offsets, total)
+    }
+
+    fn push(&mut self, step: Step) {
+        let at = self.steps.len();
+        let mut uses = Vec::new();
+        match &step {
+            Step::Kernel { ins, out, .. } => {
+                uses.extend(ins.iter().flatten().cloned());
+                uses.push(out.clone());
+            }
+            Step::Gemm { a, b, c, .. } => uses.extend([a.clone(), b.clone(), c.clone()]),
+            Step::Copy { dst, src, .. } => uses.extend([dst.clone(), src.clone()]),
+        }
+        for p in uses {
+            if let Buf::Temp(t) = p.buf {
+                let t = &mut self.temps[t];
+                t.first = t.first.min(at);
+                t.last = t.last.max(at);
+            }
+        }
+        self.steps.push(step);
+    }
+
+    fn temp(&mut self, dt: Dt, shape: Vec<i64>) -> Dev {
+        let bytes = (numel(&shape).max(0) as u64 * dt.size() as u64).max(1);
+        let at = self.steps.len();
+        self.temps.push(Temp {
+            bytes: bytes.next_multiple_of(ALIGN),
+            first: at,
+            last: at,
+        });
+        Dev {
+            dt,
+            shape,
+            ptr: Ptr {
+                buf: Buf::Temp(self.temps.len() - 1),
+                bytes: 0,
+            },
+        }
+    }
+
+    fn val(&self, name: &str) -> Result<&Val> {
+        self.vals
+            .get(name)
+            .ok_or_else(|| Error::invalid(format!("the graph uses '{name}' before it is computed")))
+    }
+
+    /// A value on the device (host values are uploaded as constants).
+    fn dev(&mut self, name: &str) -> Result<Dev> {
+        match self.val(name)?.clone() {
+            Val::Dev(d) => Ok(d),
+            Val::Host(t) => {
+                let mem = self.consts.get(name, &t)?;
+                Ok(Dev {
+                    dt: t.dt,
+                    shape: t.shape.clone(),
+                    ptr: Ptr {
+                        buf: Buf::Const(mem),
+                        bytes: 0,
+                    },
+                })
+            }
+        }
+    }
+
+    fn host(&self, name: &str) -> Option<&HostTensor> {
+        match self.vals.get(name) {
+            Some(Val::Host(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    fn set(&mut self, node: &Node, i: usize, v: Val) {
+        if let Some(name) = node.outputs.get(i) {
+            if !name.is_empty() {
+                self.vals.insert(name.clone(), v);
+            }
+        }
+    }
+
+    fn node(&mut self, node: &Node) -> Result<()> {
+        // Everything known on the host: evaluate there.
+        let host_ins: Vec<Option<&HostTensor>> = node
+            .inputs
+            .iter()
+            .map(|n| if n.is_empty() { None } else { self.host(n) })
+            .collect();
+        let all_host = node
+            .inputs
+            .iter()
+            .zip(&host_ins)
+            .all(|(n, h)| n.is_empty() || h.is_some());
+        if all_host {
+            if let Some(outs) = host::eval(node, &host_ins, self.graph.opset)? {
+                for (i, t) in outs.into_iter().enumerate() {
+                    self.set(node, i, Val::Host(t));
+                }
+                return Ok(());
+            }
+        }
+        // Shape needs no data.
+        if node.op == "Shape" {
+            let x = self.dev(node.input(0).unwrap_or(""))?;
+            let t = HostTensor {
+                dt: Dt::F32,
+                shape: x.shape.clone(),
+                data: Vec::new(),
+            };
+            let fake = HostTensor {
+                data: vec![0.0; numel(&t.shape) as usize],
+                ..t
+            };
+            if let Some(outs) = host::eval(node, &[Some(&fake)], self.graph.opset)? {
+                self.set(
+                    node,
+                    0,
+                    Val::Host(
+                        outs.into_iter()
+                            .next()
+                            .unwrap_or_else(|| HostTensor::vec_i64(&[])),
+                    ),
+                );
+                return Ok(());
+            }
+        }
+        self.device_node(node)
+    }
+
+    fn x(&mut self, node: &Node, i: usize) -> Result<Dev> {
+        let name = node
+            .input(i)
+            .ok_or_else(|| Error::invalid(format!("{}: input {i} is missing", node.label())))?
+            .to_owned();
+        self.dev(&name)
+    }
+
+    fn host_input(&self, node: &Node, i: usize) -> Result<Option<Vec<i64>>> {
+        match node.input(i) {
+            None => Ok(None),
+            Some(n) => match self.host(n) {
+                Some(t) => Ok(Some(t.as_i64())),
+                None => Err(unsupported(node, format!("input '{n}' computed on the device (it must be a constant or come from shapes)"))),
+            },
+        }
+    }
+
+    fn f32_only(node: &Node, d: &Dev) -> Result<()> {
+        if d.dt != Dt::F32 {
+            return Err(unsupported(node, format!("{} tensors", d.dt.name())));
+        }
+        Ok(())
+    }
+
+    fn alias(&mut self, node: &Node, x: &Dev, shape: Vec<i64>) {
+        self.set(
+            node,
+            0,
+            Val::Dev(Dev {
+                dt: x.dt,
+                shape,
+                ptr: x.ptr.clone(),
+            }),
+        );
+    }
+
+    /// A strided kernel over the index space `dims`.
+    #[allow(clippy::too_many_arguments)]
+    fn strided(
+        &mut self,
+        node: &Node,
+        k: Kernel,
+        dims: &[i64],
+        ins: &[(&Dev, Vec<i64>, i64)],
+        out: &Ptr,
+        ostrides: &[i64],
+        ooff: i64,
+        set: impl FnOnce(&mut KArgs),
+    ) -> Result<()> {
+        if dims.len() > 8 {
+            return Err(unsupported(
+                node,
+                format!("rank {} (at most 8)", dims.len()),
+            ));
+        }
+        let mut a = KArgs {
+            n: numel(dims),
+            rank: dims.len() as i64,
+            ooff,
+            ..KArgs::default()
+        };
+        a.dims[..dims.len()].copy_from_slice(dims);
+        a.ostrides[..dims.len()].copy_from_slice(ostrides);
+        let mut ptrs: [Option<Ptr>; 4] = [None, None, None, None];
+        for (i, (d, s, off)) in ins.iter().enumerate() {
+            a.strides[i][..dims.len()].copy_from_slice(s);
+            a.off[i] = *off;
+            ptrs[i] = Some(d.ptr.clone());
+        }
+        set(&mut a);
+        self.push(Step::Kernel {
+            k,
+            args: Box::new(a),
+            ins: ptrs,
+            out: out.clone(),
+        });
+        Ok(())
+    }
+
+    fn kernel(&mut self, k: Kernel, n: i64, ins: &[&Dev], out: &Dev, set: impl FnOnce(&mut KArgs)) {
+        let mut a = KArgs {
+            n,
+            ..KArgs::default()
+        };
+        set(&mut a);
+        let mut ptrs: [Option<Ptr>; 4] = [None, None, None, None];
+        for (i, d) in ins.iter().enumerate() {
+            ptrs[i] = Some(d.ptr.clone());
+        }
+        self.push(Step::Kernel {
+            k,
+            args: Box::new(a),
+            ins: ptrs,
+            out: out.ptr.clone(),
+        });
+    }
+
+    fn unary(&mut self, node: &Node, op: i64, f: [f32; 4]) -> Result<()> {
+        let x = self.x(node, 0)?;
+        Self::f32_only(node, &x)?;
+        let y = self.temp(Dt::F32, x.shape.clone());
+        let s = strides(&x.shape);
+        self.strided(
+            node,
+            Kernel::Unary,
+            &x.shape,
+            &[(&x, s.clone(), 0)],
+            &y.ptr,
+            &s,
+            0,
+            |a| {
+                a.p[0] = op;
+                a.f = f;
+            },
+        )?;
+        self.set(node, 0, Val::Dev(y));
+        Ok(())
+    }
+
+    fn binary_of(&mut self, node: &Node, op: i64, a: &Dev, b: &Dev) -> Result<Dev> {
+        Self::f32_only(node, a)?;
+        Self::f32_only(node, b)?;
+        let shape = broadcast(&a.shape, &b.shape).ok_or_else(|| {
+            Error::invalid(format!(
+                "{}: shapes {:?} and {:?} do not broadcast",
+                node.label(),
+                a.shape,
+                b.shape
+            ))
+        })?;
+        let y = self.temp(Dt::F32, shape.clone());
+        let (sa, sb) = (
+            broadcast_strides(&a.shape, &shape),
+            broadcast_strides(&b.shape, &shape),
+        );
+        self.strided(
+            node,
+            Kernel::Binary,
+            &shape,
+            &[(a, sa, 0), (b, sb, 0)],
+            &y.ptr,
+            &strides(&shape),
+            0,
+            |k| k.p[0] = op,
+        )?;
+        Ok(y)
+    }
+
+    fn binary(&mut self, node: &Node, op: i64) -> Result<()> {
+        let mut acc = self.x(node, 0)?;
+        for i in 1..node.inputs.len() {
+            let b = self.x(node, i)?;
+            acc = self.binary_of(node, op, &acc, &b)?;
+        }
+        self.set(node, 0, Val::Dev(acc));
+        Ok(())
+    }
+
+    /// A contiguous copy of `x` read through `strides`/`off` over `dims`.
+    fn gather_view(
+        &mut self,
+        node: &Node,
+        x: &Dev,
+        dims: Vec<i64>,
+        st: Vec<i64>,
+        off: i64,
+    ) -> Result<Dev> {
+        let y = self.temp(x.dt, dims.clone());
+        let os = strides(&dims);
+        let size = x.dt.size() as i64;
+        self.strided(
+            node,
+            Kernel::StridedCopy,
+            &dims,
+            &[(x, st, off)],
+            &y.ptr,
+            &os,
+            0,
+            |a| {
+                a.p[1] = size;
+            },
+        )?;
+        Ok(y)
+    }
+
+    fn transpose(&mut self, node: &Node, x: &Dev, perm: &[usize]) -> Result<Dev> {
+        let xs = strides(&x.shape);
+        let dims: Vec<i64> = perm.iter().map(|&p| x.shape[p]).collect();
+        let st: Vec<i64> = perm.iter().map(|&p| xs[p]).collect();
+        self.gather_view(node, x, dims, st, 0)
+    }
+
+    fn device_node(&mut self, node: &Node) -> Result<()> {
+        let opset = self.graph.opset;
+        match node.op.as_str() {
+            "Identity" | "Dropout" => {
+                if node.op == "Dropout" {
+                    let training = node.input(2).and_then(|n| self.host(n));
+                    host::dropout_is_identity(node, training)?;
+                }
+                let x = self.x(node, 0)?;
+                let shape = x.shape.clone();
+                self.alias(node, &x, shape);
+                Ok(())
+            }
+            "Relu" => self.unary(node, 1, [0.0; 4]),
+            "Sigmoid" => self.unary(node, 2, [0.0; 4]),
+            "Tanh" => self.unary(node, 3, [0.0; 4]),
+            "Erf" => self.unary(node, 4, [0.0; 4]),
+            "Gelu" => {
+                let tanh = node.string("approximate").as_deref() == Some("tanh");
+                self.unary(node, if tanh { 6 } else { 5 }, [0.0; 4])
+            }
+            "Exp" => self.unary(node, 7, [0.0; 4]),
+            "Log" => self.unary(node, 8, [0.0; 4]),
+            "Sqrt" => self.unary(node, 9, [0.0; 4]),
+            "Neg" => self.unary(node, 10, [0.0; 4]),
+            "Abs" => self.unary(node, 11, [0.0; 4]),
+            "Reciprocal" => self.unary(node, 12, [0.0; 4]),
+            "LeakyRelu" => self.unary(node, 13, [node.float("alpha", 0.01), 0.0, 0.0, 0.0]),
+            "Clip" => {
+                let (mut lo, mut hi) = (f32::MIN, f32::MAX);
+                if opset >= 11 {
+                    for (i, v) in [(1, &mut lo), (2, &mut hi)] {
+                        if let Some(n) = node.input(i) {
+                            let t = self.host(n).ok_or_else(|| {
+                                unsupported(node, "min/max computed on the device")
+                            })?;
+                            *v = t.data.first().copied().unwrap_or(0.0) as f32;
+                        }
+                    }
+                } else {
+                    lo = node.float("min", lo);
+                    hi = node.float("max", hi);
+                }
+                self.unary(node, 14, [lo, hi, 0.0, 0.0])
+            }
+            "Floor" => self.unary(node, 15, [0.0; 4]),
+            "Ceil" => self.unary(node, 16, [0.0; 4]),
+            "Sin" => self.unary(node, 17, [0.0; 4]),
+            "Cos" => self.unary(node, 18, [0.0; 4]),
+            "Softplus" => self.unary(node, 19, [0.0; 4]),
+            "HardSigmoid" => self.unary(
+                node,
+                20,
+                [node.float("alpha", 0.2), node.float("beta", 0.5), 0.0, 0.0],
+            ),
+            "Elu" => self.unary(node, 21, [node.float("alpha", 1.0), 0.0, 0.0, 0.0]),
+            "Add" | "Sum" => self.binary(node, 0),
+            "Sub" => self.binary(node, 1),
+            "Mul" => self.binary(node, 2),
+            "Div" => self.binary(node, 3),
+            "Pow" => self.binary(node, 4),
+            "Max" => self.binary(node, 5),
+            "Min" => self.binary(node, 6),
+            "PRelu" => self.binary(node, 7),
+            "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
+                let x = self.x(node, 0)?;
+                let shape = match node.op.as_str() {
+                    "Reshape" => {
+                        let target = self
+                            .host_input(node, 1)?
+                            .ok_or_else(|| Error::invalid(format!("{}: no shape", node.label())))?;
+                        host::reshape_shape(node, &x.shape, &target)?
+                    }
+                    "Flatten" => {
+                        let a = host::flatten_axis(node, x.shape.len())?;
+                        let outer = numel(&x.shape[..a]);
+                        vec![outer, numel(&x.shape) / outer.max(1)]
+                    }
+                    _ => {
+                        let axes = if opset >= 13 {
+                            self.host_input(node, 1)?
+                        } else {
+                            node.ints("axes")
+                        };
+                        host::squeeze_shape(node, &x.shape, axes.as_deref())?
+                    }
+                };
+                self.alias(node, &x, shape);
+                Ok(())
+            }
+            "Transpose" => {
+                let x = self.x(node, 0)?;
+                let r = x.shape.len();
+                let perm: Vec<usize> = match node.ints("perm") {
+                    Some(p) => p
+                        .iter()
+                        .map(|&a| host::axis(a, r, node))
+                        .collect::<Result<_>>()?,
+                    None => (0..r).rev().collect(),
+                };
+                let y = self.transpose(node, &x, &perm)?;
+                self.set(node, 0, Val::Dev(y));
+                Ok(())
+            }
+            "Expand" => {
+                let x = self.x(node, 0)?;
+                let target = self.host_input(node, 1)?.unwrap_or_default();
+                let shape = broadcast(&x.shape, &target).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "{}: cannot expand {:?} to {target:?}",
+                        node.label(),
+                        x.shape
+                    ))
+                })?;
+                let st = broadcast_strides(&x.shape, &shape);
+                let y = self.gather_view(node, &x, shape, st, 0)?;
+                self.set(node, 0, Val::Dev(y));
+                Ok(())
+            }
+            "Slice" => {
+                let x = self.x(node, 0)?;
+                let (starts, ends) = if opset >= 10 {
+                    (self.host_input(node, 1)?, self.host_input(node, 2)?)
+                } else {
+                    (node.ints("starts"), node.ints("ends"))
+                };
+                let (axes, steps) = if opset >= 10 {
+                    (self.host_input(node, 3)?, self.host_input(node, 4)?)
+                } else {
+                    (node.ints("axes"), None)
+                };
+                let spec = SliceSpec::new(
+                    node,
+                    &x.shape,
+                    &starts.unwrap_or_default(),
+                    &ends.unwrap_or_default(),
+                    axes,
+                    steps,
+                )?;
+                let xs = strides(&x.shape);
+                let off: i64 = (0..xs.len()).map(|d| spec.start[d] * xs[d]).sum();
+                let st: Vec<i64> = (0..xs.len()).map(|d| xs[d] * spec.step[d]).collect();
+                let y = self.gather_view(node, &x, spec.out_shape(), st, off)?;
+                self.set(node, 0, Val::Dev(y));
+                Ok(())
+            }
+            "Concat" => {
+                let parts: Vec<Dev> = (0..node.inputs.len())
+                    .map(|i| self.x(node, i))
+                    .collect::<Result<_>>()?;
+                let first = &parts[0];
+                let a = host::axis(node.int("axis", 0), first.shape.len(), node)?;
+                let mut shape = first.shape.clone();
+                shape[a] = parts.iter().map(|p| p.shape[a]).sum();
+                let y = self.temp(first.dt, shape.clone());
+                let ys = strides(&shape);
+                let mut at = 0i64;
+                for p in &parts {
+                    if p.dt != first.dt {
+                        return Err(Error::invalid(format!(
+                            "{}: inputs differ in type",
+                            node.label()
+                        )));
+                    }
+                    let size = p.dt.size() as i64;
+                    self.strided(
+                        node,
+                        Kernel::StridedCopy,
+                        &p.shape,
+                        &[(p, strides(&p.shape), 0)],
+                        &y.ptr,
+                        &ys,
+                        at * ys[a],
+                        |k| k.p[1] = size,
+                    )?;
+                    at += p.shape[a];
+                }
+                self.set(node, 0, Val::Dev(y));
+                Ok(())
+            }
+            "Gather" => {
+                let x = self.x(node, 0)?;
+                let idx = self.x(node, 1)?;
+                if !matches!(idx.dt, Dt::I64 | Dt::I32) {
+                    return Err(unsupported(node, format!("{} indices", idx.dt.name())));
+                }
+                let a = host::axis(node.int("axis", 0), x.shape.len(), node)?;
+                let mut shape = x.shape[..a].to_vec();
+                shape.extend_from_slice(&idx.shape);
+                shape.extend_from_slice(&x.shape[a + 1..]);
+                let y = self.temp(x.dt, shape.clone());
+                let (outer, n, ni, inner) = (
+                    numel(&x.shape[..a]),
+                    x.shape[a],
+                    numel(&idx.shape),
+                    numel(&x.shape[a + 1..]),
+                );
+                let (size, ity) = (x.dt.size() as i64, i64::from(idx.dt == Dt::I32));
+                self.kernel(Kernel::Gather, numel(&shape), &[&x, &idx], &y, |k| {
+                    k.p[..6].copy_from_slice(&[outer, n, ni, inner, size, ity]);
+                });
+                self.set(node, 0, Val::Dev(y));
+                Ok(())
+            }
+            "Cast" => {
+                let x = self.x(node, 0)?;
+                let to = Dt::from_onnx(node.int("to", 1) as i32)
+                    .ok_or_else(|| unsupported(node, "this target type"))?;
+                if to == x.dt {
+                    let shape = x.shape.clone();
+                    self.alias(node, &x, shape);
+                    return Ok(());
+                }
+                let y = self.temp(to, x.shape.clone());
+                let (from, to) = (x.dt.cast_code(), to.cast_code());
+                self.kernel(Kernel::Cast, x.numel(), &[&x], &y, |k| {
+                    k.p[1] = from;
+                    k.p[2] = to;
+                });
+                self.set(node, 0, Val::Dev(y));
+                Ok(())
+            }
+            "Where" => {
+                let c = self.x(node, 0)?;
+                let a = self.x(node, 1)?;
+                let b = self.x(node, 2)?;
+                let shape = broadcast(&c.shape, &a.shape)
+                    .and_then(|s| broadcast(&s, &b.shape))
+                    .ok_or_else(|| {
+                        Error::invalid(format!("{}: shapes do not broadcast", node.label()))
+                    })?;
+                let y = self.temp(a.dt, shape.clone());
+                let size = a.dt.size() as i64;
+                let ins = [
+                    (&c, broadcast_strides(&c.shape, &shape), 0),
+                    (&a, broadcast_strides(&a.shape, &shape), 0),
+                    (&b, broadcast_strides(&b.shape, &shape), 0),
+                ];
+                self.strided(
+                    node,
+                    Kernel::Where,
+                    &shape,
+                    &ins,
+                    &y.ptr,
+                    &strides(&shape),
+                    0,
+                    |k| k.p[1] = size,
+                )?;
+                self.set(node, 0, Val::Dev(y));
+                Ok(())
+            }
+            "Softmax" | "LogSoftmax" => {
+                let x = self.x(node, 0)?;
+                Self::f32_only(node, &x)?;
+                let r = x.shape.len();
+                let log = i64::from(node.op == "LogSoftmax");
+                if opset < 13 {
+                    let a = host::axis(node.int("axis", 1), r, node)?;
+                    let cols = numel(&x.shape[a..]);
+                    let y = self.temp(Dt::F32, x.shape.clone());
+                    self.kernel(Kernel::Softmax, numel(&x.shape[..a]), &[&x], &y, |k| {
+                        k.p[0] = cols;
+                        k.p[1] = log;
+                    });
+                    self.set(node, 0, Val::Dev(y));
+                    return Ok(());
+                }
+                let a = host::axis(node.int("axis", -1), r, node)?;
+                let (src, perm) = if a + 1 == r {
+                    (x.clone(), None)
+                } else {
+                    let mut perm: Vec<usize> = (0..r).collect();
+                    perm.swap(a, r - 1);
+                    (self.transpose(node, &x, &perm)?, Some(perm))
+                };
+                let cols = *src.shape.last().unwrap_or(&1);
+                let y = self.temp(Dt::F32, src.shape.clone());
+                self.kernel(
+                    Kernel::Softmax,
+                    src.numel() / cols.max(1),
+                    &[&src],
+                    &y,
+                    |k| {
+                        k.p[0] = cols;
+                        k.p[1] = log;
+                    },
+                );
+                let y = match perm {
+                    Some(p) => self.transpose(node, &y, &p)?,
+                    None => y,
+                };
+                self.set(node, 0, Val::Dev(y));
+                Ok(())
+            }
+            "LayerNormalization" => {
+                let x = self.x(node, 0)?;
+                Self::f32_only(node, &x)?;
+                let a = host::axis(node.int("axis", -1), x.shape.len(), node)?;
+                let cols = numel(&x.shape[a..]);
+                let scale = self.x(node, 1)?;
+                let bias = match node.input(2) {
+                    Some(_) => Some(self.x(node, 2)?),
+                    None => None,
+                };
+                if scale.numel() != cols || bias.as_ref().is_some_and(|b| b.numel() != cols) {
+                    return Err(unsupported(
+                        node,
+                        "scale or bias that is not the normalized shape",
+                    ));
+                }
+                if node.outputs.len() > 1 && node.outputs[1..].iter().any(|o| !o.is_empty()) {
+                    return Err(unsupported(node, "the Mean and InvStdDev outputs"));
+                }
+                let y = self.temp(Dt::F32, x.shape.clone());
+                let eps = node.float("epsilon", 1e-5);
+                let mut ins = vec![&x, &scale];
+                if let Some(b) = &bias {
+                    ins.push(b);
+                }
+                self.kernel(Kernel::LayerNorm, numel(&x.shape[..a]), &ins, &y, |k| {
+                    k.p[0] = cols;
+                    k.f[0] = eps;
+                });
+                self.set(node, 0, Val::Dev(y));
+                Ok(())
+            }
+            "ArgMax" | "ArgMin" => {
+                let x = self.x(node, 0)?;
+                Self::f32_only(node, &x)?;
+                let a = host::axis(node.int("axis", 0), x.shape.len(), node)?;
+                if node.int("select_last_index", 0) != 0 {
+                    return Err(unsupported(node, "select_last_index"));
+                }
+                let mut shape = x.shape.clone();
+                if node.int("keepdims", 1) != 0 {
+                    shape[a] = 1;
+                } else {
+                    shape.remove(a);
+                }
+                let y = self.temp(Dt::I64, shape);
+                let (n, inner) = (x.shape[a], numel(&x.shape[a + 1..]));
+                let min = i64::from(node.op == "ArgMin");
+                self.kernel(
+                    Kernel::ArgMax,
+                    numel(&x.shape[..a]) * inner,
+                    &[&x],
+                    &y,
+                    |k| {
+                        k.p[0] = n;
+                        k.p[1] = inner;
+                        k.p[2] = min;
+                    },
+                );
+                self.set(node, 0, Val::Dev(y));
+                Ok(())
+            }
+            "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd"
+            | "ReduceSumSquare" | "ReduceL2" | "ReduceL1" => {
+                let x = self.x(node, 0)?;
+                Self::f32_only(node, &x)?;
+                let r = x.shape.len();
+                let axes_in = if node.op == "ReduceSum" && opset >= 13 || opset >= 18 {
+                    self.host_input(node, 1)?
+                } else {
+                    node.ints("axes")
+                };
+                let mut axes: Vec<usize> = match axes_in {
+                    Some(a) if !a.is_empty() => a
+                        .iter()
+                        .map(|&v| host::axis(v, r, node))
+                        .collect::<Result<_>>()?,
+                    _ if node.int("noop_with_empty_axes", 0) != 0 => {
+                        let shape = x.shape.clone();
+                        self.alias(node, &x, shape);
+                        return Ok(());
+                    }
+                    _ => (0..r).collect(),
+                };
+                axes.sort_unstable();
+                axes.dedup();
+                let (lo, hi) = (axes[0], axes[axes.len() - 1]);
+                if hi - lo + 1 != axes.len() {
+                    return Err(unsupported(node, "reducing axes that are not adjacent"));
+                }
+                let op = match node.op.as_str() {
+                    "ReduceSum" => 0,
+                    "ReduceMean" => 1,
+                    "ReduceMax" => 2,
+                    "ReduceMin" => 3,
+                    "ReduceProd" => 4,
+                    "ReduceSumSquare" => 5,
+                    "ReduceL2" => 6,
+                    _ => 7,
+                };
+                let n = numel(&x.shape[lo..=hi]);
+                let inner = numel(&x.shape[hi + 1..]);
+                let mut shape = x.shape.clone();
+                if node.int("keepdims", 1) != 0 {
+                    shape[lo..=hi].fill(1);
+                } else {
+                    shape.drain(lo..=hi);
+                }
+                let y = self.temp(Dt::F32, shape);
+                self.kernel(
+                    Kernel::Reduce,
+                    numel(&x.shape[..lo]) * inner,
+                    &[&x],
+                    &y,
+                    |k| {
+                        k.p[0] = n;
+                        k.p[1] = inner;
+                        k.p[2] = op;
+                    },
+                );
+                self.set(node, 0, Val::Dev(y));
+                Ok(())
+            }
+            "GlobalAveragePool" | "GlobalMaxPool" => {
+                let x = self.x(node, 0)?;
+                Self::f32_only(node, &x)?;
+                if x.shape.len() < 3 {
+                    return Err(Error::invalid(format!(
+                        "{}: input rank {} < 3",
+                        node.label(),
+                        x.shape.len()
+                    )));
+                }
+                let spatial = numel(&x.shape[2..]);
+                let mut shape = x.shape.clone();
+                for d in &mut shape[2..] {
+                    *d = 1;
+                }
+                let y = self.temp(Dt::F32, shape);
+                let op = if node.op == "GlobalAveragePool" { 1 } else { 2 };
+                self.kernel(Kernel::Reduce, x.shape[0] * x.shape[1], &[&x], &y, |k| {
+                    k.p[0] = spatial;
+                    k.p[1] = 1;
+                    k.p[2] = op;
+                });
+                self.set(node, 0, Val::Dev(y));
+                Ok(())
+            }
+            "MatMul" => self.matmul(node),
+            "Gemm" => self.gemm(node),
+            "Conv" => self.conv(node),
+            "MaxPool" | "AveragePool" => self.pool(node),
+            "BatchNormalization" => self.batchnorm(node),
+            op => Err(Error::unsupported(format!(
+                "{}: operator {op} is not supported by the GPU executor",
+                node.label()
+            ))),
+        }
+    }
+
+    fn matmul(&mut self, node: &Node) -> Result<()> {
+        let a = self.x(node, 0)?;
+        let b = self.x(node, 1)?;
+        Self::f32_only(node, &a)?;
+        Self::f32_only(node, &b)?;
+        let (ar, br) = (a.shape.len(), b.shape.len());
+        if ar == 0 || br == 0 {
+            return Err(Error::invalid(format!("{}: scalar operand", node.label())));
+        }
+        // 1-D operands: [K] is [1, K] on the left and [K, 1] on the right.
+        let a2 = if ar == 1 {
+            vec![1, a.shape[0]]
+        } else {
+            a.shape.clone()
+        };
+        let b2 = if br == 1 {
+            vec![b.shape[0], 1]
+        } else {
+            b.shape.clone()
+        };
+        let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
+        let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
+        if k != k2 {
+            return Err(Error::invalid(format!(
+                "{}: shapes {:?} and {:?} do not multiply",
+                node.label(),
+                a.shape,
+                b.shape
+            )));
+        }
+        let (abatch, bbatch) = (&a2[..a2.len() - 2], &b2[..b2.len() - 2]);
+        let batch_shape = broadcast(abatch, bbatch).ok_or_else(|| {
+            Error::invalid(format!("{}: batch dims do not broadcast", node.label()))
+        })?;
+        let batch = numel(&batch_shape);
+        let mut out_shape = batch_shape.clone();
+        if ar > 1 {
+            out_shape.push(m);
+        }
+        if br > 1 {
+            out_shape.push(n);
+        }
+        let y = self.temp(Dt::F32, out_shape.clone());
+        let (na, nb) = (numel(abatch), numel(bbatch));
+        // Rows of a batched A against one B: one GEMM with M * batch rows.
+        let (m_eff, batch_eff, sa, sb) = if nb == 1 && na == batch {
+            (m * batch, 1, 0, 0)
+        } else if na == batch && nb == batch {
+            (m, batch, m * k, k * n)
+        } else if na == 1 && nb == batch {
+            (m, batch, 0, k * n)
+        } else {
+            return Err(unsupported(node, "this broadcast of batch dims"));
+        };
+        let g = GemmArgs {
+            trans_a: false,
+            trans_b: false,
+            m: n as i32,
+            n: m_eff as i32,
+            k: k as i32,
+            lda: n as i32,
+            ldb: k as i32,
+            ldc: n as i32,
+            stride_a: sb,
+            stride_b: sa,
+            stride_c: m * n,
+            batch: batch_eff as i32,
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        self.push(Step::Gemm {
+            g,
+            a: b.ptr.clone(),
+            b: a.ptr.clone(),
+            c: y.ptr.clone(),
+        });
+        self.set(node, 0, Val::Dev(y));
+        Ok(())
+    }
+
+    fn gemm(&mut self, node: &Node) -> Result<()> {
+        let a = self.x(node, 0)?;
+        let b = self.x(node, 1)?;
+        Self::f32_only(node, &a)?;
+        Self::f32_only(node, &b)?;
+        if a.shape.len() != 2 || b.shape.len() != 2 {
+            return Err(Error::invalid(format!(
+                "{}: Gemm needs 2-D A and B",
+                node.label()
+            )));
+        }
+        let (ta, tb) = (node.int("transA", 0) != 0, node.int("transB", 0) != 0);
+        let (m, k) = if ta {
+            (a.shape[1], a.shape[0])
+        } else {
+            (a.shape[0], a.shape[1])
+        };
+        let (k2, n) = if tb {
+            (b.shape[1], b.shape[0])
+        } else {
+            (b.shape[0], b.shape[1])
+        };
+        if k != k2 {
+            return Err(Error::invalid(format!(
+                "{}: shapes {:?} and {:?} do not multiply",
+                node.label(),
+                a.shape,
+                b.shape
+            )));
+        }
+        let (alpha, mut beta) = (node.float("alpha", 1.0), node.float("beta", 1.0));
+        let y = self.temp(Dt::F32, vec![m, n]);
+        match node.input(2) {
+            Some(_) if beta != 0.0 => {
+                // C broadcast into Y first; the GEMM adds to it (beta).
+                let c = self.x(node, 2)?;
+                Self::f32_only(node, &c)?;
+                let shape = vec![m, n];
+                if broadcast(&c.shape, &shape).as_deref() != Some(&shape[..]) {
+                    return Err(Error::invalid(format!(
+                        "{}: C of shape {:?} does not broadcast to [{m}, {n}]",
+                        node.label(),
+                        c.shape
+                    )));
+                }
+                let st = broadcast_strides(&c.shape, &shape);
+                self.strided(
+                    node,
+                    Kernel::StridedCopy,
+                    &shape,
+                    &[(&c, st, 0)],
+                    &y.ptr,
+                    &strides(&shape),
+                    0,
+                    |a| a.p[1] = 4,
+                )?;
+            }
+            _ => beta = 0.0,
+        }
+        let g = GemmArgs {
+            trans_a: tb,
+            trans_b: ta,
+            m: n as i32,
+            n: m as i32,
+            k: k as i32,
+            lda: if tb { k as i32 } else { n as i32 },
+            ldb: if ta { m as i32 } else { k as i32 },
+            ldc: n as i32,
+            stride_a: 0,
+            stride_b: 0,
+            stride_c: 0,
+            batch: 1,
+            alpha,
+            beta,
+        };
+        self.push(Step::Gemm {
+            g,
+            a: b.ptr.clone(),
+            b: a.ptr.clone(),
+            c: y.ptr.clone(),
+        });
+        self.set(node, 0, Val::Dev(y));
+        Ok(())
+    }
+
+    /// Spatial geometry of Conv and pooling (2-D; 1-D as height 1).
+    #[allow(clippy::type_complexity)]
+    fn window(
+        &self,
+        node: &Node,
+        x: &[i64],
+        kernel: (i64, i64),
+    ) -> Result<(
+        (i64, i64),
+        (i64, i64),
+        (i64, i64),
+        (i64, i64, i64, i64),
+        (i64, i64),
+    )> {
+        let one_d = x.len() == 3;
+        let pair = |v: Option<Vec<i64>>, d: i64| -> (i64, i64) {
+            match v {
+                Some(v) if one_d && !v.is_empty() => (1, v[0]),
+                Some(v) if v.len() >= 2 => (v[0], v[1]),
+                _ => (d, d),
+            }
+        };
+        let (h, w) = if one_d { (1, x[2]) } else { (x[2], x[3]) };
+        let stride = pair(node.ints("strides"), 1);
+        let dil = pair(node.ints("dilations"), 1);
+        let eff = (dil.0 * (kernel.0 - 1) + 1, dil.1 * (kernel.1 - 1) + 1);
+        let ceil = node.int("ceil_mode", 0) != 0;
+        let auto = node.string("auto_pad").unwrap_or_default();
+        let (mut pt, mut pl, mut pb, mut pr) = (0, 0, 0, 0);
+        match auto.as_str() {
+            "" | "NOTSET" => {
+                if let Some(p) = node.ints("pads") {
+                    if one_d && p.len() == 2 {
+                        (pl, pr) = (p[0], p[1]);
+                    } else if p.len() == 4 {
+                        (pt, pl, pb, pr) = (p[0], p[1], p[2], p[3]);
+                    }
+                }
+            }
+            "VALID" => {}
+            "SAME_UPPER" | "SAME_LOWER" => {
+                let tot = |n: i64, s: i64, e: i64| {
+                    let o = (n + s - 1) / s;
+                    ((o - 1) * s + e - n).max(0)
+                };
+                let (th, tw) = (tot(h, stride.0, eff.0), tot(w, stride.1, eff.1));
+                if auto == "SAME_UPPER" {
+                    (pt, pl) = (th / 2, tw / 2);
+                } else {
+                    (pt, pl) = (th - th / 2, tw - tw / 2);
+                }
+                (pb, pr) = (th - pt, tw - pl);
+            }
+            other => return Err(unsupported(node, format!("auto_pad {other}"))),
+        }
+        let out = |n: i64, begin: i64, end: i64, e: i64, s: i64| {
+            let span = n + begin + end - e;
+            if ceil {
+                let mut o = (span + s - 1) / s + 1;
+                // The last window must start inside the input or its leading padding.
+                if (o - 1) * s >= n + begin {
+                    o -= 1;
+                }
+                o
+            } else {
+                span / s + 1
+            }
+        };
+        let oh = out(h, pt, pb, eff.0, stride.0);
+        let ow = out(w, pl, pr, eff.1, stride.1);
+        if oh <= 0 || ow <= 0 {
+            return Err(Error::invalid(format!(
+                "{}: the window does not fit the input {x:?}",
+                node.label()
+            )));
+        }
+        Ok(((h, w), (oh, ow), stride, (pt, pl, pb, pr), dil))
+    }
+
+    fn conv(&mut self, node: &Node) -> Result<()> {
+        let x = self.x(node, 0)?;
+        let w = self.x(node, 1)?;
+        Self::f32_only(node, &x)?;
+        Self::f32_only(node, &w)?;
+        let one_d = x.shape.len() == 3;
+        if !(x.shape.len() == 4 || one_d) || w.shape.len() != x.shape.len() {
+            return Err(unsupported(
+                node,
+                format!("convolution of rank {}", x.shape.len()),
+            ));
+        }
+        let groups = node.int("group", 1);
+        let (c, kout) = (x.shape[1], w.shape[0]);
+        let (r, s) = if one_d {
+            (1, w.shape[2])
+        } else {
+            (w.shape[2], w.shape[3])
+        };
+        if groups <= 0 || c % groups != 0 || w.shape[1] * groups != c || kout % groups != 0 {
+            return Err(Error::invalid(format!(
+                "{}: {c} input channels, weights {:?} and group {groups} do not agree",
+                node.label(),
+                w.shape
+            )));
+        }
+        let ((h, wd), (oh, ow), st, (pt, pl, _, _), dil) = self.window(node, &x.shape, (r, s))?;
+        let bias = match node.input(2) {
+            Some(_) => Some(self.x(node, 2)?),
+            None => None,
+        };
+        let shape = if one_d {
+            vec![x.shape[0], kout, ow]
+        } else {
+            vec![x.shape[0], kout, oh, ow]
+        };
+        let y = self.temp(Dt::F32, shape.clone());
+        let mut ins = vec![&x, &w];
+        if let Some(b) = &bias {
+            ins.push(b);
+        }
+        self.kernel(Kernel::Conv2d, numel(&shape), &ins, &y, |k| {
+            k.p[..15].copy_from_slice(&[
+                c, h, wd, kout, r, s, oh, ow, st.0, st.1, pt, pl, dil.0, dil.1, groups,
+            ]);
+        });
+        self.set(node, 0, Val::Dev(y));
+        Ok(())
+    }
+
+    fn pool(&mut self, node: &Node) -> Result<()> {
+        let x = self.x(node, 0)?;
+        Self::f32_only(node, &x)?;
+        let one_d = x.shape.len() == 3;
+        if !(x.shape.len() == 4 || one_d) {
+            return Err(unsupported(
+                node,
+                format!("pooling of rank {}", x.shape.len()),
+            ));
+        }
+        if node.outputs.len() > 1 && !node.outputs[1].is_empty() {
+            return Err(unsupported(node, "the Indices output"));
+        }
+        let ks = node
+            .ints("kernel_shape")
+            .ok_or_else(|| Error::invalid(format!("{}: no kernel_shape", node.label())))?;
+        let kernel = if one_d {
+            (1, ks[0])
+        } else {
+            (ks[0], ks.get(1).copied().unwrap_or(1))
+        };
+        let ((h, w), (oh, ow), st, (pt, pl, pb, pr), dil) = self.window(node, &x.shape, kernel)?;
+        let mode = if node.op == "MaxPool" {
+            0
+        } else if node.int("count_include_pad", 0) != 0 {
+            2
+        } else {
+            1
+        };
+        let shape = if one_d {
+            vec![x.shape[0], x.shape[1], ow]
+        } else {
+            vec![x.shape[0], x.shape[1], oh, ow]
+        };
+        let y = self.temp(Dt::F32, shape.clone());
+        self.kernel(Kernel::Pool2d, numel(&shape), &[&x], &y, |k| {
+            k.p[1] = h;
+            k.p[2] = w;
+            k.p[3] = pb;
+            k.p[15] = pr;
+            k.p[4] = kernel.0;
+            k.p[5] = kernel.1;
+            k.p[6] = oh;
+            k.p[7] = ow;
+            k.p[8] = st.0;
+            k.p[9] = st.1;
+            k.p[10] = pt;
+            k.p[11] = pl;
+            k.p[12] = dil.0;
+            k.p[13] = dil.1;
+            k.p[14] = mode;
+        });
+        self.set(node, 0, Val::Dev(y));
+        Ok(())
+    }
+
+    /// BatchNormalization (inference) as y = x * s + t with per-channel s and t computed
+    /// on the host (the loader already folded those that follow a Conv).
+    fn batchnorm(&mut self, node: &Node) -> Result<()> {
+        let x = self.x(node, 0)?;
+        Self::f32_only(node, &x)?;
+        let p: Vec<HostTensor> = (1..5)
+            .map(|i| {
+                node.input(i)
+                    .and_then(|n| self.host(n))
+                    .cloned()
+                    .ok_or_else(|| unsupported(node, "parameters computed on the device"))
+            })
+            .collect::<Result<_>>()?;
+        let eps = node.float("epsilon", 1e-5) as f64;
+        let c = x.shape.get(1).copied().unwrap_or(1);
+        let (sc, tc) = fold_bn(&p[0], &p[1], &p[2], &p[3], eps);
+        let mut pshape = vec![c];
+        pshape.extend(std::iter::repeat_n(1, x.shape.len().saturating_sub(2)));
+        let key = node.outputs.first().cloned().unwrap_or_default();
+        let s = HostTensor {
+            dt: Dt::F32,
+            shape: pshape.clone(),
+            data: sc,
+        };
+        let t = HostTensor {
+            dt: Dt::F32,
+            shape: pshape,
+            data: tc,
+        };
+        let (sk, tk) = (format!("{key}#bn_scale"), format!("{key}#bn_shift"));
+        self.vals.insert(sk.clone(), Val::Host(s));
+        self.vals.insert(tk.clone(), Val::Host(t));
+        let s = self.dev(&sk)?;
+        let t = self.dev(&tk)?;
+        let xs = self.binary_of(node, 2, &x, &s)?;
+        let y = self.binary_of(node, 0, &xs, &t)?;
+        self.set(node, 0, Val::Dev(y));
+        Ok(())
+    }
+}
+
+/// Per-channel scale and shift of an inference BatchNormalization.
+pub fn fold_bn(
+    gamma: &HostTensor,
+    beta: &HostTensor,
+    mean: &HostTensor,
+    var: &HostTensor,
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let scale: Vec<f64> = gamma
+        .data
+        .iter()
+        .zip(&var.data)
+        .map(|(g, v)| g / (v + eps).sqrt())
+        .collect();
+    let shift = beta
+        .data
+        .iter()
+        .zip(&mean.data)
+        .zip(&scale)
+        .map(|((b, m), s)| b - m * s)
+        .collect();
+    (scale, shift)
+}
+
+/// Folds every BatchNormalization whose input is a Conv with constant weights (and whose
+/// Conv output feeds nothing else) into the Conv's weights and bias.
+pub fn fold_batchnorm_into_conv(g: &mut Graph) {
+    let consts: HashMap<String, HostTensor> = g.initializers.iter().cloned().collect();
+    let uses = |g: &Graph, name: &str| {
+        g.nodes
+            .iter()
+            .flat_map(|n| &n.inputs)
+            .filter(|i| *i == name)
+            .count()
+            + g.outputs.iter().filter(|o| o.name == name).count()
+    };
+    let mut added: Vec<(String, HostTensor)> = Vec::new();
+    let mut remove = Vec::new();
+    for bi in 0..g.nodes.len() {
+        let bn = &g.nodes[bi];
+        if bn.op != "BatchNormalization" || bn.outputs.iter().skip(1).any(|o| !o.is_empty()) {
+            continue;
+        }
+        let Some(ci) = g
+            .nodes
+            .iter()
+            .position(|n| n.op == "Conv" && n.outputs.first() == bn.inputs.first())
+        else {
+            continue;
+        };
+        let conv = &g.nodes[ci];
+        let params: Option<Vec<&HostTensor>> = (1..5)
+            .map(|i| bn.input(i).and_then(|n| consts.get(n)))
+            .collect();
+        let (Some(params), Some(w)) = (params, conv.input(1).and_then(|n| consts.get(n))) else {
+            continue;
+        };
+        if uses(g, &conv.outputs[0]) != 1 || w.dt != Dt::F32 {
+            continue;
+        }
+        let eps = bn.float("epsilon", 1e-5) as f64;
+        let (scale, shift) = fold_bn(params[0], params[1], params[2], params[3], eps);
+        let k = w.shape[0] as usize;
+        if scale.len() != k {
+            continue;
+        }
+        let per = w.data.len() / k.max(1);
+        let mut nw = w.clone();
+        for (o, s) in scale.iter().enumerate() {
+            for v in &mut nw.data[o * per..(o + 1) * per] {
+                *v *= s;
+            }
+        }
+        let b0: Vec<f64> = match conv.input(2).and_then(|n| consts.get(n)) {
+            Some(b) => b.data.clone(),
+            None if conv.input(2).is_none() => vec![0.0; k],
+            None => continue,
+        };
+        let nb: Vec<f64> = b0
+            .iter()
+            .zip(&scale)
+            .zip(&shift)
+            .map(|((b, s), t)| b * s + t)
+            .collect();
+        let base = format!("{}#folded", bn.outputs[0]);
+        let (wn, bnm) = (format!("{base}_w"), format!("{base}_b"));
+        added.push((wn.clone(), nw.normalize()));
+        added.push((
+            bnm.clone(),
+            HostTensor {
+                dt: Dt::F32,
+                shape: vec![k as i64],
+                data: nb,
+            }
+            .normalize(),
+        ));
+        let out = bn.outputs[0].clone();
+        let conv = &mut g.nodes[ci];
+        conv.inputs.resize(3, String::new());
+        conv.inputs[1] = wn;
+        conv.inputs[2] = bnm;
+        conv.outputs[0] = out;
+        remove.push(bi);
+    }
+    for bi in remove.into_iter().rev() {
+        g.nodes.remove(bi);
+    }
+    g.initializers.extend(added);
+}
