@@ -507,6 +507,53 @@ impl Server {
                 }
                 continue;
             }
+            if g.kind == InstanceKind::Auto && backend.auto_prefers_gpu() {
+                if let Some(n) = self.gpu.runtime().map(|r| r.devices.len()) {
+                    let gpus: Vec<i32> = if g.gpus.is_empty() {
+                        (0..n as i32).collect()
+                    } else {
+                        g.gpus.clone()
+                    };
+                    let mut first = true;
+                    let mut placed = Vec::new();
+                    'devices: for gpu in gpus {
+                        for _ in 0..g.count.max(1) {
+                            let at = InstancePlace {
+                                index: index + placed.len() as u32,
+                                gpu,
+                                version,
+                                model_dir,
+                            };
+                            match self.gpu_instance(config, backend, &at) {
+                                Ok(i) => placed.push(i),
+                                Err(e)
+                                    if first
+                                        && matches!(
+                                            e.code,
+                                            Code::Unsupported | Code::Unavailable
+                                        ) =>
+                                {
+                                    self.log.info(&format!(
+                                        "model '{}': instance_group '{}' (KIND_AUTO) runs on the CPU: {}",
+                                        config.name, g.name, e.message
+                                    ));
+                                    break 'devices;
+                                }
+                                Err(e) => return Err(e),
+                            }
+                            first = false;
+                        }
+                    }
+                    if !placed.is_empty() {
+                        for i in placed {
+                            instances.push(i);
+                            cpus.push(g.cpus.clone());
+                            index += 1;
+                        }
+                        continue;
+                    }
+                }
+            }
             for _ in 0..g.count.max(1) {
                 let at = InstancePlace {
                     index,

@@ -12,6 +12,7 @@ use infer::ffi::server::*;
 use infer::ffi::*;
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
+use tract_onnx::pb;
 
 #[track_caller]
 fn expect_msg(st: infer_status, want: infer_status, parts: &[&str]) -> String {
@@ -1275,6 +1276,8 @@ fn run_data_path(dir: &std::path::Path, scenario: &str) {
             || l.contains("on GPUs")
             || l.contains("batches,")
             || l.contains("matches CPU")
+            || l.contains("KIND_AUTO")
+            || l.contains("implicit state")
     }) {
         println!("{scenario}: {line}");
     }
@@ -1615,4 +1618,135 @@ fn onnx_on_the_stand_in() {
     assert!(c.kernel_launches > 0, "{c:?}");
     assert_eq!(c.pageable_async_copies, 0, "{c:?}");
     assert_eq!(c.invalid_calls, 0, "{c:?}");
+
+    // Implicit state on the GPU: running sums of interleaved sequences.
+    load_from_models(
+        &gpu,
+        "accumulator_onnx",
+        Some(&gpu_config_of("accumulator_onnx")),
+    );
+    let mut sums = [0f32; 2];
+    for step in 0..5 {
+        for (seq, sum) in sums.iter_mut().enumerate() {
+            let v = (step * 2 + seq) as f32 + 0.5;
+            let r = gpu
+                .request("accumulator_onnx")
+                .input_f32("INPUT", &[1, 1], &[v]);
+            let mut flags = 0;
+            if step == 0 {
+                flags |= INFER_REQUEST_FLAG_SEQUENCE_START;
+            }
+            if step == 4 {
+                flags |= INFER_REQUEST_FLAG_SEQUENCE_END;
+            }
+            unsafe {
+                ok(infer_request_set_correlation_id(r.0, 100 + seq as u64));
+                ok(infer_request_set_flags(r.0, flags));
+            }
+            *sum += v;
+            assert_eq!(
+                gpu.infer(r).output_f32("OUTPUT"),
+                vec![*sum],
+                "sequence {seq} step {step}"
+            );
+        }
+    }
+    println!("accumulator_onnx: implicit state on the GPU matches the running sums");
+
+    // KIND_AUTO: on the GPU when the executor runs the model, else on the CPU (logged);
+    // KIND_GPU refuses what the executor cannot run, naming the operator.
+    let auto = gpu_config_of("mlp").replace("KIND_GPU", "KIND_AUTO");
+    load_from_models(&gpu, "mlp", Some(&auto));
+    let before = d.counters().kernel_launches;
+    let resp = gpu.infer(random_request(&gpu, "mlp", 2, &mut rng));
+    assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
+    assert!(
+        d.counters().kernel_launches > before,
+        "KIND_AUTO mlp did not run on the GPU"
+    );
+    let dims = ["4"];
+    let round = pb::ModelProto {
+        ir_version: 8,
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(pb::GraphProto {
+            name: "g".into(),
+            node: vec![pb::NodeProto {
+                op_type: "Round".into(),
+                name: "round".into(),
+                input: vec!["X".into()],
+                output: vec!["Y".into()],
+                ..Default::default()
+            }],
+            input: vec![value_info("X", &dims)],
+            output: vec![value_info("Y", &dims)],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let dir = temp_dir("gpu-round");
+    std::fs::create_dir_all(dir.join("1")).unwrap();
+    std::fs::write(
+        dir.join("1/model.onnx"),
+        prost::Message::encode_to_vec(&round),
+    )
+    .unwrap();
+    let cfg = |kind: &str| {
+        format!(
+            r#"name: "round" platform: "onnxruntime_onnx" max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+instance_group [ {{ kind: {kind} }} ]"#
+        )
+    };
+    let load = |kind: &str| unsafe {
+        infer_server_load_model(
+            gpu.0,
+            c"round".as_ptr(),
+            cs(&cfg(kind)).as_ptr(),
+            cs(dir.to_str().unwrap()).as_ptr(),
+        )
+    };
+    expect_msg(
+        load("KIND_GPU"),
+        INFER_STATUS_UNSUPPORTED,
+        &[
+            "'round'",
+            "operator Round is not supported by the GPU executor",
+        ],
+    );
+    ok(load("KIND_AUTO"));
+    let before = d.counters().kernel_launches;
+    let resp = gpu.infer(
+        gpu.request("round")
+            .input_f32("X", &[4], &[0.4, 1.6, -2.5, 3.0]),
+    );
+    assert_eq!(resp.output_f32("Y"), vec![0.0, 2.0, -2.0, 3.0]);
+    assert_eq!(d.counters().kernel_launches, before, "Round ran on the GPU");
+    println!("KIND_AUTO: mlp on the GPU, a model with Round on the CPU");
+}
+
+fn value_info(name: &str, dims: &[&str]) -> pb::ValueInfoProto {
+    use pb::tensor_shape_proto::dimension::Value as DimValue;
+    pb::ValueInfoProto {
+        name: name.to_owned(),
+        r#type: Some(pb::TypeProto {
+            value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
+                elem_type: 1,
+                shape: Some(pb::TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|d| pb::tensor_shape_proto::Dimension {
+                            value: Some(DimValue::DimValue(d.parse().unwrap())),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }

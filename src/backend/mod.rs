@@ -38,6 +38,13 @@ pub trait Backend: Send + Sync {
     fn runs_on_gpu(&self) -> bool {
         false
     }
+
+    /// Whether KIND_AUTO instances go to a GPU when one is usable (falling back to the
+    /// CPU, with a log line, when the model cannot run there). Custom backends decide
+    /// their own placement, so for them KIND_AUTO is the CPU.
+    fn auto_prefers_gpu(&self) -> bool {
+        false
+    }
 }
 
 /// Where an instance runs and what it serves.

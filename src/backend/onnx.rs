@@ -34,6 +34,10 @@ impl Backend for OnnxBackend {
         true
     }
 
+    fn auto_prefers_gpu(&self) -> bool {
+        true
+    }
+
     fn create_instance(
         self: Arc<Self>,
         config: &Arc<ModelConfig>,
