@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check: formatting, clippy, the Rust tests (release, including the header
-# test), ONNX conformance, the exported-symbol check, the C API tests, the C and C++
+# test), ONNX conformance (on the ONNX backend, and on the GPU executor against the
+# stand-in CUDA libraries), the kernels through NVRTC (installed from PyPI), the
+# exported-symbol check, the C API tests, the C and C++
 # examples under CTest, the C++ (GoogleTest) and Go binding tests, the installed package,
 # and the C tests and examples under AddressSanitizer and valgrind.
 # Installs gcc, cmake, ninja (apt-get) and rustfmt, clippy (rustup) only when missing.
@@ -83,6 +85,25 @@ onnx_conformance() {
         INFER_ONNX_CONFORMANCE_DIR="$out" cargo test --release --test onnx_conformance -- --nocapture
 }
 
+# The kernels of the GPU executor through the real NVRTC (from PyPI; no GPU needed), for
+# every architecture the library serves. Where PyPI cannot be reached, says so and skips.
+NVRTC_VERSION=13.0.88
+nvrtc_check() {
+    local venv="$TARGET_DIR/onnx-venv" dir="$TARGET_DIR/nvrtc"
+    case "$dir" in /*) ;; *) dir="$PWD/$dir" ;; esac
+    if [[ ! -f "$dir/nvidia/cu13/lib/libnvrtc.so.13" ]]; then
+        onnx_python "$venv"
+        echo "-- installing nvidia-cuda-nvrtc==$NVRTC_VERSION into $dir"
+        if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check --target "$dir" \
+            "nvidia-cuda-nvrtc==$NVRTC_VERSION"; then
+            echo "SKIP: NVRTC could not be installed from PyPI; the kernels were not compiled"
+            return 0
+        fi
+    fi
+    INFER_NVRTC_LIB_DIR="$dir/nvidia/cu13/lib" \
+        cargo test --release --test gpu kernels_compile_with_nvrtc -- --nocapture
+}
+
 summary() {
     local rc=$?
     [[ -n "$current" ]] && steps+=("$current|FAILED")
@@ -100,6 +121,10 @@ summary() {
     if [[ -f "$LOGS/onnx-conformance.log" ]]; then
         echo "ONNX node test cases (onnx $ONNX_VERSION):"
         grep -E '^onnx conformance( \(GPU\))?: passed' "$LOGS/onnx-conformance.log" | sed 's/^/  /' || true
+    fi
+    if [[ -f "$LOGS/nvrtc.log" ]]; then
+        echo "kernels through NVRTC $NVRTC_VERSION:"
+        grep -E '^(sm_[0-9]+: CUBIN|SKIP)' "$LOGS/nvrtc.log" | sed 's/^/  /' || true
     fi
     [[ -f "$LOGS/symbols.log" ]] && sed 's/^/  /' "$LOGS/symbols.log"
     if [[ -f "$LOGS/c-tests.log" ]]; then
@@ -139,6 +164,7 @@ step fmt cargo fmt --check
 step clippy cargo clippy --all-targets -- -D warnings
 step cargo-test cargo test --release
 step onnx-conformance onnx_conformance
+step nvrtc nvrtc_check
 step build cargo build --release
 step symbols tests/symbols.sh "$LIB_DIR/libinfer.so"
 step c-build build_c_tests

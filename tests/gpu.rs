@@ -1750,3 +1750,60 @@ fn value_info(name: &str, dims: &[&str]) -> pb::ValueInfoProto {
         ..Default::default()
     }
 }
+
+// ---- the kernels through the real NVRTC (no GPU needed) ----
+
+/// Compiles src/gpu/kernels/kernels.cu with the real NVRTC for the architectures the
+/// library serves, in a child process whose loader path starts with
+/// `INFER_NVRTC_LIB_DIR` (scripts/test.sh installs NVRTC from PyPI there). Without it:
+/// SKIP.
+#[test]
+fn kernels_compile_with_nvrtc() {
+    if std::env::var_os("INFER_FAKE_CUDA").is_some()
+        || std::env::var_os("INFER_NVRTC_CHILD").is_some()
+    {
+        return;
+    }
+    let Some(dir) = std::env::var_os("INFER_NVRTC_LIB_DIR") else {
+        println!(
+            "SKIP: INFER_NVRTC_LIB_DIR is not set (scripts/test.sh installs NVRTC and sets it)"
+        );
+        return;
+    };
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args(["--exact", "nvrtc_child", "--nocapture"])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("INFER_NVRTC_CHILD", "1")
+        .output()
+        .expect("running the test binary again");
+    let all =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && all.contains("kernels compiled"),
+        "{all}"
+    );
+    for line in all.lines().filter(|l| l.starts_with("sm_")) {
+        println!("{line}");
+    }
+}
+
+/// The child of `kernels_compile_with_nvrtc`.
+#[test]
+fn nvrtc_child() {
+    if std::env::var_os("INFER_NVRTC_CHILD").is_none() {
+        return;
+    }
+    for cc in [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
+        let cubin = infer::gpu::onnx::runtime::compile(cc)
+            .unwrap_or_else(|e| panic!("sm_{}{}: {}", cc.0, cc.1, e.message));
+        assert!(
+            cubin.starts_with(b"\x7fELF"),
+            "sm_{}{}: not an ELF CUBIN",
+            cc.0,
+            cc.1
+        );
+        println!("sm_{}{}: CUBIN of {} bytes", cc.0, cc.1, cubin.len());
+    }
+    println!("kernels compiled");
+}
