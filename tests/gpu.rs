@@ -1319,6 +1319,36 @@ fn gpu_instances_against_a_stand_in_driver() {
         out.status.success() && all.contains("fake cuda: all checks passed"),
         "{all}"
     );
+    // The kernels as the stand-in runs them, against reference loops, and the stand-in
+    // NVRTC and cuBLAS.
+    let kcheck = dir.join("kernels_check");
+    let src = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/kernels_check.c"
+    );
+    let built = std::process::Command::new("cc")
+        .args(["-O1", "-pthread", "-o"])
+        .arg(&kcheck)
+        .arg(src)
+        .args(["-ldl", "-lm"])
+        .output()
+        .expect("running cc");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let out = std::process::Command::new(&kcheck)
+        .arg(&dir)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src/gpu/kernels/kernels.cu"
+        ))
+        .output()
+        .expect("running the kernels' check");
+    let all =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{all}");
     run_data_path(&dir, "one");
     run_data_path(&dir, "two");
     run_data_path(&dir, "onnx");

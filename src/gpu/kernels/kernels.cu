@@ -95,6 +95,7 @@ extern __thread struct infer_emu_dim3 infer_emu_blockIdx, infer_emu_blockDim,
     X(infer_reduce_f32)                                                                      \
     X(infer_gather)                                                                          \
     X(infer_conv2d_f32)                                                                      \
+    X(infer_im2col_f32)                                                                      \
     X(infer_pool2d_f32)                                                                      \
     X(infer_fill)                                                                            \
     X(infer_where)
@@ -482,6 +483,31 @@ KERNEL void infer_conv2d_f32(infer_kargs a) {
         if (a.p[15] == 1 && acc < 0.0f)
             acc = 0.0f;
         y[i] = acc;
+    }
+}
+
+/* The columns of a convolution, for a GEMM: n = N*C*R*S*OH*OW, out laid out as
+ * [N][C*R*S][OH*OW]; taps outside the image are zero. a.p as infer_conv2d_f32: 0 C,
+ * 1 H, 2 W, 4 R, 5 S, 6 OH, 7 OW, 8 stride_h, 9 stride_w, 10 pad_top, 11 pad_left,
+ * 12 dilation_h, 13 dilation_w. */
+KERNEL void infer_im2col_f32(infer_kargs a) {
+    const float *x = (const float *)a.in[0];
+    float *y = (float *)a.out;
+    long long C = a.p[0], H = a.p[1], W = a.p[2], R = a.p[4], S = a.p[5];
+    long long OH = a.p[6], OW = a.p[7], sh = a.p[8], sw = a.p[9], pt = a.p[10],
+              pl = a.p[11], dh = a.p[12], dw = a.p[13];
+    K_LOOP(i) {
+        long long ow = i % OW, t = i / OW;
+        long long oh = t % OH;
+        t /= OH;
+        long long s = t % S;
+        t /= S;
+        long long r = t % R;
+        t /= R;
+        long long c = t % C, nb = t / C;
+        long long ih = oh * sh - pt + r * dh, iw = ow * sw - pl + s * dw;
+        y[i] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((nb * C + c) * H + ih) * W + iw]
+                                                         : 0.0f;
     }
 }
 

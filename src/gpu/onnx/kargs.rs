@@ -30,12 +30,13 @@ pub enum Kernel {
     Reduce,
     Gather,
     Conv2d,
+    Im2col,
     Pool2d,
     Where,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 12] = [
+    pub const ALL: [Kernel; 13] = [
         Kernel::Unary,
         Kernel::Binary,
         Kernel::StridedCopy,
@@ -46,6 +47,7 @@ impl Kernel {
         Kernel::Reduce,
         Kernel::Gather,
         Kernel::Conv2d,
+        Kernel::Im2col,
         Kernel::Pool2d,
         Kernel::Where,
     ];
@@ -62,6 +64,7 @@ impl Kernel {
             Kernel::Reduce => c"infer_reduce_f32",
             Kernel::Gather => c"infer_gather",
             Kernel::Conv2d => c"infer_conv2d_f32",
+            Kernel::Im2col => c"infer_im2col_f32",
             Kernel::Pool2d => c"infer_pool2d_f32",
             Kernel::Where => c"infer_where",
         }

@@ -122,6 +122,9 @@ fn content_hash(t: &HostTensor) -> u64 {
 
 const ALIGN: u64 = 256;
 
+/// The largest im2col buffer a convolution gets (bytes); above it, the direct kernel.
+const COL_LIMIT: u64 = 1 << 30;
+
 /// Builds plans.
 pub struct Planner<'a> {
     graph: &'a Graph,
@@ -1279,15 +1282,78 @@ impl<'a> Planner<'a> {
             vec![x.shape[0], kout, oh, ow]
         };
         let y = self.temp(Dt::F32, shape.clone());
-        let mut ins = vec![&x, &w];
-        if let Some(b) = &bias {
-            ins.push(b);
+        let params = [
+            c, h, wd, kout, r, s, oh, ow, st.0, st.1, pt, pl, dil.0, dil.1, groups,
+        ];
+        let n = x.shape[0];
+        let (p, crs) = (oh * ow, c * r * s);
+        let col_bytes = (n * crs * p) as u64 * 4;
+        if col_bytes > COL_LIMIT {
+            // Columns too large for the arena: the direct kernel.
+            let mut ins = vec![&x, &w];
+            if let Some(b) = &bias {
+                ins.push(b);
+            }
+            self.kernel(Kernel::Conv2d, numel(&shape), &ins, &y, |k| {
+                k.p[..15].copy_from_slice(&params)
+            });
+            self.set(node, 0, Val::Dev(y));
+            return Ok(());
         }
-        self.kernel(Kernel::Conv2d, numel(&shape), &ins, &y, |k| {
-            k.p[..15].copy_from_slice(&[
-                c, h, wd, kout, r, s, oh, ow, st.0, st.1, pt, pl, dil.0, dil.1, groups,
-            ]);
+        // im2col, then one strided-batched GEMM per group (over the images), adding to
+        // the bias broadcast into the output first.
+        let col = self.temp(Dt::F32, vec![n, crs, p]);
+        self.kernel(Kernel::Im2col, n * crs * p, &[&x], &col, |k| {
+            k.p[..15].copy_from_slice(&params)
         });
+        let beta = match &bias {
+            Some(b) => {
+                let dims = [n, kout, p];
+                let st = vec![0, 1, 0];
+                let os = strides(&dims);
+                self.strided(
+                    node,
+                    Kernel::StridedCopy,
+                    &dims,
+                    &[(b, st, 0)],
+                    &y.ptr,
+                    &os,
+                    0,
+                    |a| a.p[1] = 4,
+                )?;
+                1.0
+            }
+            None => 0.0,
+        };
+        let (kg, crsg) = (kout / groups, crs / groups);
+        let at = |base: &Ptr, elems: i64| Ptr {
+            buf: base.buf.clone(),
+            bytes: base.bytes + elems as u64 * 4,
+        };
+        for g in 0..groups {
+            let gemm = GemmArgs {
+                trans_a: false,
+                trans_b: false,
+                m: p as i32,
+                n: kg as i32,
+                k: crsg as i32,
+                lda: p as i32,
+                ldb: crsg as i32,
+                ldc: p as i32,
+                stride_a: crs * p,
+                stride_b: 0,
+                stride_c: kout * p,
+                batch: n as i32,
+                alpha: 1.0,
+                beta,
+            };
+            self.push(Step::Gemm {
+                g: gemm,
+                a: at(&col.ptr, g * crsg * p),
+                b: at(&w.ptr, g * kg * crsg),
+                c: at(&y.ptr, g * kg * p),
+            });
+        }
         self.set(node, 0, Val::Dev(y));
         Ok(())
     }
