@@ -84,6 +84,7 @@ pub const SUPPORTED: &[&str] = &[
     "Slice",
     "Softmax",
     "Softplus",
+    "Split",
     "Sqrt",
     "Squeeze",
     "Sub",

@@ -578,6 +578,23 @@ impl<'a> Planner<'a> {
             "Clip" => {
                 let (mut lo, mut hi) = (f32::MIN, f32::MAX);
                 if opset >= 11 {
+                    let device_bounds = [1, 2]
+                        .iter()
+                        .any(|&i| node.input(i).is_some_and(|n| self.host(n).is_none()));
+                    if device_bounds {
+                        // Bounds computed on the device: max with min, then min with max.
+                        let mut y = self.x(node, 0)?;
+                        if node.input(1).is_some() {
+                            let b = self.x(node, 1)?;
+                            y = self.binary_of(node, 5, &y, &b)?;
+                        }
+                        if node.input(2).is_some() {
+                            let b = self.x(node, 2)?;
+                            y = self.binary_of(node, 6, &y, &b)?;
+                        }
+                        self.set(node, 0, Val::Dev(y));
+                        return Ok(());
+                    }
                     for (i, v) in [(1, &mut lo), (2, &mut hi)] {
                         if let Some(n) = node.input(i) {
                             let t = self.host(n).ok_or_else(|| {
@@ -691,6 +708,41 @@ impl<'a> Planner<'a> {
                 let st: Vec<i64> = (0..xs.len()).map(|d| xs[d] * spec.step[d]).collect();
                 let y = self.gather_view(node, &x, spec.out_shape(), st, off)?;
                 self.set(node, 0, Val::Dev(y));
+                Ok(())
+            }
+            "Split" => {
+                let x = self.x(node, 0)?;
+                let a = host::axis(node.int("axis", 0), x.shape.len(), node)?;
+                let n = x.shape[a];
+                let outs = node.outputs.len() as i64;
+                let sizes = match if opset >= 13 {
+                    self.host_input(node, 1)?
+                } else {
+                    node.ints("split")
+                } {
+                    Some(v) if !v.is_empty() => v,
+                    _ => {
+                        // Equal parts (the last smaller when uneven, opset 18's num_outputs).
+                        let parts = node.int("num_outputs", outs).max(1);
+                        let each = (n + parts - 1) / parts;
+                        (0..parts).map(|i| each.min(n - i * each).max(0)).collect()
+                    }
+                };
+                if sizes.len() as i64 != outs || sizes.iter().sum::<i64>() != n {
+                    return Err(Error::invalid(format!(
+                        "{}: split sizes {sizes:?} do not divide a dim of {n} into {outs} outputs",
+                        node.label()
+                    )));
+                }
+                let xs = strides(&x.shape);
+                let mut start = 0i64;
+                for (i, len) in sizes.iter().enumerate() {
+                    let mut dims = x.shape.clone();
+                    dims[a] = *len;
+                    let y = self.gather_view(node, &x, dims, xs.clone(), start * xs[a])?;
+                    self.set(node, i, Val::Dev(y));
+                    start += len;
+                }
                 Ok(())
             }
             "Concat" => {
