@@ -96,16 +96,30 @@ struct Driver {
 class CopyInstance : public infer::Instance {
 public:
     void execute(infer::Batch &batch) override {
-        infer_batch *b = batch.native_handle();
-        // On a GPU instance the batch's inputs are device addresses.
-        const infer::Tensor x = batch.input("X");
+        // On a GPU instance the batch's inputs are device addresses, and the host
+        // accessors refuse them.
+        if (!batch.on_gpu() || batch.cuda_stream() == nullptr) {
+            throw std::runtime_error("the batch is not on a GPU instance");
+        }
+        if (batch.input_memory("X") != infer::MemoryLocation{infer::MemoryType::Gpu, 0}) {
+            throw std::runtime_error("input X is not on GPU 0");
+        }
+        bool refused = false;
+        try {
+            (void)batch.input("X");
+        } catch (const infer::Error &e) {
+            refused = e.code() == INFER_STATUS_INVALID_ARGUMENT &&
+                      std::string(e.what()).find("device_input") != std::string::npos;
+        }
+        if (!refused) {
+            throw std::runtime_error("Batch::input handed out device memory as host memory");
+        }
+        const infer::DeviceTensor x = batch.device_input("X");
         const infer::Shape shape = x.shape();
-        void *y = nullptr;
-        infer::detail::check(
-            infer_batch_output_device(b, "Y", shape.data(), shape.size(), &y));
+        void *y = batch.output_device("Y", shape);
         const int rc = Driver::get().dtod_async(reinterpret_cast<CUdeviceptr>(y),
-                                                reinterpret_cast<CUdeviceptr>(x.data()),
-                                                x.byte_size(), infer_batch_cuda_stream(b));
+                                                reinterpret_cast<CUdeviceptr>(x.device_ptr()),
+                                                x.byte_size(), batch.cuda_stream());
         if (rc != 0) {
             throw std::runtime_error("cuMemcpyDtoDAsync_v2 failed: " + std::to_string(rc));
         }

@@ -42,7 +42,24 @@ public:
     /// Batched inputs present (optional inputs no request gave are absent).
     uint32_t input_count() const noexcept { return infer_batch_input_count(b_); }
 
-    /// Batched input `index` (< input_count()), with its name.
+    /// Whether this batch runs on a GPU instance: then every input is in device memory
+    /// (read it with device_input), outputs can be allocated there (output_device), and
+    /// cuda_stream() is the stream to queue work on.
+    bool on_gpu() const noexcept { return infer_batch_cuda_stream(b_) != nullptr; }
+
+    /// The instance's CUDA stream (a CUstream), or nullptr on a CPU instance.
+    void *cuda_stream() const noexcept { return infer_batch_cuda_stream(b_); }
+
+    /// Where batched input `name` is (NOT_FOUND when absent).
+    MemoryLocation input_memory(const std::string &name) const {
+        infer_memory_type mem = INFER_MEMORY_CPU;
+        int64_t device = 0;
+        detail::check(infer_batch_input_memory(b_, name.c_str(), &mem, &device));
+        return MemoryLocation{static_cast<MemoryType>(mem), device};
+    }
+
+    /// Batched input `index` (< input_count()), with its name. Host memory only: on a
+    /// GPU instance it throws INVALID_ARGUMENT (use device_input).
     Tensor input_at(uint32_t index) const {
         const char *name = nullptr;
         infer_datatype dt = INFER_DATATYPE_INVALID;
@@ -52,8 +69,36 @@ public:
         uintptr_t bytes = 0;
         detail::check(
             infer_batch_input_by_index(b_, index, &name, &dt, &shape, &ndim, &data, &bytes));
-        return Tensor(name != nullptr ? name : "", static_cast<DataType>(dt),
-                      Shape(shape, shape + ndim), data, bytes);
+        const std::string n = name != nullptr ? name : "";
+        host_only(n);
+        return Tensor(n, static_cast<DataType>(dt), Shape(shape, shape + ndim), data, bytes);
+    }
+
+    /// The batched input `name` in device memory, on a GPU instance (INVALID_ARGUMENT on
+    /// a CPU instance, NOT_FOUND when absent).
+    DeviceTensor device_input(const std::string &name) const {
+        const MemoryLocation where = input_memory(name);
+        if (where.on_host()) {
+            throw Error(INFER_STATUS_INVALID_ARGUMENT,
+                        "input '" + name + "' is in host memory (this instance runs on the CPU): "
+                        "read it with Batch::input");
+        }
+        infer_datatype dt = INFER_DATATYPE_INVALID;
+        const int64_t *shape = nullptr;
+        uintptr_t ndim = 0;
+        const void *data = nullptr;
+        uintptr_t bytes = 0;
+        detail::check(infer_batch_input(b_, name.c_str(), &dt, &shape, &ndim, &data, &bytes));
+        return DeviceTensor(name, static_cast<DataType>(dt), Shape(shape, shape + ndim), data,
+                            bytes, where.device_id);
+    }
+
+    /// On a GPU instance: allocates the batched output `name` in device memory and
+    /// returns its device address, for work queued on cuda_stream() to fill.
+    void *output_device(const std::string &name, const Shape &shape) {
+        void *p = nullptr;
+        detail::check(infer_batch_output_device(b_, name.c_str(), shape.data(), shape.size(), &p));
+        return p;
     }
 
     /// The batched input `name` (the rows of all requests along dim 0; sequence
@@ -70,6 +115,7 @@ public:
             return std::nullopt;
         }
         detail::check(st);
+        host_only(name);
         return Tensor(name, static_cast<DataType>(dt), Shape(shape, shape + ndim), data, bytes);
     }
 
@@ -135,6 +181,15 @@ public:
     infer_batch *native_handle() const noexcept { return b_; }
 
 private:
+    /// Host tensors are never made from device addresses.
+    void host_only(const std::string &name) const {
+        if (on_gpu()) {
+            throw Error(INFER_STATUS_INVALID_ARGUMENT,
+                        "input '" + name + "' is in device memory (this instance runs on a GPU): "
+                        "read it with Batch::device_input");
+        }
+    }
+
     infer_batch *b_;
 };
 
