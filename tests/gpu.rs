@@ -624,6 +624,8 @@ struct FakeCounters {
     live_device_bytes: u64,
     live_host_bytes: u64,
     kernel_launches: u64,
+    graph_launches: u64,
+    graph_nodes: u64,
 }
 
 type HostFn = unsafe extern "C" fn(*mut c_void);
@@ -1772,6 +1774,28 @@ instance_group [ {{ kind: {kind} }} ]"#
     assert_eq!(resp.output_f32("Y"), vec![0.0, 2.0, -2.0, 3.0]);
     assert_eq!(d.counters().kernel_launches, before, "Round ran on the GPU");
     println!("KIND_AUTO: mlp on the GPU, a model with Round on the CPU");
+
+    // CUDA graphs for batches of up to 4 rows: captured on a plan's second run, then
+    // replayed with the inputs copied into the graph's slots.
+    let graphs = gpu_config_of("mlp").replace(
+        "instance_group",
+        "parameters { key: \"cuda_graph_max_batch\" value: { string_value: \"4\" } }\ninstance_group",
+    );
+    load_from_models(&gpu, "mlp", Some(&graphs));
+    let before = d.counters();
+    for batch in [1i64, 1, 1, 3, 3, 3, 8, 8] {
+        let seed = rng.next();
+        let want = all_outputs(&cpu.infer(random_request(&cpu, "mlp", batch, &mut Rand(seed))));
+        let got = all_outputs(&gpu.infer(random_request(&gpu, "mlp", batch, &mut Rand(seed))));
+        for (name, (_, bytes)) in &want {
+            assert_close("mlp (CUDA graphs)", name, bytes, &got[name].1, false);
+        }
+    }
+    let after = d.counters();
+    // Batch 1 and batch 3: captured on the second run, replayed on the third; batch 8
+    // never (above the limit).
+    assert_eq!(after.graph_launches - before.graph_launches, 4, "{after:?}");
+    println!("CUDA graphs: mlp matches CPU with graphs at batch 1 and 3");
 }
 
 fn value_info(name: &str, dims: &[&str]) -> pb::ValueInfoProto {

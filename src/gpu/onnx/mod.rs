@@ -156,6 +156,25 @@ pub struct OnnxGpuInstance {
     plans: HashMap<Vec<(Dt, Vec<i64>)>, Arc<Plan>>,
     arena: Option<DeviceBuf>,
     what: String,
+    /// Plans for batches of at most this many rows run as CUDA graphs (0: never).
+    graph_max_batch: i64,
+    graphs: HashMap<Vec<(Dt, Vec<i64>)>, GraphEntry>,
+}
+
+/// A plan's CUDA graph: captured on the plan's second run (the first warms cuBLAS up),
+/// with fixed input and output slots that each run copies in and out of.
+enum GraphEntry {
+    /// Runs so far without a graph.
+    Warming(u32),
+    Ready {
+        graph: runtime::CudaGraph,
+        inputs: Vec<crate::gpu::driver::DeviceMem>,
+        outputs: Vec<Option<crate::gpu::driver::DeviceMem>>,
+        /// The arena the graph was captured with (a new arena means a new capture).
+        arena: DevicePtr,
+    },
+    /// Capture failed: the plan runs without a graph.
+    Failed,
 }
 
 impl OnnxGpuInstance {
@@ -190,6 +209,12 @@ impl OnnxGpuInstance {
             plans: HashMap::new(),
             arena: None,
             what: what.to_owned(),
+            graph_max_batch: config
+                .parameters
+                .get("cuda_graph_max_batch")
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0),
+            graphs: HashMap::new(),
         };
         for tc in &config.inputs {
             if !inst.graph.inputs.iter().any(|i| *i.name == *tc.name) {
@@ -335,6 +360,27 @@ impl ModelInstance for OnnxGpuInstance {
         if self.blas.is_none() {
             self.blas = Some(runtime::Blas::new(stream as _, self.tf32)?);
         }
+        let stream = stream as cudarc::driver::sys::CUstream;
+        let batch_rows = (self.config.max_batch_size > 0).then_some(batch.size as i64);
+        if self.graph_max_batch > 0 && batch_rows.is_some_and(|r| r <= self.graph_max_batch) {
+            if let Some(done) = self.run_graph(&plan, &in_ptrs, &out_ptrs, arena, stream)? {
+                return Ok(done);
+            }
+        }
+        self.run_steps(&plan, &in_ptrs, &out_ptrs, arena, stream)
+    }
+}
+
+impl OnnxGpuInstance {
+    /// Queues the plan's steps on `stream`.
+    fn run_steps(
+        &self,
+        plan: &Plan,
+        in_ptrs: &[DevicePtr],
+        out_ptrs: &[Option<DevicePtr>],
+        arena: DevicePtr,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<()> {
         let resolve = |p: &Ptr| -> Option<DevicePtr> {
             let base = match &p.buf {
                 Buf::Input(k) => in_ptrs[*k],
@@ -344,7 +390,6 @@ impl ModelInstance for OnnxGpuInstance {
             };
             Some(base + p.bytes)
         };
-        let stream = stream as cudarc::driver::sys::CUstream;
         for step in &plan.steps {
             match step {
                 Step::Kernel { k, args, ins, out } => {
@@ -375,5 +420,115 @@ impl ModelInstance for OnnxGpuInstance {
             }
         }
         Ok(())
+    }
+
+    /// Runs the plan as a CUDA graph when it has one (capturing it on the plan's second
+    /// run): copies the inputs into the graph's slots, launches it, copies the outputs
+    /// out. Ok(None): run it step by step instead.
+    fn run_graph(
+        &mut self,
+        plan: &Plan,
+        in_ptrs: &[DevicePtr],
+        out_ptrs: &[Option<DevicePtr>],
+        arena: DevicePtr,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<Option<()>> {
+        let key = plan.key.clone();
+        let entry = self.graphs.remove(&key).unwrap_or(GraphEntry::Warming(0));
+        let entry = match entry {
+            GraphEntry::Warming(n) if n < 1 => {
+                self.graphs.insert(key, GraphEntry::Warming(n + 1));
+                return Ok(None);
+            }
+            GraphEntry::Ready { arena: a, .. } if a != arena => self.capture(plan, arena, stream),
+            GraphEntry::Warming(_) => self.capture(plan, arena, stream),
+            other => other,
+        };
+        let result = match &entry {
+            GraphEntry::Ready {
+                graph,
+                inputs,
+                outputs,
+                ..
+            } => {
+                let copy = |d: DevicePtr, s: DevicePtr, n: usize| {
+                    // SAFETY: slots were sized from the plan; the batch's buffers hold
+                    // the same shapes.
+                    unsafe { crate::gpu::driver::copy_async(d, s, n, stream) }
+                };
+                let mut r = Ok(Some(()));
+                for (slot, &src) in inputs.iter().zip(in_ptrs) {
+                    r = r.and_then(|x| copy(slot.ptr(), src, slot.len()).map(|()| x));
+                }
+                // SAFETY: the instance's stream, of the graph's context.
+                r = r.and_then(|x| unsafe { graph.launch(stream) }.map(|()| x));
+                for (slot, dst) in outputs.iter().zip(out_ptrs) {
+                    if let (Some(slot), Some(dst)) = (slot, dst) {
+                        r = r.and_then(|x| copy(*dst, slot.ptr(), slot.len()).map(|()| x));
+                    }
+                }
+                r
+            }
+            _ => Ok(None),
+        };
+        self.graphs.insert(key, entry);
+        result
+    }
+
+    /// Captures `plan` into a graph with its own input and output slots.
+    fn capture(
+        &mut self,
+        plan: &Plan,
+        arena: DevicePtr,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> GraphEntry {
+        let made = (|| -> Result<GraphEntry> {
+            let mut inputs = Vec::new();
+            for (dt, shape) in &plan.key {
+                let bytes = shape.iter().product::<i64>().max(0) as usize * dt.size();
+                inputs.push(crate::gpu::driver::DeviceMem::upload(
+                    &self.ctx,
+                    &vec![0u8; bytes],
+                )?);
+            }
+            let mut outputs = Vec::new();
+            for (io, (dt, shape)) in self.graph.outputs.iter().zip(&plan.outputs) {
+                let wanted = self.config.output(&io.name).is_some()
+                    || self
+                        .config
+                        .sequence_batching
+                        .as_ref()
+                        .is_some_and(|q| q.state_by_output(&io.name).is_some());
+                outputs.push(if wanted {
+                    let bytes = shape.iter().product::<i64>().max(0) as usize * dt.size();
+                    Some(crate::gpu::driver::DeviceMem::upload(
+                        &self.ctx,
+                        &vec![0u8; bytes],
+                    )?)
+                } else {
+                    None
+                });
+            }
+            let in_ptrs: Vec<DevicePtr> = inputs.iter().map(|m| m.ptr()).collect();
+            let out_ptrs: Vec<Option<DevicePtr>> = outputs
+                .iter()
+                .map(|m| m.as_ref().map(|m| m.ptr()))
+                .collect();
+            // SAFETY: the instance's stream, used by nothing else while this worker
+            // captures; slots, arena and constants outlive the graph (kept with it, or
+            // a new arena means a new capture).
+            let graph = unsafe {
+                runtime::CudaGraph::capture(&self.ctx, stream, || {
+                    self.run_steps(plan, &in_ptrs, &out_ptrs, arena, stream)
+                })?
+            };
+            Ok(GraphEntry::Ready {
+                graph,
+                inputs,
+                outputs,
+                arena,
+            })
+        })();
+        made.unwrap_or(GraphEntry::Failed)
     }
 }

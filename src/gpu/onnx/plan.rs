@@ -79,6 +79,8 @@ struct Temp {
 
 /// A plan for one set of input shapes.
 pub struct Plan {
+    /// The input types and shapes it is for (graph input order).
+    pub key: Vec<(Dt, Vec<i64>)>,
     pub steps: Vec<Step>,
     /// Arena offset of each intermediate.
     pub temp_offsets: Vec<u64>,
@@ -192,6 +194,7 @@ impl<'a> Planner<'a> {
         }
         let (temp_offsets, arena_bytes) = self.assign();
         Ok(Plan {
+            key: inputs.to_vec(),
             steps: self.steps,
             temp_offsets,
             arena_bytes,
