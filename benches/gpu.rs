@@ -31,7 +31,10 @@
 //! (1,8,64,256), INFER_BENCH_CLIENTS (16,64,256), INFER_BENCH_MODELS (mlp,cnn),
 //! INFER_BENCH_PARTS (check,latency,e2e,cublas), INFER_BENCH_MLP_WIDTH (4096),
 //! INFER_BENCH_TF32 (0: FP32 GEMMs; 1 sets the model parameter `allow_tf32` and TF32 in
-//! the cuBLAS reference), INFER_BENCH_MAX_QUEUE_DELAY_US (100).
+//! the cuBLAS reference), INFER_BENCH_MAX_QUEUE_DELAY_US (100),
+//! INFER_BENCH_CUDA_GRAPH_MAX_BATCH (unset: no CUDA graphs; N sets the model parameter
+//! `cuda_graph_max_batch` on the GPU models, to compare batches of up to N rows with and
+//! without graphs).
 
 use infer::ffi::request::*;
 use infer::ffi::response::*;
@@ -343,6 +346,14 @@ impl BenchModel {
         }
         if tf32 {
             c += "parameters { key: \"allow_tf32\" value: { string_value: \"true\" } }\n";
+        }
+        if let (Some(_), Ok(n)) = (
+            gpu_instances,
+            std::env::var("INFER_BENCH_CUDA_GRAPH_MAX_BATCH"),
+        ) {
+            c += &format!(
+                "parameters {{ key: \"cuda_graph_max_batch\" value: {{ string_value: \"{n}\" }} }}\n"
+            );
         }
         c
     }
