@@ -1147,6 +1147,17 @@ fn data_path_one_gpu() {
     assert_eq!(c.async_copies, 3, "{c:?}"); // + the backend's own device-to-device copy
     drop(resp);
     assert_eq!(RELEASED.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Not 256-byte aligned: copied into the batch's buffer instead of read in place.
+    let wide = d.upload(&[x_of(8), x_of(9)].concat());
+    d.reset();
+    let r = s.request("g");
+    ok(device_input(&r, "X", wide + 16, 16, 0));
+    let resp = s.infer(r);
+    check_affine(&resp, x_of(9), INFER_MEMORY_CPU);
+    assert_eq!(d.counters().async_copies, 4, "{:?}", d.counters());
+    drop(resp);
+    assert_eq!(RELEASED.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(unsafe { (d.mem_free)(wide) }, 0);
 
     s.load("cpu", &add_sub_config("cpu", ""));
     let (a, b) = ([1., 2., 3., 4.], [0.5; 4]);
@@ -1157,7 +1168,7 @@ fn data_path_one_gpu() {
     let resp = s.infer(r);
     assert_eq!(resp.output_f32("OUTPUT0"), vec![1.5, 2.5, 3.5, 4.5]);
     assert_eq!(resp.output_f32("OUTPUT1"), vec![0.5, 1.5, 2.5, 3.5]);
-    assert_eq!(RELEASED.load(std::sync::atomic::Ordering::SeqCst), 3);
+    assert_eq!(RELEASED.load(std::sync::atomic::Ordering::SeqCst), 4);
 
     // Bad device memory is refused with the reason, and not taken.
     let host = [0f32; 4];
@@ -1185,7 +1196,7 @@ fn data_path_one_gpu() {
         INFER_STATUS_INVALID_ARGUMENT,
         &["'X'", "16 bytes"],
     );
-    assert_eq!(RELEASED.load(std::sync::atomic::Ordering::SeqCst), 3);
+    assert_eq!(RELEASED.load(std::sync::atomic::Ordering::SeqCst), 4);
     drop(r);
 
     // A backend on a CPU instance cannot allocate device outputs (and sees host memory).

@@ -132,7 +132,10 @@ impl GpuInstance {
         for input in &batch.inputs {
             let pieces = batch.input_pieces(input);
             if let [one] = pieces.as_slice() {
-                if let Some(d) = one.device().filter(|d| d.device == device) {
+                // In place only when aligned as the device buffer's own inputs are (a
+                // kernel may read it in wide words); else it is copied like the rest.
+                let aligned = |d: &&crate::tensor::DeviceData| d.ptr.is_multiple_of(ALIGN as u64);
+                if let Some(d) = one.device().filter(|d| d.device == device).filter(aligned) {
                     places.push(Place::InPlace(d.ptr));
                     continue;
                 }
@@ -256,7 +259,25 @@ impl GpuInstance {
             outputs: Vec::new(),
             pool: self.pool.clone(),
         });
-        let ran = self.inner.execute(batch);
+        // A panicking backend must not unwind past buffers its queued work still reads:
+        // catch it, wait for the stream, then fail the batch.
+        let ran = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.inner.execute(batch)
+        })) {
+            Ok(r) => r,
+            Err(panic) => {
+                let _ = self.stream.synchronize();
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(Error::internal(format!(
+                    "model '{}': the backend panicked: {what}",
+                    config.name
+                )))
+            }
+        };
         let outputs = batch.gpu.take().map_or_else(Vec::new, |g| g.outputs);
         let all_on_device =
             !batch.requests.is_empty() && batch.requests.iter().all(|r| r.output_device.is_some());

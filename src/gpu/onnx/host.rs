@@ -59,7 +59,7 @@ pub fn broadcast_strides(shape: &[i64], out: &[i64]) -> Vec<i64> {
 pub fn axis(a: i64, rank: usize, node: &Node) -> Result<usize> {
     let r = rank as i64;
     let v = if a < 0 { a + r } else { a };
-    if v < 0 || v >= r.max(1) {
+    if v < 0 || v >= r {
         return Err(Error::invalid(format!(
             "{}: axis {a} is out of range for rank {rank}",
             node.label()
@@ -250,11 +250,13 @@ pub fn eval(
                 }
             }
             let a = axis(node.int("axis", 0), x.shape.len(), node)?;
+            check_concat(
+                node,
+                a,
+                &parts.iter().map(|t| &t.shape[..]).collect::<Vec<_>>(),
+            )?;
             let mut shape = x.shape.clone();
-            shape[a] = parts
-                .iter()
-                .map(|t| t.shape.get(a).copied().unwrap_or(0))
-                .sum();
+            shape[a] = parts.iter().map(|t| t.shape[a]).sum();
             let outer: i64 = x.shape[..a].iter().product();
             let mut data = Vec::new();
             for o in 0..outer {
@@ -332,6 +334,11 @@ pub fn eval(
         "ConstantOfShape" => {
             let shape = x.as_i64();
             let n: i64 = shape.iter().product();
+            if shape.iter().any(|&d| d < 0) || n > HOST_LIMIT {
+                return Err(bad(format!(
+                    "shape {shape:?} cannot be made while planning"
+                )));
+            }
             let (dt, v) = match node.tensor("value") {
                 Some(t) => {
                     let t = super::graph::tensor_from_proto(t, &node.label())?;
@@ -349,11 +356,21 @@ pub fn eval(
             let (Some(start), Some(limit), Some(delta)) = (get(0), get(1), get(2)) else {
                 return Ok(None);
             };
-            let (s, l, d) = (start.data[0], limit.data[0], delta.data[0]);
+            let (Some(&s), Some(&l), Some(&d)) =
+                (start.data.first(), limit.data.first(), delta.data.first())
+            else {
+                return Err(bad("start, limit and delta must be scalars".into()));
+            };
             if d == 0.0 {
                 return Err(bad("delta is 0".into()));
             }
-            let n = ((l - s) / d).ceil().max(0.0) as usize;
+            let n = ((l - s) / d).ceil().max(0.0);
+            if n > HOST_LIMIT as f64 {
+                return Err(bad(format!(
+                    "{n} elements is too many to compute while planning"
+                )));
+            }
+            let n = n as usize;
             one(HostTensor {
                 dt: start.dt,
                 shape: vec![n as i64],
@@ -384,6 +401,30 @@ pub fn eval(
         }
         _ => Ok(None),
     }
+}
+
+/// The most elements a tensor computed on the host while planning may have.
+pub const HOST_LIMIT: i64 = 1 << 24;
+
+/// Concat's inputs agree: same rank, same dims but along `a`.
+pub fn check_concat(node: &Node, a: usize, shapes: &[&[i64]]) -> Result<()> {
+    let Some(first) = shapes.first() else {
+        return Err(Error::invalid(format!("{}: no inputs", node.label())));
+    };
+    for s in shapes {
+        let same = s.len() == first.len()
+            && s.iter()
+                .zip(first.iter())
+                .enumerate()
+                .all(|(d, (x, y))| d == a || x == y);
+        if !same {
+            return Err(Error::invalid(format!(
+                "{}: inputs of shapes {first:?} and {s:?} cannot be concatenated along axis {a}",
+                node.label()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Flatten's axis, in [0, rank] (negative counts from the end).
@@ -438,6 +479,12 @@ pub fn squeeze_shape(node: &Node, shape: &[i64], axes: Option<&[i64]>) -> Result
                     .iter()
                     .map(|&a| axis(a, shape.len(), node))
                     .collect::<Result<_>>()?;
+                if let Some(&a) = norm.iter().find(|&&a| shape[a] != 1) {
+                    return Err(Error::invalid(format!(
+                        "{}: dim {a} of {shape:?} is not 1 and cannot be squeezed",
+                        node.label()
+                    )));
+                }
                 Ok(shape
                     .iter()
                     .enumerate()
@@ -514,8 +561,11 @@ impl SliceSpec {
             let d = axis(a, r, node)?;
             let n = shape[d];
             let st = steps.as_ref().and_then(|s| s.get(k).copied()).unwrap_or(1);
-            if st == 0 {
-                return Err(Error::invalid(format!("{}: a step is 0", node.label())));
+            if st == 0 || st == i64::MIN {
+                return Err(Error::invalid(format!(
+                    "{}: step {st} is not usable",
+                    node.label()
+                )));
             }
             let clampi = |v: i64, lo: i64, hi: i64| v.clamp(lo, hi);
             let norm = |v: i64| if v < 0 { v + n } else { v };
@@ -527,10 +577,15 @@ impl SliceSpec {
                     clampi(norm(ends[k]), -1, n - 1),
                 )
             };
-            let l = if st > 0 {
-                ((e - b).max(0) + st - 1) / st
+            let span = if st > 0 {
+                (e - b).max(0)
             } else {
-                ((b - e).max(0) + (-st) - 1) / (-st)
+                (b - e).max(0)
+            };
+            let l = if span == 0 {
+                0
+            } else {
+                (span - 1) / st.abs() + 1
             };
             start[d] = b;
             step[d] = st;
@@ -573,6 +628,19 @@ mod tests {
         assert_eq!(broadcast_strides(&[3, 1], &[2, 3, 4]), vec![0, 1, 0]);
         assert_eq!(strides(&[2, 3, 4]), vec![12, 4, 1]);
         assert_eq!(strides(&[]), Vec::<i64>::new());
+    }
+
+    #[test]
+    fn concat_inputs_must_agree_off_the_axis() {
+        let n = node("Concat", vec![]);
+        assert!(check_concat(&n, 1, &[&[2, 4], &[2, 3]]).is_ok());
+        assert!(check_concat(&n, 1, &[&[2, 4], &[1000, 4]]).is_err());
+        assert!(check_concat(&n, 0, &[&[2, 4], &[2, 4, 1]]).is_err());
+        assert!(check_concat(&n, 0, &[]).is_err());
+        let s = node("Squeeze", vec![]);
+        assert!(squeeze_shape(&s, &[1, 3], Some(&[0])).is_ok());
+        assert!(squeeze_shape(&s, &[2, 3], Some(&[0])).is_err());
+        assert!(axis(0, 0, &s).is_err(), "a scalar has no axis");
     }
 
     #[test]

@@ -95,6 +95,9 @@ pub const SUPPORTED: &[&str] = &[
     "Where",
 ];
 
+/// Plans kept per instance (one per set of input shapes seen).
+const MAX_PLANS: usize = 64;
+
 /// Operators only evaluated on the host (constants and shape computations).
 const HOST_ONLY: &[&str] = &[
     "Constant",
@@ -277,6 +280,13 @@ impl OnnxGpuInstance {
             return Ok(p.clone());
         }
         self.ctx.bind()?;
+        if self.plans.len() >= MAX_PLANS {
+            // Inputs of ever new shapes: start over rather than grow without bound
+            // (plans keep their constants alive; graphs their slots).
+            self.plans.clear();
+            self.graphs.clear();
+            self.consts.clear();
+        }
         let plan = Planner::new(&self.graph, &mut self.consts)
             .plan(&key)
             .map_err(|e| e.context(&self.what))?;

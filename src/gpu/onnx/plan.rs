@@ -102,6 +102,11 @@ impl Consts {
             by_key: HashMap::new(),
         }
     }
+    /// Forgets every constant (plans that use one keep it alive).
+    pub fn clear(&mut self) {
+        self.by_key.clear();
+    }
+
     fn get(&mut self, key: &str, t: &HostTensor) -> Result<Arc<DeviceMem>> {
         let full = format!("{key}|{:?}|{:?}|{}", t.dt, t.shape, content_hash(t));
         if let Some(m) = self.by_key.get(&full) {
@@ -138,6 +143,17 @@ pub struct Planner<'a> {
 
 fn unsupported(node: &Node, why: impl std::fmt::Display) -> Error {
     Error::unsupported(format!("{}: {why} on the GPU", node.label()))
+}
+
+/// GEMM sizes must fit cuBLAS's 32-bit ints.
+fn fits32(node: &Node, dims: &[i64]) -> Result<()> {
+    if dims.iter().any(|&d| d < 0 || d > i32::MAX as i64) {
+        return Err(unsupported(
+            node,
+            format!("GEMM sizes {dims:?} beyond 32 bits"),
+        ));
+    }
+    Ok(())
 }
 
 fn numel(shape: &[i64]) -> i64 {
@@ -231,7 +247,13 @@ impl<'a> Planner<'a> {
         (offsets, total)
     }
 
-    fn push(&mut self, step: Step) {
+    fn push(&mut self, mut step: Step) {
+        if let Step::Gemm { g, .. } = &mut step {
+            // cuBLAS wants leading dimensions of at least 1, even for empty matrices.
+            g.lda = g.lda.max(1);
+            g.ldb = g.ldb.max(1);
+            g.ldc = g.ldc.max(1);
+        }
         let at = self.steps.len();
         let mut uses = Vec::new();
         match &step {
@@ -332,25 +354,15 @@ impl<'a> Planner<'a> {
         // Shape needs no data.
         if node.op == "Shape" {
             let x = self.dev(node.input(0).unwrap_or(""))?;
-            let t = HostTensor {
+            let shape_only = HostTensor {
                 dt: Dt::F32,
                 shape: x.shape.clone(),
                 data: Vec::new(),
             };
-            let fake = HostTensor {
-                data: vec![0.0; numel(&t.shape) as usize],
-                ..t
-            };
-            if let Some(outs) = host::eval(node, &[Some(&fake)], self.graph.opset)? {
-                self.set(
-                    node,
-                    0,
-                    Val::Host(
-                        outs.into_iter()
-                            .next()
-                            .unwrap_or_else(|| HostTensor::vec_i64(&[])),
-                    ),
-                );
+            if let Some(outs) = host::eval(node, &[Some(&shape_only)], self.graph.opset)? {
+                for (i, t) in outs.into_iter().enumerate() {
+                    self.set(node, i, Val::Host(t));
+                }
                 return Ok(());
             }
         }
@@ -667,6 +679,14 @@ impl<'a> Planner<'a> {
                         .collect::<Result<_>>()?,
                     None => (0..r).rev().collect(),
                 };
+                let mut seen = perm.clone();
+                seen.sort_unstable();
+                if seen != (0..r).collect::<Vec<_>>() {
+                    return Err(Error::invalid(format!(
+                        "{}: perm {perm:?} is not a permutation of the {r} axes",
+                        node.label()
+                    )));
+                }
                 let y = self.transpose(node, &x, &perm)?;
                 self.set(node, 0, Val::Dev(y));
                 Ok(())
@@ -752,8 +772,12 @@ impl<'a> Planner<'a> {
                 let parts: Vec<Dev> = (0..node.inputs.len())
                     .map(|i| self.x(node, i))
                     .collect::<Result<_>>()?;
-                let first = &parts[0];
+                let Some(first) = parts.first() else {
+                    return Err(Error::invalid(format!("{}: no inputs", node.label())));
+                };
                 let a = host::axis(node.int("axis", 0), first.shape.len(), node)?;
+                let shapes: Vec<&[i64]> = parts.iter().map(|p| &p.shape[..]).collect();
+                host::check_concat(node, a, &shapes)?;
                 let mut shape = first.shape.clone();
                 shape[a] = parts.iter().map(|p| p.shape[a]).sum();
                 let y = self.temp(first.dt, shape.clone());
@@ -828,6 +852,15 @@ impl<'a> Planner<'a> {
                 let c = self.x(node, 0)?;
                 let a = self.x(node, 1)?;
                 let b = self.x(node, 2)?;
+                if c.dt != Dt::Bool || a.dt != b.dt {
+                    return Err(Error::invalid(format!(
+                        "{}: a BOOL condition and two inputs of one type are needed, got {}, {} and {}",
+                        node.label(),
+                        c.dt.name(),
+                        a.dt.name(),
+                        b.dt.name()
+                    )));
+                }
                 let shape = broadcast(&c.shape, &a.shape)
                     .and_then(|s| broadcast(&s, &b.shape))
                     .ok_or_else(|| {
@@ -982,7 +1015,12 @@ impl<'a> Planner<'a> {
                 };
                 axes.sort_unstable();
                 axes.dedup();
-                let (lo, hi) = (axes[0], axes[axes.len() - 1]);
+                let (Some(&lo), Some(&hi)) = (axes.first(), axes.last()) else {
+                    // A scalar: nothing to reduce.
+                    let shape = x.shape.clone();
+                    self.alias(node, &x, shape);
+                    return Ok(());
+                };
                 if hi - lo + 1 != axes.len() {
                     return Err(unsupported(node, "reducing axes that are not adjacent"));
                 }
@@ -1110,6 +1148,7 @@ impl<'a> Planner<'a> {
         } else {
             return Err(unsupported(node, "this broadcast of batch dims"));
         };
+        fits32(node, &[n, m_eff, k, batch_eff])?;
         let g = GemmArgs {
             trans_a: false,
             trans_b: false,
@@ -1195,6 +1234,7 @@ impl<'a> Planner<'a> {
             }
             _ => beta = 0.0,
         }
+        fits32(node, &[m, n, k])?;
         let g = GemmArgs {
             trans_a: tb,
             trans_b: ta,
@@ -1246,6 +1286,12 @@ impl<'a> Planner<'a> {
         let (h, w) = if one_d { (1, x[2]) } else { (x[2], x[3]) };
         let stride = pair(node.ints("strides"), 1);
         let dil = pair(node.ints("dilations"), 1);
+        if stride.0 < 1 || stride.1 < 1 || dil.0 < 1 || dil.1 < 1 || kernel.0 < 1 || kernel.1 < 1 {
+            return Err(Error::invalid(format!(
+                "{}: strides {stride:?}, dilations {dil:?} and kernel {kernel:?} must be positive",
+                node.label()
+            )));
+        }
         let eff = (dil.0 * (kernel.0 - 1) + 1, dil.1 * (kernel.1 - 1) + 1);
         let ceil = node.int("ceil_mode", 0) != 0;
         let auto = node.string("auto_pad").unwrap_or_default();
@@ -1278,6 +1324,9 @@ impl<'a> Planner<'a> {
         }
         let out = |n: i64, begin: i64, end: i64, e: i64, s: i64| {
             let span = n + begin + end - e;
+            if span < 0 || begin < 0 || end < 0 {
+                return 0; // refused below
+            }
             if ceil {
                 let mut o = (span + s - 1) / s + 1;
                 // The last window must start inside the input or its leading padding.
@@ -1331,6 +1380,16 @@ impl<'a> Planner<'a> {
             Some(_) => Some(self.x(node, 2)?),
             None => None,
         };
+        if let Some(b) = bias
+            .as_ref()
+            .filter(|b| b.numel() != kout || b.dt != Dt::F32)
+        {
+            return Err(Error::invalid(format!(
+                "{}: a bias of shape {:?} for {kout} output channels",
+                node.label(),
+                b.shape
+            )));
+        }
         let shape = if one_d {
             vec![x.shape[0], kout, ow]
         } else {
@@ -1381,6 +1440,7 @@ impl<'a> Planner<'a> {
             None => 0.0,
         };
         let (kg, crsg) = (kout / groups, crs / groups);
+        fits32(node, &[p, kg, crsg, n])?;
         let at = |base: &Ptr, elems: i64| Ptr {
             buf: base.buf.clone(),
             bytes: base.bytes + elems as u64 * 4,
@@ -1429,11 +1489,14 @@ impl<'a> Planner<'a> {
         let ks = node
             .ints("kernel_shape")
             .ok_or_else(|| Error::invalid(format!("{}: no kernel_shape", node.label())))?;
-        let kernel = if one_d {
-            (1, ks[0])
-        } else {
-            (ks[0], ks.get(1).copied().unwrap_or(1))
-        };
+        let want = if one_d { 1 } else { 2 };
+        if ks.len() != want || ks.iter().any(|&k| k <= 0) {
+            return Err(Error::invalid(format!(
+                "{}: kernel_shape {ks:?} for a {want}-D pool",
+                node.label()
+            )));
+        }
+        let kernel = if one_d { (1, ks[0]) } else { (ks[0], ks[1]) };
         let ((h, w), (oh, ow), st, (pt, pl, pb, pr), dil) = self.window(node, &x.shape, kernel)?;
         let mode = if node.op == "MaxPool" {
             0
@@ -1484,6 +1547,12 @@ impl<'a> Planner<'a> {
             .collect::<Result<_>>()?;
         let eps = node.float("epsilon", 1e-5) as f64;
         let c = x.shape.get(1).copied().unwrap_or(1);
+        if p.iter().any(|t| t.len() as i64 != c) {
+            return Err(Error::invalid(format!(
+                "{}: scale, bias, mean and variance must each have {c} values (the channels)",
+                node.label()
+            )));
+        }
         let (sc, tc) = fold_bn(&p[0], &p[1], &p[2], &p[3], eps);
         let mut pshape = vec![c];
         pshape.extend(std::iter::repeat_n(1, x.shape.len().saturating_sub(2)));
@@ -1550,7 +1619,10 @@ pub fn fold_batchnorm_into_conv(g: &mut Graph) {
     let mut remove = Vec::new();
     for bi in 0..g.nodes.len() {
         let bn = &g.nodes[bi];
-        if bn.op != "BatchNormalization" || bn.outputs.iter().skip(1).any(|o| !o.is_empty()) {
+        if bn.op != "BatchNormalization"
+            || bn.outputs.is_empty()
+            || bn.outputs.iter().skip(1).any(|o| !o.is_empty())
+        {
             continue;
         }
         let Some(ci) = g
@@ -1572,7 +1644,13 @@ pub fn fold_batchnorm_into_conv(g: &mut Graph) {
         }
         let eps = bn.float("epsilon", 1e-5) as f64;
         let (scale, shift) = fold_bn(params[0], params[1], params[2], params[3], eps);
-        let k = w.shape[0] as usize;
+        let Some(&k) = w.shape.first() else {
+            continue;
+        };
+        let k = k.max(0) as usize;
+        if params.iter().any(|t| t.len() != k) {
+            continue;
+        }
         if scale.len() != k {
             continue;
         }

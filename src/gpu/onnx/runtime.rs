@@ -279,6 +279,9 @@ impl Blas {
     /// C = alpha op(A) op(B) + beta C on the handle's stream (FP32, column-major).
     pub fn sgemm(&self, g: &GemmArgs, a: DevicePtr, b: DevicePtr, c: DevicePtr) -> Result<()> {
         use cudarc::cublas::sys as bl;
+        if g.m == 0 || g.n == 0 || g.batch == 0 {
+            return Ok(()); // an empty result
+        }
         let op = |t: bool| {
             if t {
                 bl::cublasOperation_t::CUBLAS_OP_T
