@@ -256,7 +256,7 @@ CONFIGS = {
         [("FEATURES", np.float32, [64])],
         [("LOGITS", np.float32, [10])],
         "dynamic_batching {\n  max_queue_delay_microseconds: 2000\n}\n"
-        "instance_group [ { count: 1 kind: KIND_CPU } ]\n",
+        "instance_group [ { count: 1 kind: KIND_AUTO } ]\n",
     ),
     # No max_batch_size, input or output: the backend completes them from the model
     # (max_batch_size 4 because every input and output has a symbolic first dim).
@@ -277,7 +277,7 @@ CONFIGS = {
     { input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_FP32 dims: [ 1 ] }
   ]
 }
-instance_group [ { count: 1 kind: KIND_CPU } ]
+instance_group [ { count: 1 kind: KIND_AUTO } ]
 """,
     ),
     "preprocess": onnx_config(

@@ -1518,8 +1518,8 @@ fn gpu_config_of(name: &str) -> String {
         .join("config.pbtxt");
     let text = std::fs::read_to_string(&path).unwrap();
     if text.contains("instance_group") {
-        assert!(text.contains("KIND_CPU"), "{}", path.display());
-        text.replace("KIND_CPU", "KIND_GPU")
+        assert!(text.contains("KIND_AUTO"), "{}", path.display());
+        text.replace("KIND_AUTO", "KIND_GPU")
     } else {
         format!("{text}\ninstance_group [ {{ kind: KIND_GPU count: 1 gpus: [ 0 ] }} ]\n")
     }
