@@ -34,7 +34,9 @@
 //! the cuBLAS reference), INFER_BENCH_MAX_QUEUE_DELAY_US (100),
 //! INFER_BENCH_CUDA_GRAPH_MAX_BATCH (unset: no CUDA graphs; N sets the model parameter
 //! `cuda_graph_max_batch` on the GPU models, to compare batches of up to N rows with and
-//! without graphs).
+//! without graphs), INFER_BENCH_PRECISION (unset: FP32; FP16 or BF16 sets the model
+//! parameter `precision`, computing the FP32 models in 16 bits on tensor cores; the
+//! `check` tolerance widens to 2e-2 of the largest value for FP16 and 6e-2 for BF16).
 
 use infer::ffi::request::*;
 use infer::ffi::response::*;
@@ -148,6 +150,13 @@ fn last_error() -> String {
     unsafe { CStr::from_ptr(infer_last_error_message()) }
         .to_string_lossy()
         .into_owned()
+}
+
+/// INFER_BENCH_PRECISION, when set to something other than FP32.
+fn precision() -> Option<String> {
+    std::env::var("INFER_BENCH_PRECISION")
+        .ok()
+        .filter(|p| !p.is_empty() && !p.eq_ignore_ascii_case("FP32"))
 }
 
 fn check(st: infer_status, what: &str) {
@@ -347,6 +356,11 @@ impl BenchModel {
         if tf32 {
             c += "parameters { key: \"allow_tf32\" value: { string_value: \"true\" } }\n";
         }
+        if let (Some(_), Some(p)) = (gpu_instances, precision()) {
+            c += &format!(
+                "parameters {{ key: \"precision\" value: {{ string_value: \"{p}\" }} }}\n"
+            );
+        }
         if let (Some(_), Ok(n)) = (
             gpu_instances,
             std::env::var("INFER_BENCH_CUDA_GRAPH_MAX_BATCH"),
@@ -477,6 +491,13 @@ fn count(v: &serde_json::Value, k: &str) -> f64 {
     v["models"][0][k].as_f64().unwrap_or(0.0)
 }
 
+/// `k` summed over the model's GPU instances (the statistics JSON's `gpu` section).
+fn gpu_total(v: &serde_json::Value, k: &str) -> f64 {
+    v["models"][0]["gpu"]["instances"]
+        .as_array()
+        .map_or(0.0, |a| a.iter().filter_map(|i| i[k].as_f64()).sum())
+}
+
 fn compute_total(v: &serde_json::Value, k: &str) -> f64 {
     v["models"][0]["compute_us"][k].as_f64().unwrap_or(0.0)
 }
@@ -491,7 +512,12 @@ fn tflops(flop: f64, us: f64) -> f64 {
 fn check_against_cpu(gpu: &Server, models: &[BenchModel], knobs: &Knobs) {
     println!("## check: one batch on the GPU against the CPU (tract)");
     let cpu = Server::new(INFER_GPU_OFF).unwrap_or_else(|e| fail(&e));
-    let tol = if knobs.tf32 { 2e-2 } else { 1e-3 };
+    let tol = match precision().as_deref() {
+        Some(p) if p.eq_ignore_ascii_case("BF16") => 6e-2,
+        Some(p) if p.eq_ignore_ascii_case("FP16") => 2e-2,
+        _ if knobs.tf32 => 2e-2,
+        _ => 1e-3,
+    };
     for m in models {
         let cpu_name = format!("{}_cpu", m.name);
         cpu.load(
@@ -641,10 +667,11 @@ fn e2e(gpu: &Server, mlp: &BenchModel, knobs: &Knobs) {
         knobs.max_batch()
     );
     println!("Each client thread sends batch-1 requests back to back (infer_server_enqueue, waits for the FINAL callback: spins 20 us, then parks).");
+    println!("GPU busy: the instances' streams' busy time (first to last event of each batch, statistics JSON `gpu`) over the measured wall time, averaged over the 2 instances; copies: the share of that busy time in H2D and D2H copies.");
     println!(
-        "| clients | requests/s | p50 (us) | p99 (us) | mean batch | executions/s | TFLOP/s |"
+        "| clients | requests/s | p50 (us) | p99 (us) | mean batch | executions/s | TFLOP/s | GPU busy | copies |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let cname = CString::new(name.as_str()).unwrap();
     let input = CString::new(mlp.input).unwrap();
     let data = mlp.inputs(1);
@@ -722,12 +749,21 @@ fn e2e(gpu: &Server, mlp: &BenchModel, knobs: &Knobs) {
         let tf = mlp
             .flop_per_sample
             .map_or("-".to_owned(), |f| format!("{:.2}", f * rps / 1e12));
+        let delta = |k: &str| gpu_total(&after, k) - gpu_total(&before, k);
+        let busy = delta("busy_ns");
+        let instances = after["models"][0]["gpu"]["instances"]
+            .as_array()
+            .map_or(1, |a| a.len().max(1)) as f64;
+        let busy_frac = busy / (elapsed * 1e9 * instances);
+        let copies = (delta("h2d_ns") + delta("d2h_ns")) / busy.max(1.0);
         println!(
-            "| {clients} | {rps:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {tf} |",
+            "| {clients} | {rps:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {tf} | {:.1}% | {:.1}% |",
             percentile(&lat, 0.5),
             percentile(&lat, 0.99),
             infs / execs.max(1.0),
             execs / elapsed,
+            busy_frac * 100.0,
+            copies * 100.0,
         );
     }
     println!();
@@ -747,13 +783,31 @@ fn cublas_gemms(width: usize, knobs: &Knobs) -> infer::status::Result<Vec<(usize
     let stream = Stream::new(&ctx)?;
     let blas = Blas::new(stream.raw(), knobs.tf32)?;
     let mut rng = XorShift(0xb1a5_0000_0000_0001);
-    let random =
-        |rng: &mut XorShift, n: usize| -> Vec<f32> { (0..n).map(|_| rng.next_f32()).collect() };
-    let w = DeviceMem::upload(&ctx, bytemuck::cast_slice(&random(&mut rng, width * width)))?;
+    // The element type of the GEMM: FP32, or the 16-bit type INFER_BENCH_PRECISION asks for.
+    let dt = match precision().as_deref() {
+        Some(p) if p.eq_ignore_ascii_case("FP16") => 1,
+        Some(p) if p.eq_ignore_ascii_case("BF16") => 2,
+        _ => 0,
+    };
+    let random = |rng: &mut XorShift, n: usize| -> Vec<u8> {
+        let v: Vec<f32> = (0..n).map(|_| rng.next_f32()).collect();
+        match dt {
+            1 => v
+                .iter()
+                .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                .collect(),
+            2 => v
+                .iter()
+                .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+                .collect(),
+            _ => bytemuck::cast_slice(&v).to_vec(),
+        }
+    };
+    let w = DeviceMem::upload(&ctx, &random(&mut rng, width * width))?;
     let mut out = Vec::new();
     for &batch in &knobs.batches {
-        let x = DeviceMem::upload(&ctx, bytemuck::cast_slice(&random(&mut rng, width * batch)))?;
-        let c = DeviceMem::upload(&ctx, bytemuck::cast_slice(&random(&mut rng, width * batch)))?;
+        let x = DeviceMem::upload(&ctx, &random(&mut rng, width * batch))?;
+        let c = DeviceMem::upload(&ctx, &random(&mut rng, width * batch))?;
         let g = GemmArgs {
             trans_a: false,
             trans_b: false,
@@ -769,13 +823,14 @@ fn cublas_gemms(width: usize, knobs: &Knobs) -> infer::status::Result<Vec<(usize
             batch: 1,
             alpha: 1.0,
             beta: 1.0,
+            dt,
         };
         // Calls are queued in blocks and the stream synchronized after each block, so the
         // host never waits on a single call.
         let block = 50;
         let run = |n: usize| -> infer::status::Result<()> {
             for _ in 0..n {
-                blas.sgemm(&g, w.ptr(), x.ptr(), c.ptr())?;
+                blas.gemm(&g, w.ptr(), x.ptr(), c.ptr())?;
             }
             stream.synchronize()
         };
@@ -801,8 +856,12 @@ fn cublas_gemms(width: usize, knobs: &Knobs) -> infer::status::Result<Vec<(usize
 
 fn cublas(width: usize, mlp_rows: &[(String, usize, f64, f64)], knobs: &Knobs) {
     println!(
-        "## cublas: the MLP's GEMM through cuBLAS directly (cublasSgemmStridedBatched, {}), {width} x {width} weights",
-        if knobs.tf32 { "TF32 tensor-op math" } else { "FP32, default math" }
+        "## cublas: the MLP's GEMM through cuBLAS directly ({}), {width} x {width} weights",
+        match precision() {
+            Some(p) => format!("cublasGemmStridedBatchedEx, {p} with FP32 accumulation"),
+            None if knobs.tf32 => "cublasSgemmStridedBatched, TF32 tensor-op math".to_owned(),
+            None => "cublasSgemmStridedBatched, FP32, default math".to_owned(),
+        }
     );
     println!("MLP TFLOP/s: the whole inference's flop (4 GEMMs) over its mean time from the latency table (the call as the caller sees it) and over the library's compute_us.");
     println!("| batch | GEMM (m x n x k) | calls | mean per GEMM (us) | cuBLAS TFLOP/s | MLP TFLOP/s (call) | MLP TFLOP/s (compute_us) | MLP (compute_us) / cuBLAS |");

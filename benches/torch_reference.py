@@ -55,9 +55,14 @@ def parse_args():
     ap.add_argument("--tf32", action="store_true",
                     default=os.environ.get("INFER_BENCH_TF32", "0").lower() in ("1", "true"),
                     help="allow TF32 (INFER_BENCH_TF32=1); off by default, as in libinfer")
+    ap.add_argument("--precision", default=os.environ.get("INFER_BENCH_PRECISION", "FP32") or "FP32",
+                    choices=["FP32", "FP16", "BF16", "fp32", "fp16", "bf16"],
+                    help="compute type (INFER_BENCH_PRECISION, FP32); FP16/BF16 convert the model and "
+                         "the inputs, and outputs back to FP32, as libinfer's `precision` parameter")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",") if b.strip()]
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    args.precision = args.precision.upper()
     return args
 
 
@@ -135,20 +140,21 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     torch.backends.cudnn.allow_tf32 = args.tf32
     dev = torch.device("cuda", 0)
+    dtype = {"FP32": torch.float32, "FP16": torch.float16, "BF16": torch.bfloat16}[args.precision]
     torch.manual_seed(0)
     print("# PyTorch eager reference")
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, "
           f"GPU 0: {torch.cuda.get_device_name(0)}")
     print(f"measured {args.secs} s per row after {args.warmup_secs} s of warm-up (at least "
           f"{args.min_iters} calls); batches {args.batches}; "
-          f"{'TF32 allowed' if args.tf32 else 'FP32 (no TF32)'}; cudnn.benchmark "
+          f"{args.precision if args.precision != 'FP32' else ('TF32 allowed' if args.tf32 else 'FP32 (no TF32)')}; cudnn.benchmark "
           f"{torch.backends.cudnn.benchmark}")
     print()
 
     models = []
     for name in args.models:
         model, row_shape, flop = build(torch, name, args.width)
-        models.append((name, model.to(dev).eval(), row_shape, flop))
+        models.append((name, model.to(device=dev, dtype=dtype).eval(), row_shape, flop))
 
     with torch.inference_mode():
         print("## host tensors: input from pageable host memory, output copied back (as infer_server_infer)")
@@ -158,7 +164,7 @@ def main():
                 x_host = torch.rand((batch, *row_shape)) * 2 - 1
 
                 def call(model=model, x_host=x_host):
-                    return model(x_host.to(dev)).cpu()
+                    return model(x_host.to(dev).to(dtype)).float().cpu()
 
                 times, wall = time_calls(torch, call, args)
                 row(name, batch, times, wall, flop)
@@ -168,7 +174,7 @@ def main():
         print(HEADER)
         for name, model, row_shape, flop in models:
             for batch in args.batches:
-                x = torch.rand((batch, *row_shape), device=dev) * 2 - 1
+                x = (torch.rand((batch, *row_shape), device=dev) * 2 - 1).to(dtype)
 
                 def call(model=model, x=x):
                     return model(x)
@@ -181,9 +187,9 @@ def main():
             w = args.width
             print(f"## torch.mm: the MLP's GEMM alone, [batch, {w}] x [{w}, {w}], device tensors")
             print(HEADER)
-            weight = torch.rand((w, w), device=dev) * 2 - 1
+            weight = (torch.rand((w, w), device=dev) * 2 - 1).to(dtype)
             for batch in args.batches:
-                x = torch.rand((batch, w), device=dev) * 2 - 1
+                x = (torch.rand((batch, w), device=dev) * 2 - 1).to(dtype)
 
                 def call(x=x):
                     return torch.mm(x, weight)

@@ -228,6 +228,135 @@ impl ModelStats {
     }
 }
 
+/// The GPU times of one batch, in nanoseconds of stream time between its timing events
+/// (see `gpu::instance`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchTimes {
+    /// Before the input copies to after them.
+    pub h2d_ns: u64,
+    /// After the input copies to after the backend's work.
+    pub compute_ns: u64,
+    /// After the backend's work to after the output copies.
+    pub d2h_ns: u64,
+    /// First event to last.
+    pub busy_ns: u64,
+}
+
+/// Data-path counters of one model instance on a GPU: batches, bytes copied, and stream
+/// time measured with CUDA events. Lock-free; read without a lock, so figures read while
+/// a batch completes may be one batch apart.
+pub struct GpuInstanceStats {
+    device: i32,
+    timed_batches: AtomicU64,
+    untimed_batches: AtomicU64,
+    h2d_copies: AtomicU64,
+    h2d_bytes: AtomicU64,
+    d2d_copies: AtomicU64,
+    d2d_bytes: AtomicU64,
+    d2h_copies: AtomicU64,
+    d2h_bytes: AtomicU64,
+    h2d_ns: AtomicU64,
+    compute_ns: AtomicU64,
+    d2h_ns: AtomicU64,
+    busy_ns: AtomicU64,
+    /// When the instance started its first batch (host clock).
+    first_batch: std::sync::OnceLock<std::time::Instant>,
+}
+
+impl GpuInstanceStats {
+    pub fn new(device: i32) -> GpuInstanceStats {
+        let z = || AtomicU64::new(0);
+        GpuInstanceStats {
+            device,
+            timed_batches: z(),
+            untimed_batches: z(),
+            h2d_copies: z(),
+            h2d_bytes: z(),
+            d2d_copies: z(),
+            d2d_bytes: z(),
+            d2h_copies: z(),
+            d2h_bytes: z(),
+            h2d_ns: z(),
+            compute_ns: z(),
+            d2h_ns: z(),
+            busy_ns: z(),
+            first_batch: std::sync::OnceLock::new(),
+        }
+    }
+
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+
+    /// A batch starts (the first one starts the wall clock).
+    pub fn batch_started(&self) {
+        self.first_batch.get_or_init(std::time::Instant::now);
+    }
+
+    /// A host-to-device copy of `bytes` was queued.
+    pub fn h2d(&self, bytes: usize) {
+        self.h2d_copies.fetch_add(1, Relaxed);
+        self.h2d_bytes.fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// A device-to-device copy of an input already in device memory was queued.
+    pub fn d2d(&self, bytes: usize) {
+        self.d2d_copies.fetch_add(1, Relaxed);
+        self.d2d_bytes.fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// A device-to-host copy of `bytes` was queued.
+    pub fn d2h(&self, bytes: usize) {
+        self.d2h_copies.fetch_add(1, Relaxed);
+        self.d2h_bytes.fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// A batch's work has completed: with its times, or None when it could not be timed.
+    pub fn batch_done(&self, times: Option<BatchTimes>) {
+        let Some(t) = times else {
+            self.untimed_batches.fetch_add(1, Relaxed);
+            return;
+        };
+        self.h2d_ns.fetch_add(t.h2d_ns, Relaxed);
+        self.compute_ns.fetch_add(t.compute_ns, Relaxed);
+        self.d2h_ns.fetch_add(t.d2h_ns, Relaxed);
+        self.busy_ns.fetch_add(t.busy_ns, Relaxed);
+        self.timed_batches.fetch_add(1, Relaxed);
+    }
+
+    /// This instance's figures as a JSON object (`instance` is its index in the model).
+    pub fn json(&self, instance: usize) -> String {
+        let c = |a: &AtomicU64| a.load(Relaxed);
+        let (timed, untimed) = (c(&self.timed_batches), c(&self.untimed_batches));
+        let (h2d, compute, d2h, busy) = (
+            c(&self.h2d_ns),
+            c(&self.compute_ns),
+            c(&self.d2h_ns),
+            c(&self.busy_ns),
+        );
+        let wall = self
+            .first_batch
+            .get()
+            .map_or(0, |t| t.elapsed().as_nanos() as u64);
+        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        format!(
+            "{{\"instance\":{instance},\"device\":{},\"batches\":{},\"timed_batches\":{timed},\"untimed_batches\":{untimed},\"h2d_copies\":{},\"h2d_bytes\":{},\"d2d_copies\":{},\"d2d_bytes\":{},\"d2h_copies\":{},\"d2h_bytes\":{},\"h2d_ns\":{h2d},\"compute_ns\":{compute},\"d2h_ns\":{d2h},\"busy_ns\":{busy},\"wall_ns\":{wall},\"busy_fraction\":{:.6},\"copy_share\":{:.6}}}",
+            self.device,
+            timed + untimed,
+            c(&self.h2d_copies),
+            c(&self.h2d_bytes),
+            c(&self.d2d_copies),
+            c(&self.d2d_bytes),
+            c(&self.d2h_copies),
+            c(&self.d2h_bytes),
+            // Clamped like the share below; busy_ns and wall_ns are as measured.
+            ratio(busy, wall).min(1.0),
+            // Each part is its own elapsed time: their sum may pass the whole by a rounding.
+            ratio(h2d + d2h, busy).min(1.0),
+        )
+    }
+}
+
 /// The labels of one model version's samples.
 pub fn labels(name: &str, version: i64) -> String {
     format!("model=\"{}\",version=\"{version}\"", escape_label(name))
@@ -316,6 +445,53 @@ mod tests {
         assert!((50..=53).contains(&p50), "{p50}");
         let p99 = h.percentile(0.99);
         assert!((99..=103).contains(&p99), "{p99}");
+    }
+
+    #[test]
+    fn gpu_instance_json() {
+        let g = GpuInstanceStats::new(1);
+        let j: serde_json::Value = serde_json::from_str(&g.json(3)).unwrap();
+        assert_eq!(
+            (j["instance"].as_u64(), j["device"].as_u64()),
+            (Some(3), Some(1))
+        );
+        assert_eq!(
+            (j["batches"].as_u64(), j["wall_ns"].as_u64()),
+            (Some(0), Some(0))
+        );
+        assert_eq!(j["busy_fraction"].as_f64(), Some(0.0));
+        g.batch_started();
+        g.h2d(16);
+        g.h2d(48);
+        g.d2d(8);
+        g.d2h(32);
+        let t = BatchTimes {
+            h2d_ns: 100,
+            compute_ns: 600,
+            d2h_ns: 300,
+            busy_ns: 1000,
+        };
+        g.batch_done(Some(t));
+        g.batch_done(None);
+        g.batch_done(Some(t));
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        let j: serde_json::Value = serde_json::from_str(&g.json(0)).unwrap();
+        let u = |k: &str| j[k].as_u64().unwrap();
+        assert_eq!(
+            (u("batches"), u("timed_batches"), u("untimed_batches")),
+            (3, 2, 1)
+        );
+        assert_eq!((u("h2d_copies"), u("h2d_bytes")), (2, 64));
+        assert_eq!((u("d2d_copies"), u("d2d_bytes")), (1, 8));
+        assert_eq!((u("d2h_copies"), u("d2h_bytes")), (1, 32));
+        assert_eq!(
+            (u("h2d_ns"), u("compute_ns"), u("d2h_ns"), u("busy_ns")),
+            (200, 1200, 600, 2000)
+        );
+        assert!(u("wall_ns") >= 1_000_000);
+        let busy_fraction = j["busy_fraction"].as_f64().unwrap();
+        assert!(busy_fraction > 0.0 && busy_fraction <= 2000.0 / 1e6);
+        assert_eq!(j["copy_share"].as_f64(), Some(0.4));
     }
 
     #[test]

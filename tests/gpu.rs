@@ -1208,6 +1208,8 @@ fn data_path_one_gpu() {
     let resp = s.infer(s.request("c").input_f32("IN", &[1, 2], &[1., 2.]));
     assert_eq!(resp.output_f32("OUT"), vec![1., 2.]);
 
+    gpu_statistics_one_gpu(&s);
+
     drop(s);
     unsafe {
         for q in [p, pa, pb] {
@@ -1223,6 +1225,180 @@ fn data_path_one_gpu() {
         made >= 4 && made == destroyed,
         "{made} streams made, {destroyed} destroyed"
     );
+}
+
+/// The "gpu" section of the model statistics (README "GPU statistics"), against a known
+/// workload: batches, copies and bytes exactly; the stream times measured with timing
+/// events against what the stand-in makes each step take (INFER_FAKE_CUDA_DELAY_US per
+/// copy, KERNEL_US per "kernel"); busy <= wall; the two fractions. Needs the models "g"
+/// (two instances, after its batched requests), "cpu" and "c" of `data_path_one_gpu`.
+fn gpu_statistics_one_gpu(s: &Server) {
+    let d = driver();
+    let delay_ns: u64 = std::env::var("INFER_FAKE_CUDA_DELAY_US")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .expect("INFER_FAKE_CUDA_DELAY_US")
+        * 1000;
+    assert!(delay_ns > 0);
+    let kernel_us = 10_000u64;
+    let kernel_ns = kernel_us * 1000;
+    let u = |v: &serde_json::Value, k: &str| {
+        v[k].as_u64()
+            .unwrap_or_else(|| panic!("no integer '{k}' in {v}"))
+    };
+    let f = |v: &serde_json::Value, k: &str| {
+        v[k].as_f64()
+            .unwrap_or_else(|| panic!("no number '{k}' in {v}"))
+    };
+
+    // A fresh model, one instance, one request per batch (no dynamic batching).
+    s.load(
+        "gs",
+        &affine_config("gs", "{ kind: KIND_GPU count: 1 gpus: [ 0 ] }", ""),
+    );
+    let st = s.stats("gs");
+    let inst = &st["models"][0]["gpu"]["instances"];
+    assert_eq!(inst.as_array().map(Vec::len), Some(1), "{st}");
+    assert_eq!(
+        (u(&inst[0], "batches"), u(&inst[0], "wall_ns")),
+        (0, 0),
+        "before any batch: {st}"
+    );
+    assert_eq!(f(&inst[0], "busy_fraction"), 0.0, "{st}");
+
+    let began = std::time::Instant::now();
+    KERNEL_US.store(kernel_us, SeqCst);
+    // 4 requests with host outputs: 1 copy up (X, 16 bytes), 2 down (Y, X_COPY).
+    for i in 0..4 {
+        check_affine(
+            &s.infer(affine_request(s, "gs", x_of(i), None)),
+            x_of(i),
+            INFER_MEMORY_CPU,
+        );
+    }
+    // 2 with device outputs: 1 copy up, none down.
+    for i in 4..6 {
+        check_affine(
+            &s.infer(affine_request(s, "gs", x_of(i), Some(0))),
+            x_of(i),
+            INFER_MEMORY_GPU,
+        );
+    }
+    // X already on the device: in place (no copy up), then misaligned (one copy from
+    // device memory); 2 copies down each.
+    d.bind(0);
+    let aligned = d.upload(&x_of(6));
+    let wide = d.upload(&[x_of(7), x_of(8)].concat());
+    for (p, x) in [(aligned, x_of(6)), (wide + 16, x_of(8))] {
+        let r = s.request("gs");
+        ok(device_input(&r, "X", p, 16, 0));
+        check_affine(&s.infer(r), x, INFER_MEMORY_CPU);
+    }
+    KERNEL_US.store(0, SeqCst);
+    let st = s.stats("gs");
+    let host_elapsed = began.elapsed().as_nanos() as u64;
+    unsafe {
+        assert_eq!((d.mem_free)(aligned), 0);
+        assert_eq!((d.mem_free)(wide), 0);
+    }
+    let m = &st["models"][0];
+    let g = &m["gpu"]["instances"][0];
+    println!("GPU statistics of 8 batches: {g}");
+    assert_eq!((u(g, "instance"), u(g, "device")), (0, 0), "{st}");
+    assert_eq!(u(g, "batches"), 8, "{st}");
+    assert_eq!(u(g, "batches"), u(m, "execution_count"), "{st}");
+    assert_eq!(
+        (u(g, "timed_batches"), u(g, "untimed_batches")),
+        (8, 0),
+        "{st}"
+    );
+    assert_eq!((u(g, "h2d_copies"), u(g, "h2d_bytes")), (6, 6 * 16), "{st}");
+    assert_eq!((u(g, "d2d_copies"), u(g, "d2d_bytes")), (1, 16), "{st}");
+    assert_eq!(
+        (u(g, "d2h_copies"), u(g, "d2h_bytes")),
+        (12, 12 * 16),
+        "{st}"
+    );
+    let (h2d, compute, d2h, busy, wall) = (
+        u(g, "h2d_ns"),
+        u(g, "compute_ns"),
+        u(g, "d2h_ns"),
+        u(g, "busy_ns"),
+        u(g, "wall_ns"),
+    );
+    // Each copy up (or across) takes the delay, and so does each copy down; the
+    // "kernel" takes kernel_us after the backend's own copy.
+    assert!(h2d >= 7 * delay_ns, "h2d {h2d} ns: {st}");
+    assert!(d2h >= 12 * delay_ns, "d2h {d2h} ns: {st}");
+    assert!(
+        compute >= 8 * (delay_ns + kernel_ns),
+        "compute {compute} ns: {st}"
+    );
+    // The marks are where they belong: the kernels are in neither copy segment.
+    assert!(h2d < 8 * kernel_ns, "h2d {h2d} ns holds kernel time: {st}");
+    assert!(d2h < 8 * kernel_ns, "d2h {d2h} ns holds kernel time: {st}");
+    // First to last event: the three segments (to a float rounding of each).
+    let parts = h2d + compute + d2h;
+    assert!(
+        busy.abs_diff(parts) <= 8 * 4_000,
+        "busy {busy} vs {parts}: {st}"
+    );
+    assert!(busy <= wall, "busy {busy} > wall {wall}: {st}");
+    // Wall time is since the first batch (not since the load), up to the read.
+    assert!(
+        wall <= host_elapsed,
+        "wall {wall} > {host_elapsed} elapsed: {st}"
+    );
+    let (busy_fraction, copy_share) = (f(g, "busy_fraction"), f(g, "copy_share"));
+    for v in [busy_fraction, copy_share] {
+        assert!((0.0..=1.0).contains(&v), "{v}: {st}");
+    }
+    assert!(
+        (busy_fraction - busy as f64 / wall as f64).abs() < 1e-5,
+        "busy_fraction {busy_fraction}: {st}"
+    );
+    assert!(
+        (copy_share - (h2d + d2h) as f64 / busy as f64).abs() < 1e-5,
+        "copy_share {copy_share}: {st}"
+    );
+    // Requests one at a time: the stream idles in between.
+    assert!(busy_fraction < 1.0 && copy_share > 0.0, "{st}");
+
+    // Two instances: one entry each; their batches are the model's executions, the bytes
+    // up are exactly the requests' host inputs (48 of 16 bytes) and one misaligned
+    // device input went across.
+    let st = s.stats("g");
+    let m = &st["models"][0];
+    let inst = m["gpu"]["instances"].as_array().expect("instances");
+    assert_eq!(inst.len(), 2, "{st}");
+    let sum = |k: &str| inst.iter().map(|g| u(g, k)).sum::<u64>();
+    assert_eq!(sum("batches"), u(m, "execution_count"), "{st}");
+    assert_eq!(sum("timed_batches"), sum("batches"), "{st}");
+    assert_eq!(sum("h2d_bytes"), 48 * 16, "{st}");
+    assert_eq!((sum("d2d_copies"), sum("d2d_bytes")), (1, 16), "{st}");
+    // Down: Y and X_COPY of every request with host outputs, and of the requests
+    // batched with them.
+    let down = sum("d2h_bytes");
+    assert!(
+        (34 * 32..=50 * 32).contains(&down),
+        "{down} bytes down: {st}"
+    );
+    for (i, g) in inst.iter().enumerate() {
+        assert_eq!((u(g, "instance"), u(g, "device")), (i as u64, 0), "{st}");
+        assert!(u(g, "busy_ns") <= u(g, "wall_ns"), "{st}");
+        assert!(u(g, "batches") == 0 || u(g, "h2d_ns") >= u(g, "h2d_copies") * delay_ns);
+        assert!(u(g, "d2h_ns") >= u(g, "d2h_copies") * delay_ns, "{st}");
+    }
+
+    // Models on the CPU have no "gpu" section.
+    for name in ["cpu", "c"] {
+        let st = s.stats(name);
+        assert!(
+            st["models"][0]["execution_count"].as_u64() > Some(0),
+            "{st}"
+        );
+        assert!(st["models"][0].get("gpu").is_none(), "{name}: {st}");
+    }
 }
 
 /// Two GPUs: an instance on each; outputs on the device of the instance that ran them;
@@ -1578,7 +1754,12 @@ fn inputs_of(model: &str) -> Vec<(&'static str, infer_datatype, Vec<i64>)> {
 }
 
 fn random_request(s: &Server, model: &str, batch: i64, rng: &mut Rand) -> Req {
-    let r = s.request(model);
+    random_request_as(s, model, model, batch, rng)
+}
+
+/// A request to `name` with the inputs of `model`.
+fn random_request_as(s: &Server, name: &str, model: &str, batch: i64, rng: &mut Rand) -> Req {
+    let r = s.request(name);
     for (name, dt, dims) in inputs_of(model) {
         let mut shape = vec![batch];
         shape.extend(&dims);
@@ -1642,6 +1823,499 @@ fn assert_close(model: &str, name: &str, want: &[u8], got: &[u8], int64: bool) {
     }
 }
 
+/// `precision: FP16` / `BF16`: FLOAT models computed in 16 bits (GEMMs through
+/// cublasGemmStridedBatchedEx, kernels on 16-bit storage) stay within the documented
+/// tolerance of the CPU's FP32 results, and are not the FP32 results (the parameter is
+/// not ignored). Tolerance: |gpu - cpu| <= tol * (|cpu| + mean |cpu| of the output), tol
+/// 1e-2 for FP16 and 4e-2 for BF16 (README "Reduced precision").
+fn reduced_precision_on_the_stand_in(cpu: &Server, gpu: &Server) {
+    let models = ["add_sub", "mlp", "cnn", "postprocess"];
+    for (precision, tol) in [("FP16", 1e-2f32), ("BF16", 4e-2f32)] {
+        for m in models {
+            let name = format!("{m}_{}", precision.to_lowercase());
+            let config = gpu_config_of(m)
+                .replace(&format!("name: \"{m}\""), &format!("name: \"{name}\""))
+                .replace(
+                    "instance_group",
+                    &format!(
+                        "parameters {{ key: \"precision\" value: {{ string_value: \"{precision}\" }} }}\ninstance_group"
+                    ),
+                );
+            let c = cs(&config);
+            ok(unsafe {
+                infer_server_load_model(
+                    gpu.0,
+                    cs(&name).as_ptr(),
+                    c.as_ptr(),
+                    model_dir_of(m).as_ptr(),
+                )
+            });
+            let mut differs = false;
+            for batch in [1i64, 4] {
+                let seed = 0x5eed + batch as u64;
+                let want = all_outputs(&cpu.infer(random_request(cpu, m, batch, &mut Rand(seed))));
+                let got = all_outputs(&gpu.infer(random_request_as(
+                    gpu,
+                    &name,
+                    m,
+                    batch,
+                    &mut Rand(seed),
+                )));
+                for (out, (shape, bytes)) in &want {
+                    let (gshape, gbytes) = &got[out];
+                    assert_eq!(shape, gshape, "{name}.{out}");
+                    let (w, g): (Vec<f32>, Vec<f32>) = (
+                        bytemuck::pod_collect_to_vec(bytes),
+                        bytemuck::pod_collect_to_vec(gbytes),
+                    );
+                    let scale = w.iter().map(|v| v.abs()).sum::<f32>() / w.len().max(1) as f32;
+                    for (i, (a, b)) in w.iter().zip(&g).enumerate() {
+                        assert!(
+                            (a - b).abs() <= tol * (a.abs() + scale),
+                            "{name}.{out}[{i}] at batch {batch}: CPU {a}, GPU in {precision} {b}"
+                        );
+                    }
+                    differs |= w != g;
+                }
+            }
+            assert!(
+                differs,
+                "{name}: exactly the FP32 results; was {precision} used?"
+            );
+            println!("{name}: {precision} within {tol} of the CPU");
+        }
+    }
+    // An unknown precision names the value.
+    let bad = gpu_config_of("mlp")
+        .replace("name: \"mlp\"", "name: \"mlp_fp8\"")
+        .replace(
+            "instance_group",
+            "parameters { key: \"precision\" value: { string_value: \"FP8\" } }\ninstance_group",
+        );
+    let c = cs(&bad);
+    let st = unsafe {
+        infer_server_load_model(
+            gpu.0,
+            cs("mlp_fp8").as_ptr(),
+            c.as_ptr(),
+            model_dir_of("mlp").as_ptr(),
+        )
+    };
+    expect_msg(
+        st,
+        INFER_STATUS_INVALID_ARGUMENT,
+        &["mlp_fp8", "precision", "FP8"],
+    );
+}
+
+/// Values in ONNX element type `ty` (1 FLOAT, 10 FLOAT16, 16 BFLOAT16), little endian.
+fn float_bytes(v: &[f32], ty: i32) -> Vec<u8> {
+    v.iter()
+        .flat_map(|&x| match ty {
+            10 => half::f16::from_f32(x).to_le_bytes().to_vec(),
+            16 => half::bf16::from_f32(x).to_le_bytes().to_vec(),
+            _ => x.to_le_bytes().to_vec(),
+        })
+        .collect()
+}
+
+fn floats_of(b: &[u8], ty: i32) -> Vec<f32> {
+    match ty {
+        10 => b
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        16 => b
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => bytemuck::pod_collect_to_vec(b),
+    }
+}
+
+/// A small transformer-style block in element type `ty`: MatMul, Add, Relu,
+/// LayerNormalization, MatMul, Softmax (Y), and a ReduceMean of the hidden layer (Z);
+/// plus a Conv, MaxPool and GlobalAveragePool branch on X seen as an image (P).
+fn block_model(ty: i32, rng: &mut Rand) -> pb::ModelProto {
+    let init = |name: &str, dims: &[i64], rng: &mut Rand, scale: f32| pb::TensorProto {
+        name: name.to_owned(),
+        dims: dims.to_vec(),
+        data_type: ty,
+        raw_data: float_bytes(
+            &rng.f32s(dims.iter().product::<i64>() as usize)
+                .iter()
+                .map(|v| v * scale)
+                .collect::<Vec<_>>(),
+            ty,
+        ),
+        ..Default::default()
+    };
+    let node = |op: &str, ins: &[&str], out: &str, attrs: Vec<pb::AttributeProto>| pb::NodeProto {
+        op_type: op.into(),
+        name: out.into(),
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: vec![out.into()],
+        attribute: attrs,
+        ..Default::default()
+    };
+    let ints = |name: &str, v: &[i64]| pb::AttributeProto {
+        name: name.into(),
+        ints: v.to_vec(),
+        r#type: 7,
+        ..Default::default()
+    };
+    let int = |name: &str, v: i64| pb::AttributeProto {
+        name: name.into(),
+        i: v,
+        r#type: 2,
+        ..Default::default()
+    };
+    pb::ModelProto {
+        ir_version: 8,
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(pb::GraphProto {
+            name: "block".into(),
+            node: vec![
+                node("MatMul", &["X", "W1"], "h1", vec![]),
+                node("Add", &["h1", "B1"], "h2", vec![]),
+                node("Relu", &["h2"], "h3", vec![]),
+                node(
+                    "LayerNormalization",
+                    &["h3", "S", "T"],
+                    "h4",
+                    vec![int("axis", -1)],
+                ),
+                node("MatMul", &["h4", "W2"], "h5", vec![]),
+                node("Softmax", &["h5"], "Y", vec![int("axis", -1)]),
+                node(
+                    "ReduceMean",
+                    &["h3"],
+                    "Z",
+                    vec![ints("axes", &[1]), int("keepdims", 0)],
+                ),
+                node("Reshape", &["X", "IMG"], "x4", vec![]),
+                node(
+                    "Conv",
+                    &["x4", "K", "KB"],
+                    "c1",
+                    vec![ints("pads", &[1, 1, 1, 1])],
+                ),
+                node(
+                    "MaxPool",
+                    &["c1"],
+                    "c2",
+                    vec![ints("kernel_shape", &[2, 2]), ints("strides", &[2, 2])],
+                ),
+                node("GlobalAveragePool", &["c2"], "P", vec![]),
+            ],
+            initializer: vec![
+                init("W1", &[32, 48], rng, 0.3),
+                init("B1", &[48], rng, 0.1),
+                init("S", &[48], rng, 1.0),
+                init("T", &[48], rng, 0.1),
+                init("W2", &[48, 16], rng, 0.5),
+                init("K", &[3, 2, 3, 3], rng, 0.4),
+                init("KB", &[3], rng, 0.1),
+                pb::TensorProto {
+                    name: "IMG".into(),
+                    dims: vec![4],
+                    data_type: 7,
+                    int64_data: vec![4, 2, 4, 4],
+                    ..Default::default()
+                },
+            ],
+            input: vec![value_info_of("X", &["4", "32"], ty)],
+            output: vec![
+                value_info_of("Y", &["4", "16"], ty),
+                value_info_of("Z", &["4"], ty),
+                value_info_of("P", &["4", "3", "1", "1"], ty),
+            ],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Models whose tensors are FLOAT16 or BFLOAT16 (inputs and outputs included) run on the
+/// GPU executor with 16-bit requests and responses, within the tolerance of the
+/// reduced-precision check of the same graph in FLOAT.
+fn native_16_bit_models_on_the_stand_in(gpu: &Server) {
+    let dir = temp_dir("gpu-native16");
+    let mut outs: Vec<std::collections::BTreeMap<String, Vec<f32>>> = Vec::new();
+    let x = Rand(77).f32s(4 * 32);
+    for (ty, tname) in [(1, "FP32"), (10, "FP16"), (16, "BF16")] {
+        let name = format!("block_{}", tname.to_lowercase());
+        let mdir = dir.join(&name);
+        std::fs::create_dir_all(mdir.join("1")).unwrap();
+        let model = block_model(ty, &mut Rand(1234));
+        std::fs::write(
+            mdir.join("1/model.onnx"),
+            prost::Message::encode_to_vec(&model),
+        )
+        .unwrap();
+        let config = format!(
+            r#"name: "{name}" platform: "onnxruntime_onnx" max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_{tname} dims: [ 4, 32 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_{tname} dims: [ 4, 16 ] }},
+         {{ name: "Z" data_type: TYPE_{tname} dims: [ 4 ] }},
+         {{ name: "P" data_type: TYPE_{tname} dims: [ 4, 3, 1, 1 ] }} ]
+instance_group [ {{ kind: KIND_GPU count: 1 gpus: [ 0 ] }} ]"#
+        );
+        let c = cs(&config);
+        ok(unsafe {
+            infer_server_load_model(
+                gpu.0,
+                cs(&name).as_ptr(),
+                c.as_ptr(),
+                cs(mdir.to_str().unwrap()).as_ptr(),
+            )
+        });
+        let dt = match ty {
+            10 => INFER_DATATYPE_FP16,
+            16 => INFER_DATATYPE_BF16,
+            _ => INFER_DATATYPE_FP32,
+        };
+        let r = gpu.request(&name);
+        ok(r.try_input("X", dt, &[4, 32], &float_bytes(&x, ty)));
+        let got = all_outputs(&gpu.infer(r));
+        let mut vals = std::collections::BTreeMap::new();
+        for (out, (shape, bytes)) in got {
+            let n: i64 = shape.iter().product();
+            assert_eq!(
+                bytes.len() as i64,
+                n * if ty == 1 { 4 } else { 2 },
+                "{name}.{out}"
+            );
+            vals.insert(out, floats_of(&bytes, ty));
+        }
+        outs.push(vals);
+    }
+    for (k, (tname, tol)) in [(1, ("FP16", 1e-2f32)), (2, ("BF16", 4e-2f32))] {
+        for (out, want) in &outs[0] {
+            let got = &outs[k][out];
+            let scale = want.iter().map(|v| v.abs()).sum::<f32>() / want.len() as f32;
+            assert!(scale > 0.0, "{out}: all zero");
+            for (i, (a, b)) in want.iter().zip(got).enumerate() {
+                assert!(
+                    (a - b).abs() <= tol * (a.abs() + scale),
+                    "block_{tname}.{out}[{i}]: FP32 {a}, {tname} {b}"
+                );
+            }
+        }
+        println!("a {tname} model: within {tol} of the same model in FP32");
+    }
+}
+
+/// A GELU exported as Div, Erf, Add, Mul, Mul (scalar constants) and a Sub with a
+/// broadcast vector followed by a Sigmoid: each chain is one launch, and the results are
+/// the CPU's. A chain whose intermediate is also an output is not fused into one.
+fn fused_element_wise_chains_on_the_stand_in(cpu: &Server, gpu: &Server) {
+    let d = driver();
+    let scalar = |name: &str, v: f32| pb::TensorProto {
+        name: name.into(),
+        dims: vec![],
+        data_type: 1,
+        float_data: vec![v],
+        ..Default::default()
+    };
+    let node = |op: &str, ins: &[&str], out: &str| pb::NodeProto {
+        op_type: op.into(),
+        name: out.into(),
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: vec![out.into()],
+        ..Default::default()
+    };
+    let model = |extra_output: bool| pb::ModelProto {
+        ir_version: 8,
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(pb::GraphProto {
+            name: "chains".into(),
+            node: vec![
+                node("Div", &["X", "SQRT2"], "g1"),
+                node("Erf", &["g1"], "g2"),
+                node("Add", &["g2", "ONE"], "g3"),
+                node("Mul", &["X", "g3"], "g4"),
+                node("Mul", &["g4", "HALF"], "Y"),
+                node("Sub", &["X", "B"], "s1"),
+                node("Sigmoid", &["s1"], "Z"),
+            ],
+            initializer: vec![
+                scalar("SQRT2", std::f32::consts::SQRT_2),
+                scalar("ONE", 1.0),
+                scalar("HALF", 0.5),
+                pb::TensorProto {
+                    name: "B".into(),
+                    dims: vec![32],
+                    data_type: 1,
+                    float_data: Rand(5).f32s(32),
+                    ..Default::default()
+                },
+            ],
+            input: vec![value_info("X", &["4", "32"])],
+            output: [value_info("Y", &["4", "32"]), value_info("Z", &["4", "32"])]
+                .into_iter()
+                .chain(extra_output.then(|| value_info("g3", &["4", "32"])))
+                .collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let dir = temp_dir("gpu-fused");
+    for (name, extra, launches) in [("chains", false, 2), ("chains_shared", true, 3)] {
+        let mdir = dir.join(name);
+        std::fs::create_dir_all(mdir.join("1")).unwrap();
+        std::fs::write(
+            mdir.join("1/model.onnx"),
+            prost::Message::encode_to_vec(&model(extra)),
+        )
+        .unwrap();
+        let outs = if extra {
+            ", { name: \"g3\" data_type: TYPE_FP32 dims: [ 4, 32 ] }"
+        } else {
+            ""
+        };
+        let cfg = |kind: &str| {
+            format!(
+                r#"name: "{name}" platform: "onnxruntime_onnx" max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 4, 32 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 4, 32 ] }},
+         {{ name: "Z" data_type: TYPE_FP32 dims: [ 4, 32 ] }}{outs} ]
+instance_group [ {{ kind: {kind} }} ]"#
+            )
+        };
+        for (s, kind) in [(cpu, "KIND_CPU"), (gpu, "KIND_GPU")] {
+            let c = cs(&cfg(kind));
+            ok(unsafe {
+                infer_server_load_model(
+                    s.0,
+                    cs(name).as_ptr(),
+                    c.as_ptr(),
+                    cs(mdir.to_str().unwrap()).as_ptr(),
+                )
+            });
+        }
+        let x: Vec<f32> = Rand(11).f32s(128).iter().map(|v| v * 3.0).collect();
+        let want = all_outputs(&cpu.infer(cpu.request(name).input_f32("X", &[4, 32], &x)));
+        let before = d.counters().kernel_launches;
+        let got = all_outputs(&gpu.infer(gpu.request(name).input_f32("X", &[4, 32], &x)));
+        let ran = d.counters().kernel_launches - before;
+        assert_eq!(ran, launches, "{name}: kernel launches");
+        for (out, (shape, bytes)) in &want {
+            assert_eq!(&got[out].0, shape, "{name}.{out}");
+            assert_close(name, out, bytes, &got[out].1, false);
+        }
+        println!("{name}: element-wise chains in {ran} launches, equal to the CPU");
+    }
+    // 20 operations: 15 fit one launch (the program's limit), the other 5 another.
+    let nodes: Vec<pb::NodeProto> = (0..20)
+        .map(|i| {
+            let input = if i == 0 {
+                "X".to_owned()
+            } else {
+                format!("t{}", i - 1)
+            };
+            let output = if i == 19 {
+                "Y".to_owned()
+            } else {
+                format!("t{i}")
+            };
+            node(
+                if i % 2 == 0 { "Neg" } else { "Sigmoid" },
+                &[&input],
+                &output,
+            )
+        })
+        .collect();
+    let long = pb::ModelProto {
+        ir_version: 8,
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(pb::GraphProto {
+            name: "long".into(),
+            node: nodes,
+            input: vec![value_info("X", &["4", "32"])],
+            output: vec![value_info("Y", &["4", "32"])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mdir = dir.join("long_chain");
+    std::fs::create_dir_all(mdir.join("1")).unwrap();
+    std::fs::write(
+        mdir.join("1/model.onnx"),
+        prost::Message::encode_to_vec(&long),
+    )
+    .unwrap();
+    for (s, kind) in [(cpu, "KIND_CPU"), (gpu, "KIND_GPU")] {
+        let c = cs(&format!(
+            r#"name: "long_chain" platform: "onnxruntime_onnx" max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 4, 32 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 4, 32 ] }} ]
+instance_group [ {{ kind: {kind} }} ]"#
+        ));
+        ok(unsafe {
+            infer_server_load_model(
+                s.0,
+                cs("long_chain").as_ptr(),
+                c.as_ptr(),
+                cs(mdir.to_str().unwrap()).as_ptr(),
+            )
+        });
+    }
+    let x = Rand(12).f32s(128);
+    let want = all_outputs(&cpu.infer(cpu.request("long_chain").input_f32("X", &[4, 32], &x)));
+    let before = d.counters().kernel_launches;
+    let got = all_outputs(&gpu.infer(gpu.request("long_chain").input_f32("X", &[4, 32], &x)));
+    assert_eq!(
+        d.counters().kernel_launches - before,
+        2,
+        "long_chain: kernel launches"
+    );
+    assert_close("long_chain", "Y", &want["Y"].1, &got["Y"].1, false);
+    println!("long_chain: 20 element-wise operations in 2 launches, equal to the CPU");
+}
+
+/// Weights live once per device: three more instances of `mlp` (already loaded on the
+/// GPU) upload none of them again.
+fn constants_shared_on_a_device(gpu: &Server) {
+    let d = driver();
+    let weights = std::fs::metadata(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/mlp/1/model.onnx"),
+    )
+    .unwrap()
+    .len();
+    let before = d.counters().live_device_bytes;
+    let config = gpu_config_of("mlp")
+        .replace("name: \"mlp\"", "name: \"mlp_three\"")
+        .replace("count: 1", "count: 3");
+    assert!(config.contains("count: 3"), "{config}");
+    let c = cs(&config);
+    ok(unsafe {
+        infer_server_load_model(
+            gpu.0,
+            cs("mlp_three").as_ptr(),
+            c.as_ptr(),
+            model_dir_of("mlp").as_ptr(),
+        )
+    });
+    let added = d.counters().live_device_bytes - before;
+    assert!(
+        added < weights / 2,
+        "3 instances of mlp added {added} device bytes; its weights are about {weights}"
+    );
+    let resp = gpu.infer(random_request_as(gpu, "mlp_three", "mlp", 2, &mut Rand(3)));
+    assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
+    println!("constants: 3 more instances of mlp added {added} device bytes (weights: {weights})");
+}
+
 fn onnx_on_the_stand_in() {
     let d = driver();
     let cpu = server_in(INFER_GPU_OFF).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
@@ -1677,6 +2351,11 @@ fn onnx_on_the_stand_in() {
     assert!(c.kernel_launches > 0, "{c:?}");
     assert_eq!(c.pageable_async_copies, 0, "{c:?}");
     assert_eq!(c.invalid_calls, 0, "{c:?}");
+
+    reduced_precision_on_the_stand_in(&cpu, &gpu);
+    native_16_bit_models_on_the_stand_in(&gpu);
+    fused_element_wise_chains_on_the_stand_in(&cpu, &gpu);
+    constants_shared_on_a_device(&gpu);
 
     // Implicit state on the GPU: running sums of interleaved sequences.
     load_from_models(
@@ -1810,12 +2489,16 @@ instance_group [ {{ kind: {kind} }} ]"#
 }
 
 fn value_info(name: &str, dims: &[&str]) -> pb::ValueInfoProto {
+    value_info_of(name, dims, 1)
+}
+
+fn value_info_of(name: &str, dims: &[&str], elem_type: i32) -> pb::ValueInfoProto {
     use pb::tensor_shape_proto::dimension::Value as DimValue;
     pb::ValueInfoProto {
         name: name.to_owned(),
         r#type: Some(pb::TypeProto {
             value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
-                elem_type: 1,
+                elem_type,
                 shape: Some(pb::TensorShapeProto {
                     dim: dims
                         .iter()

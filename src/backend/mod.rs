@@ -77,6 +77,11 @@ pub trait ModelInstance: Send {
         let _ = batch;
         None
     }
+
+    /// The GPU data-path statistics of an instance on a GPU (None: on the CPU).
+    fn gpu_stats(&self) -> Option<Arc<crate::stats::GpuInstanceStats>> {
+        None
+    }
 }
 
 /// The rest of a batch started with [`ModelInstance::begin`]; `complete` may run on

@@ -171,7 +171,8 @@ fn dims_string(dims: &[Dim]) -> String {
 #[derive(Clone, Debug)]
 struct Declared {
     name: String,
-    dtype: Option<DatumType>,
+    /// Err: a type the library cannot carry (its name).
+    dtype: Option<std::result::Result<DataType, String>>,
     /// None: the rank is unknown.
     dims: Option<Vec<Dim>>,
 }
@@ -185,7 +186,7 @@ fn declared_inference(name: &str, fact: &InferenceFact) -> Declared {
     });
     Declared {
         name: name.to_owned(),
-        dtype: fact.datum_type.concretize(),
+        dtype: fact.datum_type.concretize().map(carried),
         dims,
     }
 }
@@ -193,9 +194,40 @@ fn declared_inference(name: &str, fact: &InferenceFact) -> Declared {
 fn declared_typed(name: &str, fact: &TypedFact) -> Declared {
     Declared {
         name: name.to_owned(),
-        dtype: Some(fact.datum_type),
+        dtype: Some(carried(fact.datum_type)),
         dims: Some(fact.shape.iter().map(Dim::of).collect()),
     }
+}
+
+fn carried(dt: DatumType) -> std::result::Result<DataType, String> {
+    data_type(dt).ok_or_else(|| format!("{dt:?}"))
+}
+
+/// The inputs and outputs a model declares, read without tract (for files tract cannot
+/// read, such as BFLOAT16 models that only the GPU executor runs).
+fn declared_from_graph(file: &Path, what: &str) -> Result<(Vec<Declared>, Vec<Declared>)> {
+    let g = crate::gpu::onnx::load_graph(file, what)?;
+    let of = |io: &crate::gpu::onnx::graph::Io| Declared {
+        name: io.name.clone(),
+        dtype: io
+            .dt
+            .map(|d| d.to_library().ok_or_else(|| d.name().to_owned())),
+        dims: io.dims.as_ref().map(|v| {
+            v.iter()
+                .map(|&d| {
+                    if d >= 0 {
+                        Dim::Fixed(d)
+                    } else {
+                        Dim::Any(None)
+                    }
+                })
+                .collect()
+        }),
+    };
+    Ok((
+        g.inputs.iter().map(of).collect(),
+        g.outputs.iter().map(of).collect(),
+    ))
 }
 
 /// Reads the model file; operators tract does not implement are refused here, by name
@@ -317,7 +349,16 @@ pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Path>) -> Result<()> {
     };
     let file = model_file(dir, version, &c.default_model_filename);
     let what = format!("model '{name}' version {version}");
-    let model = load(&file, &what, true)?;
+    let model = match load(&file, &what, true) {
+        Ok(m) => m,
+        Err(e) if e.code == crate::status::Code::Unsupported => {
+            // What tract cannot read may still run on the GPU executor: complete the
+            // config from the graph's declarations.
+            let (inputs, outputs) = declared_from_graph(&file, &what).map_err(|_| e)?;
+            return complete_config(raw, &what, &inputs, &outputs);
+        }
+        Err(e) => return Err(e),
+    };
     let inputs = model_inputs(&model)?;
     // Output facts come from analysis when it succeeds (the model's own declarations
     // may be partial), else from what the file declares.
@@ -373,6 +414,16 @@ pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Path>) -> Result<()> {
         }
     };
 
+    complete_config(raw, &what, &inputs, &outputs)
+}
+
+/// Fills in what the config leaves out from the model's declared inputs and outputs.
+fn complete_config(
+    raw: &mut RawConfig,
+    what: &str,
+    inputs: &[Declared],
+    outputs: &[Declared],
+) -> Result<()> {
     let c = &mut raw.pb;
     // Tensors the sequence batcher provides or consumes are not the model's inputs and
     // outputs in the config.
@@ -431,15 +482,15 @@ pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Path>) -> Result<()> {
         Ok(dims.iter().skip(skip).map(Dim::config).collect())
     };
     let dtype_of = |d: &Declared| -> Result<i32> {
-        let dt = d.dtype.ok_or_else(|| {
+        let dt = d.dtype.as_ref().ok_or_else(|| {
             Error::invalid(format!(
                 "{what}: the model does not say the datatype of '{}': give data_type in the config",
                 d.name
             ))
         })?;
-        data_type(dt).map(pb_data_type).ok_or_else(|| {
+        dt.clone().map(pb_data_type).map_err(|dt| {
             Error::unsupported(format!(
-                "{what}: tensor '{}' has datatype {dt:?}, which the ONNX backend cannot carry",
+                "{what}: tensor '{}' has datatype {dt}, which the ONNX backend cannot carry",
                 d.name
             ))
         })
@@ -718,11 +769,13 @@ fn check_tensor(
             exp.dtype.as_str()
         ))
     })?;
-    if let Some(model_dt) = d.dtype {
-        let same = model_dt == dt || (model_dt == DatumType::TDim && dt == DatumType::I64);
-        if !same {
-            let model_says = data_type(model_dt)
-                .map_or_else(|| format!("{model_dt:?}"), |t| t.as_str().to_owned());
+    if let Some(model_dt) = &d.dtype {
+        // (tract's TDim, its INT64 shapes, is carried as INT64.)
+        if model_dt.as_ref().ok() != Some(&exp.dtype) {
+            let model_says = match model_dt {
+                Ok(t) => t.as_str().to_owned(),
+                Err(name) => name.clone(),
+            };
             return Err(Error::invalid(format!(
                 "{what}: {role} '{name}': the config says {}, the model says {model_says}",
                 exp.dtype.as_str()

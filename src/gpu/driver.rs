@@ -132,6 +132,18 @@ impl Stream {
         )
     }
 
+    /// Whether the stream is capturing work into a CUDA graph (a capture still active or
+    /// one invalidated and not yet ended): what is queued now would be part of the graph.
+    pub fn is_capturing(&self) -> Result<bool> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a live stream, a valid out-pointer.
+        check(
+            unsafe { sys::cuStreamIsCapturing(self.raw, &mut status) },
+            "cuStreamIsCapturing",
+        )?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     /// Copies `len` bytes from pinned host memory to the device, in stream order.
     ///
     /// # Safety
@@ -198,7 +210,9 @@ impl Drop for Stream {
     }
 }
 
-/// An event of one context, to wait for a point of a stream from another thread.
+/// An event of one context, to wait for a point of a stream from another thread
+/// ([`Event::new`]), or to time the work between two points of a stream
+/// ([`Event::timing`]).
 pub struct Event {
     raw: sys::CUevent,
     ctx: Arc<Context>,
@@ -209,11 +223,28 @@ unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
 impl Event {
+    /// An event for synchronization only (CU_EVENT_DISABLE_TIMING: the cheapest to record
+    /// and wait for).
     pub fn new(ctx: &Arc<Context>) -> Result<Event> {
+        // 2 = CU_EVENT_DISABLE_TIMING.
+        Event::with_flags(ctx, 2)
+    }
+
+    /// An event that also takes the time at which the stream reaches it, for
+    /// [`Event::elapsed_ms_since`].
+    pub fn timing(ctx: &Arc<Context>) -> Result<Event> {
+        // 0 = CU_EVENT_DEFAULT.
+        Event::with_flags(ctx, 0)
+    }
+
+    fn with_flags(ctx: &Arc<Context>, flags: u32) -> Result<Event> {
         ctx.bind()?;
         let mut raw = std::ptr::null_mut();
-        // SAFETY: valid out-pointer, context bound. 2 = CU_EVENT_DISABLE_TIMING.
-        check(unsafe { sys::cuEventCreate(&mut raw, 2) }, "cuEventCreate")?;
+        // SAFETY: valid out-pointer, context bound.
+        check(
+            unsafe { sys::cuEventCreate(&mut raw, flags) },
+            "cuEventCreate",
+        )?;
         Ok(Event {
             raw,
             ctx: ctx.clone(),
@@ -227,6 +258,20 @@ impl Event {
             unsafe { sys::cuEventRecord(self.raw, stream.raw) },
             "cuEventRecord",
         )
+    }
+
+    /// Milliseconds of stream time from `start`'s last record to this event's (both made
+    /// by [`Event::timing`]). Never waits: NOT_READY while either has not completed; an
+    /// error too for an event never recorded, or last recorded into a stream capture. The
+    /// context must be bound.
+    pub fn elapsed_ms_since(&self, start: &Event) -> Result<f32> {
+        let mut ms = 0f32;
+        // SAFETY: live events, a valid out-pointer.
+        check(
+            unsafe { sys::cuEventElapsedTime_v2(&mut ms, start.raw, self.raw) },
+            "cuEventElapsedTime",
+        )?;
+        Ok(ms)
     }
 
     /// Waits until the work before the last `record` has run. Binds the context.

@@ -14,10 +14,20 @@
 //!
 //! Every copy is asynchronous on the instance's stream and every host buffer involved is
 //! pinned; buffers come from the instance's pool, so the steady state allocates nothing.
+//!
+//! Statistics ([`GpuInstanceStats`], in the model's statistics JSON under "gpu"): the
+//! copies and their bytes are counted as they are queued, and four timing events are
+//! recorded on the stream around each batch's work: before the input copies, after them,
+//! after the backend's work, after the output copies. Their elapsed times are read once
+//! the batch's end event has completed (so reading them never waits), and a batch whose
+//! events cannot be read, or would have been recorded into a stream capture (a backend's
+//! CUDA graph capture left open), counts as untimed. The sets of four come from a pool, so
+//! the steady state creates no events either.
 
 use super::driver::{Context, DevicePtr, Event, MemoryPool, Stream};
 use super::DeviceBuf;
 use crate::backend::{Batch, BatchOutput, Completion, ModelInstance};
+use crate::stats::{BatchTimes, GpuInstanceStats};
 use crate::status::{Error, Result};
 use crate::tensor::{DataType, Shape};
 use parking_lot::Mutex;
@@ -95,7 +105,109 @@ pub struct GpuInstance {
     pool: Arc<MemoryPool>,
     /// Events of finished batches, for the next ones.
     events: Arc<Mutex<Vec<Event>>>,
+    /// Timing event sets of finished batches, for the next ones.
+    timing_sets: TimingPool,
+    stats: Arc<GpuInstanceStats>,
     ctx: Arc<Context>,
+}
+
+/// Timing event sets (see [`Timing`]) that no batch uses now.
+type TimingPool = Arc<Mutex<Vec<[Event; 4]>>>;
+
+/// The timing events of one batch, recorded in order on the instance's stream: before
+/// the input copies (0), after them (1), after the backend's work (2), after the output
+/// copies (3). Goes back to the pool when dropped.
+struct Timing {
+    /// None: no set could be made (the batch runs untimed).
+    set: Option<[Event; 4]>,
+    /// Marks recorded so far; a mark that is skipped leaves the batch untimed.
+    marked: usize,
+    untimed: bool,
+    pool: TimingPool,
+    ctx: Arc<Context>,
+}
+
+impl Timing {
+    /// A set from the pool, or a new one. The context must be bound.
+    fn new(pool: &TimingPool, ctx: &Arc<Context>) -> Timing {
+        let set = pool.lock().pop().or_else(|| {
+            let make = || Event::timing(ctx).ok();
+            Some([make()?, make()?, make()?, make()?])
+        });
+        Timing {
+            untimed: set.is_none(),
+            set,
+            marked: 0,
+            pool: pool.clone(),
+            ctx: ctx.clone(),
+        }
+    }
+
+    /// Records mark `i` at the current end of `stream`'s work. With `check_capture`, first
+    /// asks whether the stream is capturing (a backend's CUDA graph capture not ended): an
+    /// event recorded there would be a node of the graph, not a time of this batch, so the
+    /// batch is left untimed instead. Never fails the batch.
+    fn mark(&mut self, i: usize, stream: &Stream, check_capture: bool) {
+        let Some(set) = self
+            .set
+            .as_ref()
+            .filter(|_| !self.untimed && self.marked == i)
+        else {
+            self.untimed = true;
+            return;
+        };
+        if check_capture && stream.is_capturing().unwrap_or(true) {
+            self.untimed = true;
+            return;
+        }
+        if set[i].record(stream).is_err() {
+            self.untimed = true;
+            return;
+        }
+        self.marked += 1;
+    }
+
+    /// The batch's times, once its work has completed (so no call here waits); None when
+    /// it is untimed or the driver cannot say (cuEventElapsedTime failed).
+    fn read(&self) -> Option<BatchTimes> {
+        let set = self
+            .set
+            .as_ref()
+            .filter(|_| !self.untimed && self.marked == 4)?;
+        self.ctx.bind().ok()?;
+        let ns = |from: usize, to: usize| {
+            let ms = set[to].elapsed_ms_since(&set[from]).ok()?;
+            Some((f64::from(ms) * 1e6).round().max(0.0) as u64)
+        };
+        Some(BatchTimes {
+            h2d_ns: ns(0, 1)?,
+            compute_ns: ns(1, 2)?,
+            d2h_ns: ns(2, 3)?,
+            busy_ns: ns(0, 3)?,
+        })
+    }
+}
+
+impl Drop for Timing {
+    fn drop(&mut self) {
+        if let Some(set) = self.set.take() {
+            // A set still pending on the stream is fine: its next record supersedes.
+            self.pool.lock().push(set);
+        }
+    }
+}
+
+/// A copy of batch inputs to the device, queued once every host row is staged.
+enum Up {
+    /// `len` bytes at offset `at` of the pinned buffer to the same offset of the device
+    /// buffer.
+    Host { at: usize, len: usize },
+    /// `len` bytes of device memory at `src` to offset `at` of the device buffer.
+    Device {
+        at: usize,
+        src: DevicePtr,
+        len: usize,
+    },
 }
 
 /// Where one batch input lives on the device.
@@ -115,15 +227,19 @@ impl GpuInstance {
             stream,
             pool,
             events: Arc::new(Mutex::new(Vec::new())),
+            timing_sets: Arc::new(Mutex::new(Vec::new())),
+            stats: Arc::new(GpuInstanceStats::new(ctx.ordinal())),
             ctx,
         })
     }
 
-    /// Lays out and copies the batch's inputs to the device. The returned buffers must
-    /// live until the stream has been synchronized.
+    /// Lays out and copies the batch's inputs to the device, between timing marks 0 and 1
+    /// (the host rows are staged before mark 0, so the copies' time is the stream's). The
+    /// returned buffers must live until the stream has been synchronized.
     fn stage_inputs(
         &self,
         batch: &Batch,
+        timing: &mut Timing,
     ) -> Result<(Vec<DevicePtr>, Option<DeviceBuf>, Option<super::PinnedBuf>)> {
         let device = self.ctx.ordinal();
         let mut places = Vec::with_capacity(batch.inputs.len());
@@ -160,6 +276,8 @@ impl GpuInstance {
             total = at + len;
         }
         if total == 0 {
+            timing.mark(0, &self.stream, true);
+            timing.mark(1, &self.stream, false);
             let ptrs = places
                 .iter()
                 .map(|p| match p {
@@ -177,20 +295,11 @@ impl GpuInstance {
         };
         // Host pieces go to the pinned buffer at their device offsets; a run of host
         // pieces goes up in one copy, broken only by pieces that are already on a device.
+        let mut ups: smallvec::SmallVec<[Up; 4]> = smallvec::SmallVec::new();
         let mut run: Option<(usize, usize)> = None;
-        let flush = |run: &mut Option<(usize, usize)>, pinned: &Option<super::PinnedBuf>| {
-            if let (Some((start, end)), Some(p)) = (run.take(), pinned) {
-                // SAFETY: both ranges lie inside buffers that live until the stream is
-                // synchronized (the caller keeps them).
-                unsafe {
-                    self.stream.copy_to_device(
-                        dev.ptr() + start as u64,
-                        p.as_ptr().add(start),
-                        end - start,
-                    )
-                }
-            } else {
-                Ok(())
+        let flush = |run: &mut Option<(usize, usize)>, ups: &mut smallvec::SmallVec<[Up; 4]>| {
+            if let Some((at, end)) = run.take() {
+                ups.push(Up::Host { at, len: end - at });
             }
         };
         for (input, place) in batch.inputs.iter().zip(&places) {
@@ -209,11 +318,12 @@ impl GpuInstance {
                 let len = piece.len();
                 match piece.device() {
                     Some(d) => {
-                        flush(&mut run, &pinned)?;
-                        // SAFETY: the caller's memory stays valid until the request is
-                        // released, after the stream is synchronized; the destination is
-                        // inside `dev`.
-                        unsafe { self.stream.copy_device(dev.ptr() + at as u64, d.ptr, len)? };
+                        flush(&mut run, &mut ups);
+                        ups.push(Up::Device {
+                            at,
+                            src: d.ptr,
+                            len,
+                        });
                     }
                     None => {
                         if let Some(p) = pinned.as_mut() {
@@ -226,7 +336,38 @@ impl GpuInstance {
                 at += len;
             }
         }
-        flush(&mut run, &pinned)?;
+        flush(&mut run, &mut ups);
+        timing.mark(0, &self.stream, true);
+        for up in ups {
+            match up {
+                Up::Host { at, len } => {
+                    let Some(p) = pinned.as_ref().filter(|_| len > 0) else {
+                        continue;
+                    };
+                    // SAFETY: both ranges lie inside buffers that live until the stream
+                    // is synchronized (the caller keeps them).
+                    unsafe {
+                        self.stream.copy_to_device(
+                            dev.ptr() + at as u64,
+                            p.as_ptr().add(at),
+                            len,
+                        )?
+                    };
+                    self.stats.h2d(len);
+                }
+                Up::Device { at, src, len } => {
+                    if len == 0 {
+                        continue;
+                    }
+                    // SAFETY: the caller's memory stays valid until the request is
+                    // released, after the stream is synchronized; the destination is
+                    // inside `dev`.
+                    unsafe { self.stream.copy_device(dev.ptr() + at as u64, src, len)? };
+                    self.stats.d2d(len);
+                }
+            }
+        }
+        timing.mark(1, &self.stream, false);
         let ptrs = places
             .iter()
             .map(|p| match p {
@@ -244,7 +385,9 @@ impl GpuInstance {
         let config = batch.config.clone();
         let at = |e: Error| e.context(format!("model '{}' on GPU {device}", config.name));
         self.ctx.bind().map_err(at)?;
-        let (inputs, dev_in, pinned_in) = match self.stage_inputs(batch) {
+        self.stats.batch_started();
+        let mut timing = Timing::new(&self.timing_sets, &self.ctx);
+        let (inputs, dev_in, pinned_in) = match self.stage_inputs(batch, &mut timing) {
             Ok(s) => s,
             Err(e) => {
                 // Copies already queued read buffers that are about to go back.
@@ -278,6 +421,8 @@ impl GpuInstance {
                 )))
             }
         };
+        // A backend may capture work into a CUDA graph on the stream: checked first.
+        timing.mark(2, &self.stream, true);
         let outputs = batch.gpu.take().map_or_else(Vec::new, |g| g.outputs);
         let all_on_device =
             !batch.requests.is_empty() && batch.requests.iter().all(|r| r.output_device.is_some());
@@ -285,6 +430,8 @@ impl GpuInstance {
             ran,
             event: None,
             events: self.events.clone(),
+            timing,
+            stats: self.stats.clone(),
             outputs,
             landing: Vec::new(),
             inputs: (dev_in, pinned_in),
@@ -323,9 +470,13 @@ impl GpuInstance {
                     self.stream
                         .copy_to_host(p.as_mut_ptr(), buf.ptr(), buf.len())?
                 };
+                if !buf.is_empty() {
+                    self.stats.d2h(buf.len());
+                }
                 flight.landing.push((*idx, p));
             }
         }
+        flight.timing.mark(3, &self.stream, false);
         let event = match self.events.lock().pop() {
             Some(e) => e,
             None => Event::new(&self.ctx)?,
@@ -342,6 +493,8 @@ struct InFlight {
     ran: Result<()>,
     event: Option<Event>,
     events: Arc<Mutex<Vec<Event>>>,
+    timing: Timing,
+    stats: Arc<GpuInstanceStats>,
     outputs: Vec<(usize, DeviceBuf)>,
     landing: Vec<(usize, super::PinnedBuf)>,
     /// Kept until the work that reads them has run.
@@ -353,9 +506,20 @@ struct InFlight {
 
 impl Completion for InFlight {
     fn complete(mut self: Box<Self>, batch: &mut Batch) -> Result<()> {
-        if let Some(event) = self.event.take() {
+        // Without an event the stream was synchronized when the batch failed.
+        let waited = self.event.take().map(|event| {
             let waited = event.synchronize();
             self.events.lock().push(event);
+            waited
+        });
+        // The batch's work has run: its timing events have completed (read without
+        // waiting), unless waiting failed.
+        let times = match &waited {
+            Some(Err(_)) => None,
+            _ => self.timing.read(),
+        };
+        self.stats.batch_done(times);
+        if let Some(waited) = waited {
             waited.map_err(|e| {
                 e.context(format!(
                     "model '{}' on GPU {}: the batch's work on the stream failed",
@@ -398,6 +562,10 @@ impl ModelInstance for GpuInstance {
 
     fn device(&self) -> Option<i32> {
         Some(self.ctx.ordinal())
+    }
+
+    fn gpu_stats(&self) -> Option<Arc<GpuInstanceStats>> {
+        Some(self.stats.clone())
     }
 }
 

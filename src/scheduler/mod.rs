@@ -88,6 +88,8 @@ pub struct Scheduler {
     /// batcher): inputs in device memory stay there. Otherwise the server copies them to
     /// the host before they are queued.
     pub takes_device_inputs: bool,
+    /// The data-path statistics of the instances on a GPU: (instance index, counters).
+    gpu_stats: Vec<(usize, Arc<crate::stats::GpuInstanceStats>)>,
     log: crate::log::Logger,
 }
 
@@ -143,8 +145,14 @@ impl Scheduler {
         let takes_device_inputs = seq.is_none()
             && !instances.is_empty()
             && instances.iter().all(|i| i.device().is_some());
+        let gpu_stats = instances
+            .iter()
+            .enumerate()
+            .filter_map(|(i, inst)| inst.gpu_stats().map(|g| (i, g)))
+            .collect();
         let sched = Arc::new(Scheduler {
             takes_device_inputs,
+            gpu_stats,
             model,
             stats: ModelStats::new(config.max_batch_size),
             policy,
@@ -284,6 +292,7 @@ impl Scheduler {
             ens,
             gen,
             takes_device_inputs: false,
+            gpu_stats: Vec::new(),
             log,
             config,
         }
@@ -326,7 +335,7 @@ impl Scheduler {
     }
 
     /// This version's statistics as JSON (generation counters included for generative
-    /// models).
+    /// models; the GPU data path's, per instance, for models with instances on a GPU).
     pub fn stats_json(&self, name: &str, version: i64) -> String {
         let mut j = self.stats.json(name, version, self.pending());
         if let Some(g) = &self.gen {
@@ -334,6 +343,13 @@ impl Scheduler {
             j.push_str(",\"generation\":");
             j.push_str(&g.gen_stats.json());
             j.push('}');
+        }
+        if !self.gpu_stats.is_empty() {
+            let instances: Vec<String> = self.gpu_stats.iter().map(|(i, g)| g.json(*i)).collect();
+            j.pop();
+            j.push_str(",\"gpu\":{\"instances\":[");
+            j.push_str(&instances.join(","));
+            j.push_str("]}}");
         }
         j
     }

@@ -6,18 +6,55 @@
  *   driver (tests/fixtures/), which runs each launch over its whole grid on the host, so
  *   the executor's use of every kernel is checked against CPU references on machines
  *   without a GPU.
- * So: C that is also valid C++, no templates, no __syncthreads, no shared memory, no
- * warp intrinsics (each thread does its own part of the grid-stride loop).
+ * So: C that is also valid C++, no templates, no warp intrinsics; block-shared memory and
+ * barriers only through K_SHARED and K_SYNC (below), in "cooperative" kernels.
  *
  * Every kernel takes one infer_kargs by value (the same struct in Rust:
  * src/gpu/onnx/kargs.rs). Kernels loop `for (i = first; i < a.n; i += step)` with
  * first = blockIdx.x * blockDim.x + threadIdx.x and step = gridDim.x * blockDim.x, so any
- * 1-D grid covers [0, a.n) (the y and z dimensions are not used).
+ * 1-D grid covers [0, a.n) (the y and z dimensions are not used), except the cooperative
+ * kernels.
+ *
+ * Cooperative kernels (listed in INFER_COOPERATIVE_KERNELS; today infer_softmax,
+ * _layernorm, _argmax, _reduce) share work between the threads of a block: they declare
+ * block-shared arrays with K_SHARED(type, name, count) (a static size; __shared__ on the
+ * device) and wait for the whole block with K_SYNC() (__syncthreads). Their rules:
+ * - every thread of the block reaches every K_SYNC, the same number of times (a barrier
+ *   in divergent code is undefined on a GPU): decide anything that skips a barrier from
+ *   values uniform over the block (a.*, blockIdx, blockDim, gridDim, shared memory read
+ *   after a barrier);
+ * - they are correct for ANY launch geometry: any blockDim (x, y, z; not only powers of
+ *   two; the threads are numbered K_TID in [0, K_NT), x fastest) and any grid; a block
+ *   works on "tiles" of outputs in a loop `for (t = blockIdx.x; t < tiles; t += gridDim.x)`
+ *   with tiles <= a.n, so a block whose blockIdx.x >= a.n does nothing (the emulator skips
+ *   it); gridDim.y and .z repeat the work;
+ * - a shared array reused by a later reduction must have had a barrier between the last
+ *   read of the earlier one and the first write of the later one (k_team_reduce's
+ *   callers alternate two buffers).
+ * The host emulator runs the threads of each block of a cooperative kernel as coroutines
+ * (tests/fixtures/fake_libcuda.c: ucontext, a small stack each): K_SYNC switches to the
+ * next thread of the block, in thread order, then in reverse order after the next
+ * barrier, and so on (so a missing barrier between one thread's read and another's
+ * later write shows whichever thread is the lower), and the block goes past a barrier
+ * only when every thread of the block has reached it (a thread that has returned counts
+ * as arrived: on a GPU that is undefined, see above). A launch's blocks run one after
+ * another on one OS thread, so K_SHARED is a thread-local static there: exactly one
+ * block's shared memory. The other kernels run one thread after another, without
+ * coroutines (a K_SYNC in a kernel that is not listed aborts the emulator).
  *
  * "Strided" kernels decompose i (row-major) over a.dims[0..a.rank) into idx[d]; input
  * k's element is a.off[k] + sum idx[d] * a.strides[k][d], the output's
  * a.ooff + sum idx[d] * a.ostrides[d] (a stride of 0 broadcasts). The others are
  * described above each kernel; offsets and sizes there count elements.
+ *
+ * Float kernels (infer_unary, _binary, _softmax, _layernorm, _argmax, _reduce, _conv2d,
+ * _im2col, _pool2d) read and write every floating-point operand in the element type
+ * a.ft (0 f32, 1 f16 = IEEE binary16, 2 bf16) through k_ldf/k_stf, and compute in f32
+ * (accumulators too); ArgMax's output stays i64. f16 <-> f32 is the hardware's cvt on
+ * the device (inline PTX) and a software conversion on the host that gives the same
+ * bits (round to nearest even, subnormals, overflow to inf, NaN -> the canonical NaN
+ * 0x7fff / 0x7fffffff, as CUDA's own host fallback); bf16 is software on both (round
+ * to nearest even on the f32 bits; NaN -> a quiet NaN of the same sign).
  *
  * NVRTC builds it with no headers at all (only builtins and CUDA's device math); the
  * host build (-DINFER_HOST_EMULATION) uses <math.h>, makes the kernels static functions
@@ -40,6 +77,7 @@ typedef struct infer_kargs {
     long long ooff;               /* element offset of the output */
     long long p[16];              /* integer parameters of each kernel */
     float f[4];                   /* float parameters of each kernel */
+    long long ft;                 /* float kernels: element type, 0 f32, 1 f16, 2 bf16 */
 } infer_kargs;
 
 /* C checks that only want the ABI (tests/fixtures/kernels_check.c) stop here. */
@@ -55,11 +93,21 @@ typedef struct infer_kargs {
 #define K_STEP ((long long)gridDim.x * (long long)blockDim.x)
 #define K_NAN __int_as_float(0x7fc00000)
 #define K_INF __int_as_float(0x7f800000)
+/* Cooperative kernels: this thread's index in its block (x fastest), the block's thread
+ * count, the block's index and the grid's size along x. */
+#define K_TID ((int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)))
+#define K_NT ((int)(blockDim.x * blockDim.y * blockDim.z))
+#define K_BID ((long long)blockIdx.x)
+#define K_NBLOCKS ((long long)gridDim.x)
+#define K_SHARED(type, name, count) __shared__ type name[count]
+#define K_SYNC() __syncthreads()
 #elif defined(INFER_HOST_EMULATION)
 /* A host C compiler, for the stand-in driver: each launch calls the kernel once per
  * (block, thread) of its grid with these thread-local coordinates set (defined by the
- * emulator, which is the only reader of infer_kernel_table). */
+ * emulator, which is the only reader of infer_kernel_table); a cooperative kernel's
+ * threads of one block as coroutines. */
 #include <math.h>
+#include <string.h>
 struct infer_emu_dim3 {
     unsigned x, y, z;
 };
@@ -73,6 +121,19 @@ extern __thread struct infer_emu_dim3 infer_emu_blockIdx, infer_emu_blockDim,
 #define K_STEP ((long long)infer_emu_gridDim.x * (long long)infer_emu_blockDim.x)
 #define K_NAN ((float)NAN)
 #define K_INF ((float)INFINITY)
+#define K_TID                                                                                \
+    ((int)(infer_emu_threadIdx.x +                                                           \
+           infer_emu_blockDim.x *                                                            \
+               (infer_emu_threadIdx.y + infer_emu_blockDim.y * infer_emu_threadIdx.z)))
+#define K_NT ((int)(infer_emu_blockDim.x * infer_emu_blockDim.y * infer_emu_blockDim.z))
+#define K_BID ((long long)infer_emu_blockIdx.x)
+#define K_NBLOCKS ((long long)infer_emu_gridDim.x)
+/* The blocks of a launch run one after another on one OS thread: a thread-local static
+ * is one block's shared memory. The barrier switches to the block's next thread (the
+ * emulator runs a cooperative kernel's threads as coroutines). */
+#define K_SHARED(type, name, count) static __thread type name[count]
+void infer_emu_syncthreads(void);
+#define K_SYNC() infer_emu_syncthreads()
 #else
 #error "kernels.cu: compile with NVRTC, or with -DINFER_HOST_EMULATION for the host"
 #endif
@@ -85,20 +146,29 @@ extern __thread struct infer_emu_dim3 infer_emu_blockIdx, infer_emu_blockDim,
  * listed is an unused static function on the host (-Wall warns) and missing from the
  * table (kernels_check.c asks the driver for every kernel by name). */
 #define INFER_KERNELS(X)                                                                     \
-    X(infer_unary_f32)                                                                       \
-    X(infer_binary_f32)                                                                      \
+    X(infer_unary)                                                                           \
+    X(infer_binary)                                                                          \
     X(infer_strided_copy)                                                                    \
     X(infer_cast)                                                                            \
-    X(infer_softmax_f32)                                                                     \
-    X(infer_layernorm_f32)                                                                   \
-    X(infer_argmax_f32)                                                                      \
-    X(infer_reduce_f32)                                                                      \
+    X(infer_softmax)                                                                         \
+    X(infer_layernorm)                                                                       \
+    X(infer_argmax)                                                                          \
+    X(infer_reduce)                                                                          \
     X(infer_gather)                                                                          \
-    X(infer_conv2d_f32)                                                                      \
-    X(infer_im2col_f32)                                                                      \
-    X(infer_pool2d_f32)                                                                      \
+    X(infer_conv2d)                                                                          \
+    X(infer_im2col)                                                                          \
+    X(infer_pool2d)                                                                          \
     X(infer_fill)                                                                            \
-    X(infer_where)
+    X(infer_where)                                                                           \
+    X(infer_fused)
+
+/* The cooperative kernels (K_SHARED, K_SYNC; see the top of this file): the emulator runs
+ * the threads of their blocks as coroutines (infer_cooperative_kernels at the end). */
+#define INFER_COOPERATIVE_KERNELS(X)                                                         \
+    X(infer_softmax)                                                                         \
+    X(infer_layernorm)                                                                       \
+    X(infer_argmax)                                                                          \
+    X(infer_reduce)
 
 #define INFER_DECLARE(k) KERNEL void k(infer_kargs a);
 INFER_KERNELS(INFER_DECLARE)
@@ -158,6 +228,104 @@ DEVFN void k_store_bits(void *dst, unsigned long long bits, long long size) {
     }
 }
 
+/* ---- f16 / bf16 storage ----------------------------------------------------------- */
+
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+DEVFN unsigned k_f2u(float f) { return __float_as_uint(f); }
+DEVFN float k_u2f(unsigned u) { return __uint_as_float(u); }
+#else
+DEVFN unsigned k_f2u(float f) {
+    unsigned u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+DEVFN float k_u2f(unsigned u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+#endif
+
+/* IEEE binary16 bits -> f32 (exact; NaN -> 0x7fffffff). */
+DEVFN float k_f16_to_f32(unsigned short h) {
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#else
+    unsigned sign = ((unsigned)h & 0x8000u) << 16, e = ((unsigned)h >> 10) & 0x1fu,
+             m = (unsigned)h & 0x3ffu;
+    if (e == 0x1fu)
+        return k_u2f(m != 0 ? 0x7fffffffu : sign | 0x7f800000u);
+    if (e == 0) { /* zero or subnormal: m * 2^-24, exact in f32 */
+        float v = (float)m * 5.9604644775390625e-8f;
+        return sign != 0 ? -v : v;
+    }
+    return k_u2f(sign | ((e + 112u) << 23) | (m << 13));
+#endif
+}
+
+/* f32 -> IEEE binary16 bits, rounded to nearest even (subnormals; overflow to inf;
+ * NaN -> 0x7fff). */
+DEVFN unsigned short k_f32_to_f16(float f) {
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+#else
+    unsigned x = k_f2u(f);
+    unsigned sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u)
+        return (unsigned short)0x7fffu;
+    if (ax >= 0x477ff000u) /* >= 65520 (65504 + half its ulp, a tie to even): inf */
+        return (unsigned short)(sign | 0x7c00u);
+    if (ax >= 0x38800000u) { /* >= 2^-14: normal; rebias the exponent, round 13 bits */
+        unsigned m = ax - 0x38000000u;
+        return (unsigned short)(sign | ((m + 0xfffu + ((m >> 13) & 1u)) >> 13));
+    }
+    if (ax < 0x33000000u) /* < 2^-25: rounds to zero */
+        return (unsigned short)sign;
+    /* subnormal: the significand in units of 2^-24, rounded to nearest even */
+    unsigned e = ax >> 23, sig = (ax & 0x7fffffu) | 0x800000u, shift = 126u - e;
+    unsigned q = sig >> shift, rem = sig & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u) != 0))
+        q++;
+    return (unsigned short)(sign | q);
+#endif
+}
+
+/* bf16 bits -> f32 (exact). */
+DEVFN float k_bf16_to_f32(unsigned short b) { return k_u2f((unsigned)b << 16); }
+
+/* f32 -> bf16 bits, rounded to nearest even (overflow to inf; NaN -> a quiet NaN of the
+ * same sign). */
+DEVFN unsigned short k_f32_to_bf16(float f) {
+    unsigned x = k_f2u(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (unsigned short)((x >> 16) | 0x40u);
+    return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* Element i of a float operand of type ft (0 f32, 1 f16, 2 bf16; others read as f32). */
+DEVFN float k_ldf(const void *p, long long i, long long ft) {
+    if (ft == 1)
+        return k_f16_to_f32(((const unsigned short *)p)[i]);
+    if (ft == 2)
+        return k_bf16_to_f32(((const unsigned short *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+DEVFN void k_stf(void *p, long long i, long long ft, float v) {
+    if (ft == 1)
+        ((unsigned short *)p)[i] = k_f32_to_f16(v);
+    else if (ft == 2)
+        ((unsigned short *)p)[i] = k_f32_to_bf16(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+/* ---- the operations --------------------------------------------------------------- */
+
 DEVFN float k_unary(long long op, float x, float f0, float f1) {
     switch (op) {
     case 0: return x;
@@ -209,24 +377,28 @@ DEVFN float k_binary(long long op, float x, float y) {
 
 /* ---- the kernels ------------------------------------------------------------------ */
 
-KERNEL void infer_unary_f32(infer_kargs a) {
-    const float *x = (const float *)a.in[0];
-    float *y = (float *)a.out;
+/* Strided; a.p[0] the operation, a.f[0], a.f[1] its parameters. */
+KERNEL void infer_unary(infer_kargs a) {
+    const void *x = a.in[0];
+    void *y = a.out;
+    long long ft = a.ft;
     K_LOOP(i) {
         long long o[1], oo;
         K_STRIDED(a, i, 1, o, oo);
-        y[oo] = k_unary(a.p[0], x[o[0]], a.f[0], a.f[1]);
+        k_stf(y, oo, ft, k_unary(a.p[0], k_ldf(x, o[0], ft), a.f[0], a.f[1]));
     }
 }
 
-KERNEL void infer_binary_f32(infer_kargs a) {
-    const float *x = (const float *)a.in[0];
-    const float *w = (const float *)a.in[1];
-    float *y = (float *)a.out;
+/* Strided over in0 and in1; a.p[0] the operation. */
+KERNEL void infer_binary(infer_kargs a) {
+    const void *x = a.in[0];
+    const void *w = a.in[1];
+    void *y = a.out;
+    long long ft = a.ft;
     K_LOOP(i) {
         long long o[2], oo;
         K_STRIDED(a, i, 2, o, oo);
-        y[oo] = k_binary(a.p[0], x[o[0]], w[o[1]]);
+        k_stf(y, oo, ft, k_binary(a.p[0], k_ldf(x, o[0], ft), k_ldf(w, o[1], ft)));
     }
 }
 
@@ -242,7 +414,9 @@ KERNEL void infer_strided_copy(infer_kargs a) {
     }
 }
 
-/* Type codes: 0 f32, 1 u8, 2 i8, 3 i32, 4 i64, 5 bool, 6 u16, 7 i16, 8 u32, 9 u64, 10 f64. */
+/* Type codes: 0 f32, 1 u8, 2 i8, 3 i32, 4 i64, 5 bool, 6 u16, 7 i16, 8 u32, 9 u64, 10 f64,
+ * 11 f16, 12 bf16. To f16/bf16: the value as f32 (a float source's double rounded to
+ * f32, an integer converted to f32), then rounded to nearest even. */
 KERNEL void infer_cast(infer_kargs a) {
     const void *x = a.in[0];
     void *y = a.out;
@@ -264,10 +438,17 @@ KERNEL void infer_cast(infer_kargs a) {
         case 8: u = ((const unsigned int *)x)[i]; break;
         case 9: u = ((const unsigned long long *)x)[i]; break;
         case 10: d = ((const double *)x)[i]; is_float = 1; break;
+        case 11: d = (double)k_f16_to_f32(((const unsigned short *)x)[i]); is_float = 1; break;
+        case 12: d = (double)k_bf16_to_f32(((const unsigned short *)x)[i]); is_float = 1; break;
         default: d = (double)K_NAN; is_float = 1; break;
         }
         if (to == 0) {
             ((float *)y)[i] = is_float ? (float)d : is_signed ? (float)(long long)u : (float)u;
+            continue;
+        }
+        if (to == 11 || to == 12) {
+            float v = is_float ? (float)d : is_signed ? (float)(long long)u : (float)u;
+            ((unsigned short *)y)[i] = to == 11 ? k_f32_to_f16(v) : k_f32_to_bf16(v);
             continue;
         }
         if (to == 10) {
@@ -306,102 +487,253 @@ KERNEL void infer_cast(infer_kargs a) {
     }
 }
 
-/* n rows of a.p[0] columns; a.p[1] = 1: LogSoftmax. */
-KERNEL void infer_softmax_f32(infer_kargs a) {
-    long long cols = a.p[0];
-    int log_softmax = a.p[1] == 1;
-    K_LOOP(r) {
-        const float *x = (const float *)a.in[0] + r * cols;
-        float *y = (float *)a.out + r * cols;
-        if (cols <= 0)
-            continue;
-        float m = x[0];
-        for (long long c = 1; c < cols; c++)
-            m = x[c] > m || x[c] != x[c] ? x[c] : m; /* NaN propagates */
-        float s = 0.0f;
-        for (long long c = 0; c < cols; c++)
-            s += expf(x[c] - m);
-        if (log_softmax) {
-            float ls = logf(s);
-            for (long long c = 0; c < cols; c++)
-                y[c] = x[c] - m - ls;
-        } else {
-            float inv = 1.0f / s;
-            for (long long c = 0; c < cols; c++)
-                y[c] = expf(x[c] - m) * inv;
-        }
+/* ---- cooperative kernels ---------------------------------------------------------- */
+
+/* The most threads of a block the cooperative kernels use (CUDA's limit; threads past it
+ * would only join the barriers): the size of their shared arrays. */
+#define K_MAX_BLOCK 1024
+
+/* How a cooperative kernel shares out a block: its outputs (each a reduction over `len`
+ * elements, `inner` apart) come in tiles of `lanes` consecutive outputs, each worked on
+ * by `groups` threads (g = 0 .. groups-1, each taking elements g, g + groups, ...); the
+ * block's threads past lanes * groups are idle (g >= groups) and only join the barriers.
+ * Loads coalesce either way: where an output's elements are contiguous (inner == 1),
+ * consecutive threads take consecutive elements of one output (thread = lane * groups +
+ * g); else consecutive threads take the same element of consecutive outputs, which are
+ * then contiguous (thread = g * lanes + lane). The thread's slot in a shared array is
+ * lane * ls + g * gs, which is its K_TID. Any block size works (not only powers of two);
+ * Module::launch (src/gpu/onnx/runtime.rs) mirrors this split to size its grids. */
+typedef struct k_team {
+    int lanes, groups; /* outputs per tile, threads per output */
+    int lane, g;       /* this thread's output in the tile and its index among its threads */
+    int ls, gs;        /* slot strides of lane and g */
+} k_team;
+
+DEVFN k_team k_team_make(long long len, long long inner) {
+    k_team t;
+    int tid = K_TID, nt = K_NT;
+    if (nt > K_MAX_BLOCK)
+        nt = K_MAX_BLOCK;
+    /* as many threads per output as it has elements, the block's width at most; when the
+     * outputs are strided, first enough lanes for the contiguous run of outputs */
+    long long lanes = inner < nt ? (inner > 1 ? inner : 1) : nt;
+    long long per = nt / lanes;
+    t.groups = (int)(len < per ? (len > 1 ? len : 1) : per);
+    t.lanes = nt / t.groups;
+    if (inner == 1) {
+        t.ls = t.groups;
+        t.gs = 1;
+        t.lane = tid / t.groups;
+        t.g = t.lane < t.lanes ? tid - t.lane * t.groups : t.groups;
+    } else {
+        t.ls = 1;
+        t.gs = t.lanes;
+        t.lane = tid % t.lanes;
+        t.g = tid / t.lanes;
+    }
+    return t;
+}
+
+/* Partial results combined: 0 sums, 1 maxima, 2 minima (a NaN in either wins), 3
+ * products. */
+DEVFN float k_combine(int how, float x, float y) {
+    switch (how) {
+    case 1: return y > x || y != y ? y : x;
+    case 2: return y < x || y != y ? y : x;
+    case 3: return x * y;
+    default: return x + y;
     }
 }
 
-/* n rows of a.p[0] columns; in[1] scale, in[2] bias or NULL; eps a.f[0]. */
-KERNEL void infer_layernorm_f32(infer_kargs a) {
-    long long cols = a.p[0];
-    const float *scale = (const float *)a.in[1];
-    const float *bias = (const float *)a.in[2];
-    K_LOOP(r) {
-        const float *x = (const float *)a.in[0] + r * cols;
-        float *y = (float *)a.out + r * cols;
-        if (cols <= 0)
-            continue;
-        float mean = 0.0f;
-        for (long long c = 0; c < cols; c++)
-            mean += x[c];
-        mean /= (float)cols;
-        float var = 0.0f;
-        for (long long c = 0; c < cols; c++) {
-            float d = x[c] - mean;
-            var += d * d;
-        }
-        var /= (float)cols;
-        float inv = 1.0f / sqrtf(var + a.f[0]);
-        for (long long c = 0; c < cols; c++) {
-            float v = (x[c] - mean) * inv * scale[c];
-            y[c] = bias != 0 ? v + bias[c] : v;
-        }
+/* Combines v over the threads of each output of the tile (a tree over g, any number of
+ * groups); returns the result to those threads (to idle ones: v). Every thread of the
+ * block calls it (barriers, unless groups == 1: then it is v, with no barrier and buf
+ * unused). buf: K_MAX_BLOCK floats of shared memory that no thread still reads from an
+ * earlier call (a barrier must lie between; callers alternate two buffers). */
+DEVFN float k_team_reduce(const k_team *t, float *buf, int how, float v) {
+    if (t->groups <= 1)
+        return v;
+    int tid = K_TID, on = t->g < t->groups;
+    if (on)
+        buf[tid] = v;
+    K_SYNC();
+    for (int m = t->groups; m > 1;) {
+        int h = (m + 1) / 2; /* groups [h, m) fold into [0, m - h) */
+        if (t->g < m - h)
+            buf[tid] = k_combine(how, buf[tid], buf[tid + h * t->gs]);
+        K_SYNC();
+        m = h;
     }
+    return on ? buf[t->lane * t->ls] : v;
 }
 
-/* n = outer * inner; a.p[0] axis size, a.p[1] inner, a.p[2] = 1: ArgMin. i64 output. */
-KERNEL void infer_argmax_f32(infer_kargs a) {
-    const float *x = (const float *)a.in[0];
-    long long *y = (long long *)a.out;
-    long long axis = a.p[0], inner = a.p[1];
-    int argmin = a.p[2] == 1;
-    K_LOOP(i) {
-        long long o = i / inner, k = i - o * inner;
-        const float *p = x + o * axis * inner + k;
-        long long best = 0;
-        float bv = axis > 0 ? p[0] : 0.0f;
-        for (long long j = 1; j < axis; j++) {
-            float v = p[j * inner];
-            if (v != v)
-                continue; /* NaN never wins */
-            if (bv != bv || (argmin ? v < bv : v > bv)) {
-                bv = v;
-                best = j;
+/* Is (v, i) a better partial ArgMax (ArgMin) than (bv, bi)? An index < 0 is none; the
+ * values are never NaN; of equal values the lower index wins. */
+DEVFN int k_arg_better(int argmin, float v, long long i, float bv, long long bi) {
+    if (i < 0)
+        return 0;
+    if (bi < 0 || (argmin ? v < bv : v > bv))
+        return 1;
+    return v == bv && i < bi;
+}
+
+/* k_team_reduce for (value, index) pairs; returns the index. */
+DEVFN long long k_team_argreduce(const k_team *t, float *bv, long long *bi, int argmin,
+                                 float v, long long i) {
+    if (t->groups <= 1)
+        return i;
+    int tid = K_TID, on = t->g < t->groups;
+    if (on) {
+        bv[tid] = v;
+        bi[tid] = i;
+    }
+    K_SYNC();
+    for (int m = t->groups; m > 1;) {
+        int h = (m + 1) / 2;
+        if (t->g < m - h) {
+            int p = tid + h * t->gs;
+            if (k_arg_better(argmin, bv[p], bi[p], bv[tid], bi[tid])) {
+                bv[tid] = bv[p];
+                bi[tid] = bi[p];
             }
         }
-        y[i] = best;
+        K_SYNC();
+        m = h;
+    }
+    return on ? bi[t->lane * t->ls] : i;
+}
+
+/* n rows of a.p[0] columns; a.p[1] = 1: LogSoftmax. Cooperative: a k_team output per row
+ * (max, then sum of exponentials, then the outputs). */
+KERNEL void infer_softmax(infer_kargs a) {
+    K_SHARED(float, red, 2 * K_MAX_BLOCK);
+    const void *x = a.in[0];
+    void *y = a.out;
+    long long cols = a.p[0], ft = a.ft;
+    int log_softmax = a.p[1] == 1;
+    if (cols <= 0)
+        return;
+    k_team t = k_team_make(cols, 1);
+    long long tiles = (a.n + t.lanes - 1) / t.lanes;
+    for (long long tile = K_BID; tile < tiles; tile += K_NBLOCKS) {
+        long long r = tile * t.lanes + t.lane;
+        /* this thread's columns: c0, c0 + groups, ... (none: idle, or past the last row) */
+        long long c0 = t.g < t.groups && r < a.n ? t.g : cols, b = r * cols;
+        float m = -K_INF;
+        for (long long c = c0; c < cols; c += t.groups) {
+            float v = k_ldf(x, b + c, ft);
+            m = v > m || v != v ? v : m; /* NaN propagates */
+        }
+        m = k_team_reduce(&t, red, 1, m);
+        float s = 0.0f;
+        for (long long c = c0; c < cols; c += t.groups)
+            s += expf(k_ldf(x, b + c, ft) - m);
+        s = k_team_reduce(&t, red + K_MAX_BLOCK, 0, s);
+        if (log_softmax) {
+            float ls = logf(s);
+            for (long long c = c0; c < cols; c += t.groups)
+                k_stf(y, b + c, ft, k_ldf(x, b + c, ft) - m - ls);
+        } else {
+            float inv = 1.0f / s;
+            for (long long c = c0; c < cols; c += t.groups)
+                k_stf(y, b + c, ft, expf(k_ldf(x, b + c, ft) - m) * inv);
+        }
     }
 }
 
-/* n = outer * inner; a.p[0] axis size, a.p[1] inner, a.p[2] the reduction. */
-KERNEL void infer_reduce_f32(infer_kargs a) {
-    const float *x = (const float *)a.in[0];
-    float *y = (float *)a.out;
-    long long axis = a.p[0], inner = a.p[1], op = a.p[2];
-    K_LOOP(i) {
-        long long o = i / inner, k = i - o * inner;
-        const float *p = x + o * axis * inner + k;
-        float acc;
-        switch (op) {
-        case 2: acc = -K_INF; break;
-        case 3: acc = K_INF; break;
-        case 4: acc = 1.0f; break;
-        default: acc = 0.0f; break;
+/* n rows of a.p[0] columns; in[1] scale, in[2] bias or NULL; eps a.f[0]. Cooperative: a
+ * k_team output per row (mean, then the variance of the deviations, then the outputs). */
+KERNEL void infer_layernorm(infer_kargs a) {
+    K_SHARED(float, red, 2 * K_MAX_BLOCK);
+    const void *x = a.in[0];
+    const void *scale = a.in[1];
+    const void *bias = a.in[2];
+    void *y = a.out;
+    long long cols = a.p[0], ft = a.ft;
+    if (cols <= 0)
+        return;
+    k_team t = k_team_make(cols, 1);
+    long long tiles = (a.n + t.lanes - 1) / t.lanes;
+    for (long long tile = K_BID; tile < tiles; tile += K_NBLOCKS) {
+        long long r = tile * t.lanes + t.lane;
+        long long c0 = t.g < t.groups && r < a.n ? t.g : cols, b = r * cols;
+        float mean = 0.0f;
+        for (long long c = c0; c < cols; c += t.groups)
+            mean += k_ldf(x, b + c, ft);
+        mean = k_team_reduce(&t, red, 0, mean) / (float)cols;
+        float var = 0.0f;
+        for (long long c = c0; c < cols; c += t.groups) {
+            float d = k_ldf(x, b + c, ft) - mean;
+            var += d * d;
         }
-        for (long long j = 0; j < axis; j++) {
-            float v = p[j * inner];
+        var = k_team_reduce(&t, red + K_MAX_BLOCK, 0, var) / (float)cols;
+        float inv = 1.0f / sqrtf(var + a.f[0]);
+        for (long long c = c0; c < cols; c += t.groups) {
+            float v = (k_ldf(x, b + c, ft) - mean) * inv * k_ldf(scale, c, ft);
+            k_stf(y, b + c, ft, bias != 0 ? v + k_ldf(bias, c, ft) : v);
+        }
+    }
+}
+
+/* n = outer * inner; a.p[0] axis size, a.p[1] inner, a.p[2] = 1: ArgMin. i64 output: the
+ * first index of the extreme value; NaN never wins (all NaN, or axis 0: index 0).
+ * Cooperative: a k_team output per output. */
+KERNEL void infer_argmax(infer_kargs a) {
+    K_SHARED(float, sv, K_MAX_BLOCK);
+    K_SHARED(long long, si, K_MAX_BLOCK);
+    const void *x = a.in[0];
+    long long *y = (long long *)a.out;
+    long long axis = a.p[0], inner = a.p[1], ft = a.ft;
+    int argmin = a.p[2] == 1;
+    if (inner <= 0)
+        return;
+    k_team t = k_team_make(axis, inner);
+    long long tiles = (a.n + t.lanes - 1) / t.lanes;
+    for (long long tile = K_BID; tile < tiles; tile += K_NBLOCKS) {
+        long long i = tile * t.lanes + t.lane;
+        int mine = t.g < t.groups && i < a.n;
+        long long o = i / inner, b = o * axis * inner + (i - o * inner);
+        float bv = 0.0f;
+        long long bi = -1; /* none yet */
+        for (long long j = mine ? t.g : axis; j < axis; j += t.groups) {
+            float v = k_ldf(x, b + j * inner, ft);
+            if (v != v)
+                continue; /* NaN never wins */
+            if (bi < 0 || (argmin ? v < bv : v > bv)) {
+                bv = v;
+                bi = j;
+            }
+        }
+        bi = k_team_argreduce(&t, sv, si, argmin, bv, bi);
+        if (mine && t.g == 0)
+            y[i] = bi < 0 ? 0 : bi;
+        if (t.groups > 1)
+            K_SYNC(); /* everyone has read sv, si before the next tile writes them */
+    }
+}
+
+/* n = outer * inner; a.p[0] axis size, a.p[1] inner, a.p[2] the reduction: 0 sum, 1 mean,
+ * 2 max, 3 min (NaN propagates), 4 product, 5 sum of squares, 6 L2 norm, 7 L1 norm;
+ * others NaN. Cooperative: a k_team output per output. */
+KERNEL void infer_reduce(infer_kargs a) {
+    K_SHARED(float, red, 2 * K_MAX_BLOCK);
+    const void *x = a.in[0];
+    void *y = a.out;
+    long long axis = a.p[0], inner = a.p[1], op = a.p[2], ft = a.ft;
+    if (inner <= 0)
+        return;
+    int how = op == 2 ? 1 : op == 3 ? 2 : op == 4 ? 3 : 0; /* how partials combine */
+    float init = op == 2 ? -K_INF : op == 3 ? K_INF : op == 4 ? 1.0f : 0.0f;
+    k_team t = k_team_make(axis, inner);
+    long long tiles = (a.n + t.lanes - 1) / t.lanes;
+    int half = 0; /* which half of red this tile uses */
+    for (long long tile = K_BID; tile < tiles; tile += K_NBLOCKS) {
+        long long i = tile * t.lanes + t.lane;
+        int mine = t.g < t.groups && i < a.n;
+        long long o = i / inner, b = o * axis * inner + (i - o * inner);
+        float acc = init;
+        for (long long j = mine ? t.g : axis; j < axis; j += t.groups) {
+            float v = k_ldf(x, b + j * inner, ft);
             switch (op) {
             case 0: case 1: acc += v; break;
             case 2: acc = v > acc || v != v ? v : acc; break; /* NaN propagates */
@@ -412,13 +744,17 @@ KERNEL void infer_reduce_f32(infer_kargs a) {
             default: break;
             }
         }
+        acc = k_team_reduce(&t, red + half * K_MAX_BLOCK, how, acc);
+        half ^= 1;
+        if (!mine || t.g != 0)
+            continue;
         if (op == 1)
             acc /= (float)axis;
         else if (op == 6)
             acc = sqrtf(acc);
         else if (op < 0 || op > 7)
             acc = K_NAN;
-        y[i] = acc;
+        k_stf(y, i, ft, acc);
     }
 }
 
@@ -445,11 +781,12 @@ KERNEL void infer_gather(infer_kargs a) {
 /* NCHW direct convolution, n = N*K*OH*OW; in: x, w [K, C/groups, R, S], bias or NULL.
  * a.p: 0 C, 1 H, 2 W, 3 K, 4 R, 5 S, 6 OH, 7 OW, 8 stride_h, 9 stride_w, 10 pad_top,
  * 11 pad_left, 12 dilation_h, 13 dilation_w, 14 groups, 15 activation (1 relu). */
-KERNEL void infer_conv2d_f32(infer_kargs a) {
-    const float *x = (const float *)a.in[0];
-    const float *w = (const float *)a.in[1];
-    const float *bias = (const float *)a.in[2];
-    float *y = (float *)a.out;
+KERNEL void infer_conv2d(infer_kargs a) {
+    const void *x = a.in[0];
+    const void *w = a.in[1];
+    const void *bias = a.in[2];
+    void *y = a.out;
+    long long ft = a.ft;
     long long C = a.p[0], H = a.p[1], W = a.p[2], K = a.p[3], R = a.p[4], S = a.p[5];
     long long OH = a.p[6], OW = a.p[7], sh = a.p[8], sw = a.p[9], pt = a.p[10],
               pl = a.p[11], dh = a.p[12], dw = a.p[13], groups = a.p[14];
@@ -464,8 +801,8 @@ KERNEL void infer_conv2d_f32(infer_kargs a) {
         long long g = kk / Kg;
         float acc = 0.0f;
         for (long long c = 0; c < Cg; c++) {
-            const float *xc = x + (nb * C + g * Cg + c) * H * W;
-            const float *wc = w + (kk * Cg + c) * R * S;
+            long long xc = (nb * C + g * Cg + c) * H * W;
+            long long wc = (kk * Cg + c) * R * S;
             for (long long r = 0; r < R; r++) {
                 long long ih = oh * sh - pt + r * dh;
                 if (ih < 0 || ih >= H)
@@ -474,25 +811,26 @@ KERNEL void infer_conv2d_f32(infer_kargs a) {
                     long long iw = ow * sw - pl + s * dw;
                     if (iw < 0 || iw >= W)
                         continue;
-                    acc += xc[ih * W + iw] * wc[r * S + s];
+                    acc += k_ldf(x, xc + ih * W + iw, ft) * k_ldf(w, wc + r * S + s, ft);
                 }
             }
         }
         if (bias != 0)
-            acc += bias[kk];
+            acc += k_ldf(bias, kk, ft);
         if (a.p[15] == 1 && acc < 0.0f)
             acc = 0.0f;
-        y[i] = acc;
+        k_stf(y, i, ft, acc);
     }
 }
 
 /* The columns of a convolution, for a GEMM: n = N*C*R*S*OH*OW, out laid out as
- * [N][C*R*S][OH*OW]; taps outside the image are zero. a.p as infer_conv2d_f32: 0 C,
+ * [N][C*R*S][OH*OW]; taps outside the image are zero. a.p as infer_conv2d: 0 C,
  * 1 H, 2 W, 4 R, 5 S, 6 OH, 7 OW, 8 stride_h, 9 stride_w, 10 pad_top, 11 pad_left,
  * 12 dilation_h, 13 dilation_w. */
-KERNEL void infer_im2col_f32(infer_kargs a) {
-    const float *x = (const float *)a.in[0];
-    float *y = (float *)a.out;
+KERNEL void infer_im2col(infer_kargs a) {
+    const void *x = a.in[0];
+    void *y = a.out;
+    long long ft = a.ft;
     long long C = a.p[0], H = a.p[1], W = a.p[2], R = a.p[4], S = a.p[5];
     long long OH = a.p[6], OW = a.p[7], sh = a.p[8], sw = a.p[9], pt = a.p[10],
               pl = a.p[11], dh = a.p[12], dw = a.p[13];
@@ -506,8 +844,8 @@ KERNEL void infer_im2col_f32(infer_kargs a) {
         t /= R;
         long long c = t % C, nb = t / C;
         long long ih = oh * sh - pt + r * dh, iw = ow * sw - pl + s * dw;
-        y[i] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((nb * C + c) * H + ih) * W + iw]
-                                                         : 0.0f;
+        int inside = ih >= 0 && ih < H && iw >= 0 && iw < W;
+        k_stf(y, i, ft, inside ? k_ldf(x, ((nb * C + c) * H + ih) * W + iw, ft) : 0.0f);
     }
 }
 
@@ -516,16 +854,17 @@ KERNEL void infer_im2col_f32(infer_kargs a) {
  * 14 mode (0 max, 1 average without padding, 2 average counting padding),
  * 15 pad_right. Mode 2 divides by the number of taps inside the padded input
  * ([-pad_top, H + pad_bottom) x [-pad_left, W + pad_right)), as ONNX count_include_pad. */
-KERNEL void infer_pool2d_f32(infer_kargs a) {
-    const float *x = (const float *)a.in[0];
-    float *y = (float *)a.out;
+KERNEL void infer_pool2d(infer_kargs a) {
+    const void *x = a.in[0];
+    void *y = a.out;
+    long long ft = a.ft;
     long long H = a.p[1], W = a.p[2], pb = a.p[3], KH = a.p[4], KW = a.p[5];
     long long OH = a.p[6], OW = a.p[7], sh = a.p[8], sw = a.p[9], pt = a.p[10],
               pl = a.p[11], dh = a.p[12], dw = a.p[13], mode = a.p[14], pr = a.p[15];
     K_LOOP(i) {
         long long ow = i % OW, t = i / OW;
         long long oh = t % OH, nc = t / OH;
-        const float *xc = x + nc * H * W;
+        long long xc = nc * H * W;
         float acc = mode == 0 ? -K_INF : 0.0f;
         long long inside = 0, padded = 0;
         for (long long r = 0; r < KH; r++) {
@@ -536,7 +875,7 @@ KERNEL void infer_pool2d_f32(infer_kargs a) {
                     padded++;
                 if (ih < 0 || ih >= H || iw < 0 || iw >= W)
                     continue;
-                float v = xc[ih * W + iw];
+                float v = k_ldf(x, xc + ih * W + iw, ft);
                 inside++;
                 if (mode == 0)
                     acc = v > acc || v != v ? v : acc; /* NaN propagates */
@@ -550,7 +889,7 @@ KERNEL void infer_pool2d_f32(infer_kargs a) {
             acc = padded > 0 ? acc / (float)padded : 0.0f;
         else if (mode != 0)
             acc = K_NAN;
-        y[i] = acc;
+        k_stf(y, i, ft, acc);
     }
 }
 
@@ -578,6 +917,47 @@ KERNEL void infer_where(infer_kargs a) {
     }
 }
 
+/* A chain of element-wise operations in one pass (the planner fuses them:
+ * src/gpu/onnx/fuse.rs), strided like infer_binary over the inputs that are not NULL
+ * (all of type a.ft; computed in f32). Registers 0..3 hold inputs 0..3, register 4 + j
+ * the result of instruction j; the output is the last result. a.p[0]: the number of
+ * instructions (1..15); a.p[1 + j]: instruction j, bits 0-7 the op (of k_unary or
+ * k_binary), 8-9 the kind (0: k_unary(op, r[a], f[s], f[s + 1]); 1: k_binary(op, r[a],
+ * r[b]); 2: k_binary(op, r[a], f[s]); 3: k_binary(op, f[s], r[a])), 10-14 register a,
+ * 15-19 register b, 20-21 the float slot s. */
+KERNEL void infer_fused(infer_kargs a) {
+    long long ft = a.ft, count = a.p[0];
+    int nin = 0;
+    for (int k = 0; k < 4; k++)
+        if (a.in[k] != 0)
+            nin = k + 1;
+    if (count < 1 || count > 15)
+        return;
+    K_LOOP(i) {
+        long long o[4], oo;
+        float r[19];
+        K_STRIDED(a, i, nin, o, oo);
+        for (int k = 0; k < 4; k++)
+            r[k] = k < nin && a.in[k] != 0 ? k_ldf(a.in[k], o[k], ft) : 0.0f;
+        for (long long j = 0; j < count; j++) {
+            long long w = a.p[1 + j];
+            long long op = w & 0xff, kind = (w >> 8) & 3;
+            int ra = (int)((w >> 10) & 31), rb = (int)((w >> 15) & 31), s = (int)((w >> 20) & 3);
+            float x = ra < 4 + j ? r[ra] : K_NAN, v;
+            if (kind == 0)
+                v = k_unary(op, x, a.f[s], a.f[s < 3 ? s + 1 : 3]);
+            else if (kind == 1)
+                v = k_binary(op, x, rb < 4 + j ? r[rb] : K_NAN);
+            else if (kind == 2)
+                v = k_binary(op, x, a.f[s]);
+            else
+                v = k_binary(op, a.f[s], x);
+            r[4 + j] = v;
+        }
+        k_stf(a.out, oo, ft, r[3 + count]);
+    }
+}
+
 #ifdef INFER_HOST_EMULATION
 /* For the stand-in driver's cuModuleGetFunction: every kernel by name, then {0, 0}. */
 #define INFER_ENTRY(k) {#k, k},
@@ -586,6 +966,11 @@ const struct infer_kernel_entry {
     void (*fn)(infer_kargs);
 } infer_kernel_table[] = {INFER_KERNELS(INFER_ENTRY){0, 0}};
 #undef INFER_ENTRY
+/* For the emulator: the names of the cooperative kernels, then NULL. */
+#define INFER_COOP_ENTRY(k) #k,
+const char *const infer_cooperative_kernels[] = {
+    INFER_COOPERATIVE_KERNELS(INFER_COOP_ENTRY) 0};
+#undef INFER_COOP_ENTRY
 #endif
 
 #endif /* INFER_KARGS_ONLY */

@@ -15,6 +15,8 @@ pub enum Dt {
     I64,
     Bool,
     F64,
+    F16,
+    BF16,
 }
 
 impl Dt {
@@ -26,13 +28,16 @@ impl Dt {
             6 => Dt::I32,
             7 => Dt::I64,
             9 => Dt::Bool,
+            10 => Dt::F16,
             11 => Dt::F64,
+            16 => Dt::BF16,
             _ => return None,
         })
     }
     pub fn size(self) -> usize {
         match self {
             Dt::U8 | Dt::I8 | Dt::Bool => 1,
+            Dt::F16 | Dt::BF16 => 2,
             Dt::F32 | Dt::I32 => 4,
             Dt::I64 | Dt::F64 => 8,
         }
@@ -47,6 +52,22 @@ impl Dt {
             Dt::I64 => 4,
             Dt::Bool => 5,
             Dt::F64 => 10,
+            Dt::F16 => 11,
+            Dt::BF16 => 12,
+        }
+    }
+    /// A floating-point type.
+    pub fn is_float(self) -> bool {
+        matches!(self, Dt::F32 | Dt::F64 | Dt::F16 | Dt::BF16)
+    }
+    /// The code of a float kernel's element type (`infer_kargs.ft`), for the types the
+    /// float kernels read and write.
+    pub fn float_code(self) -> Option<i64> {
+        match self {
+            Dt::F32 => Some(0),
+            Dt::F16 => Some(1),
+            Dt::BF16 => Some(2),
+            _ => None,
         }
     }
     pub fn name(self) -> &'static str {
@@ -58,7 +79,23 @@ impl Dt {
             Dt::I64 => "INT64",
             Dt::Bool => "BOOL",
             Dt::F64 => "DOUBLE",
+            Dt::F16 => "FLOAT16",
+            Dt::BF16 => "BFLOAT16",
         }
+    }
+    pub fn to_library(self) -> Option<crate::tensor::DataType> {
+        use crate::tensor::DataType as L;
+        Some(match self {
+            Dt::F32 => L::Fp32,
+            Dt::U8 => L::Uint8,
+            Dt::I8 => L::Int8,
+            Dt::I32 => L::Int32,
+            Dt::I64 => L::Int64,
+            Dt::Bool => L::Bool,
+            Dt::F64 => L::Fp64,
+            Dt::F16 => L::Fp16,
+            Dt::BF16 => L::Bf16,
+        })
     }
     pub fn from_library(d: crate::tensor::DataType) -> Option<Dt> {
         use crate::tensor::DataType as L;
@@ -70,6 +107,8 @@ impl Dt {
             L::Int64 => Dt::I64,
             L::Bool => Dt::Bool,
             L::Fp64 => Dt::F64,
+            L::Fp16 => Dt::F16,
+            L::Bf16 => Dt::BF16,
             _ => return None,
         })
     }
@@ -120,6 +159,8 @@ impl HostTensor {
                 Dt::Bool => out.push(u8::from(x != 0.0)),
                 Dt::I32 => out.extend_from_slice(&(x as i32).to_le_bytes()),
                 Dt::I64 => out.extend_from_slice(&(x as i64).to_le_bytes()),
+                Dt::F16 => out.extend_from_slice(&half::f16::from_f64(x).to_le_bytes()),
+                Dt::BF16 => out.extend_from_slice(&half::bf16::from_f64(x).to_le_bytes()),
             }
         }
         out
@@ -135,6 +176,8 @@ impl HostTensor {
                 Dt::Bool => f64::from(u8::from(*x != 0.0)),
                 Dt::I32 => (*x as i32) as f64,
                 Dt::I64 => (*x as i64) as f64,
+                Dt::F16 => half::f16::from_f64(*x).to_f64(),
+                Dt::BF16 => half::bf16::from_f64(*x).to_f64(),
             };
         }
         self
@@ -191,6 +234,12 @@ pub fn tensor_from_proto(t: &pb::TensorProto, what: &str) -> Result<HostTensor> 
                     i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f64
                 })
                 .collect(),
+            Dt::F16 => c
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f64())
+                .collect(),
+            Dt::BF16 => c
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f64())
+                .collect(),
         }
     } else {
         match dt {
@@ -200,6 +249,17 @@ pub fn tensor_from_proto(t: &pb::TensorProto, what: &str) -> Result<HostTensor> 
             Dt::U8 | Dt::I8 | Dt::Bool | Dt::I32 => {
                 t.int32_data.iter().map(|&x| x as f64).collect()
             }
+            // 16-bit floats are kept as their bit patterns in int32_data.
+            Dt::F16 => t
+                .int32_data
+                .iter()
+                .map(|&x| half::f16::from_bits(x as u16).to_f64())
+                .collect(),
+            Dt::BF16 => t
+                .int32_data
+                .iter()
+                .map(|&x| half::bf16::from_bits(x as u16).to_f64())
+                .collect(),
         }
     };
     if data.len() != count {

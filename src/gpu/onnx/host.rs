@@ -162,7 +162,7 @@ pub fn eval(
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Equal" | "Less" | "Greater"
         | "And" | "Or" | "Mod" => {
             let Some(y) = get(1) else { return Ok(None) };
-            let int = !matches!(x.dt, Dt::F32 | Dt::F64);
+            let int = !x.dt.is_float();
             let dt = if matches!(
                 node.op.as_str(),
                 "Equal" | "Less" | "Greater" | "And" | "Or"

@@ -8,6 +8,7 @@
 //! constants and shapes) run on the host while planning. A model with any other operator
 //! fails to load with the operator named.
 
+pub mod fuse;
 pub mod graph;
 pub mod host;
 pub mod kargs;
@@ -35,6 +36,7 @@ pub const SUPPORTED: &[&str] = &[
     "AveragePool",
     "BatchNormalization",
     "Cast",
+    "CastLike",
     "Ceil",
     "Clip",
     "Concat",
@@ -155,6 +157,8 @@ pub struct OnnxGpuInstance {
     module: Arc<runtime::Module>,
     blas: Option<runtime::Blas>,
     tf32: bool,
+    /// FP16 or BF16: FLOAT tensors computed in that type (config parameter `precision`).
+    precision: Option<Dt>,
     consts: Consts,
     plans: HashMap<Vec<(Dt, Vec<i64>)>, Arc<Plan>>,
     arena: Option<DeviceBuf>,
@@ -201,8 +205,20 @@ impl OnnxGpuInstance {
             .parameters
             .get("allow_tf32")
             .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+        let precision = match config.parameters.get("precision").map(|v| v.trim()) {
+            None => None,
+            Some(v) if v.eq_ignore_ascii_case("FP32") => None,
+            Some(v) if v.eq_ignore_ascii_case("FP16") => Some(Dt::F16),
+            Some(v) if v.eq_ignore_ascii_case("BF16") => Some(Dt::BF16),
+            Some(v) => {
+                return Err(Error::invalid(format!(
+                    "{what}: parameter 'precision' is '{v}'; FP32, FP16 or BF16 are supported"
+                )))
+            }
+        };
         let mut inst = OnnxGpuInstance {
             graph,
+            precision,
             config: config.clone(),
             consts: Consts::new(&ctx),
             ctx,
@@ -285,9 +301,8 @@ impl OnnxGpuInstance {
             // (plans keep their constants alive; graphs their slots).
             self.plans.clear();
             self.graphs.clear();
-            self.consts.clear();
         }
-        let plan = Planner::new(&self.graph, &mut self.consts)
+        let plan = Planner::new(&self.graph, &mut self.consts, self.precision)
             .plan(&key)
             .map_err(|e| e.context(&self.what))?;
         let plan = Arc::new(plan);
@@ -417,7 +432,7 @@ impl OnnxGpuInstance {
                         continue;
                     };
                     if let Some(blas) = &self.blas {
-                        blas.sgemm(g, a, b, c)?;
+                        blas.gemm(g, a, b, c)?;
                     }
                 }
                 Step::Copy { dst, src, bytes } => {

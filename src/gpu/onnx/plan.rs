@@ -9,7 +9,7 @@ use super::runtime::GemmArgs;
 use crate::gpu::driver::{Context, DeviceMem};
 use crate::status::{Error, Result};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// Where a tensor's bytes are, resolved to an address when the plan runs.
 #[derive(Clone)]
@@ -89,31 +89,36 @@ pub struct Plan {
     pub outputs: Vec<(Dt, Vec<i64>)>,
 }
 
-/// Constants uploaded to the device, shared by an instance's plans.
+/// Constants uploaded to one device. Content-addressed and shared by every plan of every
+/// instance on that device (two instances of a model on one GPU hold its weights once):
+/// the registry keeps weak references, so a constant is freed when the last plan that
+/// uses it goes.
 pub struct Consts {
     ctx: Arc<Context>,
-    by_key: HashMap<String, Arc<DeviceMem>>,
 }
+
+type ConstKey = (i32, String);
+static CONSTS: std::sync::OnceLock<parking_lot::Mutex<HashMap<ConstKey, Weak<DeviceMem>>>> =
+    std::sync::OnceLock::new();
 
 impl Consts {
     pub fn new(ctx: &Arc<Context>) -> Consts {
-        Consts {
-            ctx: ctx.clone(),
-            by_key: HashMap::new(),
-        }
-    }
-    /// Forgets every constant (plans that use one keep it alive).
-    pub fn clear(&mut self) {
-        self.by_key.clear();
+        Consts { ctx: ctx.clone() }
     }
 
     fn get(&mut self, key: &str, t: &HostTensor) -> Result<Arc<DeviceMem>> {
-        let full = format!("{key}|{:?}|{:?}|{}", t.dt, t.shape, content_hash(t));
-        if let Some(m) = self.by_key.get(&full) {
-            return Ok(m.clone());
+        let full = (
+            self.ctx.ordinal(),
+            format!("{key}|{:?}|{:?}|{}", t.dt, t.shape, content_hash(t)),
+        );
+        let mut reg = CONSTS.get_or_init(Default::default).lock();
+        if let Some(m) = reg.get(&full).and_then(Weak::upgrade) {
+            return Ok(m);
         }
+        // Dead entries go when new ones come (a model reloaded with new weights).
+        reg.retain(|_, w| w.strong_count() > 0);
         let m = Arc::new(DeviceMem::upload(&self.ctx, &t.to_bytes())?);
-        self.by_key.insert(full, m.clone());
+        reg.insert(full, Arc::downgrade(&m));
         Ok(m)
     }
 }
@@ -136,6 +141,11 @@ const COL_LIMIT: u64 = 1 << 30;
 pub struct Planner<'a> {
     graph: &'a Graph,
     consts: &'a mut Consts,
+    /// FP16 or BF16: FLOAT tensors are computed in this type (graph inputs and outputs
+    /// stay FLOAT, converted at the edges; FLOAT constants are converted at upload).
+    precision: Option<Dt>,
+    /// One-element float constants on the device: address -> value (for fusion).
+    scalars: HashMap<usize, f32>,
     vals: HashMap<String, Val>,
     steps: Vec<Step>,
     temps: Vec<Temp>,
@@ -161,10 +171,12 @@ fn numel(shape: &[i64]) -> i64 {
 }
 
 impl<'a> Planner<'a> {
-    pub fn new(graph: &'a Graph, consts: &'a mut Consts) -> Planner<'a> {
+    pub fn new(graph: &'a Graph, consts: &'a mut Consts, precision: Option<Dt>) -> Planner<'a> {
         Planner {
             graph,
             consts,
+            precision: precision.filter(|p| matches!(p, Dt::F16 | Dt::BF16)),
+            scalars: HashMap::new(),
             vals: HashMap::new(),
             steps: Vec::new(),
             temps: Vec::new(),
@@ -177,17 +189,23 @@ impl<'a> Planner<'a> {
             self.vals.insert(name.clone(), Val::Host(t.clone()));
         }
         for (k, (io, (dt, shape))) in self.graph.inputs.iter().zip(inputs).enumerate() {
-            self.vals.insert(
-                io.name.clone(),
-                Val::Dev(Dev {
-                    dt: *dt,
-                    shape: shape.clone(),
-                    ptr: Ptr {
-                        buf: Buf::Input(k),
-                        bytes: 0,
-                    },
-                }),
-            );
+            let x = Dev {
+                dt: *dt,
+                shape: shape.clone(),
+                ptr: Ptr {
+                    buf: Buf::Input(k),
+                    bytes: 0,
+                },
+            };
+            let x = match self.precision {
+                Some(p) if *dt == Dt::F32 => {
+                    let y = self.temp(p, shape.clone());
+                    self.cast(&x, &y);
+                    y
+                }
+                _ => x,
+            };
+            self.vals.insert(io.name.clone(), Val::Dev(x));
         }
         let graph = self.graph;
         for node in &graph.nodes {
@@ -196,11 +214,23 @@ impl<'a> Planner<'a> {
         let mut outputs = Vec::new();
         for (k, io) in graph.outputs.iter().enumerate() {
             let v = self.dev(&io.name)?;
-            let bytes = (numel(&v.shape) as usize * v.dt.size()) as u64;
             let dst = Ptr {
                 buf: Buf::Output(k),
                 bytes: 0,
             };
+            // Computed in reduced precision for a FLOAT output: converted back.
+            let widen = self.precision == Some(v.dt) && io.dt.is_none_or(|d| d == Dt::F32);
+            if widen {
+                let y = Dev {
+                    dt: Dt::F32,
+                    shape: v.shape.clone(),
+                    ptr: dst,
+                };
+                self.cast(&v, &y);
+                outputs.push((Dt::F32, v.shape.clone()));
+                continue;
+            }
+            let bytes = (numel(&v.shape) as usize * v.dt.size()) as u64;
             self.push(Step::Copy {
                 dst,
                 src: v.ptr.clone(),
@@ -208,6 +238,9 @@ impl<'a> Planner<'a> {
             });
             outputs.push((v.dt, v.shape.clone()));
         }
+        let steps = std::mem::take(&mut self.steps);
+        self.steps = super::fuse::fuse(steps, &self.scalars);
+        self.lifetimes();
         let (temp_offsets, arena_bytes) = self.assign();
         Ok(Plan {
             key: inputs.to_vec(),
@@ -216,6 +249,43 @@ impl<'a> Planner<'a> {
             arena_bytes,
             outputs,
         })
+    }
+
+    /// Each intermediate's first and last step, from the final steps (fusion moves and
+    /// drops uses); those no step uses take no space.
+    fn lifetimes(&mut self) {
+        let mut span: Vec<Option<(usize, usize)>> = vec![None; self.temps.len()];
+        for (at, step) in self.steps.iter().enumerate() {
+            let mut uses: Vec<&Ptr> = Vec::new();
+            match step {
+                Step::Kernel { ins, out, .. } => {
+                    uses.extend(ins.iter().flatten());
+                    uses.push(out);
+                }
+                Step::Gemm { a, b, c, .. } => uses.extend([a, b, c]),
+                Step::Copy { dst, src, .. } => uses.extend([dst, src]),
+            }
+            for p in uses {
+                if let Buf::Temp(t) = p.buf {
+                    let s = span[t].get_or_insert((at, at));
+                    s.0 = s.0.min(at);
+                    s.1 = s.1.max(at);
+                }
+            }
+        }
+        for (t, s) in self.temps.iter_mut().zip(span) {
+            match s {
+                Some((first, last)) => {
+                    t.first = first;
+                    t.last = last;
+                }
+                None => {
+                    t.bytes = 0;
+                    t.first = 0;
+                    t.last = 0;
+                }
+            }
+        }
     }
 
     /// First-fit offsets for the intermediates, reusing space of dead ones.
@@ -302,8 +372,16 @@ impl<'a> Planner<'a> {
     fn dev(&mut self, name: &str) -> Result<Dev> {
         match self.val(name)?.clone() {
             Val::Dev(d) => Ok(d),
-            Val::Host(t) => {
+            Val::Host(mut t) => {
+                if let Some(p) = self.precision.filter(|_| t.dt == Dt::F32) {
+                    t.dt = p;
+                    t = t.normalize();
+                }
                 let mem = self.consts.get(name, &t)?;
+                if t.dt.float_code().is_some() && t.len() == 1 {
+                    self.scalars
+                        .insert(Arc::as_ptr(&mem) as usize, t.data[0] as f32);
+                }
                 Ok(Dev {
                     dt: t.dt,
                     shape: t.shape.clone(),
@@ -387,11 +465,44 @@ impl<'a> Planner<'a> {
         }
     }
 
-    fn f32_only(node: &Node, d: &Dev) -> Result<()> {
-        if d.dt != Dt::F32 {
-            return Err(unsupported(node, format!("{} tensors", d.dt.name())));
+    /// The float kernels' type code of `d` (FLOAT, FLOAT16 or BFLOAT16 only).
+    fn ft(node: &Node, d: &Dev) -> Result<i64> {
+        d.dt.float_code()
+            .ok_or_else(|| unsupported(node, format!("{} tensors", d.dt.name())))
+    }
+
+    /// The float kernels' type code shared by `ds` (they must agree).
+    fn ft_all(node: &Node, ds: &[&Dev]) -> Result<i64> {
+        let Some(first) = ds.first() else {
+            return Ok(0);
+        };
+        let code = Self::ft(node, first)?;
+        if let Some(d) = ds.iter().find(|d| d.dt != first.dt) {
+            return Err(Error::invalid(format!(
+                "{}: inputs of types {} and {} (they must agree)",
+                node.label(),
+                first.dt.name(),
+                d.dt.name()
+            )));
         }
-        Ok(())
+        Ok(code)
+    }
+
+    /// `y` = `x` converted to y's type (same shape, contiguous).
+    fn cast(&mut self, x: &Dev, y: &Dev) {
+        let (from, to) = (x.dt.cast_code(), y.dt.cast_code());
+        self.kernel(Kernel::Cast, x.numel(), &[x], y, |k| {
+            k.p[1] = from;
+            k.p[2] = to;
+        });
+    }
+
+    /// FLOAT in the model, in the type it is computed in.
+    fn compute_type(&self, dt: Dt) -> Dt {
+        match self.precision {
+            Some(p) if dt == Dt::F32 => p,
+            _ => dt,
+        }
     }
 
     fn alias(&mut self, node: &Node, x: &Dev, shape: Vec<i64>) {
@@ -469,8 +580,8 @@ impl<'a> Planner<'a> {
 
     fn unary(&mut self, node: &Node, op: i64, f: [f32; 4]) -> Result<()> {
         let x = self.x(node, 0)?;
-        Self::f32_only(node, &x)?;
-        let y = self.temp(Dt::F32, x.shape.clone());
+        let ft = Self::ft(node, &x)?;
+        let y = self.temp(x.dt, x.shape.clone());
         let s = strides(&x.shape);
         self.strided(
             node,
@@ -483,6 +594,7 @@ impl<'a> Planner<'a> {
             |a| {
                 a.p[0] = op;
                 a.f = f;
+                a.ft = ft;
             },
         )?;
         self.set(node, 0, Val::Dev(y));
@@ -490,8 +602,7 @@ impl<'a> Planner<'a> {
     }
 
     fn binary_of(&mut self, node: &Node, op: i64, a: &Dev, b: &Dev) -> Result<Dev> {
-        Self::f32_only(node, a)?;
-        Self::f32_only(node, b)?;
+        let ft = Self::ft_all(node, &[a, b])?;
         let shape = broadcast(&a.shape, &b.shape).ok_or_else(|| {
             Error::invalid(format!(
                 "{}: shapes {:?} and {:?} do not broadcast",
@@ -500,7 +611,7 @@ impl<'a> Planner<'a> {
                 b.shape
             ))
         })?;
-        let y = self.temp(Dt::F32, shape.clone());
+        let y = self.temp(a.dt, shape.clone());
         let (sa, sb) = (
             broadcast_strides(&a.shape, &shape),
             broadcast_strides(&b.shape, &shape),
@@ -513,7 +624,10 @@ impl<'a> Planner<'a> {
             &y.ptr,
             &strides(&shape),
             0,
-            |k| k.p[0] = op,
+            |k| {
+                k.p[0] = op;
+                k.ft = ft;
+            },
         )?;
         Ok(y)
     }
@@ -830,21 +944,22 @@ impl<'a> Planner<'a> {
                 self.set(node, 0, Val::Dev(y));
                 Ok(())
             }
-            "Cast" => {
+            "Cast" | "CastLike" => {
                 let x = self.x(node, 0)?;
-                let to = Dt::from_onnx(node.int("to", 1) as i32)
-                    .ok_or_else(|| unsupported(node, "this target type"))?;
+                let to = if node.op == "CastLike" {
+                    self.x(node, 1)?.dt
+                } else {
+                    let to = Dt::from_onnx(node.int("to", 1) as i32)
+                        .ok_or_else(|| unsupported(node, "this target type"))?;
+                    self.compute_type(to)
+                };
                 if to == x.dt {
                     let shape = x.shape.clone();
                     self.alias(node, &x, shape);
                     return Ok(());
                 }
                 let y = self.temp(to, x.shape.clone());
-                let (from, to) = (x.dt.cast_code(), to.cast_code());
-                self.kernel(Kernel::Cast, x.numel(), &[&x], &y, |k| {
-                    k.p[1] = from;
-                    k.p[2] = to;
-                });
+                self.cast(&x, &y);
                 self.set(node, 0, Val::Dev(y));
                 Ok(())
             }
@@ -888,16 +1003,17 @@ impl<'a> Planner<'a> {
             }
             "Softmax" | "LogSoftmax" => {
                 let x = self.x(node, 0)?;
-                Self::f32_only(node, &x)?;
+                let ft = Self::ft(node, &x)?;
                 let r = x.shape.len();
                 let log = i64::from(node.op == "LogSoftmax");
                 if opset < 13 {
                     let a = host::axis(node.int("axis", 1), r, node)?;
                     let cols = numel(&x.shape[a..]);
-                    let y = self.temp(Dt::F32, x.shape.clone());
+                    let y = self.temp(x.dt, x.shape.clone());
                     self.kernel(Kernel::Softmax, numel(&x.shape[..a]), &[&x], &y, |k| {
                         k.p[0] = cols;
                         k.p[1] = log;
+                        k.ft = ft;
                     });
                     self.set(node, 0, Val::Dev(y));
                     return Ok(());
@@ -911,7 +1027,7 @@ impl<'a> Planner<'a> {
                     (self.transpose(node, &x, &perm)?, Some(perm))
                 };
                 let cols = *src.shape.last().unwrap_or(&1);
-                let y = self.temp(Dt::F32, src.shape.clone());
+                let y = self.temp(x.dt, src.shape.clone());
                 self.kernel(
                     Kernel::Softmax,
                     src.numel() / cols.max(1),
@@ -920,6 +1036,7 @@ impl<'a> Planner<'a> {
                     |k| {
                         k.p[0] = cols;
                         k.p[1] = log;
+                        k.ft = ft;
                     },
                 );
                 let y = match perm {
@@ -931,7 +1048,6 @@ impl<'a> Planner<'a> {
             }
             "LayerNormalization" => {
                 let x = self.x(node, 0)?;
-                Self::f32_only(node, &x)?;
                 let a = host::axis(node.int("axis", -1), x.shape.len(), node)?;
                 let cols = numel(&x.shape[a..]);
                 let scale = self.x(node, 1)?;
@@ -948,22 +1064,24 @@ impl<'a> Planner<'a> {
                 if node.outputs.len() > 1 && node.outputs[1..].iter().any(|o| !o.is_empty()) {
                     return Err(unsupported(node, "the Mean and InvStdDev outputs"));
                 }
-                let y = self.temp(Dt::F32, x.shape.clone());
+                let y = self.temp(x.dt, x.shape.clone());
                 let eps = node.float("epsilon", 1e-5);
                 let mut ins = vec![&x, &scale];
                 if let Some(b) = &bias {
                     ins.push(b);
                 }
+                let ft = Self::ft_all(node, &ins)?;
                 self.kernel(Kernel::LayerNorm, numel(&x.shape[..a]), &ins, &y, |k| {
                     k.p[0] = cols;
                     k.f[0] = eps;
+                    k.ft = ft;
                 });
                 self.set(node, 0, Val::Dev(y));
                 Ok(())
             }
             "ArgMax" | "ArgMin" => {
                 let x = self.x(node, 0)?;
-                Self::f32_only(node, &x)?;
+                let ft = Self::ft(node, &x)?;
                 let a = host::axis(node.int("axis", 0), x.shape.len(), node)?;
                 if node.int("select_last_index", 0) != 0 {
                     return Err(unsupported(node, "select_last_index"));
@@ -986,6 +1104,7 @@ impl<'a> Planner<'a> {
                         k.p[0] = n;
                         k.p[1] = inner;
                         k.p[2] = min;
+                        k.ft = ft;
                     },
                 );
                 self.set(node, 0, Val::Dev(y));
@@ -994,7 +1113,7 @@ impl<'a> Planner<'a> {
             "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd"
             | "ReduceSumSquare" | "ReduceL2" | "ReduceL1" => {
                 let x = self.x(node, 0)?;
-                Self::f32_only(node, &x)?;
+                let ft = Self::ft(node, &x)?;
                 let r = x.shape.len();
                 let axes_in = if node.op == "ReduceSum" && opset >= 13 || opset >= 18 {
                     self.host_input(node, 1)?
@@ -1042,7 +1161,7 @@ impl<'a> Planner<'a> {
                 } else {
                     shape.drain(lo..=hi);
                 }
-                let y = self.temp(Dt::F32, shape);
+                let y = self.temp(x.dt, shape);
                 self.kernel(
                     Kernel::Reduce,
                     numel(&x.shape[..lo]) * inner,
@@ -1052,6 +1171,7 @@ impl<'a> Planner<'a> {
                         k.p[0] = n;
                         k.p[1] = inner;
                         k.p[2] = op;
+                        k.ft = ft;
                     },
                 );
                 self.set(node, 0, Val::Dev(y));
@@ -1059,7 +1179,7 @@ impl<'a> Planner<'a> {
             }
             "GlobalAveragePool" | "GlobalMaxPool" => {
                 let x = self.x(node, 0)?;
-                Self::f32_only(node, &x)?;
+                let ft = Self::ft(node, &x)?;
                 if x.shape.len() < 3 {
                     return Err(Error::invalid(format!(
                         "{}: input rank {} < 3",
@@ -1072,12 +1192,13 @@ impl<'a> Planner<'a> {
                 for d in &mut shape[2..] {
                     *d = 1;
                 }
-                let y = self.temp(Dt::F32, shape);
+                let y = self.temp(x.dt, shape);
                 let op = if node.op == "GlobalAveragePool" { 1 } else { 2 };
                 self.kernel(Kernel::Reduce, x.shape[0] * x.shape[1], &[&x], &y, |k| {
                     k.p[0] = spatial;
                     k.p[1] = 1;
                     k.p[2] = op;
+                    k.ft = ft;
                 });
                 self.set(node, 0, Val::Dev(y));
                 Ok(())
@@ -1097,8 +1218,7 @@ impl<'a> Planner<'a> {
     fn matmul(&mut self, node: &Node) -> Result<()> {
         let a = self.x(node, 0)?;
         let b = self.x(node, 1)?;
-        Self::f32_only(node, &a)?;
-        Self::f32_only(node, &b)?;
+        let ft = Self::ft_all(node, &[&a, &b])?;
         let (ar, br) = (a.shape.len(), b.shape.len());
         if ar == 0 || br == 0 {
             return Err(Error::invalid(format!("{}: scalar operand", node.label())));
@@ -1136,7 +1256,7 @@ impl<'a> Planner<'a> {
         if br > 1 {
             out_shape.push(n);
         }
-        let y = self.temp(Dt::F32, out_shape.clone());
+        let y = self.temp(a.dt, out_shape.clone());
         let (na, nb) = (numel(abatch), numel(bbatch));
         // Rows of a batched A against one B: one GEMM with M * batch rows.
         let (m_eff, batch_eff, sa, sb) = if nb == 1 && na == batch {
@@ -1164,6 +1284,7 @@ impl<'a> Planner<'a> {
             batch: batch_eff as i32,
             alpha: 1.0,
             beta: 0.0,
+            dt: ft,
         };
         self.push(Step::Gemm {
             g,
@@ -1178,8 +1299,7 @@ impl<'a> Planner<'a> {
     fn gemm(&mut self, node: &Node) -> Result<()> {
         let a = self.x(node, 0)?;
         let b = self.x(node, 1)?;
-        Self::f32_only(node, &a)?;
-        Self::f32_only(node, &b)?;
+        let ft = Self::ft_all(node, &[&a, &b])?;
         if a.shape.len() != 2 || b.shape.len() != 2 {
             return Err(Error::invalid(format!(
                 "{}: Gemm needs 2-D A and B",
@@ -1206,12 +1326,12 @@ impl<'a> Planner<'a> {
             )));
         }
         let (alpha, mut beta) = (node.float("alpha", 1.0), node.float("beta", 1.0));
-        let y = self.temp(Dt::F32, vec![m, n]);
+        let y = self.temp(a.dt, vec![m, n]);
         match node.input(2) {
             Some(_) if beta != 0.0 => {
                 // C broadcast into Y first; the GEMM adds to it (beta).
                 let c = self.x(node, 2)?;
-                Self::f32_only(node, &c)?;
+                Self::ft_all(node, &[&a, &c])?;
                 let shape = vec![m, n];
                 if broadcast(&c.shape, &shape).as_deref() != Some(&shape[..]) {
                     return Err(Error::invalid(format!(
@@ -1221,6 +1341,7 @@ impl<'a> Planner<'a> {
                     )));
                 }
                 let st = broadcast_strides(&c.shape, &shape);
+                let size = c.dt.size() as i64;
                 self.strided(
                     node,
                     Kernel::StridedCopy,
@@ -1229,7 +1350,7 @@ impl<'a> Planner<'a> {
                     &y.ptr,
                     &strides(&shape),
                     0,
-                    |a| a.p[1] = 4,
+                    |k| k.p[1] = size,
                 )?;
             }
             _ => beta = 0.0,
@@ -1250,6 +1371,7 @@ impl<'a> Planner<'a> {
             batch: 1,
             alpha,
             beta,
+            dt: ft,
         };
         self.push(Step::Gemm {
             g,
@@ -1352,8 +1474,7 @@ impl<'a> Planner<'a> {
     fn conv(&mut self, node: &Node) -> Result<()> {
         let x = self.x(node, 0)?;
         let w = self.x(node, 1)?;
-        Self::f32_only(node, &x)?;
-        Self::f32_only(node, &w)?;
+        let ft = Self::ft_all(node, &[&x, &w])?;
         let one_d = x.shape.len() == 3;
         if !(x.shape.len() == 4 || one_d) || w.shape.len() != x.shape.len() {
             return Err(unsupported(
@@ -1380,14 +1501,13 @@ impl<'a> Planner<'a> {
             Some(_) => Some(self.x(node, 2)?),
             None => None,
         };
-        if let Some(b) = bias
-            .as_ref()
-            .filter(|b| b.numel() != kout || b.dt != Dt::F32)
-        {
+        if let Some(b) = bias.as_ref().filter(|b| b.numel() != kout || b.dt != x.dt) {
             return Err(Error::invalid(format!(
-                "{}: a bias of shape {:?} for {kout} output channels",
+                "{}: a bias of shape {:?} and type {} for {kout} output channels of {}",
                 node.label(),
-                b.shape
+                b.shape,
+                b.dt.name(),
+                x.dt.name()
             )));
         }
         let shape = if one_d {
@@ -1395,13 +1515,14 @@ impl<'a> Planner<'a> {
         } else {
             vec![x.shape[0], kout, oh, ow]
         };
-        let y = self.temp(Dt::F32, shape.clone());
+        let y = self.temp(x.dt, shape.clone());
+        let esize = x.dt.size() as i64;
         let params = [
             c, h, wd, kout, r, s, oh, ow, st.0, st.1, pt, pl, dil.0, dil.1, groups,
         ];
         let n = x.shape[0];
         let (p, crs) = (oh * ow, c * r * s);
-        let col_bytes = (n * crs * p) as u64 * 4;
+        let col_bytes = (n * crs * p) as u64 * esize as u64;
         if col_bytes > COL_LIMIT {
             // Columns too large for the arena: the direct kernel.
             let mut ins = vec![&x, &w];
@@ -1409,16 +1530,18 @@ impl<'a> Planner<'a> {
                 ins.push(b);
             }
             self.kernel(Kernel::Conv2d, numel(&shape), &ins, &y, |k| {
-                k.p[..15].copy_from_slice(&params)
+                k.p[..15].copy_from_slice(&params);
+                k.ft = ft;
             });
             self.set(node, 0, Val::Dev(y));
             return Ok(());
         }
         // im2col, then one strided-batched GEMM per group (over the images), adding to
         // the bias broadcast into the output first.
-        let col = self.temp(Dt::F32, vec![n, crs, p]);
+        let col = self.temp(x.dt, vec![n, crs, p]);
         self.kernel(Kernel::Im2col, n * crs * p, &[&x], &col, |k| {
-            k.p[..15].copy_from_slice(&params)
+            k.p[..15].copy_from_slice(&params);
+            k.ft = ft;
         });
         let beta = match &bias {
             Some(b) => {
@@ -1433,7 +1556,7 @@ impl<'a> Planner<'a> {
                     &y.ptr,
                     &os,
                     0,
-                    |a| a.p[1] = 4,
+                    |a| a.p[1] = esize,
                 )?;
                 1.0
             }
@@ -1443,7 +1566,7 @@ impl<'a> Planner<'a> {
         fits32(node, &[p, kg, crsg, n])?;
         let at = |base: &Ptr, elems: i64| Ptr {
             buf: base.buf.clone(),
-            bytes: base.bytes + elems as u64 * 4,
+            bytes: base.bytes + (elems * esize) as u64,
         };
         for g in 0..groups {
             let gemm = GemmArgs {
@@ -1461,6 +1584,7 @@ impl<'a> Planner<'a> {
                 batch: n as i32,
                 alpha: 1.0,
                 beta,
+                dt: ft,
             };
             self.push(Step::Gemm {
                 g: gemm,
@@ -1475,7 +1599,7 @@ impl<'a> Planner<'a> {
 
     fn pool(&mut self, node: &Node) -> Result<()> {
         let x = self.x(node, 0)?;
-        Self::f32_only(node, &x)?;
+        let ft = Self::ft(node, &x)?;
         let one_d = x.shape.len() == 3;
         if !(x.shape.len() == 4 || one_d) {
             return Err(unsupported(
@@ -1510,8 +1634,9 @@ impl<'a> Planner<'a> {
         } else {
             vec![x.shape[0], x.shape[1], oh, ow]
         };
-        let y = self.temp(Dt::F32, shape.clone());
+        let y = self.temp(x.dt, shape.clone());
         self.kernel(Kernel::Pool2d, numel(&shape), &[&x], &y, |k| {
+            k.ft = ft;
             k.p[1] = h;
             k.p[2] = w;
             k.p[3] = pb;
@@ -1536,7 +1661,7 @@ impl<'a> Planner<'a> {
     /// on the host (the loader already folded those that follow a Conv).
     fn batchnorm(&mut self, node: &Node) -> Result<()> {
         let x = self.x(node, 0)?;
-        Self::f32_only(node, &x)?;
+        Self::ft(node, &x)?;
         let p: Vec<HostTensor> = (1..5)
             .map(|i| {
                 node.input(i)
@@ -1557,16 +1682,25 @@ impl<'a> Planner<'a> {
         let mut pshape = vec![c];
         pshape.extend(std::iter::repeat_n(1, x.shape.len().saturating_sub(2)));
         let key = node.outputs.first().cloned().unwrap_or_default();
+        // In the input's type (FLOAT ones are converted at upload when computing in
+        // reduced precision).
+        let pdt = if x.dt == self.compute_type(Dt::F32) {
+            Dt::F32
+        } else {
+            x.dt
+        };
         let s = HostTensor {
-            dt: Dt::F32,
+            dt: pdt,
             shape: pshape.clone(),
             data: sc,
-        };
+        }
+        .normalize();
         let t = HostTensor {
-            dt: Dt::F32,
+            dt: pdt,
             shape: pshape,
             data: tc,
-        };
+        }
+        .normalize();
         let (sk, tk) = (format!("{key}#bn_scale"), format!("{key}#bn_shift"));
         self.vals.insert(sk.clone(), Val::Host(s));
         self.vals.insert(tk.clone(), Val::Host(t));
@@ -1639,7 +1773,7 @@ pub fn fold_batchnorm_into_conv(g: &mut Graph) {
         let (Some(params), Some(w)) = (params, conv.input(1).and_then(|n| consts.get(n))) else {
             continue;
         };
-        if uses(g, &conv.outputs[0]) != 1 || w.dt != Dt::F32 {
+        if uses(g, &conv.outputs[0]) != 1 || !matches!(w.dt, Dt::F32 | Dt::F16 | Dt::BF16) {
             continue;
         }
         let eps = bn.float("epsilon", 1e-5) as f64;
@@ -1678,7 +1812,7 @@ pub fn fold_batchnorm_into_conv(g: &mut Graph) {
         added.push((
             bnm.clone(),
             HostTensor {
-                dt: Dt::F32,
+                dt: w.dt,
                 shape: vec![k as i64],
                 data: nb,
             }

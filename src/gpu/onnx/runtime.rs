@@ -162,12 +162,9 @@ pub fn module(ctx: &Arc<Context>, cc: (i32, i32)) -> Result<Arc<Module>> {
     Ok(m)
 }
 
-/// Threads per block of every launch, and the most blocks (kernels loop over the rest).
-const BLOCK: u32 = 256;
-const MAX_BLOCKS: i64 = 1024;
-
 impl Module {
-    /// Launches kernel `k` over `a.n` work items on `stream`.
+    /// Launches kernel `k` over `a.n` work items on `stream`, with the geometry of
+    /// `Kernel::geometry`.
     ///
     /// # Safety
     /// `stream` must be a live stream of this module's context, and the addresses in `a`
@@ -180,7 +177,7 @@ impl Module {
             .funcs
             .get(&k)
             .ok_or_else(|| Error::internal(format!("kernel {:?} is not loaded", k.name())))?;
-        let blocks = ((a.n + BLOCK as i64 - 1) / BLOCK as i64).clamp(1, MAX_BLOCKS) as u32;
+        let (blocks, threads) = k.geometry(a);
         let mut arg = *a;
         let mut params: [*mut c_void; 1] = [&mut arg as *mut KArgs as *mut c_void];
         // SAFETY: the kernel takes one infer_kargs by value; the driver copies it at launch.
@@ -191,7 +188,7 @@ impl Module {
                     blocks,
                     1,
                     1,
-                    BLOCK,
+                    threads,
                     1,
                     1,
                     0,
@@ -230,6 +227,9 @@ pub struct GemmArgs {
     pub batch: i32,
     pub alpha: f32,
     pub beta: f32,
+    /// Element type of A, B and C (`Dt::float_code`: 0 f32, 1 f16, 2 bf16). FP16 and
+    /// BF16 accumulate in FP32 on tensor cores.
+    pub dt: i64,
 }
 
 impl Blas {
@@ -276,8 +276,10 @@ impl Blas {
         })
     }
 
-    /// C = alpha op(A) op(B) + beta C on the handle's stream (FP32, column-major).
-    pub fn sgemm(&self, g: &GemmArgs, a: DevicePtr, b: DevicePtr, c: DevicePtr) -> Result<()> {
+    /// C = alpha op(A) op(B) + beta C on the handle's stream (column-major): FP32 through
+    /// cublasSgemmStridedBatched (TF32 when the handle allows it), FP16 and BF16 through
+    /// cublasGemmStridedBatchedEx with FP32 accumulation (tensor cores).
+    pub fn gemm(&self, g: &GemmArgs, a: DevicePtr, b: DevicePtr, c: DevicePtr) -> Result<()> {
         use cudarc::cublas::sys as bl;
         if g.m == 0 || g.n == 0 || g.batch == 0 {
             return Ok(()); // an empty result
@@ -289,35 +291,81 @@ impl Blas {
                 bl::cublasOperation_t::CUBLAS_OP_N
             }
         };
-        // SAFETY: the plan sized every operand; device addresses of this context.
-        let r = unsafe {
-            bl::cublasSgemmStridedBatched(
-                self.handle,
-                op(g.trans_a),
-                op(g.trans_b),
-                g.m,
-                g.n,
-                g.k,
-                &g.alpha,
-                a as *const f32,
-                g.lda,
-                g.stride_a,
-                b as *const f32,
-                g.ldb,
-                g.stride_b,
-                &g.beta,
-                c as *mut f32,
-                g.ldc,
-                g.stride_c,
-                g.batch,
-            )
+        let (r, what) = match g.dt {
+            0 => (
+                // SAFETY: the plan sized every operand; device addresses of this context.
+                unsafe {
+                    bl::cublasSgemmStridedBatched(
+                        self.handle,
+                        op(g.trans_a),
+                        op(g.trans_b),
+                        g.m,
+                        g.n,
+                        g.k,
+                        &g.alpha,
+                        a as *const f32,
+                        g.lda,
+                        g.stride_a,
+                        b as *const f32,
+                        g.ldb,
+                        g.stride_b,
+                        &g.beta,
+                        c as *mut f32,
+                        g.ldc,
+                        g.stride_c,
+                        g.batch,
+                    )
+                },
+                "cublasSgemmStridedBatched",
+            ),
+            1 | 2 => {
+                let ty = if g.dt == 1 {
+                    bl::cudaDataType::CUDA_R_16F
+                } else {
+                    bl::cudaDataType::CUDA_R_16BF
+                };
+                (
+                    // SAFETY: as above; alpha and beta are f32 for a 32F compute type.
+                    unsafe {
+                        bl::cublasGemmStridedBatchedEx(
+                            self.handle,
+                            op(g.trans_a),
+                            op(g.trans_b),
+                            g.m,
+                            g.n,
+                            g.k,
+                            &g.alpha as *const f32 as *const c_void,
+                            a as *const c_void,
+                            ty,
+                            g.lda,
+                            g.stride_a,
+                            b as *const c_void,
+                            ty,
+                            g.ldb,
+                            g.stride_b,
+                            &g.beta as *const f32 as *const c_void,
+                            c as *mut c_void,
+                            ty,
+                            g.ldc,
+                            g.stride_c,
+                            g.batch,
+                            bl::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                            bl::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                        )
+                    },
+                    "cublasGemmStridedBatchedEx",
+                )
+            }
+            other => {
+                return Err(Error::internal(format!(
+                    "a GEMM of element type code {other}"
+                )))
+            }
         };
         if r == bl::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
             Ok(())
         } else {
-            Err(Error::internal(format!(
-                "cublasSgemmStridedBatched failed: {r:?}"
-            )))
+            Err(Error::internal(format!("{what} failed: {r:?}")))
         }
     }
 }
