@@ -2486,6 +2486,27 @@ instance_group [ {{ kind: {kind} }} ]"#
     // never (above the limit).
     assert_eq!(after.graph_launches - before.graph_launches, 4, "{after:?}");
     println!("CUDA graphs: mlp matches CPU with graphs at batch 1 and 3");
+
+    // Triton's `optimization { cuda { graphs: true graph_spec [...] } }` does the same,
+    // up to the largest graph_spec batch size.
+    let triton = gpu_config_of("mlp").replace(
+        "instance_group",
+        "optimization { cuda { graphs: true graph_spec [ { batch_size: 2 } ] } }\ninstance_group",
+    );
+    load_from_models(&gpu, "mlp", Some(&triton));
+    let before = d.counters();
+    for batch in [2i64, 2, 2, 2, 3, 3, 3] {
+        let seed = rng.next();
+        let want = all_outputs(&cpu.infer(random_request(&cpu, "mlp", batch, &mut Rand(seed))));
+        let got = all_outputs(&gpu.infer(random_request(&gpu, "mlp", batch, &mut Rand(seed))));
+        for (name, (_, bytes)) in &want {
+            assert_close("mlp (graphs: true)", name, bytes, &got[name].1, false);
+        }
+    }
+    let after = d.counters();
+    // Batch 2: captured on the second run, replayed on the third and fourth; 3 never.
+    assert_eq!(after.graph_launches - before.graph_launches, 3, "{after:?}");
+    println!("CUDA graphs: optimization {{ cuda {{ graphs: true }} }} for batches up to 2");
 }
 
 fn value_info(name: &str, dims: &[&str]) -> pb::ValueInfoProto {

@@ -149,6 +149,86 @@ pub fn load_graph(file: &Path, what: &str) -> Result<Graph> {
     Ok(g)
 }
 
+/// What a model's config asks of the executor: its `parameters` (`allow_tf32`,
+/// `precision`, `cuda_graph_max_batch`) and, where those are not given, Triton's
+/// `optimization` settings that carry over: `cuda { graphs: true }` (CUDA graphs for the
+/// batch sizes of `graph_spec`, else for every batch size) and the `tensorrt` GPU
+/// accelerator's `precision_mode` (FP32 or FP16).
+#[derive(Debug, PartialEq)]
+struct Options {
+    tf32: bool,
+    precision: Option<Dt>,
+    graph_max_batch: i64,
+}
+
+impl Options {
+    fn of(config: &ModelConfig, what: &str) -> Result<Options> {
+        let json: serde_json::Value = serde_json::from_str(&config.json).unwrap_or_default();
+        let opt = &json["optimization"];
+        let param = |key: &str| config.parameters.get(key).map(|v| v.trim().to_owned());
+        let tf32 = param("allow_tf32").is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+        // precision: the parameter, else TensorRT's precision_mode.
+        let trt_mode = opt["execution_accelerators"]["gpu_execution_accelerator"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|a| a["name"].as_str() == Some("tensorrt"))
+            .find_map(|a| {
+                a["parameters"]["precision_mode"]
+                    .as_str()
+                    .map(str::to_owned)
+            });
+        let precision = match (param("precision"), trt_mode) {
+            (Some(v), _) => match v.to_ascii_uppercase().as_str() {
+                "FP32" => None,
+                "FP16" => Some(Dt::F16),
+                "BF16" => Some(Dt::BF16),
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "{what}: parameter 'precision' is '{v}'; FP32, FP16 or BF16 are supported"
+                    )))
+                }
+            },
+            (None, Some(m)) => match m.to_ascii_uppercase().as_str() {
+                "FP32" => None,
+                "FP16" => Some(Dt::F16),
+                _ => {
+                    return Err(Error::unsupported(format!(
+                        "{what}: the tensorrt accelerator's precision_mode '{m}' is not supported by the GPU executor (FP32 or FP16)"
+                    )))
+                }
+            },
+            (None, None) => None,
+        };
+        let graph_max_batch = match param("cuda_graph_max_batch") {
+            Some(v) => v.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
+                Error::invalid(format!(
+                    "{what}: parameter 'cuda_graph_max_batch' is '{v}'; a batch size (0: no CUDA graphs) is needed"
+                ))
+            })?,
+            None if opt["cuda"]["graphs"].as_bool() == Some(true) => {
+                let spec_max = opt["cuda"]["graph_spec"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|g| g["batch_size"].as_i64())
+                    .max();
+                match spec_max {
+                    Some(b) if b > 0 => b,
+                    // Without batch sizes (or a model that does not batch): every batch.
+                    _ => i64::from(config.max_batch_size.max(1)),
+                }
+            }
+            None => 0,
+        };
+        Ok(Options {
+            tf32,
+            precision,
+            graph_max_batch,
+        })
+    }
+}
+
 /// One instance of an ONNX model on one GPU.
 pub struct OnnxGpuInstance {
     graph: Arc<Graph>,
@@ -201,21 +281,8 @@ impl OnnxGpuInstance {
             .ok_or_else(|| Error::unavailable(format!("{what}: GPU {device} is not usable")))?;
         let ctx = crate::gpu::context(device)?;
         let module = runtime::module(&ctx, info.compute_capability).map_err(|e| e.context(what))?;
-        let tf32 = config
-            .parameters
-            .get("allow_tf32")
-            .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-        let precision = match config.parameters.get("precision").map(|v| v.trim()) {
-            None => None,
-            Some(v) if v.eq_ignore_ascii_case("FP32") => None,
-            Some(v) if v.eq_ignore_ascii_case("FP16") => Some(Dt::F16),
-            Some(v) if v.eq_ignore_ascii_case("BF16") => Some(Dt::BF16),
-            Some(v) => {
-                return Err(Error::invalid(format!(
-                    "{what}: parameter 'precision' is '{v}'; FP32, FP16 or BF16 are supported"
-                )))
-            }
-        };
+        let opts = Options::of(config, what)?;
+        let (tf32, precision) = (opts.tf32, opts.precision);
         let mut inst = OnnxGpuInstance {
             graph,
             precision,
@@ -228,11 +295,7 @@ impl OnnxGpuInstance {
             plans: HashMap::new(),
             arena: None,
             what: what.to_owned(),
-            graph_max_batch: config
-                .parameters
-                .get("cuda_graph_max_batch")
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0),
+            graph_max_batch: opts.graph_max_batch,
             graphs: HashMap::new(),
         };
         for tc in &config.inputs {
@@ -387,7 +450,8 @@ impl ModelInstance for OnnxGpuInstance {
         }
         let stream = stream as cudarc::driver::sys::CUstream;
         let batch_rows = (self.config.max_batch_size > 0).then_some(batch.size as i64);
-        if self.graph_max_batch > 0 && batch_rows.is_some_and(|r| r <= self.graph_max_batch) {
+        // (A model that does not batch has one shape per plan: graphs whenever asked for.)
+        if self.graph_max_batch > 0 && batch_rows.is_none_or(|r| r <= self.graph_max_batch) {
             if let Some(done) = self.run_graph(&plan, &in_ptrs, &out_ptrs, arena, stream)? {
                 return Ok(done);
             }
@@ -555,5 +619,83 @@ impl OnnxGpuInstance {
             })
         })();
         made.unwrap_or(GraphEntry::Failed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(extra: &str) -> Result<Options> {
+        let text = format!(
+            "name: \"m\" platform: \"onnxruntime_onnx\" max_batch_size: 16\n\
+             input [ {{ name: \"X\" data_type: TYPE_FP32 dims: [ 4 ] }} ]\n\
+             output [ {{ name: \"Y\" data_type: TYPE_FP32 dims: [ 4 ] }} ]\n{extra}"
+        );
+        let c =
+            crate::config::parse_config(&text).map_err(|e| Error::internal(format!("{e:?}")))?;
+        Options::of(&c, "model 'm'")
+    }
+
+    fn param(k: &str, v: &str) -> String {
+        format!("parameters {{ key: \"{k}\" value: {{ string_value: \"{v}\" }} }}\n")
+    }
+
+    const TRT_FP16: &str = r#"optimization { execution_accelerators { gpu_execution_accelerator: [
+        { name: "tensorrt" parameters { key: "precision_mode" value: "FP16" } } ] } }"#;
+
+    #[test]
+    fn defaults_and_parameters() {
+        let none = Options {
+            tf32: false,
+            precision: None,
+            graph_max_batch: 0,
+        };
+        assert_eq!(options("").unwrap(), none);
+        let o = options(
+            &(param("allow_tf32", "true")
+                + &param("precision", "bf16")
+                + &param("cuda_graph_max_batch", "8")),
+        )
+        .unwrap();
+        assert_eq!(
+            o,
+            Options {
+                tf32: true,
+                precision: Some(Dt::BF16),
+                graph_max_batch: 8
+            }
+        );
+        let e = options(&param("precision", "INT8")).unwrap_err();
+        assert!(e.message.contains("'precision' is 'INT8'"), "{e:?}");
+        let e = options(&param("cuda_graph_max_batch", "many")).unwrap_err();
+        assert!(
+            e.message.contains("'cuda_graph_max_batch' is 'many'"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn triton_optimization_settings_carry_over() {
+        assert_eq!(options(TRT_FP16).unwrap().precision, Some(Dt::F16));
+        // The parameter wins over the accelerator's mode.
+        let both = format!("{TRT_FP16}\n{}", param("precision", "FP32"));
+        assert_eq!(options(&both).unwrap().precision, None);
+        let int8 = TRT_FP16.replace("FP16", "INT8");
+        let e = options(&int8).unwrap_err();
+        assert_eq!(e.code, crate::status::Code::Unsupported);
+        assert!(e.message.contains("precision_mode 'INT8'"), "{e:?}");
+        // Another accelerator's parameters are not ours.
+        let other = TRT_FP16.replace("tensorrt", "openvino");
+        assert_eq!(options(&other).unwrap().precision, None);
+
+        let graphs = "optimization { cuda { graphs: true } }";
+        assert_eq!(options(graphs).unwrap().graph_max_batch, 16);
+        let spec = r#"optimization { cuda { graphs: true graph_spec [ { batch_size: 2 }, { batch_size: 4 } ] } }"#;
+        assert_eq!(options(spec).unwrap().graph_max_batch, 4);
+        let off = "optimization { cuda { graphs: false } }";
+        assert_eq!(options(off).unwrap().graph_max_batch, 0);
+        let both = format!("{graphs}\n{}", param("cuda_graph_max_batch", "0"));
+        assert_eq!(options(&both).unwrap().graph_max_batch, 0);
     }
 }
