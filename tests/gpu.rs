@@ -2316,6 +2316,310 @@ fn constants_shared_on_a_device(gpu: &Server) {
     println!("constants: 3 more instances of mlp added {added} device bytes (weights: {weights})");
 }
 
+/// A pre-LN transformer encoder layer as PyTorch exports one (opset 17): LayerNorm,
+/// Q/K/V projections, heads split by Reshape/Transpose, scaled scores plus an additive
+/// mask made from an INT64 attention mask (Unsqueeze, Cast, Sub, Mul), Softmax, the
+/// heads merged back, the output projection and residual, LayerNorm, a feed-forward
+/// block with a GELU exported as Div/Erf/Add/Mul/Mul, and the second residual. Batch and
+/// sequence dims are symbolic. The GPU executor must give the CPU's results at several
+/// batch sizes, in FP32 and (within the documented tolerance) in FP16 and BF16.
+fn encoder_model() -> pb::ModelProto {
+    use pb::tensor_shape_proto::dimension::Value as DimValue;
+    const D: i64 = 32;
+    const H: i64 = 4;
+    const F: i64 = 64;
+    let mut rng = Rand(2024);
+    let mut inits: Vec<pb::TensorProto> = Vec::new();
+    let mut f32_init = |name: &str, dims: &[i64], scale: f32, offset: f32| {
+        let n = dims.iter().product::<i64>() as usize;
+        inits.push(pb::TensorProto {
+            name: name.into(),
+            dims: dims.to_vec(),
+            data_type: 1,
+            float_data: rng.f32s(n).iter().map(|v| v * scale + offset).collect(),
+            ..Default::default()
+        });
+    };
+    let w = 1.0 / (D as f32).sqrt();
+    f32_init("ln1_g", &[D], 0.2, 1.0);
+    f32_init("ln1_b", &[D], 0.1, 0.0);
+    for p in ["q", "k", "v", "o"] {
+        f32_init(&format!("W{p}"), &[D, D], w, 0.0);
+        f32_init(&format!("b{p}"), &[D], 0.05, 0.0);
+    }
+    f32_init("ln2_g", &[D], 0.2, 1.0);
+    f32_init("ln2_b", &[D], 0.1, 0.0);
+    f32_init("W1", &[D, F], w, 0.0);
+    f32_init("b1", &[F], 0.05, 0.0);
+    f32_init("W2", &[F, D], 1.0 / (F as f32).sqrt(), 0.0);
+    f32_init("b2", &[D], 0.05, 0.0);
+    let scalar = |name: &str, v: f32| pb::TensorProto {
+        name: name.into(),
+        data_type: 1,
+        float_data: vec![v],
+        ..Default::default()
+    };
+    let ints = |name: &str, v: &[i64]| pb::TensorProto {
+        name: name.into(),
+        dims: vec![v.len() as i64],
+        data_type: 7,
+        int64_data: v.to_vec(),
+        ..Default::default()
+    };
+    inits.extend([
+        scalar("scale", 1.0 / ((D / H) as f32).sqrt()),
+        scalar("one", 1.0),
+        scalar("neg_big", -10000.0),
+        scalar("sqrt2", std::f32::consts::SQRT_2),
+        scalar("half", 0.5),
+        ints("split_heads", &[0, 0, H, D / H]),
+        ints("merge_heads", &[0, 0, D]),
+        ints("mask_axes", &[1, 2]),
+    ]);
+    let attr_i = |name: &str, v: i64| pb::AttributeProto {
+        name: name.into(),
+        i: v,
+        r#type: 2,
+        ..Default::default()
+    };
+    let attr_ints = |name: &str, v: &[i64]| pb::AttributeProto {
+        name: name.into(),
+        ints: v.to_vec(),
+        r#type: 7,
+        ..Default::default()
+    };
+    let n = |op: &str, ins: &[&str], out: &str, attrs: Vec<pb::AttributeProto>| pb::NodeProto {
+        op_type: op.into(),
+        name: format!("{op}_{out}"),
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: vec![out.into()],
+        attribute: attrs,
+        ..Default::default()
+    };
+    let mut nodes = vec![n(
+        "LayerNormalization",
+        &["X", "ln1_g", "ln1_b"],
+        "ln1",
+        vec![attr_i("axis", -1)],
+    )];
+    for p in ["q", "k", "v"] {
+        nodes.push(n(
+            "MatMul",
+            &["ln1", &format!("W{p}")],
+            &format!("{p}0"),
+            vec![],
+        ));
+        nodes.push(n(
+            "Add",
+            &[&format!("{p}0"), &format!("b{p}")],
+            &format!("{p}1"),
+            vec![],
+        ));
+        nodes.push(n(
+            "Reshape",
+            &[&format!("{p}1"), "split_heads"],
+            &format!("{p}2"),
+            vec![],
+        ));
+    }
+    nodes.extend([
+        n(
+            "Transpose",
+            &["q2"],
+            "qh",
+            vec![attr_ints("perm", &[0, 2, 1, 3])],
+        ),
+        n(
+            "Transpose",
+            &["k2"],
+            "kt",
+            vec![attr_ints("perm", &[0, 2, 3, 1])],
+        ),
+        n(
+            "Transpose",
+            &["v2"],
+            "vh",
+            vec![attr_ints("perm", &[0, 2, 1, 3])],
+        ),
+        n("MatMul", &["qh", "kt"], "s0", vec![]),
+        n("Mul", &["s0", "scale"], "s1", vec![]),
+        n("Unsqueeze", &["MASK", "mask_axes"], "m0", vec![]),
+        n("Cast", &["m0"], "m1", vec![attr_i("to", 1)]),
+        n("Sub", &["one", "m1"], "m2", vec![]),
+        n("Mul", &["m2", "neg_big"], "m3", vec![]),
+        n("Add", &["s1", "m3"], "s2", vec![]),
+        n("Softmax", &["s2"], "p", vec![attr_i("axis", -1)]),
+        n("MatMul", &["p", "vh"], "c0", vec![]),
+        n(
+            "Transpose",
+            &["c0"],
+            "c1",
+            vec![attr_ints("perm", &[0, 2, 1, 3])],
+        ),
+        n("Reshape", &["c1", "merge_heads"], "c2", vec![]),
+        n("MatMul", &["c2", "Wo"], "o0", vec![]),
+        n("Add", &["o0", "bo"], "o1", vec![]),
+        n("Add", &["X", "o1"], "h", vec![]),
+        n(
+            "LayerNormalization",
+            &["h", "ln2_g", "ln2_b"],
+            "ln2",
+            vec![attr_i("axis", -1)],
+        ),
+        n("MatMul", &["ln2", "W1"], "f0", vec![]),
+        n("Add", &["f0", "b1"], "f1", vec![]),
+        n("Div", &["f1", "sqrt2"], "g0", vec![]),
+        n("Erf", &["g0"], "g1", vec![]),
+        n("Add", &["g1", "one"], "g2", vec![]),
+        n("Mul", &["f1", "g2"], "g3", vec![]),
+        n("Mul", &["g3", "half"], "g4", vec![]),
+        n("MatMul", &["g4", "W2"], "f2", vec![]),
+        n("Add", &["f2", "b2"], "f3", vec![]),
+        n("Add", &["h", "f3"], "Y", vec![]),
+    ]);
+    let io = |name: &str, elem_type: i32, dims: &[&str]| pb::ValueInfoProto {
+        name: name.into(),
+        r#type: Some(pb::TypeProto {
+            value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
+                elem_type,
+                shape: Some(pb::TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|d| pb::tensor_shape_proto::Dimension {
+                            value: Some(match d.parse::<i64>() {
+                                Ok(v) => DimValue::DimValue(v),
+                                Err(_) => DimValue::DimParam(d.to_string()),
+                            }),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    pb::ModelProto {
+        ir_version: 8,
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(pb::GraphProto {
+            name: "encoder".into(),
+            node: nodes,
+            initializer: inits,
+            input: vec![
+                io("X", 1, &["batch", "seq", "32"]),
+                io("MASK", 7, &["batch", "seq"]),
+            ],
+            output: vec![io("Y", 1, &["batch", "seq", "32"])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn transformer_encoder_on_the_stand_in(cpu: &Server, gpu: &Server) {
+    let d = driver();
+    let dir = temp_dir("gpu-encoder");
+    std::fs::create_dir_all(dir.join("1")).unwrap();
+    std::fs::write(
+        dir.join("1/model.onnx"),
+        prost::Message::encode_to_vec(&encoder_model()),
+    )
+    .unwrap();
+    let config = |name: &str, kind: &str, extra: &str| {
+        format!(
+            r#"name: "{name}" platform: "onnxruntime_onnx" max_batch_size: 4
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1, 32 ] }},
+        {{ name: "MASK" data_type: TYPE_INT64 dims: [ -1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 32 ] }} ]
+{extra}
+instance_group [ {{ kind: {kind} }} ]"#
+        )
+    };
+    let load = |s: &Server, name: &str, kind: &str, extra: &str| {
+        let c = cs(&config(name, kind, extra));
+        ok(unsafe {
+            infer_server_load_model(
+                s.0,
+                cs(name).as_ptr(),
+                c.as_ptr(),
+                cs(dir.to_str().unwrap()).as_ptr(),
+            )
+        });
+    };
+    load(cpu, "encoder", "KIND_CPU", "");
+    let variants = [
+        ("encoder", "", 0.0f32),
+        (
+            "encoder_fp16",
+            "parameters { key: \"precision\" value: { string_value: \"FP16\" } }",
+            1e-2,
+        ),
+        (
+            "encoder_bf16",
+            "parameters { key: \"precision\" value: { string_value: \"BF16\" } }",
+            4e-2,
+        ),
+    ];
+    for (name, extra, _) in variants {
+        load(gpu, name, "KIND_GPU", extra);
+    }
+    let request = |s: &Server, name: &str, batch: i64, seq: i64, seed: u64| {
+        let mut rng = Rand(seed);
+        let x = rng.f32s((batch * seq * 32) as usize);
+        // Each row keeps a prefix of its positions (at least one).
+        let mask: Vec<i64> = (0..batch)
+            .flat_map(|b| {
+                let keep = 1 + (b + seed as i64) % seq;
+                (0..seq).map(move |j| i64::from(j < keep))
+            })
+            .collect();
+        let r = s.request(name);
+        ok(r.try_input(
+            "X",
+            INFER_DATATYPE_FP32,
+            &[batch, seq, 32],
+            bytemuck::cast_slice(&x),
+        ));
+        ok(r.try_input(
+            "MASK",
+            INFER_DATATYPE_INT64,
+            &[batch, seq],
+            bytemuck::cast_slice(&mask),
+        ));
+        r
+    };
+    for (batch, seq) in [(1i64, 8i64), (3, 5), (4, 16)] {
+        let seed = (batch * 100 + seq) as u64;
+        let want = all_outputs(&cpu.infer(request(cpu, "encoder", batch, seq, seed)));
+        let w: Vec<f32> = bytemuck::pod_collect_to_vec(&want["Y"].1);
+        for (name, _, tol) in variants {
+            let before = d.counters().kernel_launches;
+            let got = all_outputs(&gpu.infer(request(gpu, name, batch, seq, seed)));
+            let launches = d.counters().kernel_launches - before;
+            assert_eq!(got["Y"].0, want["Y"].0, "{name}");
+            if tol == 0.0 {
+                assert_close(name, "Y", &want["Y"].1, &got["Y"].1, false);
+            } else {
+                let g: Vec<f32> = bytemuck::pod_collect_to_vec(&got["Y"].1);
+                let scale = w.iter().map(|v| v.abs()).sum::<f32>() / w.len() as f32;
+                for (i, (a, b)) in w.iter().zip(&g).enumerate() {
+                    assert!(
+                        (a - b).abs() <= tol * (a.abs() + scale),
+                        "{name}.Y[{i}] at batch {batch}, seq {seq}: CPU {a}, GPU {b}"
+                    );
+                }
+            }
+            println!(
+                "{name}: batch {batch}, seq {seq}: GPU matches CPU in {launches} kernel launches"
+            );
+        }
+    }
+}
+
 fn onnx_on_the_stand_in() {
     let d = driver();
     let cpu = server_in(INFER_GPU_OFF).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
@@ -2356,6 +2660,7 @@ fn onnx_on_the_stand_in() {
     native_16_bit_models_on_the_stand_in(&gpu);
     fused_element_wise_chains_on_the_stand_in(&cpu, &gpu);
     constants_shared_on_a_device(&gpu);
+    transformer_encoder_on_the_stand_in(&cpu, &gpu);
 
     // Implicit state on the GPU: running sums of interleaved sequences.
     load_from_models(
