@@ -324,6 +324,58 @@ impl GpuInstanceStats {
         self.timed_batches.fetch_add(1, Relaxed);
     }
 
+    /// This instance's counters as Prometheus samples, labelled with the model's `labels`,
+    /// the instance and its device.
+    pub fn prometheus(&self, out: &mut PromText, labels: &str, instance: usize) {
+        let c = |a: &AtomicU64| a.load(Relaxed);
+        let l = format!(
+            "{labels},instance=\"{instance}\",device=\"{}\"",
+            self.device
+        );
+        out.sample(
+            "infer_gpu_batches_total",
+            "counter",
+            "Batches a GPU instance ran (timed and untimed).",
+            &l,
+            c(&self.timed_batches) + c(&self.untimed_batches),
+        );
+        for (dir, copies, bytes) in [
+            ("h2d", &self.h2d_copies, &self.h2d_bytes),
+            ("d2d", &self.d2d_copies, &self.d2d_bytes),
+            ("d2h", &self.d2h_copies, &self.d2h_bytes),
+        ] {
+            let ld = format!("{l},direction=\"{dir}\"");
+            out.sample(
+                "infer_gpu_copies_total",
+                "counter",
+                "Copies a GPU instance queued for batch inputs and outputs, by direction.",
+                &ld,
+                c(copies),
+            );
+            out.sample(
+                "infer_gpu_copy_bytes_total",
+                "counter",
+                "Bytes a GPU instance copied for batch inputs and outputs, by direction.",
+                &ld,
+                c(bytes),
+            );
+        }
+        for (phase, ns) in [
+            ("h2d", &self.h2d_ns),
+            ("compute", &self.compute_ns),
+            ("d2h", &self.d2h_ns),
+            ("busy", &self.busy_ns),
+        ] {
+            out.sample(
+                "infer_gpu_stream_ns_total",
+                "counter",
+                "Stream time of a GPU instance's timed batches (CUDA events), by phase; busy is first to last event.",
+                &format!("{l},phase=\"{phase}\""),
+                c(ns),
+            );
+        }
+    }
+
     /// This instance's figures as a JSON object (`instance` is its index in the model).
     pub fn json(&self, instance: usize) -> String {
         let c = |a: &AtomicU64| a.load(Relaxed);
@@ -445,6 +497,41 @@ mod tests {
         assert!((50..=53).contains(&p50), "{p50}");
         let p99 = h.percentile(0.99);
         assert!((99..=103).contains(&p99), "{p99}");
+    }
+
+    #[test]
+    fn gpu_instance_prometheus() {
+        let g = GpuInstanceStats::new(2);
+        g.batch_started();
+        g.h2d(10);
+        g.d2h(4);
+        g.d2h(4);
+        g.batch_done(Some(BatchTimes {
+            h2d_ns: 5,
+            compute_ns: 7,
+            d2h_ns: 3,
+            busy_ns: 15,
+        }));
+        g.batch_done(None);
+        let mut p = PromText::default();
+        g.prometheus(&mut p, &labels("m", 1), 0);
+        let t = p.render();
+        let l = "model=\"m\",version=\"1\",instance=\"0\",device=\"2\"";
+        for line in [
+            format!("infer_gpu_batches_total{{{l}}} 2"),
+            format!("infer_gpu_copies_total{{{l},direction=\"h2d\"}} 1"),
+            format!("infer_gpu_copy_bytes_total{{{l},direction=\"d2h\"}} 8"),
+            format!("infer_gpu_copies_total{{{l},direction=\"d2d\"}} 0"),
+            format!("infer_gpu_stream_ns_total{{{l},phase=\"compute\"}} 7"),
+            format!("infer_gpu_stream_ns_total{{{l},phase=\"busy\"}} 15"),
+        ] {
+            assert!(t.lines().any(|x| x == line), "{line} missing from:\n{t}");
+        }
+        assert_eq!(
+            t.matches("# TYPE infer_gpu_stream_ns_total counter")
+                .count(),
+            1
+        );
     }
 
     #[test]

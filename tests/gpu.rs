@@ -1304,6 +1304,21 @@ fn gpu_statistics_one_gpu(s: &Server) {
     let m = &st["models"][0];
     let g = &m["gpu"]["instances"][0];
     println!("GPU statistics of 8 batches: {g}");
+    // The same counters in the Prometheus text.
+    let mut text = null_mut();
+    ok(unsafe { infer_server_metrics_prometheus(s.0, &mut text) });
+    let prom = unsafe { std::ffi::CStr::from_ptr(text) }
+        .to_string_lossy()
+        .into_owned();
+    unsafe { infer_string_free(text) };
+    let l = "model=\"gs\",version=\"1\",instance=\"0\",device=\"0\"";
+    for line in [
+        format!("infer_gpu_batches_total{{{l}}} 8"),
+        format!("infer_gpu_copy_bytes_total{{{l},direction=\"h2d\"}} 96"),
+        format!("infer_gpu_copies_total{{{l},direction=\"d2h\"}} 12"),
+    ] {
+        assert!(prom.lines().any(|x| x == line), "{line} missing:\n{prom}");
+    }
     assert_eq!((u(g, "instance"), u(g, "device")), (0, 0), "{st}");
     assert_eq!(u(g, "batches"), 8, "{st}");
     assert_eq!(u(g, "batches"), u(m, "execution_count"), "{st}");

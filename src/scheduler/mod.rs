@@ -357,6 +357,12 @@ impl Scheduler {
     /// Appends this version's Prometheus samples.
     pub fn stats_prometheus(&self, out: &mut crate::stats::PromText, name: &str, version: i64) {
         self.stats.prometheus(out, name, version, self.pending());
+        if !self.gpu_stats.is_empty() {
+            let labels = crate::stats::labels(name, version);
+            for (i, g) in &self.gpu_stats {
+                g.prometheus(out, &labels, *i);
+            }
+        }
         if let Some(g) = &self.gen {
             let labels = crate::stats::labels(name, version);
             g.gen_stats.prometheus(out, &labels);
