@@ -2723,7 +2723,7 @@ fn onnx_on_the_stand_in() {
         "KIND_AUTO mlp did not run on the GPU"
     );
     let dims = ["4"];
-    let round = pb::ModelProto {
+    let atan = pb::ModelProto {
         ir_version: 8,
         opset_import: vec![pb::OperatorSetIdProto {
             domain: String::new(),
@@ -2732,8 +2732,8 @@ fn onnx_on_the_stand_in() {
         graph: Some(pb::GraphProto {
             name: "g".into(),
             node: vec![pb::NodeProto {
-                op_type: "Round".into(),
-                name: "round".into(),
+                op_type: "Atan".into(),
+                name: "atan".into(),
                 input: vec!["X".into()],
                 output: vec!["Y".into()],
                 ..Default::default()
@@ -2744,16 +2744,16 @@ fn onnx_on_the_stand_in() {
         }),
         ..Default::default()
     };
-    let dir = temp_dir("gpu-round");
+    let dir = temp_dir("gpu-atan");
     std::fs::create_dir_all(dir.join("1")).unwrap();
     std::fs::write(
         dir.join("1/model.onnx"),
-        prost::Message::encode_to_vec(&round),
+        prost::Message::encode_to_vec(&atan),
     )
     .unwrap();
     let cfg = |kind: &str| {
         format!(
-            r#"name: "round" platform: "onnxruntime_onnx" max_batch_size: 0
+            r#"name: "atan" platform: "onnxruntime_onnx" max_batch_size: 0
 input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 4 ] }} ]
 output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }} ]
 instance_group [ {{ kind: {kind} }} ]"#
@@ -2762,7 +2762,7 @@ instance_group [ {{ kind: {kind} }} ]"#
     let load = |kind: &str| unsafe {
         infer_server_load_model(
             gpu.0,
-            c"round".as_ptr(),
+            c"atan".as_ptr(),
             cs(&cfg(kind)).as_ptr(),
             cs(dir.to_str().unwrap()).as_ptr(),
         )
@@ -2771,19 +2771,23 @@ instance_group [ {{ kind: {kind} }} ]"#
         load("KIND_GPU"),
         INFER_STATUS_UNSUPPORTED,
         &[
-            "'round'",
-            "operator Round is not supported by the GPU executor",
+            "'atan'",
+            "operator Atan is not supported by the GPU executor",
         ],
     );
     ok(load("KIND_AUTO"));
     let before = d.counters().kernel_launches;
     let resp = gpu.infer(
-        gpu.request("round")
-            .input_f32("X", &[4], &[0.4, 1.6, -2.5, 3.0]),
+        gpu.request("atan")
+            .input_f32("X", &[4], &[0.0, 1.0, -1.0, 0.5]),
     );
-    assert_eq!(resp.output_f32("Y"), vec![0.0, 2.0, -2.0, 3.0]);
-    assert_eq!(d.counters().kernel_launches, before, "Round ran on the GPU");
-    println!("KIND_AUTO: mlp on the GPU, a model with Round on the CPU");
+    let quarter = std::f32::consts::FRAC_PI_4;
+    let want = [0.0f32, quarter, -quarter, 0.5f32.atan()];
+    for (g, w) in resp.output_f32("Y").iter().zip(want) {
+        assert!((g - w).abs() < 1e-6, "atan: {g} vs {w}");
+    }
+    assert_eq!(d.counters().kernel_launches, before, "Atan ran on the GPU");
+    println!("KIND_AUTO: mlp on the GPU, a model with Atan on the CPU");
 
     // CUDA graphs for batches of up to 4 rows: captured on a plan's second run, then
     // replayed with the inputs copied into the graph's slots.

@@ -160,7 +160,8 @@ void infer_emu_syncthreads(void);
     X(infer_pool2d)                                                                          \
     X(infer_fill)                                                                            \
     X(infer_where)                                                                           \
-    X(infer_fused)
+    X(infer_fused)                                                                           \
+    X(infer_compare)
 
 /* The cooperative kernels (K_SHARED, K_SYNC; see the top of this file): the emulator runs
  * the threads of their blocks as coroutines (infer_cooperative_kernels at the end). */
@@ -357,6 +358,8 @@ DEVFN float k_unary(long long op, float x, float f0, float f1) {
         return y < 0.0f ? 0.0f : (y > 1.0f ? 1.0f : y);
     }
     case 21: return x > 0.0f ? x : f0 * expm1f(x);
+    case 22: return rintf(x); /* halves to even (the default rounding mode) */
+    case 23: return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x); /* 0, -0 and NaN stay */
     default: return K_NAN;
     }
 }
@@ -914,6 +917,68 @@ KERNEL void infer_where(infer_kargs a) {
         long long o[3], oo;
         K_STRIDED(a, i, 3, o, oo);
         k_copy_elem(y + oo * size, cond[o[0]] ? x + o[1] * size : w + o[2] * size, size);
+    }
+}
+
+/* Element i of a numeric operand of cast type code t (as infer_cast): integers and bools
+ * into *ll (returns 1), floats into *d (returns 0). */
+DEVFN int k_ld_num(const void *p, long long i, long long t, long long *ll, double *d) {
+    switch (t) {
+    case 1: *ll = ((const unsigned char *)p)[i]; return 1;
+    case 2: *ll = ((const signed char *)p)[i]; return 1;
+    case 3: *ll = ((const int *)p)[i]; return 1;
+    case 4: *ll = ((const long long *)p)[i]; return 1;
+    case 5: *ll = ((const unsigned char *)p)[i] != 0; return 1;
+    case 10: *d = ((const double *)p)[i]; return 0;
+    case 11: *d = (double)k_ldf(p, i, 1); return 0;
+    case 12: *d = (double)k_ldf(p, i, 2); return 0;
+    default: *d = (double)((const float *)p)[i]; return 0;
+    }
+}
+
+/* Comparisons and logic into BOOL (one byte, 0 or 1), strided like infer_binary over
+ * in[0] (and in[1] for the binary ones). a.p[0] the op: 0 Equal, 1 Less, 2 Greater,
+ * 3 LessOrEqual, 4 GreaterOrEqual, 5 And, 6 Or, 7 Xor, 8 Not, 9 IsNaN, 10 IsInf (a.p[3]:
+ * detect +inf, a.p[4]: detect -inf); a.p[1], a.p[2] the inputs' cast type codes. Two
+ * integer operands compare as 64-bit integers, anything else as doubles (NaN compares
+ * unequal and unordered). */
+KERNEL void infer_compare(infer_kargs a) {
+    long long op = a.p[0];
+    int nin = op >= 8 ? 1 : 2;
+    K_LOOP(i) {
+        long long o[2], oo;
+        K_STRIDED(a, i, nin, o, oo);
+        long long la = 0, lb = 0;
+        double da = 0.0, db = 0.0;
+        int ia = k_ld_num(a.in[0], o[0], a.p[1], &la, &da);
+        int ib = nin == 2 ? k_ld_num(a.in[1], o[1], a.p[2], &lb, &db) : 1;
+        int r = 0;
+        if (op <= 4 && ia && ib) {
+            r = op == 0 ? la == lb : op == 1 ? la < lb : op == 2 ? la > lb : op == 3 ? la <= lb
+                                                                                    : la >= lb;
+        } else if (op <= 4) {
+            if (ia)
+                da = (double)la;
+            if (ib)
+                db = (double)lb;
+            r = op == 0 ? da == db : op == 1 ? da < db : op == 2 ? da > db : op == 3 ? da <= db
+                                                                                    : da >= db;
+        } else {
+            int xa = ia ? la != 0 : da != 0.0, xb = ib ? lb != 0 : db != 0.0;
+            switch (op) {
+            case 5: r = xa && xb; break;
+            case 6: r = xa || xb; break;
+            case 7: r = xa != xb; break;
+            case 8: r = !xa; break;
+            case 9: r = !ia && da != da; break;
+            case 10:
+                r = !ia && ((a.p[3] != 0 && da > 1.7976931348623157e308) ||
+                            (a.p[4] != 0 && da < -1.7976931348623157e308));
+                break;
+            default: break;
+            }
+        }
+        ((unsigned char *)a.out)[oo] = (unsigned char)r;
     }
 }
 

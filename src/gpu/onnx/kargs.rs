@@ -37,10 +37,11 @@ pub enum Kernel {
     Pool2d,
     Where,
     Fused,
+    Compare,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 14] = [
+    pub const ALL: [Kernel; 15] = [
         Kernel::Unary,
         Kernel::Binary,
         Kernel::StridedCopy,
@@ -55,6 +56,7 @@ impl Kernel {
         Kernel::Pool2d,
         Kernel::Where,
         Kernel::Fused,
+        Kernel::Compare,
     ];
 
     pub fn name(self) -> &'static std::ffi::CStr {
@@ -73,6 +75,7 @@ impl Kernel {
             Kernel::Pool2d => c"infer_pool2d",
             Kernel::Where => c"infer_where",
             Kernel::Fused => c"infer_fused",
+            Kernel::Compare => c"infer_compare",
         }
     }
 

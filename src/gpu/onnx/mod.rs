@@ -31,6 +31,7 @@ use std::sync::Arc;
 pub const SUPPORTED: &[&str] = &[
     "Abs",
     "Add",
+    "And",
     "ArgMax",
     "ArgMin",
     "AveragePool",
@@ -45,6 +46,7 @@ pub const SUPPORTED: &[&str] = &[
     "Div",
     "Dropout",
     "Elu",
+    "Equal",
     "Erf",
     "Exp",
     "Expand",
@@ -55,10 +57,16 @@ pub const SUPPORTED: &[&str] = &[
     "Gemm",
     "GlobalAveragePool",
     "GlobalMaxPool",
+    "Greater",
+    "GreaterOrEqual",
     "HardSigmoid",
     "Identity",
+    "IsInf",
+    "IsNaN",
     "LayerNormalization",
     "LeakyRelu",
+    "Less",
+    "LessOrEqual",
     "Log",
     "LogSoftmax",
     "MatMul",
@@ -67,6 +75,8 @@ pub const SUPPORTED: &[&str] = &[
     "Min",
     "Mul",
     "Neg",
+    "Not",
+    "Or",
     "PRelu",
     "Pow",
     "Reciprocal",
@@ -80,8 +90,10 @@ pub const SUPPORTED: &[&str] = &[
     "ReduceSumSquare",
     "Relu",
     "Reshape",
+    "Round",
     "Shape",
     "Sigmoid",
+    "Sign",
     "Sin",
     "Slice",
     "Softmax",
@@ -95,25 +107,14 @@ pub const SUPPORTED: &[&str] = &[
     "Transpose",
     "Unsqueeze",
     "Where",
+    "Xor",
 ];
 
 /// Plans kept per instance (one per set of input shapes seen).
 const MAX_PLANS: usize = 64;
 
 /// Operators only evaluated on the host (constants and shape computations).
-const HOST_ONLY: &[&str] = &[
-    "Constant",
-    "ConstantOfShape",
-    "Range",
-    "Equal",
-    "Less",
-    "Greater",
-    "And",
-    "Or",
-    "Not",
-    "Mod",
-    "Size",
-];
+const HOST_ONLY: &[&str] = &["Constant", "ConstantOfShape", "Range", "Mod", "Size"];
 
 /// Reads and checks a graph for the GPU: every operator known, BatchNormalization after
 /// Conv folded.

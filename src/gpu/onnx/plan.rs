@@ -632,6 +632,82 @@ impl<'a> Planner<'a> {
         Ok(y)
     }
 
+    /// Comparisons and logic into BOOL (`infer_compare`).
+    fn compare(&mut self, node: &Node) -> Result<()> {
+        let op = match node.op.as_str() {
+            "Equal" => 0,
+            "Less" => 1,
+            "Greater" => 2,
+            "LessOrEqual" => 3,
+            "GreaterOrEqual" => 4,
+            "And" => 5,
+            "Or" => 6,
+            "Xor" => 7,
+            "Not" => 8,
+            "IsNaN" => 9,
+            _ => 10,
+        };
+        let a = self.x(node, 0)?;
+        let ins = if op >= 8 {
+            vec![a]
+        } else {
+            vec![a, self.x(node, 1)?]
+        };
+        for d in &ins {
+            let ok = match op {
+                5..=8 => d.dt == Dt::Bool,
+                9 | 10 => d.dt.is_float(),
+                _ => true,
+            };
+            if !ok {
+                return Err(Error::invalid(format!(
+                    "{}: an input of type {}",
+                    node.label(),
+                    d.dt.name()
+                )));
+            }
+        }
+        let shape = match ins.as_slice() {
+            [x, y] => broadcast(&x.shape, &y.shape).ok_or_else(|| {
+                Error::invalid(format!(
+                    "{}: shapes {:?} and {:?} do not broadcast",
+                    node.label(),
+                    x.shape,
+                    y.shape
+                ))
+            })?,
+            _ => ins[0].shape.clone(),
+        };
+        let y = self.temp(Dt::Bool, shape.clone());
+        let codes: Vec<i64> = ins.iter().map(|d| d.dt.cast_code()).collect();
+        let spec: Vec<(&Dev, Vec<i64>, i64)> = ins
+            .iter()
+            .map(|d| (d, broadcast_strides(&d.shape, &shape), 0))
+            .collect();
+        let (pos, neg) = (
+            node.int("detect_positive", 1) != 0,
+            node.int("detect_negative", 1) != 0,
+        );
+        self.strided(
+            node,
+            Kernel::Compare,
+            &shape,
+            &spec,
+            &y.ptr,
+            &strides(&shape),
+            0,
+            |k| {
+                k.p[0] = op;
+                k.p[1] = codes[0];
+                k.p[2] = codes.get(1).copied().unwrap_or(0);
+                k.p[3] = i64::from(pos);
+                k.p[4] = i64::from(neg);
+            },
+        )?;
+        self.set(node, 0, Val::Dev(y));
+        Ok(())
+    }
+
     fn binary(&mut self, node: &Node, op: i64) -> Result<()> {
         let mut acc = self.x(node, 0)?;
         for i in 1..node.inputs.len() {
@@ -739,6 +815,10 @@ impl<'a> Planner<'a> {
                 self.unary(node, 14, [lo, hi, 0.0, 0.0])
             }
             "Floor" => self.unary(node, 15, [0.0; 4]),
+            "Round" => self.unary(node, 22, [0.0; 4]),
+            "Sign" => self.unary(node, 23, [0.0; 4]),
+            "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or"
+            | "Xor" | "Not" | "IsNaN" | "IsInf" => self.compare(node),
             "Ceil" => self.unary(node, 16, [0.0; 4]),
             "Sin" => self.unary(node, 17, [0.0; 4]),
             "Cos" => self.unary(node, 18, [0.0; 4]),
