@@ -95,6 +95,9 @@ pub struct Plan {
 /// uses it goes.
 pub struct Consts {
     ctx: Arc<Context>,
+    /// The graph's initializers as uploaded (by name and the type they are computed in):
+    /// found again without hashing their contents when the next plan is made.
+    initializers: HashMap<(String, Dt), Arc<DeviceMem>>,
 }
 
 type ConstKey = (i32, String);
@@ -103,7 +106,10 @@ static CONSTS: std::sync::OnceLock<parking_lot::Mutex<HashMap<ConstKey, Weak<Dev
 
 impl Consts {
     pub fn new(ctx: &Arc<Context>) -> Consts {
-        Consts { ctx: ctx.clone() }
+        Consts {
+            ctx: ctx.clone(),
+            initializers: HashMap::new(),
+        }
     }
 
     fn get(&mut self, key: &str, t: &HostTensor) -> Result<Arc<DeviceMem>> {
@@ -146,6 +152,8 @@ pub struct Planner<'a> {
     precision: Option<Dt>,
     /// One-element float constants on the device: address -> value (for fusion).
     scalars: HashMap<usize, f32>,
+    /// The names of the graph's initializers (constant whatever the input shapes).
+    initializers: std::collections::HashSet<&'a str>,
     vals: HashMap<String, Val>,
     steps: Vec<Step>,
     temps: Vec<Temp>,
@@ -177,6 +185,7 @@ impl<'a> Planner<'a> {
             consts,
             precision: precision.filter(|p| matches!(p, Dt::F16 | Dt::BF16)),
             scalars: HashMap::new(),
+            initializers: graph.initializers.iter().map(|(n, _)| n.as_str()).collect(),
             vals: HashMap::new(),
             steps: Vec::new(),
             temps: Vec::new(),
@@ -362,36 +371,59 @@ impl<'a> Planner<'a> {
         }
     }
 
-    fn val(&self, name: &str) -> Result<&Val> {
-        self.vals
-            .get(name)
-            .ok_or_else(|| Error::invalid(format!("the graph uses '{name}' before it is computed")))
-    }
-
     /// A value on the device (host values are uploaded as constants).
     fn dev(&mut self, name: &str) -> Result<Dev> {
-        match self.val(name)?.clone() {
-            Val::Dev(d) => Ok(d),
-            Val::Host(mut t) => {
-                if let Some(p) = self.precision.filter(|_| t.dt == Dt::F32) {
-                    t.dt = p;
-                    t = t.normalize();
-                }
-                let mem = self.consts.get(name, &t)?;
-                if t.dt.float_code().is_some() && t.len() == 1 {
-                    self.scalars
-                        .insert(Arc::as_ptr(&mem) as usize, t.data[0] as f32);
-                }
-                Ok(Dev {
-                    dt: t.dt,
-                    shape: t.shape.clone(),
-                    ptr: Ptr {
-                        buf: Buf::Const(mem),
-                        bytes: 0,
-                    },
-                })
+        let t = match self.vals.get(name) {
+            None => {
+                return Err(Error::invalid(format!(
+                    "the graph uses '{name}' before it is computed"
+                )))
             }
+            Some(Val::Dev(d)) => return Ok(d.clone()),
+            Some(Val::Host(t)) => t,
+        };
+        let dt = match self.precision {
+            Some(p) if t.dt == Dt::F32 => p,
+            _ => t.dt,
+        };
+        let key = (name.to_owned(), dt);
+        let init = self.initializers.contains(name);
+        let mem = match self.consts.initializers.get(&key).filter(|_| init) {
+            Some(m) => m.clone(),
+            None => {
+                let converted;
+                let t = if dt == t.dt {
+                    t
+                } else {
+                    converted = HostTensor { dt, ..t.clone() }.normalize();
+                    &converted
+                };
+                let mem = self.consts.get(name, t)?;
+                if init {
+                    self.consts.initializers.insert(key, mem.clone());
+                }
+                mem
+            }
+        };
+        if dt.float_code().is_some() && t.len() == 1 {
+            // The value as computed (rounded to the 16-bit type where it is one).
+            let v = HostTensor {
+                dt,
+                shape: Vec::new(),
+                data: vec![t.data[0]],
+            }
+            .normalize()
+            .data[0];
+            self.scalars.insert(Arc::as_ptr(&mem) as usize, v as f32);
         }
+        Ok(Dev {
+            dt,
+            shape: t.shape.clone(),
+            ptr: Ptr {
+                buf: Buf::Const(mem),
+                bytes: 0,
+            },
+        })
     }
 
     fn host(&self, name: &str) -> Option<&HostTensor> {
