@@ -116,6 +116,32 @@ const MAX_PLANS: usize = 64;
 /// Operators only evaluated on the host (constants and shape computations).
 const HOST_ONLY: &[&str] = &["Constant", "ConstantOfShape", "Range", "Mod", "Size"];
 
+/// The graph of `file`, read once for all the instances that load it while it is
+/// unchanged (same length and modification time): instances of a model share one copy of
+/// its host-side constants.
+fn shared_graph(file: &Path, what: &str) -> Result<Arc<Graph>> {
+    type Key = (std::path::PathBuf, u64, Option<std::time::SystemTime>);
+    static GRAPHS: std::sync::OnceLock<parking_lot::Mutex<HashMap<Key, std::sync::Weak<Graph>>>> =
+        std::sync::OnceLock::new();
+    let meta = std::fs::metadata(file).ok();
+    let key: Key = (
+        file.to_path_buf(),
+        meta.as_ref().map_or(0, |m| m.len()),
+        meta.and_then(|m| m.modified().ok()),
+    );
+    let graphs = GRAPHS.get_or_init(Default::default);
+    if let Some(g) = graphs.lock().get(&key).and_then(std::sync::Weak::upgrade) {
+        return Ok(g);
+    }
+    // Read without the lock (other models load meanwhile); two instances racing on one
+    // file may each read it, and the last one is kept.
+    let g = Arc::new(load_graph(file, what)?);
+    let mut map = graphs.lock();
+    map.retain(|_, w| w.strong_count() > 0);
+    map.insert(key, Arc::downgrade(&g));
+    Ok(g)
+}
+
 /// Reads and checks a graph for the GPU: every operator known, BatchNormalization after
 /// Conv folded.
 pub fn load_graph(file: &Path, what: &str) -> Result<Graph> {
@@ -275,7 +301,7 @@ impl OnnxGpuInstance {
         device: i32,
         what: &str,
     ) -> Result<OnnxGpuInstance> {
-        let graph = Arc::new(load_graph(file, what)?);
+        let graph = shared_graph(file, what)?;
         let info = crate::gpu::GpuState::for_mode(crate::gpu::GpuMode::Auto)
             .runtime()
             .and_then(|r| r.devices.get(device as usize).cloned())
@@ -674,6 +700,45 @@ mod tests {
             e.message.contains("'cuda_graph_max_batch' is 'many'"),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn instances_share_a_graph_until_the_file_changes() {
+        use tract_onnx::pb;
+        let model = |op: &str| pb::ModelProto {
+            ir_version: 8,
+            opset_import: vec![pb::OperatorSetIdProto {
+                domain: String::new(),
+                version: 17,
+            }],
+            graph: Some(pb::GraphProto {
+                node: vec![pb::NodeProto {
+                    op_type: op.into(),
+                    input: vec!["X".into()],
+                    output: vec!["Y".into()],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let dir = std::env::temp_dir().join(format!("infer-shared-graph-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("model.onnx");
+        std::fs::write(&file, prost::Message::encode_to_vec(&model("Relu"))).unwrap();
+        let a = shared_graph(&file, "m").unwrap();
+        let b = shared_graph(&file, "m").unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        // A different file (another length) is read again.
+        std::fs::write(&file, prost::Message::encode_to_vec(&model("Sigmoid"))).unwrap();
+        let c = shared_graph(&file, "m").unwrap();
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_eq!(c.nodes[0].op, "Sigmoid");
+        // Once no instance holds it, it goes.
+        let weak = Arc::downgrade(&c);
+        drop(c);
+        assert!(weak.upgrade().is_none());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
