@@ -329,9 +329,13 @@ infer_status infer_backend_set_init_error(const char *msg);
  * INFER_MEMORY_CPU). INFER_MEMORY_GPU is UNAVAILABLE without a usable GPU (the message
  * says why) and INVALID_ARGUMENT for a device id that does not exist. With
  * INFER_MEMORY_GPU, outputs a backend on a GPU instance produced in device memory stay
- * there (on the instance's device, which `infer_response_output_memory` reports);
- * outputs computed in host memory stay in host memory. Device outputs are complete
- * before the callback runs and valid until `infer_response_free`.
+ * there (on the instance's device, which `infer_response_output_memory` reports), and
+ * every other output but BYTES (whatever computed it: CPU instances, ensembles, each
+ * response of a generative model) is copied to GPU `device_id` before the callback runs;
+ * BYTES outputs stay in host memory. Device outputs are complete before the callback
+ * runs and valid until `infer_response_free`. A response whose outputs cannot be copied
+ * (no device memory: RESOURCE_EXHAUSTED; a driver error: INTERNAL) comes as an error
+ * response naming the model, the outputs and the device.
  */
 infer_status infer_request_set_output_memory(struct infer_request *r, infer_memory_type mem, int64_t device_id);
 

@@ -274,6 +274,9 @@ pub struct ResponseSink {
     /// Filled in when the request is accepted, so the destructor's safety-net FINAL can
     /// say which request and model it is about.
     fallback: Option<(u64, ModelIdentity)>,
+    /// The GPU the request wants its outputs on: host outputs of each response go there
+    /// before the callback runs (`gpu::outputs`).
+    place: Option<Arc<crate::gpu::outputs::OutputPlacer>>,
 }
 
 /// Where responses go: the caller's C callback, or library code (an ensemble step).
@@ -304,6 +307,7 @@ impl ResponseSink {
         ResponseSink {
             target: Target::C { func, user_data },
             fallback: None,
+            place: None,
         }
     }
 
@@ -312,6 +316,7 @@ impl ResponseSink {
         ResponseSink {
             target: Target::Rust(Box::new(f)),
             fallback: None,
+            place: None,
         }
     }
 
@@ -326,7 +331,17 @@ impl ResponseSink {
         self.fallback = None;
     }
 
-    fn call(&mut self, resp: Box<Response>, flags: u32) {
+    /// Every response from now on gets its host outputs (but BYTES) copied to `placer`'s
+    /// GPU before the callback runs.
+    pub fn set_output_placer(&mut self, placer: Arc<crate::gpu::outputs::OutputPlacer>) {
+        self.place = Some(placer);
+    }
+
+    fn call(&mut self, mut resp: Box<Response>, flags: u32) {
+        // On the delivering thread, with no lock held (the callback runs next).
+        if let Some(p) = &self.place {
+            p.place(&mut resp);
+        }
         match &mut self.target {
             Target::C { func, user_data } => {
                 let (func, user_data) = (*func, *user_data);

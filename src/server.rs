@@ -86,6 +86,9 @@ pub struct Server {
     accepting: AtomicBool,
     /// Iteration-statistics callbacks by model name (kept across reloads).
     stats_callbacks: Mutex<HashMap<String, Arc<inflight::StatsCallback>>>,
+    /// By device id: what copies host outputs to the GPU a request asked for (made on
+    /// the first such request).
+    output_placers: Mutex<Vec<Option<Arc<crate::gpu::outputs::OutputPlacer>>>>,
 }
 
 /// Servers alive in this process; the object pools are emptied when it drops to zero.
@@ -134,6 +137,7 @@ impl Server {
             next_request_id: AtomicU64::new(1),
             accepting: AtomicBool::new(true),
             stats_callbacks: Mutex::new(HashMap::new()),
+            output_placers: Mutex::new(Vec::new()),
             opts,
         });
         if let Some(repo) = &server.opts.repository {
@@ -672,6 +676,15 @@ impl Server {
         if !self.accepting.load(Ordering::Acquire) {
             return Err(Error::unavailable("the server is shutting down"));
         }
+        if let Some(device) = req.output_device {
+            // Outputs wanted on a GPU: host outputs will be copied there at delivery.
+            let placer = self.output_placer(device).map_err(|e| {
+                e.context(format!("outputs of model '{}' on GPU {device}", req.model))
+            })?;
+            if let Some(sink) = req.sink.as_mut() {
+                sink.set_output_placer(placer);
+            }
+        }
         let id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         req.id = id;
         let mut last = None;
@@ -725,6 +738,24 @@ impl Server {
                 req.model
             ))
         }))
+    }
+
+    /// This server's [`crate::gpu::outputs::OutputPlacer`] for GPU `device`, checked
+    /// against what the server may use (UNAVAILABLE without a usable GPU,
+    /// INVALID_ARGUMENT for a device that does not exist).
+    fn output_placer(&self, device: i32) -> Result<Arc<crate::gpu::outputs::OutputPlacer>> {
+        self.gpu.check_device(device as i64)?;
+        let i = device as usize;
+        let mut all = self.output_placers.lock();
+        if all.len() <= i {
+            all.resize(i + 1, None);
+        }
+        if let Some(p) = &all[i] {
+            return Ok(p.clone());
+        }
+        let p = crate::gpu::outputs::OutputPlacer::new(device)?;
+        all[i] = Some(p.clone());
+        Ok(p)
     }
 
     fn all_schedulers(&self) -> Vec<Arc<Scheduler>> {

@@ -376,12 +376,13 @@ fn request_output_memory_without_a_gpu() {
                 INFER_STATUS_INVALID_ARGUMENT,
                 &["GPU 4096"],
             );
-            expect_msg(
-                infer_request_set_output_memory(r.0, INFER_MEMORY_GPU, 0),
-                INFER_STATUS_UNSUPPORTED,
-                &["not implemented yet"],
-            );
         }
+        // A model on the CPU answers in the memory of the GPU asked for.
+        let resp = auto.infer(ask_gpu(add_sub_request(&auto, "m", [1.; 4], [2.; 4]), 0));
+        assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
+        let (mem, dev, sum) = read_output(&resp, "OUTPUT0");
+        assert_eq!((mem, dev), (INFER_MEMORY_GPU, 0));
+        assert_eq!(sum, vec![3.; 4]);
     }
 }
 
@@ -586,8 +587,15 @@ fn fake_driver_child() {
             );
             ok(infer_request_set_output_memory(r.0, INFER_MEMORY_GPU, 0));
         }
-        // A model on the CPU computes in host memory, and says so.
+        // A model on the CPU computes in host memory; its outputs are copied to the GPU
+        // asked for, and it says so.
         let resp = s.infer(r);
+        assert_eq!(
+            read_output(&resp, "OUTPUT0"),
+            (INFER_MEMORY_GPU, 0, vec![3.; 4])
+        );
+        // Without asking, host memory.
+        let resp = s.infer(add_sub_request(&s, "m", [1.; 4], [2.; 4]));
         assert_eq!(resp.output_f32("OUTPUT0"), vec![3.; 4]);
         let (mut mem, mut dev) = (99u32, 99i64);
         ok(unsafe { infer_response_output_memory(resp.0, 0, &mut mem, &mut dev) });
@@ -1209,6 +1217,7 @@ fn data_path_one_gpu() {
     assert_eq!(resp.output_f32("OUT"), vec![1., 2.]);
 
     gpu_statistics_one_gpu(&s);
+    host_outputs_on_the_device(&s);
 
     drop(s);
     unsafe {
@@ -1461,11 +1470,406 @@ fn data_path_two_gpus() {
     let resp = s.infer(r);
     check_affine(&resp, x, INFER_MEMORY_CPU);
     drop(resp);
+    host_outputs_on_the_asked_gpu(&s);
     drop(s);
     assert_eq!(unsafe { (d.mem_free)(p) }, 0);
     let c = d.counters();
     assert_eq!((c.live_device_bytes, c.live_host_bytes), (0, 0), "{c:?}");
     assert_eq!(c.pageable_async_copies, 0, "{c:?}");
+}
+
+// ---- host outputs delivered on the GPU a request asked for ----
+
+/// Y = 3 X + 1 (FP32, any length) and TEXT = "y0=<first Y of the row>" per row (BYTES),
+/// computed in host memory on CPU instances.
+fn host_mixed_config(name: &str) -> String {
+    format!(
+        r#"name: "{name}" backend: "host_mixed" max_batch_size: 8
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }},
+         {{ name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 2 }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 2000 }}"#
+    )
+}
+
+fn host_mixed(b: &mut Batch) -> infer::status::Result<()> {
+    let (x, data) = b.input("X").expect("input X");
+    let shape = x.shape.clone();
+    let y: Vec<f32> = bytemuck::pod_collect_to_vec::<u8, f32>(data)
+        .iter()
+        .map(|v| 3. * v + 1.)
+        .collect();
+    b.alloc_output("Y", &shape, None)?
+        .copy_from_slice(bytemuck::cast_slice(&y));
+    let rows = b.size as usize;
+    let per_row = y.len() / rows.max(1);
+    let mut text = Vec::new();
+    for r in 0..rows {
+        let s = format!("y0={}", y[r * per_row]);
+        text.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        text.extend_from_slice(s.as_bytes());
+    }
+    let len = text.len();
+    b.alloc_output("TEXT", &[rows as i64, 1], Some(len))?
+        .copy_from_slice(&text);
+    Ok(())
+}
+
+/// One output as a callback saw it: name, memory type, device and bytes (read from the
+/// device inside the callback when it is there).
+#[derive(Clone, Debug)]
+struct SeenOutput {
+    name: String,
+    mem: u32,
+    dev: i64,
+    bytes: Vec<u8>,
+}
+
+/// One response as a callback saw it.
+#[derive(Clone, Debug)]
+struct Seen {
+    id: u64,
+    flags: u32,
+    status: infer_status,
+    error: String,
+    outputs: Vec<SeenOutput>,
+}
+
+impl Seen {
+    fn output(&self, name: &str) -> &SeenOutput {
+        self.outputs
+            .iter()
+            .find(|o| o.name == name)
+            .unwrap_or_else(|| panic!("no output {name}: {self:?}"))
+    }
+    fn f32s(&self, name: &str) -> Vec<f32> {
+        bytemuck::pod_collect_to_vec(&self.output(name).bytes)
+    }
+}
+
+/// Reads every output of a response where it is: device outputs are checked to be device
+/// memory of the device the response names, and downloaded.
+fn see(resp: &Resp) -> Vec<SeenOutput> {
+    let d = driver();
+    let mut out = Vec::new();
+    unsafe {
+        for i in 0..infer_response_output_count(resp.0) {
+            let (mut name, mut data, mut n) = (null(), null(), 0usize);
+            ok(infer_response_output(
+                resp.0,
+                i,
+                &mut name,
+                null_mut(),
+                null_mut(),
+                null_mut(),
+                &mut data,
+                &mut n,
+            ));
+            let name = std::ffi::CStr::from_ptr(name)
+                .to_string_lossy()
+                .into_owned();
+            let (mut mem, mut dev) = (99u32, 99i64);
+            ok(infer_response_output_memory(resp.0, i, &mut mem, &mut dev));
+            let mut bytes = vec![0u8; n];
+            if mem == INFER_MEMORY_GPU {
+                assert_eq!(d.place(data as u64), (2, dev as i32), "output {name}");
+                d.bind(dev as i32);
+                if n > 0 {
+                    assert_eq!(
+                        (d.dtoh)(bytes.as_mut_ptr() as *mut c_void, data as u64, n),
+                        0
+                    );
+                }
+            } else if n > 0 {
+                bytes.copy_from_slice(std::slice::from_raw_parts(data as *const u8, n));
+            }
+            out.push(SeenOutput {
+                name,
+                mem,
+                dev,
+                bytes,
+            });
+        }
+    }
+    out
+}
+
+/// Responses seen by `see_response` (the checks of one scenario run one at a time).
+static SEEN: std::sync::Mutex<Vec<Seen>> = std::sync::Mutex::new(Vec::new());
+static SEEN_CV: std::sync::Condvar = std::sync::Condvar::new();
+
+/// A callback that reads each response's outputs before it returns (a device output not
+/// complete by then would show the stand-in's poison bytes), then frees it.
+unsafe extern "C" fn see_response(_: *mut c_void, resp: *mut Response, flags: u32) {
+    let r = Resp(resp);
+    let seen = Seen {
+        id: r.id(),
+        flags,
+        status: r.status(),
+        error: r.error(),
+        outputs: see(&r),
+    };
+    drop(r);
+    SEEN.lock().unwrap().push(seen);
+    SEEN_CV.notify_all();
+}
+
+fn enqueue_seen(s: &Server, r: Req) -> u64 {
+    let mut id = 0;
+    ok(unsafe { infer_server_enqueue(s.0, r.take(), Some(see_response), null_mut(), &mut id) });
+    id
+}
+
+/// Waits for the FINAL responses of `ids` and returns every response of theirs, in order
+/// of arrival (taken out of SEEN).
+fn wait_seen(ids: &[u64]) -> Vec<Seen> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut g = SEEN.lock().unwrap();
+    loop {
+        let finals = g
+            .iter()
+            .filter(|r| ids.contains(&r.id) && r.flags & INFER_RESPONSE_FLAG_FINAL != 0)
+            .count();
+        if finals == ids.len() {
+            break;
+        }
+        let now = std::time::Instant::now();
+        assert!(now < deadline, "{finals} of {} FINAL responses", ids.len());
+        g = SEEN_CV.wait_timeout(g, deadline - now).unwrap().0;
+    }
+    let (mine, rest) = std::mem::take(&mut *g)
+        .into_iter()
+        .partition(|r| ids.contains(&r.id));
+    *g = rest;
+    mine
+}
+
+fn ask_gpu(r: Req, dev: i64) -> Req {
+    ok(unsafe { infer_request_set_output_memory(r.0, INFER_MEMORY_GPU, dev) });
+    r
+}
+
+fn decode_bytes(b: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 4 <= b.len() {
+        let n = u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+        out.push(String::from_utf8_lossy(&b[at + 4..at + 4 + n]).into_owned());
+        at += 4 + n;
+    }
+    out
+}
+
+/// Models on the CPU (a Rust backend with a BYTES output, the built-in add_sub, an
+/// ensemble, a streaming generative model) asked for GPU outputs on the stand-in's GPU 0:
+/// the outputs come in device memory of GPU 0, complete when the callback runs, equal to
+/// the host result; BYTES outputs stay on the host; the steady state allocates nothing;
+/// no device memory is an error response naming the model, the output and the device.
+/// Needs the model "cpu" (add_sub) of `data_path_one_gpu`.
+fn host_outputs_on_the_device(s: &Server) {
+    let d = driver();
+    s.register_fn_backend("host_mixed", host_mixed);
+    s.load("hm", &host_mixed_config("hm"));
+    let x_at = |i: usize| {
+        let v = i as f32;
+        [v, v + 0.5, -v, 2. * v, 0.25, v * v]
+    };
+
+    // Concurrent requests, batched together; every other one wants GPU outputs.
+    let n = 24;
+    let ids: Vec<u64> = (0..n)
+        .map(|i| {
+            let r = s.request("hm").input_f32("X", &[1, 6], &x_at(i));
+            enqueue_seen(s, if i % 2 == 0 { ask_gpu(r, 0) } else { r })
+        })
+        .collect();
+    let seen = wait_seen(&ids);
+    assert_eq!(seen.len(), n);
+    for r in &seen {
+        let i = ids.iter().position(|&id| id == r.id).unwrap();
+        assert_eq!(r.status, INFER_STATUS_OK, "{}", r.error);
+        let want: Vec<f32> = x_at(i).iter().map(|v| 3. * v + 1.).collect();
+        let y = r.output("Y");
+        let want_mem = if i % 2 == 0 {
+            (INFER_MEMORY_GPU, 0)
+        } else {
+            (INFER_MEMORY_CPU, 0)
+        };
+        assert_eq!((y.mem, y.dev), want_mem, "request {i}");
+        assert_eq!(r.f32s("Y"), want, "request {i}");
+        // BYTES stays in host memory.
+        let text = r.output("TEXT");
+        assert_eq!((text.mem, text.dev), (INFER_MEMORY_CPU, 0), "request {i}");
+        assert_eq!(decode_bytes(&text.bytes), vec![format!("y0={}", want[0])]);
+    }
+    let execs = s.stats("hm")["models"][0]["execution_count"]
+        .as_u64()
+        .unwrap_or(0);
+    println!("host outputs to GPU 0: {n} requests in {execs} executions");
+
+    // The built-in add_sub: both outputs on GPU 0, as the host computes them.
+    let (a, b) = ([1., 2., 3., 4.], [0.5, -1., 2., 8.]);
+    let host = s.infer(add_sub_request(s, "cpu", a, b));
+    let resp = s.infer(ask_gpu(add_sub_request(s, "cpu", a, b), 0));
+    assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
+    for name in ["OUTPUT0", "OUTPUT1"] {
+        let (mem, dev, got) = read_output(&resp, name);
+        assert_eq!((mem, dev), (INFER_MEMORY_GPU, 0), "{name}");
+        assert_eq!(got, host.output_f32(name), "{name}");
+    }
+    drop(resp);
+
+    // The steady state: one request at a time, the response freed before the next: no
+    // device or pinned allocation, no new stream, one pinned-to-device copy per output.
+    let rounds = 10u64;
+    for round in 0..rounds + 2 {
+        if round == 2 {
+            d.reset();
+        }
+        let x = [round as f32, 1., 2., 3.];
+        let resp = s.infer(ask_gpu(add_sub_request(s, "cpu", x, [1.; 4]), 0));
+        let (mem, _, sum) = read_output(&resp, "OUTPUT0");
+        assert_eq!(mem, INFER_MEMORY_GPU);
+        assert_eq!(sum, x.map(|v| v + 1.).to_vec());
+    }
+    let c = d.counters();
+    assert_eq!(
+        (c.mem_alloc, c.host_alloc, c.stream_creates),
+        (0, 0, 0),
+        "{c:?}"
+    );
+    assert_eq!(c.async_copies, 2 * rounds, "{c:?}");
+    assert_eq!((c.pageable_async_copies, c.invalid_calls), (0, 0), "{c:?}");
+
+    // An ensemble over add_sub: its final outputs (2A and 2B) on GPU 0.
+    s.load(
+        "ens_cpu",
+        r#"name: "ens_cpu" platform: "ensemble" max_batch_size: 64
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "A2" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "B2" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "cpu" model_version: -1
+    input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+    output_map { key: "OUTPUT0" value: "sum" } output_map { key: "OUTPUT1" value: "diff" } },
+  { model_name: "cpu" model_version: -1
+    input_map { key: "INPUT0" value: "sum" } input_map { key: "INPUT1" value: "diff" }
+    output_map { key: "OUTPUT0" value: "A2" } output_map { key: "OUTPUT1" value: "B2" } } ] }"#,
+    );
+    let r = s
+        .request("ens_cpu")
+        .input_f32("A", &[1, 4], &a)
+        .input_f32("B", &[1, 4], &b);
+    let id = enqueue_seen(s, ask_gpu(r, 0));
+    let seen = wait_seen(&[id]);
+    let r = &seen[0];
+    assert_eq!(r.status, INFER_STATUS_OK, "{}", r.error);
+    for (name, v) in [("A2", a), ("B2", b)] {
+        let o = r.output(name);
+        assert_eq!((o.mem, o.dev), (INFER_MEMORY_GPU, 0), "{name}");
+        assert_eq!(r.f32s(name), v.map(|x| 2. * x).to_vec(), "{name}");
+    }
+
+    // A streaming generative model: every response's outputs on GPU 0, the tokens those
+    // of the same request answered in host memory.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny_gpt2");
+    let config = std::fs::read_to_string(dir.join("config.pbtxt")).unwrap();
+    ok(s.try_load_dir("tiny_gpt2", &config, &dir));
+    let generate = |gpu: bool| {
+        let r = s
+            .request("tiny_gpt2")
+            .input_i32("input_ids", &[4], &[5, 17, 42, 9]);
+        unsafe {
+            ok(infer_request_set_parameter_int(
+                r.0,
+                c"max_tokens".as_ptr(),
+                6,
+            ));
+            ok(infer_request_set_parameter_bool(
+                r.0,
+                c"streaming".as_ptr(),
+                true,
+            ));
+        }
+        let id = enqueue_seen(s, if gpu { ask_gpu(r, 0) } else { r });
+        wait_seen(&[id])
+    };
+    let tokens = |responses: &[Seen], want_mem: u32| {
+        let mut t: Vec<i32> = Vec::new();
+        for r in responses {
+            assert_eq!(r.status, INFER_STATUS_OK, "{}", r.error);
+            for o in &r.outputs {
+                assert_eq!(o.mem, want_mem, "{}: {r:?}", o.name);
+            }
+            if let Some(o) = r.outputs.iter().find(|o| o.name == "output_ids") {
+                t.extend(bytemuck::pod_collect_to_vec::<u8, i32>(&o.bytes));
+            }
+        }
+        t
+    };
+    let on_host = generate(false);
+    let on_gpu = generate(true);
+    let streamed = on_gpu.iter().filter(|r| !r.outputs.is_empty()).count();
+    assert!(streamed >= 2, "{on_gpu:?}");
+    let want = tokens(&on_host, INFER_MEMORY_CPU);
+    assert_eq!(want.len(), 6, "{on_host:?}");
+    assert_eq!(tokens(&on_gpu, INFER_MEMORY_GPU), want);
+    println!("generative: {streamed} streamed responses with their outputs on GPU 0");
+
+    // No device memory left for the copy: the response is an error that names the
+    // model, the output and the device (the request is answered, nothing is lost).
+    let big: Vec<f32> = (0..65536).map(|i| i as f32).collect(); // 256 KiB of Y
+    d.bind(0);
+    let live = d.counters().live_device_bytes;
+    let mut filler = 0u64;
+    let spare = 128 << 10;
+    assert_eq!(
+        unsafe { (d.mem_alloc)(&mut filler, (1usize << 30) - live as usize - spare) },
+        0
+    );
+    let id = enqueue_seen(
+        s,
+        ask_gpu(s.request("hm").input_f32("X", &[1, 65536], &big), 0),
+    );
+    let seen = wait_seen(&[id]);
+    assert_eq!(
+        seen[0].status, INFER_STATUS_RESOURCE_EXHAUSTED,
+        "{}",
+        seen[0].error
+    );
+    for part in ["model 'hm'", "'Y'", "GPU 0"] {
+        assert!(
+            seen[0].error.contains(part),
+            "{:?} lacks {part:?}",
+            seen[0].error
+        );
+    }
+    assert!(seen[0].outputs.is_empty(), "{:?}", seen[0].outputs);
+    assert_eq!(unsafe { (d.mem_free)(filler) }, 0);
+    let id = enqueue_seen(
+        s,
+        ask_gpu(s.request("hm").input_f32("X", &[1, 65536], &big), 0),
+    );
+    let seen = wait_seen(&[id]);
+    assert_eq!(seen[0].status, INFER_STATUS_OK, "{}", seen[0].error);
+    assert_eq!(seen[0].output("Y").mem, INFER_MEMORY_GPU);
+    let y = seen[0].f32s("Y");
+    assert!(y.iter().zip(&big).all(|(y, x)| *y == 3. * x + 1.));
+    d.reset();
+    println!("host outputs to GPU 0: checked");
+}
+
+/// Two GPUs: a model on the CPU answers on the GPU each request asked for.
+fn host_outputs_on_the_asked_gpu(s: &Server) {
+    s.load("cpu2", &add_sub_config("cpu2", ""));
+    let (a, b) = ([1., 2., 3., 4.], [4., 3., 2., 1.]);
+    for dev in [1i64, 0] {
+        let resp = s.infer(ask_gpu(add_sub_request(s, "cpu2", a, b), dev));
+        assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
+        let (mem, on, sum) = read_output(&resp, "OUTPUT0");
+        assert_eq!((mem, on), (INFER_MEMORY_GPU, dev));
+        assert_eq!(sum, vec![5.; 4]);
+    }
 }
 
 /// Runs `gpu_data_path_child` under the stand-in driver with `scenario` (the checks of

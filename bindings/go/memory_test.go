@@ -236,7 +236,8 @@ func TestAddInputDeviceWithTheStandInDriver(t *testing.T) {
 	if err := req.AddInputFloat32("INPUT1", []int64{1, 4}, []float32{10, 10, 10, 10}); err != nil {
 		t.Fatal(err)
 	}
-	// GPU outputs may be asked for; a model on the CPU still answers in host memory.
+	// GPU outputs asked for: the library copies what the model on the CPU computed to
+	// GPU 0 before the callback.
 	if err := req.SetOutputMemory(MemoryGPU, 0); err != nil {
 		t.Fatalf("SetOutputMemory(GPU, 0): %v", err)
 	}
@@ -246,11 +247,25 @@ func TestAddInputDeviceWithTheStandInDriver(t *testing.T) {
 		t.Fatalf("Infer: %v", err)
 	}
 	defer resp.Close()
-	if sum, _, err := resp.OutputFloat32("OUTPUT0"); err != nil || !equalFloats(sum, []float32{11, 12, 13, 14}) {
-		t.Errorf("OUTPUT0 = %v, %v", sum, err)
-	}
-	if mem, dev, err := resp.OutputMemory("OUTPUT0"); err != nil || mem != MemoryCPU || dev != 0 {
+	if mem, dev, err := resp.OutputMemory("OUTPUT0"); err != nil || mem != MemoryGPU || dev != 0 {
 		t.Errorf("OutputMemory = %v %d %v", mem, dev, err)
+	}
+	_, _, err = resp.OutputFloat32("OUTPUT0")
+	wantCode(t, err, InvalidArgument, "OUTPUT0", "GPU 0")
+	dt, err := resp.OutputDevice("OUTPUT0")
+	if err != nil || dt.DeviceID != 0 || dt.ByteSize != 16 || !equalInts(dt.Shape, []int64{1, 4}) {
+		t.Fatalf("OutputDevice = %+v, %v", dt, err)
+	}
+	got, err := fakecuda.Download(dt.Ptr, dt.ByteSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := make([]float32, 4)
+	for i := range sum {
+		sum[i] = math.Float32frombits(binary.LittleEndian.Uint32(got[4*i:]))
+	}
+	if !equalFloats(sum, []float32{11, 12, 13, 14}) {
+		t.Errorf("OUTPUT0 on GPU 0 = %v", sum)
 	}
 	select {
 	case <-released:

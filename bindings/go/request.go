@@ -220,8 +220,10 @@ func (r *Request) AddInputDevice(name string, dt DataType, shape []int64, ptr ui
 
 // SetOutputMemory chooses where the outputs should live (default MemoryCPU, device 0).
 // With MemoryGPU, outputs that a GPU instance produces in device memory stay on that
-// instance's device: read them with Response.OutputDevice. Outputs computed in host
-// memory stay there, so check Response.OutputMemory. MemoryCPUPinned is served as
+// instance's device, and every other output but BYTES (models on the CPU included) is
+// copied to device deviceID before the response is delivered: read them with
+// Response.OutputDevice. BYTES outputs stay in host memory, so check
+// Response.OutputMemory. MemoryCPUPinned is served as
 // MemoryCPU. MemoryGPU is Unavailable without a usable GPU (also when the server's GPU
 // mode is GPUOff) and InvalidArgument for a device that does not exist.
 func (r *Request) SetOutputMemory(mem MemoryType, deviceID int64) error {

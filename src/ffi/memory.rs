@@ -1,10 +1,10 @@
 //! GPU memory in the C API (section 10): where a request's outputs go, where a
 //! response's outputs are, and what a custom backend sees of device memory.
 //!
-//! Instances of custom backends run on GPUs (KIND_GPU); their batches and, when asked,
-//! their outputs are in device memory. Every other model computes in host memory, and
-//! its outputs stay there whatever a request asks: `infer_response_output_memory` says
-//! where each output is.
+//! Instances on GPUs (KIND_GPU) have their batches and, when asked, their outputs in
+//! device memory. Every other model computes in host memory; a request that asks for GPU
+//! outputs gets those host outputs copied to its GPU before each callback (BYTES outputs
+//! stay on the host): `infer_response_output_memory` says where each output is.
 
 use super::*;
 use crate::backend::Batch;
@@ -16,9 +16,13 @@ use std::ffi::c_void;
 /// INFER_MEMORY_CPU). INFER_MEMORY_GPU is UNAVAILABLE without a usable GPU (the message
 /// says why) and INVALID_ARGUMENT for a device id that does not exist. With
 /// INFER_MEMORY_GPU, outputs a backend on a GPU instance produced in device memory stay
-/// there (on the instance's device, which `infer_response_output_memory` reports);
-/// outputs computed in host memory stay in host memory. Device outputs are complete
-/// before the callback runs and valid until `infer_response_free`.
+/// there (on the instance's device, which `infer_response_output_memory` reports), and
+/// every other output but BYTES (whatever computed it: CPU instances, ensembles, each
+/// response of a generative model) is copied to GPU `device_id` before the callback runs;
+/// BYTES outputs stay in host memory. Device outputs are complete before the callback
+/// runs and valid until `infer_response_free`. A response whose outputs cannot be copied
+/// (no device memory: RESOURCE_EXHAUSTED; a driver error: INTERNAL) comes as an error
+/// response naming the model, the outputs and the device.
 #[no_mangle]
 pub unsafe extern "C" fn infer_request_set_output_memory(
     r: *mut Request,

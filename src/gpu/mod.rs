@@ -9,10 +9,13 @@
 //!
 //! Instances of custom backends run on a GPU (`instance`): the library moves their
 //! batches through pinned host memory and device memory on the instance's stream.
+//! Responses whose request asked for GPU outputs get their host outputs copied to that
+//! GPU before their callback (`outputs`).
 
 pub mod driver;
 pub mod instance;
 pub mod onnx;
+pub mod outputs;
 mod probe;
 
 pub use driver::{Context, DeviceBuf, DevicePtr, MemoryPool, PinnedBuf, ScopedBind, Stream};

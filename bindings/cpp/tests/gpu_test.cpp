@@ -17,6 +17,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <infer/infer.hpp>
@@ -216,26 +217,49 @@ TEST(StandInGpu, GpuOutputsAreDeviceTensorsAndHostAccessorsRefuseThem) {
     ASSERT_NE(y.device_ptr(), nullptr);
     EXPECT_EQ(d.download(y.device_ptr(), 4), x);
 
-    // ROWS was computed on the host and is there; accessors by index agree.
-    std::size_t rows_at = r.output_count();
+    // ROWS was computed on the host and copied to GPU 0, as asked; accessors by index
+    // agree.
+    EXPECT_EQ(r.output_memory("ROWS"), gpu0);
+    EXPECT_THROW((void)r.output<int32_t>("ROWS"), infer::Error);
+    const infer::DeviceTensor rows = r.device_output("ROWS");
+    ASSERT_EQ(rows.byte_size(), sizeof(int32_t));
+    int32_t n = 0;
+    EXPECT_EQ(d.dtoh(&n, reinterpret_cast<CUdeviceptr>(rows.device_ptr()), sizeof n), 0);
+    EXPECT_EQ(n, 1);
+    ASSERT_EQ(r.output_count(), 2u);
     for (std::size_t i = 0; i < r.output_count(); i++) {
-        const infer::MemoryLocation where = r.output_memory_at(i);
-        if (where.on_host()) {
-            rows_at = i;
-            EXPECT_EQ(r.output_at(i).name(), "ROWS");
-        } else {
-            EXPECT_EQ(where, gpu0);
-            EXPECT_EQ(r.device_output_at(i).device_ptr(), y.device_ptr());
-            EXPECT_THROW((void)r.output_at(i), infer::Error);
-        }
+        EXPECT_EQ(r.output_memory_at(i), gpu0);
+        EXPECT_THROW((void)r.output_at(i), infer::Error);
+        const infer::DeviceTensor t = r.device_output_at(i);
+        EXPECT_EQ(t.device_ptr(), t.name() == "Y" ? y.device_ptr() : rows.device_ptr());
     }
-    ASSERT_LT(rows_at, r.output_count());
-    EXPECT_EQ(r.output_memory("ROWS"), (infer::MemoryLocation{infer::MemoryType::Cpu, 0}));
-    EXPECT_EQ(r.output<int32_t>("ROWS").to_vector(), (std::vector<int32_t>{1}));
-    EXPECT_THROW((void)r.device_output("ROWS"), infer::Error);
 
     EXPECT_TRUE(support::wait_until([&] { return released.load() == 1; }));
     EXPECT_EQ(d.mem_free(dx), 0);
+}
+
+TEST(StandInGpu, CpuModelOutputsComeOnTheGpuAskedFor) {
+    const Driver &d = Driver::get();
+    d.bind();
+    infer::Server server = gpu_server();
+    infer::Response r = server
+                            .infer(server.request("add_sub")
+                                       .output_memory(infer::MemoryType::Gpu, 0)
+                                       .input<float>("INPUT0", {1, 4}, {1, 2, 3, 4})
+                                       .input<float>("INPUT1", {1, 4}, {1, 1, 1, 1}))
+                            .get();
+    ASSERT_TRUE(r.ok()) << r.error_message();
+    const infer::MemoryLocation gpu0{infer::MemoryType::Gpu, 0};
+    for (const auto &[name, want] : std::vector<std::pair<std::string, std::vector<float>>>{
+             {"OUTPUT0", {2, 3, 4, 5}}, {"OUTPUT1", {0, 1, 2, 3}}}) {
+        EXPECT_EQ(r.output_memory(name), gpu0) << name;
+        EXPECT_THROW((void)r.output<float>(name), infer::Error) << name;
+        const infer::DeviceTensor t = r.device_output(name);
+        EXPECT_EQ(t.device_id(), 0);
+        EXPECT_EQ(t.shape(), (infer::Shape{1, 4}));
+        ASSERT_EQ(t.byte_size(), 16u);
+        EXPECT_EQ(d.download(t.device_ptr(), 4), want) << name;
+    }
 }
 
 TEST(StandInGpu, WithoutOutputMemoryGpuOutputsComeToTheHost) {

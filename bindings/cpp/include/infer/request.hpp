@@ -236,8 +236,10 @@ public:
 
     /// Where the outputs should live (default: MemoryType::Cpu). With MemoryType::Gpu,
     /// outputs that a GPU instance produces in device memory stay on that instance's
-    /// device (read them with Response::device_output); outputs computed in host memory
-    /// stay there, so check Response::output_memory. CpuPinned is served as Cpu. Gpu
+    /// device, and every other output but BYTES (models on the CPU included) is copied
+    /// to `device_id` before the response is delivered: read them with
+    /// Response::device_output. BYTES outputs stay in host memory, so check
+    /// Response::output_memory. CpuPinned is served as Cpu. Gpu
     /// throws UNAVAILABLE without a usable GPU (also when the server's GPU use is Off)
     /// and INVALID_ARGUMENT for a device id that does not exist.
     Request &output_memory(MemoryType mem, int64_t device_id = 0) & {

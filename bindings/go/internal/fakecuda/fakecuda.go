@@ -1,4 +1,4 @@
-// Package fakecuda lets the tests of package infer run device inputs without a GPU,
+// Package fakecuda lets the tests of package infer run device memory without a GPU,
 // against the repository's stand-in CUDA driver (tests/fixtures/fake_libcuda.c, which
 // keeps "device" memory in host RAM). Build compiles the stand-in; the other functions
 // call whatever libcuda.so.1 the process loaded, which the tests make the stand-in by
@@ -19,6 +19,7 @@ static int (*cu_set_current)(void *);
 static int (*cu_mem_alloc)(unsigned long long *, size_t);
 static int (*cu_mem_free)(unsigned long long);
 static int (*cu_htod)(unsigned long long, const void *, size_t);
+static int (*cu_dtoh)(void *, unsigned long long, size_t);
 
 // Opens libcuda.so.1 (once); NULL on success, else why not.
 static const char *fakecuda_load(int *stand_in) {
@@ -31,7 +32,9 @@ static const char *fakecuda_load(int *stand_in) {
         cu_mem_alloc = (int (*)(unsigned long long *, size_t))dlsym(h, "cuMemAlloc_v2");
         cu_mem_free = (int (*)(unsigned long long))dlsym(h, "cuMemFree_v2");
         cu_htod = (int (*)(unsigned long long, const void *, size_t))dlsym(h, "cuMemcpyHtoD_v2");
-        if (!cu_init || !cu_retain || !cu_set_current || !cu_mem_alloc || !cu_mem_free || !cu_htod)
+        cu_dtoh = (int (*)(void *, unsigned long long, size_t))dlsym(h, "cuMemcpyDtoH_v2");
+        if (!cu_init || !cu_retain || !cu_set_current || !cu_mem_alloc || !cu_mem_free || !cu_htod ||
+            !cu_dtoh)
             return "libcuda.so.1 lacks a driver function";
         lib = h;
     }
@@ -57,6 +60,12 @@ static int fakecuda_upload(const void *src, size_t n, uint64_t *out) {
     if (rc == 0) rc = cu_htod(p, src, n);
     *out = p;
     return rc;
+}
+
+// Copies n bytes of device memory at src (GPU 0) to dst.
+static int fakecuda_download(void *dst, uint64_t src, size_t n) {
+    int rc = fakecuda_bind();
+    return rc != 0 ? rc : cu_dtoh(dst, src, n);
 }
 
 static int fakecuda_free(uint64_t p) {
@@ -106,6 +115,19 @@ func Upload(data []byte) (uintptr, error) {
 		return 0, fmt.Errorf("uploading %d bytes: CUDA error %d", len(data), int(rc))
 	}
 	return uintptr(p), nil
+}
+
+// Download copies n bytes of GPU 0's device memory at p to a new slice. Load must have
+// succeeded.
+func Download(p uintptr, n int) ([]byte, error) {
+	out := make([]byte, n)
+	if n == 0 {
+		return out, nil
+	}
+	if rc := C.fakecuda_download(unsafe.Pointer(&out[0]), C.uint64_t(p), C.size_t(n)); rc != 0 {
+		return nil, fmt.Errorf("downloading %d bytes at %#x: CUDA error %d", n, p, int(rc))
+	}
+	return out, nil
 }
 
 // Free frees device memory Upload returned.
