@@ -407,3 +407,157 @@ pub fn fuse(steps: Vec<Step>, scalars: &HashMap<usize, f32>) -> Vec<Step> {
         })
         .collect()
 }
+
+/// Merges adjacent dims of strided launches (element-wise, copies, Where, comparisons,
+/// fused programs) wherever every operand is laid out contiguously across them, and drops
+/// dims of size 1, so that each element's index is split over as few dims as possible
+/// (a same-shape element-wise launch becomes 1-D; a bias broadcast over rows 2-D). The
+/// elements each launch touches are unchanged.
+pub fn collapse_dims(steps: &mut [Step]) {
+    for step in steps {
+        let Step::Kernel { k, args, ins, .. } = step else {
+            continue;
+        };
+        if !matches!(
+            k,
+            Kernel::Unary
+                | Kernel::Binary
+                | Kernel::StridedCopy
+                | Kernel::Where
+                | Kernel::Compare
+                | Kernel::Fused
+        ) {
+            continue;
+        }
+        let nin = ins.iter().take_while(|p| p.is_some()).count();
+        collapse(args, nin);
+    }
+}
+
+/// See [`collapse_dims`]; `nin` inputs use strides[0..nin].
+fn collapse(a: &mut KArgs, nin: usize) {
+    let Ok(rank) = usize::try_from(a.rank) else {
+        return;
+    };
+    if rank > 8 {
+        return;
+    }
+    // (dim, stride of each input, output stride), innermost first.
+    let mut merged: Vec<(i64, [i64; 4], i64)> = Vec::with_capacity(rank);
+    for d in (0..rank).rev() {
+        let dim = a.dims[d];
+        if dim == 1 {
+            continue;
+        }
+        let mut s = [0i64; 4];
+        for (k, v) in s.iter_mut().enumerate().take(nin) {
+            *v = a.strides[k][d];
+        }
+        let os = a.ostrides[d];
+        if let Some(inner) = merged.last_mut() {
+            let fits = (0..nin).all(|k| s[k] == inner.1[k] * inner.0) && os == inner.2 * inner.0;
+            if fits {
+                inner.0 *= dim;
+                continue;
+            }
+        }
+        merged.push((dim, s, os));
+    }
+    merged.reverse();
+    a.rank = merged.len() as i64;
+    a.dims = [0; 8];
+    a.ostrides = [0; 8];
+    for k in 0..nin {
+        a.strides[k] = [0; 8];
+    }
+    for (d, (dim, s, os)) in merged.iter().enumerate() {
+        a.dims[d] = *dim;
+        a.ostrides[d] = *os;
+        for k in 0..nin {
+            a.strides[k][d] = s[k];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(dims: &[i64], ins: &[&[i64]], ostrides: &[i64]) -> KArgs {
+        let mut a = KArgs {
+            rank: dims.len() as i64,
+            n: dims.iter().product(),
+            ..KArgs::default()
+        };
+        a.dims[..dims.len()].copy_from_slice(dims);
+        for (k, s) in ins.iter().enumerate() {
+            a.strides[k][..s.len()].copy_from_slice(s);
+        }
+        a.ostrides[..ostrides.len()].copy_from_slice(ostrides);
+        a
+    }
+
+    /// Every element's offsets (inputs, output) over the index space, in order.
+    fn offsets(a: &KArgs, nin: usize) -> Vec<(Vec<i64>, i64)> {
+        let rank = a.rank as usize;
+        (0..a.n)
+            .map(|i| {
+                let mut rem = i;
+                let (mut o, mut oo) = (vec![0i64; nin], 0i64);
+                for d in (0..rank).rev() {
+                    let x = rem % a.dims[d];
+                    rem /= a.dims[d];
+                    oo += x * a.ostrides[d];
+                    for (k, v) in o.iter_mut().enumerate() {
+                        *v += x * a.strides[k][d];
+                    }
+                }
+                (o, oo)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn collapsing_keeps_every_offset() {
+        let cases: Vec<(Vec<i64>, Vec<Vec<i64>>, Vec<i64>, i64)> = vec![
+            // Same shape, contiguous: one dim.
+            (
+                vec![2, 3, 4],
+                vec![vec![12, 4, 1], vec![12, 4, 1]],
+                vec![12, 4, 1],
+                1,
+            ),
+            // A bias over the last dim: rows and columns.
+            (
+                vec![2, 3, 4],
+                vec![vec![12, 4, 1], vec![0, 0, 1]],
+                vec![12, 4, 1],
+                2,
+            ),
+            // A transposed read: nothing merges.
+            (vec![3, 4], vec![vec![1, 3]], vec![4, 1], 2),
+            // Size-1 dims go; a per-channel broadcast keeps three dims.
+            (
+                vec![2, 1, 3, 5],
+                vec![vec![15, 15, 5, 1], vec![0, 0, 1, 0]],
+                vec![15, 15, 5, 1],
+                3,
+            ),
+            // All ones: a scalar.
+            (vec![1, 1], vec![vec![1, 1]], vec![1, 1], 0),
+        ];
+        for (dims, ins, os, want_rank) in cases {
+            let refs: Vec<&[i64]> = ins.iter().map(|v| v.as_slice()).collect();
+            let a = args(&dims, &refs, &os);
+            let mut b = a;
+            collapse(&mut b, ins.len());
+            assert_eq!(b.rank, want_rank, "{dims:?} {ins:?}");
+            assert_eq!(b.dims[..b.rank as usize].iter().product::<i64>(), a.n);
+            assert_eq!(
+                offsets(&a, ins.len()),
+                offsets(&b, ins.len()),
+                "{dims:?} {ins:?}"
+            );
+        }
+    }
+}

@@ -249,6 +249,7 @@ impl<'a> Planner<'a> {
         }
         let steps = std::mem::take(&mut self.steps);
         self.steps = super::fuse::fuse(steps, &self.scalars);
+        super::fuse::collapse_dims(&mut self.steps);
         self.lifetimes();
         let (temp_offsets, arena_bytes) = self.assign();
         Ok(Plan {
