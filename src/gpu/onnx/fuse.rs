@@ -473,8 +473,8 @@ fn collapse(a: &mut KArgs, nin: usize) {
     for (d, (dim, s, os)) in merged.iter().enumerate() {
         a.dims[d] = *dim;
         a.ostrides[d] = *os;
-        for k in 0..nin {
-            a.strides[k][d] = s[k];
+        for (row, v) in a.strides.iter_mut().zip(s).take(nin) {
+            row[d] = *v;
         }
     }
 }
@@ -519,7 +519,8 @@ mod tests {
 
     #[test]
     fn collapsing_keeps_every_offset() {
-        let cases: Vec<(Vec<i64>, Vec<Vec<i64>>, Vec<i64>, i64)> = vec![
+        type Case = (Vec<i64>, Vec<Vec<i64>>, Vec<i64>, i64);
+        let cases: Vec<Case> = vec![
             // Same shape, contiguous: one dim.
             (
                 vec![2, 3, 4],
