@@ -3039,6 +3039,231 @@ instance_group [ {{ kind: {kind} }} ]"#
     }
 }
 
+/// numpy-style padding of a row-major `x` of `shape` (negative pads crop).
+fn pad_reference(
+    x: &[f32],
+    shape: &[i64],
+    before: &[i64],
+    after: &[i64],
+    mode: &str,
+    value: f32,
+) -> (Vec<i64>, Vec<f32>) {
+    let out: Vec<i64> = (0..shape.len())
+        .map(|d| shape[d] + before[d] + after[d])
+        .collect();
+    let n: i64 = out.iter().product();
+    let mut y = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let (mut rem, mut src, mut outside) = (i, 0i64, false);
+        let mut stride = 1i64;
+        for d in (0..shape.len()).rev() {
+            let xd = rem % out[d];
+            rem /= out[d];
+            let len = shape[d];
+            let mut j = xd - before[d];
+            if j < 0 || j >= len {
+                match mode {
+                    "reflect" => {
+                        let period = 2 * (len - 1);
+                        j = if period == 0 { 0 } else { j.rem_euclid(period) };
+                        if j >= len {
+                            j = period - j;
+                        }
+                    }
+                    "edge" => j = j.clamp(0, len - 1),
+                    "wrap" => j = j.rem_euclid(len),
+                    _ => outside = true,
+                }
+            }
+            src += j * stride;
+            stride *= len;
+        }
+        y.push(if outside { value } else { x[src as usize] });
+    }
+    (out, y)
+}
+
+/// Pad in its four modes (pads from initializers, some negative, one case over a subset
+/// of axes) and Tile, against a reference.
+fn pad_and_tile_on_the_stand_in(gpu: &Server) {
+    let dir = temp_dir("gpu-pad");
+    let shape = [2i64, 3, 4];
+    let x: Vec<f32> = (0..24).map(|v| v as f32 * 0.5 - 3.0).collect();
+    // (name, op, mode, pads before, pads after, axes (None: all), tile repeats)
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        &'a str,
+        [i64; 3],
+        [i64; 3],
+        Option<Vec<i64>>,
+        [i64; 3],
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "pad_constant",
+            "Pad",
+            "constant",
+            [0, 1, 2],
+            [1, 0, 3],
+            None,
+            [1; 3],
+        ),
+        (
+            "pad_reflect",
+            "Pad",
+            "reflect",
+            [0, 2, 3],
+            [0, 1, 2],
+            None,
+            [1; 3],
+        ),
+        (
+            "pad_edge",
+            "Pad",
+            "edge",
+            [1, 0, 2],
+            [0, 2, 5],
+            None,
+            [1; 3],
+        ),
+        (
+            "pad_wrap",
+            "Pad",
+            "wrap",
+            [1, 2, 5],
+            [2, 1, 1],
+            None,
+            [1; 3],
+        ),
+        (
+            "pad_crop",
+            "Pad",
+            "constant",
+            [0, -1, 2],
+            [0, 1, -2],
+            None,
+            [1; 3],
+        ),
+        (
+            "pad_axes",
+            "Pad",
+            "reflect",
+            [0, 0, 2],
+            [0, 0, 1],
+            Some(vec![-1]),
+            [1; 3],
+        ),
+        ("tile", "Tile", "", [0; 3], [0; 3], None, [2, 1, 3]),
+    ];
+    for (name, op, mode, before, after, axes, reps) in cases {
+        let ints = |n: &str, v: &[i64]| pb::TensorProto {
+            name: n.into(),
+            dims: vec![v.len() as i64],
+            data_type: 7,
+            int64_data: v.to_vec(),
+            ..Default::default()
+        };
+        let (mut inputs, mut inits) = (vec!["X".to_string()], Vec::new());
+        if op == "Tile" {
+            inputs.push("R".into());
+            inits.push(ints("R", &reps));
+        } else {
+            let pads: Vec<i64> = match &axes {
+                Some(a) => a
+                    .iter()
+                    .map(|&d| before[(d + 3) as usize % 3])
+                    .chain(a.iter().map(|&d| after[(d + 3) as usize % 3]))
+                    .collect(),
+                None => before.iter().chain(&after).copied().collect(),
+            };
+            inits.push(ints("P", &pads));
+            inits.push(pb::TensorProto {
+                name: "V".into(),
+                data_type: 1,
+                float_data: vec![7.25],
+                ..Default::default()
+            });
+            inputs.extend(["P".to_string(), "V".to_string()]);
+            if let Some(a) = &axes {
+                inits.push(ints("A", a));
+                inputs.push("A".into());
+            }
+        }
+        let (out_shape, want) = if op == "Tile" {
+            let after: Vec<i64> = (0..3).map(|d| shape[d] * (reps[d] - 1)).collect();
+            pad_reference(&x, &shape, &[0; 3], &after, "wrap", 0.0)
+        } else {
+            pad_reference(&x, &shape, &before, &after, mode, 7.25)
+        };
+        let dims: Vec<String> = out_shape.iter().map(|d| d.to_string()).collect();
+        let dims: Vec<&str> = dims.iter().map(String::as_str).collect();
+        let model = pb::ModelProto {
+            ir_version: 9,
+            opset_import: vec![pb::OperatorSetIdProto {
+                domain: String::new(),
+                version: 19,
+            }],
+            graph: Some(pb::GraphProto {
+                name: name.into(),
+                node: vec![pb::NodeProto {
+                    op_type: op.into(),
+                    name: name.into(),
+                    input: inputs,
+                    output: vec!["Y".into()],
+                    attribute: if op == "Pad" {
+                        vec![pb::AttributeProto {
+                            name: "mode".into(),
+                            s: mode.as_bytes().to_vec(),
+                            r#type: 3,
+                            ..Default::default()
+                        }]
+                    } else {
+                        vec![]
+                    },
+                    ..Default::default()
+                }],
+                initializer: inits,
+                input: vec![value_info("X", &["2", "3", "4"])],
+                output: vec![value_info("Y", &dims)],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mdir = dir.join(name);
+        std::fs::create_dir_all(mdir.join("1")).unwrap();
+        std::fs::write(
+            mdir.join("1/model.onnx"),
+            prost::Message::encode_to_vec(&model),
+        )
+        .unwrap();
+        let odims = out_shape
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let c = cs(&format!(
+            r#"name: "{name}" platform: "onnxruntime_onnx" max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 2, 3, 4 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ {odims} ] }} ]
+instance_group [ {{ kind: KIND_GPU }} ]"#
+        ));
+        ok(unsafe {
+            infer_server_load_model(
+                gpu.0,
+                cs(name).as_ptr(),
+                c.as_ptr(),
+                cs(mdir.to_str().unwrap()).as_ptr(),
+            )
+        });
+        let got = gpu
+            .infer(gpu.request(name).input_f32("X", &shape, &x))
+            .output_f32("Y");
+        assert_eq!(got, want, "{name}");
+    }
+    println!("Pad (constant, reflect, edge, wrap, cropping, axes) and Tile match the reference");
+}
+
 fn onnx_on_the_stand_in() {
     let d = driver();
     let cpu = server_in(INFER_GPU_OFF).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
@@ -3080,6 +3305,7 @@ fn onnx_on_the_stand_in() {
     fused_element_wise_chains_on_the_stand_in(&cpu, &gpu);
     constants_shared_on_a_device(&gpu);
     transformer_encoder_on_the_stand_in(&cpu, &gpu);
+    pad_and_tile_on_the_stand_in(&gpu);
 
     // Implicit state on the GPU: running sums of interleaved sequences.
     load_from_models(

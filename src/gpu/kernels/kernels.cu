@@ -161,7 +161,8 @@ void infer_emu_syncthreads(void);
     X(infer_fill)                                                                            \
     X(infer_where)                                                                           \
     X(infer_fused)                                                                           \
-    X(infer_compare)
+    X(infer_compare)                                                                         \
+    X(infer_pad)
 
 /* The cooperative kernels (K_SHARED, K_SYNC; see the top of this file): the emulator runs
  * the threads of their blocks as coroutines (infer_cooperative_kernels at the end). */
@@ -917,6 +918,57 @@ KERNEL void infer_where(infer_kargs a) {
         long long o[3], oo;
         K_STRIDED(a, i, 3, o, oo);
         k_copy_elem(y + oo * size, cond[o[0]] ? x + o[1] * size : w + o[2] * size, size);
+    }
+}
+
+/* Pad (and Tile): n output elements over a.dims[0..a.rank) (row-major, contiguous); per
+ * dim d, a.strides[0][d] is the input's element stride, a.strides[1][d] the input's size
+ * and a.strides[2][d] the padding before it (negative: cropped). An output index x maps
+ * to j = x - pad; outside [0, size): a.p[0] mode 0 writes the constant (the low a.p[1]
+ * bytes of a.p[2]), 1 reflects (without repeating the edge), 2 repeats the edge, 3 wraps
+ * around (Tile is a wrap with no padding before). a.p[1]: element size in bytes. */
+KERNEL void infer_pad(infer_kargs a) {
+    const unsigned char *x = (const unsigned char *)a.in[0];
+    unsigned char *y = (unsigned char *)a.out;
+    long long mode = a.p[0], size = a.p[1];
+    K_LOOP(i) {
+        unsigned long long rem = (unsigned long long)i;
+        long long src = 0;
+        int outside = 0;
+        for (int d = (int)a.rank - 1; d >= 0; d--) {
+            unsigned long long dim = (unsigned long long)a.dims[d];
+            long long xd = (long long)(rem % dim);
+            rem /= dim;
+            long long len = a.strides[1][d], j = xd - a.strides[2][d];
+            if (j < 0 || j >= len) {
+                if (mode == 0 || len <= 0) {
+                    outside = 1;
+                    break;
+                } else if (mode == 1) {
+                    long long period = 2 * (len - 1);
+                    if (period == 0) {
+                        j = 0;
+                    } else {
+                        j %= period;
+                        if (j < 0)
+                            j += period;
+                        if (j >= len)
+                            j = period - j;
+                    }
+                } else if (mode == 2) {
+                    j = j < 0 ? 0 : len - 1;
+                } else {
+                    j %= len;
+                    if (j < 0)
+                        j += len;
+                }
+            }
+            src += j * a.strides[0][d];
+        }
+        if (outside)
+            k_store_bits(y + i * size, (unsigned long long)a.p[2], size);
+        else
+            k_copy_elem(y + i * size, x + src * size, size);
     }
 }
 

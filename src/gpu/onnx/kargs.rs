@@ -38,10 +38,11 @@ pub enum Kernel {
     Where,
     Fused,
     Compare,
+    Pad,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 15] = [
+    pub const ALL: [Kernel; 16] = [
         Kernel::Unary,
         Kernel::Binary,
         Kernel::StridedCopy,
@@ -57,6 +58,7 @@ impl Kernel {
         Kernel::Where,
         Kernel::Fused,
         Kernel::Compare,
+        Kernel::Pad,
     ];
 
     pub fn name(self) -> &'static std::ffi::CStr {
@@ -76,6 +78,7 @@ impl Kernel {
             Kernel::Where => c"infer_where",
             Kernel::Fused => c"infer_fused",
             Kernel::Compare => c"infer_compare",
+            Kernel::Pad => c"infer_pad",
         }
     }
 

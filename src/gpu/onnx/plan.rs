@@ -665,6 +665,136 @@ impl<'a> Planner<'a> {
         Ok(y)
     }
 
+    /// Pad (constant, reflect, edge, wrap; negative pads crop) and Tile (a wrap with
+    /// nothing before), through `infer_pad`.
+    fn pad(&mut self, node: &Node) -> Result<()> {
+        let x = self.x(node, 0)?;
+        let r = x.shape.len();
+        let opset = self.graph.opset;
+        let (mut before, mut after) = (vec![0i64; r], vec![0i64; r]);
+        let (mode, bits) = if node.op == "Tile" {
+            let reps = self
+                .host_input(node, 1)?
+                .ok_or_else(|| Error::invalid(format!("{}: no repeats", node.label())))?;
+            if reps.len() != r || reps.iter().any(|&v| v < 0) {
+                return Err(Error::invalid(format!(
+                    "{}: repeats {reps:?} for an input of rank {r}",
+                    node.label()
+                )));
+            }
+            for d in 0..r {
+                after[d] = x.shape[d] * (reps[d] - 1);
+            }
+            (3, 0u64)
+        } else {
+            let mode = match node.string("mode").as_deref().unwrap_or("constant") {
+                "constant" => 0,
+                "reflect" => 1,
+                "edge" => 2,
+                "wrap" => 3,
+                other => return Err(unsupported(node, format!("mode {other}"))),
+            };
+            let pads = if opset >= 11 {
+                self.host_input(node, 1)?
+            } else {
+                node.ints("pads")
+            }
+            .unwrap_or_default();
+            let axes: Vec<usize> = match if opset >= 18 {
+                self.host_input(node, 3)?
+            } else {
+                None
+            } {
+                Some(a) => a
+                    .iter()
+                    .map(|&v| host::axis(v, r, node))
+                    .collect::<Result<_>>()?,
+                None => (0..r).collect(),
+            };
+            if pads.len() != 2 * axes.len() {
+                return Err(Error::invalid(format!(
+                    "{}: {} pads for {} axes",
+                    node.label(),
+                    pads.len(),
+                    axes.len()
+                )));
+            }
+            for (i, &a) in axes.iter().enumerate() {
+                before[a] = pads[i];
+                after[a] = pads[axes.len() + i];
+            }
+            // The constant, in the input's type.
+            let value = if opset >= 11 {
+                match node.input(2) {
+                    Some(n) => match self.host(n) {
+                        Some(t) => t.data.first().copied().unwrap_or(0.0),
+                        None => {
+                            return Err(unsupported(
+                                node,
+                                "a constant_value computed on the device",
+                            ))
+                        }
+                    },
+                    None => 0.0,
+                }
+            } else {
+                node.float("value", 0.0) as f64
+            };
+            let one = HostTensor {
+                dt: x.dt,
+                shape: Vec::new(),
+                data: vec![value],
+            }
+            .normalize()
+            .to_bytes();
+            let mut b = [0u8; 8];
+            b[..one.len().min(8)].copy_from_slice(&one[..one.len().min(8)]);
+            (mode, u64::from_le_bytes(b))
+        };
+        let shape: Vec<i64> = (0..r).map(|d| x.shape[d] + before[d] + after[d]).collect();
+        if shape.iter().any(|&d| d < 0) {
+            return Err(Error::invalid(format!(
+                "{}: pads crop more than the input {:?} has",
+                node.label(),
+                x.shape
+            )));
+        }
+        if mode != 0 && x.shape.contains(&0) && numel(&shape) > 0 {
+            return Err(Error::invalid(format!(
+                "{}: an empty input {:?} cannot be padded by {} mode",
+                node.label(),
+                x.shape,
+                node.string("mode").unwrap_or_default()
+            )));
+        }
+        if r > 8 {
+            return Err(unsupported(node, format!("rank {r} (at most 8)")));
+        }
+        let y = self.temp(x.dt, shape.clone());
+        let xs = strides(&x.shape);
+        let size = x.dt.size() as i64;
+        let mut a = KArgs {
+            n: numel(&shape),
+            rank: r as i64,
+            ..KArgs::default()
+        };
+        a.dims[..r].copy_from_slice(&shape);
+        a.strides[0][..r].copy_from_slice(&xs);
+        a.strides[1][..r].copy_from_slice(&x.shape);
+        a.strides[2][..r].copy_from_slice(&before);
+        a.p[0] = mode;
+        a.p[1] = size;
+        a.p[2] = bits as i64;
+        self.push(Step::Kernel {
+            k: Kernel::Pad,
+            args: Box::new(a),
+            ins: [Some(x.ptr.clone()), None, None, None],
+            out: y.ptr.clone(),
+        });
+        self.set(node, 0, Val::Dev(y));
+        Ok(())
+    }
+
     /// Comparisons and logic into BOOL (`infer_compare`).
     fn compare(&mut self, node: &Node) -> Result<()> {
         let op = match node.op.as_str() {
@@ -1316,6 +1446,7 @@ impl<'a> Planner<'a> {
                 self.set(node, 0, Val::Dev(y));
                 Ok(())
             }
+            "Pad" | "Tile" => self.pad(node),
             "MatMul" => self.matmul(node),
             "Gemm" => self.gemm(node),
             "Conv" => self.conv(node),
