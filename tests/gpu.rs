@@ -3264,6 +3264,226 @@ instance_group [ {{ kind: KIND_GPU }} ]"#
     println!("Pad (constant, reflect, edge, wrap, cropping, axes) and Tile match the reference");
 }
 
+/// ConvTranspose (strides, pads, output_padding, dilations, groups, bias, 1-D) on the
+/// GPU against the CPU (tract), at batch 1 and 3.
+fn conv_transpose_on_the_stand_in(cpu: &Server, gpu: &Server) {
+    let dir = temp_dir("gpu-convt");
+    // (name, x dims without batch, w dims, strides, pads, output_padding, dilations, group, bias)
+    type Case<'a> = (
+        &'a str,
+        Vec<i64>,
+        Vec<i64>,
+        Vec<i64>,
+        Vec<i64>,
+        Vec<i64>,
+        Vec<i64>,
+        i64,
+        bool,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "convt_basic",
+            vec![2, 5, 4],
+            vec![2, 3, 3, 3],
+            vec![1, 1],
+            vec![0, 0, 0, 0],
+            vec![0, 0],
+            vec![1, 1],
+            1,
+            false,
+        ),
+        (
+            "convt_stride",
+            vec![3, 4, 5],
+            vec![3, 2, 3, 2],
+            vec![2, 3],
+            vec![1, 0, 1, 1],
+            vec![1, 2],
+            vec![1, 1],
+            1,
+            true,
+        ),
+        (
+            "convt_dilated",
+            vec![2, 4, 4],
+            vec![2, 2, 2, 3],
+            vec![2, 1],
+            vec![0, 1, 0, 0],
+            vec![0, 0],
+            vec![2, 2],
+            1,
+            true,
+        ),
+        (
+            "convt_groups",
+            vec![4, 3, 3],
+            vec![4, 3, 3, 3],
+            vec![2, 2],
+            vec![1, 1, 1, 1],
+            vec![1, 1],
+            vec![1, 1],
+            2,
+            true,
+        ),
+        (
+            "convt_1d",
+            vec![3, 7],
+            vec![3, 2, 4],
+            vec![3],
+            vec![1, 2],
+            vec![2],
+            vec![1],
+            1,
+            true,
+        ),
+    ];
+    let mut rng = Rand(99);
+    for (name, xd, wd, strides, pads, opad, dil, group, bias) in cases {
+        let kout = wd[1] * group;
+        let ints = |n: &str, v: &[i64]| pb::AttributeProto {
+            name: n.into(),
+            ints: v.to_vec(),
+            r#type: 7,
+            ..Default::default()
+        };
+        let mut inits = vec![pb::TensorProto {
+            name: "W".into(),
+            dims: wd.clone(),
+            data_type: 1,
+            float_data: rng.f32s(wd.iter().product::<i64>() as usize),
+            ..Default::default()
+        }];
+        let mut inputs = vec!["X".to_string(), "W".to_string()];
+        if bias {
+            inits.push(pb::TensorProto {
+                name: "B".into(),
+                dims: vec![kout],
+                data_type: 1,
+                float_data: rng.f32s(kout as usize),
+                ..Default::default()
+            });
+            inputs.push("B".into());
+        }
+        // The output's spatial dims.
+        let spatial: Vec<i64> = (0..xd.len() - 1)
+            .map(|d| {
+                let (n, k) = (xd[1 + d], wd[2 + d]);
+                let sp = xd.len() - 1;
+                strides[d] * (n - 1) + opad[d] + (k - 1) * dil[d] + 1 - pads[d] - pads[sp + d]
+            })
+            .collect();
+        let mut out_dims = vec![kout];
+        out_dims.extend(&spatial);
+        let in_dims: Vec<String> = std::iter::once("N".to_string())
+            .chain(xd.iter().map(|d| d.to_string()))
+            .collect();
+        let o_dims: Vec<String> = std::iter::once("N".to_string())
+            .chain(out_dims.iter().map(|d| d.to_string()))
+            .collect();
+        let vi = |n: &str, dims: &[String]| {
+            use pb::tensor_shape_proto::dimension::Value as DimValue;
+            pb::ValueInfoProto {
+                name: n.into(),
+                r#type: Some(pb::TypeProto {
+                    value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
+                        elem_type: 1,
+                        shape: Some(pb::TensorShapeProto {
+                            dim: dims
+                                .iter()
+                                .map(|d| pb::tensor_shape_proto::Dimension {
+                                    value: Some(match d.parse::<i64>() {
+                                        Ok(v) => DimValue::DimValue(v),
+                                        Err(_) => DimValue::DimParam(d.clone()),
+                                    }),
+                                    ..Default::default()
+                                })
+                                .collect(),
+                        }),
+                    })),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        };
+        let model = pb::ModelProto {
+            ir_version: 8,
+            opset_import: vec![pb::OperatorSetIdProto {
+                domain: String::new(),
+                version: 17,
+            }],
+            graph: Some(pb::GraphProto {
+                name: name.into(),
+                node: vec![pb::NodeProto {
+                    op_type: "ConvTranspose".into(),
+                    name: name.into(),
+                    input: inputs,
+                    output: vec!["Y".into()],
+                    attribute: vec![
+                        ints("strides", &strides),
+                        ints("pads", &pads),
+                        ints("output_padding", &opad),
+                        ints("dilations", &dil),
+                        ints("kernel_shape", &wd[2..]),
+                        pb::AttributeProto {
+                            name: "group".into(),
+                            i: group,
+                            r#type: 2,
+                            ..Default::default()
+                        },
+                    ],
+                    ..Default::default()
+                }],
+                initializer: inits,
+                input: vec![vi("X", &in_dims)],
+                output: vec![vi("Y", &o_dims)],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mdir = dir.join(name);
+        std::fs::create_dir_all(mdir.join("1")).unwrap();
+        std::fs::write(
+            mdir.join("1/model.onnx"),
+            prost::Message::encode_to_vec(&model),
+        )
+        .unwrap();
+        let join = |v: &[i64]| {
+            v.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        for (s, kind) in [(cpu, "KIND_CPU"), (gpu, "KIND_GPU")] {
+            let c = cs(&format!(
+                r#"name: "{name}" platform: "onnxruntime_onnx" max_batch_size: 4
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ {} ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ {} ] }} ]
+instance_group [ {{ kind: {kind} }} ]"#,
+                join(&xd),
+                join(&out_dims)
+            ));
+            ok(unsafe {
+                infer_server_load_model(
+                    s.0,
+                    cs(name).as_ptr(),
+                    c.as_ptr(),
+                    cs(mdir.to_str().unwrap()).as_ptr(),
+                )
+            });
+        }
+        for batch in [1i64, 3] {
+            let mut shape = vec![batch];
+            shape.extend(&xd);
+            let x = rng.f32s(shape.iter().product::<i64>() as usize);
+            let want = all_outputs(&cpu.infer(cpu.request(name).input_f32("X", &shape, &x)));
+            let got = all_outputs(&gpu.infer(gpu.request(name).input_f32("X", &shape, &x)));
+            assert_eq!(got["Y"].0, want["Y"].0, "{name}");
+            assert_close(name, "Y", &want["Y"].1, &got["Y"].1, false);
+        }
+    }
+    println!("ConvTranspose (strides, pads, output_padding, dilations, groups, bias, 1-D) matches the CPU");
+}
+
 fn onnx_on_the_stand_in() {
     let d = driver();
     let cpu = server_in(INFER_GPU_OFF).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
@@ -3306,6 +3526,7 @@ fn onnx_on_the_stand_in() {
     constants_shared_on_a_device(&gpu);
     transformer_encoder_on_the_stand_in(&cpu, &gpu);
     pad_and_tile_on_the_stand_in(&gpu);
+    conv_transpose_on_the_stand_in(&cpu, &gpu);
 
     // Implicit state on the GPU: running sums of interleaved sequences.
     load_from_models(

@@ -162,7 +162,8 @@ void infer_emu_syncthreads(void);
     X(infer_where)                                                                           \
     X(infer_fused)                                                                           \
     X(infer_compare)                                                                         \
-    X(infer_pad)
+    X(infer_pad)                                                                             \
+    X(infer_col2im)
 
 /* The cooperative kernels (K_SHARED, K_SYNC; see the top of this file): the emulator runs
  * the threads of their blocks as coroutines (infer_cooperative_kernels at the end). */
@@ -918,6 +919,40 @@ KERNEL void infer_where(infer_kargs a) {
         long long o[3], oo;
         K_STRIDED(a, i, 3, o, oo);
         k_copy_elem(y + oo * size, cond[o[0]] ? x + o[1] * size : w + o[2] * size, size);
+    }
+}
+
+/* The output of a transposed convolution from its columns (each input pixel's
+ * contribution to every tap, from a GEMM): n = N*K*OH*OW outputs, each the sum over the
+ * taps (r, s) whose input pixel (oh + pad_top - r*dh) / sh, (ow + pad_left - s*dw) / sw
+ * divides exactly and lies inside H x W, of cols[nb][(k*R + r)*S + s][ih*W + iw], plus
+ * in[1][k] (bias) when not NULL. in[0] cols [N][K*R*S][H*W]; float operands of type
+ * a.ft. a.p: 0 K, 1 H, 2 W, 4 R, 5 S, 6 OH, 7 OW, 8 stride_h, 9 stride_w, 10 pad_top,
+ * 11 pad_left, 12 dilation_h, 13 dilation_w. */
+KERNEL void infer_col2im(infer_kargs a) {
+    long long K = a.p[0], H = a.p[1], W = a.p[2], R = a.p[4], S = a.p[5];
+    long long OH = a.p[6], OW = a.p[7], sh = a.p[8], sw = a.p[9], pt = a.p[10],
+              pl = a.p[11], dh = a.p[12], dw = a.p[13], ft = a.ft;
+    K_LOOP(i) {
+        long long ow = i % OW, t = i / OW;
+        long long oh = t % OH;
+        t /= OH;
+        long long k = t % K, nb = t / K;
+        float acc = a.in[1] != 0 ? k_ldf(a.in[1], k, ft) : 0.0f;
+        for (long long r = 0; r < R; r++) {
+            long long hn = oh + pt - r * dh;
+            if (hn < 0 || hn % sh != 0 || hn / sh >= H)
+                continue;
+            long long ih = hn / sh;
+            for (long long s2 = 0; s2 < S; s2++) {
+                long long wn = ow + pl - s2 * dw;
+                if (wn < 0 || wn % sw != 0 || wn / sw >= W)
+                    continue;
+                long long row = (k * R + r) * S + s2;
+                acc += k_ldf(a.in[0], ((nb * K * R * S) + row) * H * W + ih * W + wn / sw, ft);
+            }
+        }
+        k_stf(a.out, i, ft, acc);
     }
 }
 

@@ -39,10 +39,11 @@ pub enum Kernel {
     Fused,
     Compare,
     Pad,
+    Col2im,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 16] = [
+    pub const ALL: [Kernel; 17] = [
         Kernel::Unary,
         Kernel::Binary,
         Kernel::StridedCopy,
@@ -59,6 +60,7 @@ impl Kernel {
         Kernel::Fused,
         Kernel::Compare,
         Kernel::Pad,
+        Kernel::Col2im,
     ];
 
     pub fn name(self) -> &'static std::ffi::CStr {
@@ -79,6 +81,7 @@ impl Kernel {
             Kernel::Fused => c"infer_fused",
             Kernel::Compare => c"infer_compare",
             Kernel::Pad => c"infer_pad",
+            Kernel::Col2im => c"infer_col2im",
         }
     }
 

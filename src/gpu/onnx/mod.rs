@@ -42,6 +42,7 @@ pub const SUPPORTED: &[&str] = &[
     "Clip",
     "Concat",
     "Conv",
+    "ConvTranspose",
     "Cos",
     "Div",
     "Dropout",

@@ -1450,6 +1450,7 @@ impl<'a> Planner<'a> {
             "MatMul" => self.matmul(node),
             "Gemm" => self.gemm(node),
             "Conv" => self.conv(node),
+            "ConvTranspose" => self.conv_transpose(node),
             "MaxPool" | "AveragePool" => self.pool(node),
             "BatchNormalization" => self.batchnorm(node),
             op => Err(Error::unsupported(format!(
@@ -1837,6 +1838,212 @@ impl<'a> Planner<'a> {
                 c: at(&y.ptr, g * kg * p),
             });
         }
+        self.set(node, 0, Val::Dev(y));
+        Ok(())
+    }
+
+    /// ConvTranspose (1-D and 2-D, groups, strides, dilations, pads, output_padding): one
+    /// strided-batched GEMM per group gives every input pixel's contribution to every
+    /// tap (W_g^T X_g), and `infer_col2im` sums them into the output (with the bias).
+    fn conv_transpose(&mut self, node: &Node) -> Result<()> {
+        let x = self.x(node, 0)?;
+        let w = self.x(node, 1)?;
+        let ft = Self::ft_all(node, &[&x, &w])?;
+        let one_d = x.shape.len() == 3;
+        if !(x.shape.len() == 4 || one_d) || w.shape.len() != x.shape.len() {
+            return Err(unsupported(
+                node,
+                format!("transposed convolution of rank {}", x.shape.len()),
+            ));
+        }
+        let auto = node.string("auto_pad").unwrap_or_default();
+        if !matches!(
+            auto.as_str(),
+            "" | "NOTSET" | "VALID" | "SAME_UPPER" | "SAME_LOWER"
+        ) {
+            return Err(unsupported(node, format!("auto_pad {auto}")));
+        }
+        let groups = node.int("group", 1);
+        let (n, c) = (x.shape[0], x.shape[1]);
+        let (h, wd) = if one_d {
+            (1, x.shape[2])
+        } else {
+            (x.shape[2], x.shape[3])
+        };
+        let (r, s) = if one_d {
+            (1, w.shape[2])
+        } else {
+            (w.shape[2], w.shape[3])
+        };
+        if groups <= 0 || c % groups != 0 || w.shape[0] != c {
+            return Err(Error::invalid(format!(
+                "{}: {c} input channels, weights {:?} and group {groups} do not agree",
+                node.label(),
+                w.shape
+            )));
+        }
+        let (cg, kg) = (c / groups, w.shape[1]);
+        let k = kg * groups;
+        let pair = |v: Option<Vec<i64>>, d: i64| -> (i64, i64) {
+            match v {
+                Some(v) if one_d && !v.is_empty() => (d, v[0]),
+                Some(v) if v.len() >= 2 => (v[0], v[1]),
+                _ => (d, d),
+            }
+        };
+        let st = pair(node.ints("strides"), 1);
+        let dil = pair(node.ints("dilations"), 1);
+        let opad = pair(node.ints("output_padding"), 0);
+        let (st, dil, opad) = if one_d {
+            ((1, st.1), (1, dil.1), (0, opad.1))
+        } else {
+            (st, dil, opad)
+        };
+        let (mut pt, mut pl, mut pb, mut pr) = (0, 0, 0, 0);
+        // An output shape (given, or the input's times the strides for SAME) sets the
+        // pads: the total split in two, the odd one at the end for SAME_UPPER and at the
+        // start otherwise (ONNX's rule).
+        let spatial = if one_d { 1 } else { 2 };
+        let target: Option<Vec<i64>> = match node.ints("output_shape") {
+            Some(v) if v.len() >= spatial => Some(v[v.len() - spatial..].to_vec()),
+            Some(v) => {
+                return Err(Error::invalid(format!(
+                    "{}: output_shape {v:?} for {spatial} spatial dims",
+                    node.label()
+                )))
+            }
+            None if auto.starts_with("SAME") => Some(if one_d {
+                vec![wd * st.1]
+            } else {
+                vec![h * st.0, wd * st.1]
+            }),
+            None => None,
+        };
+        if let Some(t) = target {
+            let total = |n: i64, s: i64, o: i64, k: i64, d: i64, want: i64| {
+                s * (n - 1) + o + (k - 1) * d + 1 - want
+            };
+            let split = |tot: i64| {
+                if auto == "SAME_UPPER" {
+                    (tot / 2, tot - tot / 2)
+                } else {
+                    (tot - tot / 2, tot / 2)
+                }
+            };
+            let tw = total(wd, st.1, opad.1, s, dil.1, t[t.len() - 1]);
+            let th = if one_d {
+                0
+            } else {
+                total(h, st.0, opad.0, r, dil.0, t[0])
+            };
+            if tw < 0 || th < 0 {
+                return Err(unsupported(
+                    node,
+                    format!("output_shape {t:?} beyond what the input gives without padding"),
+                ));
+            }
+            (pt, pb) = split(th);
+            (pl, pr) = split(tw);
+        } else if auto != "VALID" {
+            if let Some(p) = node.ints("pads") {
+                if one_d && p.len() == 2 {
+                    (pl, pr) = (p[0], p[1]);
+                } else if p.len() == 4 {
+                    (pt, pl, pb, pr) = (p[0], p[1], p[2], p[3]);
+                }
+            }
+        }
+        if st.0 < 1 || st.1 < 1 || dil.0 < 1 || dil.1 < 1 || r < 1 || s < 1 {
+            return Err(Error::invalid(format!(
+                "{}: strides {st:?}, dilations {dil:?} and kernel ({r}, {s}) must be positive",
+                node.label()
+            )));
+        }
+        if [pt, pl, pb, pr, opad.0, opad.1].iter().any(|&v| v < 0) {
+            return Err(Error::invalid(format!(
+                "{}: negative pads or output_padding",
+                node.label()
+            )));
+        }
+        let oh = st.0 * (h - 1) + opad.0 + (r - 1) * dil.0 + 1 - pt - pb;
+        let ow = st.1 * (wd - 1) + opad.1 + (s - 1) * dil.1 + 1 - pl - pr;
+        if oh <= 0 || ow <= 0 || h <= 0 || wd <= 0 {
+            return Err(Error::invalid(format!(
+                "{}: an output of {oh} x {ow} from an input of {h} x {wd}",
+                node.label()
+            )));
+        }
+        let bias = match node.input(2) {
+            Some(_) => Some(self.x(node, 2)?),
+            None => None,
+        };
+        if let Some(b) = bias.as_ref().filter(|b| b.numel() != k || b.dt != x.dt) {
+            return Err(Error::invalid(format!(
+                "{}: a bias of shape {:?} and type {} for {k} output channels of {}",
+                node.label(),
+                b.shape,
+                b.dt.name(),
+                x.dt.name()
+            )));
+        }
+        let (hw, krs) = (h * wd, k * r * s);
+        let esize = x.dt.size() as i64;
+        if (n * krs * hw) as u64 * esize as u64 > COL_LIMIT {
+            return Err(unsupported(
+                node,
+                format!(
+                    "columns of {} bytes (at most {COL_LIMIT})",
+                    n * krs * hw * esize
+                ),
+            ));
+        }
+        let cols = self.temp(x.dt, vec![n, krs, hw]);
+        let m = kg * r * s;
+        fits32(node, &[hw, m, cg, n])?;
+        let at = |base: &Ptr, elems: i64| Ptr {
+            buf: base.buf.clone(),
+            bytes: base.bytes + (elems * esize) as u64,
+        };
+        for g in 0..groups {
+            let gemm = GemmArgs {
+                trans_a: false,
+                trans_b: true,
+                m: hw as i32,
+                n: m as i32,
+                k: cg as i32,
+                lda: hw as i32,
+                ldb: m as i32,
+                ldc: hw as i32,
+                stride_a: c * hw,
+                stride_b: 0,
+                stride_c: krs * hw,
+                batch: n as i32,
+                alpha: 1.0,
+                beta: 0.0,
+                dt: ft,
+            };
+            self.push(Step::Gemm {
+                g: gemm,
+                a: at(&x.ptr, g * cg * hw),
+                b: at(&w.ptr, g * cg * m),
+                c: at(&cols.ptr, g * m * hw),
+            });
+        }
+        let shape = if one_d {
+            vec![n, k, ow]
+        } else {
+            vec![n, k, oh, ow]
+        };
+        let y = self.temp(x.dt, shape.clone());
+        let mut ins = vec![&cols];
+        if let Some(b) = &bias {
+            ins.push(b);
+        }
+        let params = [k, h, wd, 0, r, s, oh, ow, st.0, st.1, pt, pl, dil.0, dil.1];
+        self.kernel(Kernel::Col2im, numel(&shape), &ins, &y, |a| {
+            a.p[..14].copy_from_slice(&params);
+            a.ft = ft;
+        });
         self.set(node, 0, Val::Dev(y));
         Ok(())
     }
