@@ -3484,6 +3484,194 @@ instance_group [ {{ kind: {kind} }} ]"#,
     println!("ConvTranspose (strides, pads, output_padding, dilations, groups, bias, 1-D) matches the CPU");
 }
 
+/// Resize, nearest and linear, over the coordinate transformations the executor maps
+/// (half_pixel, pytorch_half_pixel, align_corners, asymmetric), from scales or sizes,
+/// up and down, on the GPU against the CPU (tract). Scales are ones the output size
+/// gives back exactly (tract's coordinates follow output / input where ONNX takes the
+/// given scale; the executor follows ONNX).
+fn resize_on_the_stand_in(cpu: &Server, gpu: &Server) {
+    let dir = temp_dir("gpu-resize");
+    // (name, mode, coordinate mode, nearest mode, scales, sizes)
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        &'a str,
+        &'a str,
+        Option<Vec<f32>>,
+        Option<Vec<i64>>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "rs_nearest_up",
+            "nearest",
+            "asymmetric",
+            "floor",
+            Some(vec![1.0, 1.0, 2.0, 3.0]),
+            None,
+        ),
+        (
+            "rs_nearest_half",
+            "nearest",
+            "half_pixel",
+            "round_prefer_floor",
+            Some(vec![1.0, 1.0, 2.0, 0.5]),
+            None,
+        ),
+        (
+            "rs_nearest_ceil",
+            "nearest",
+            "align_corners",
+            "round_prefer_ceil",
+            None,
+            Some(vec![2, 3, 7, 3]),
+        ),
+        (
+            "rs_linear_up",
+            "linear",
+            "half_pixel",
+            "",
+            Some(vec![1.0, 1.0, 2.0, 2.0]),
+            None,
+        ),
+        (
+            "rs_linear_down",
+            "linear",
+            "align_corners",
+            "",
+            None,
+            Some(vec![2, 3, 3, 2]),
+        ),
+        (
+            "rs_linear_torch",
+            "linear",
+            "pytorch_half_pixel",
+            "",
+            None,
+            Some(vec![2, 3, 1, 9]),
+        ),
+        (
+            "rs_linear_asym",
+            "linear",
+            "asymmetric",
+            "",
+            Some(vec![1.0, 1.0, 0.6, 1.75]),
+            None,
+        ),
+    ];
+    let shape = [2i64, 3, 5, 4];
+    let x = Rand(17).f32s(120);
+    for (name, mode, ctm, nearest, scales, sizes) in cases {
+        let out: Vec<i64> = match (&scales, &sizes) {
+            (Some(s), _) => (0..4)
+                .map(|d| (shape[d] as f32 * s[d]).floor() as i64)
+                .collect(),
+            (_, Some(z)) => z.clone(),
+            _ => unreachable!(),
+        };
+        let mut inits = vec![pb::TensorProto {
+            name: "roi".into(),
+            dims: vec![0],
+            data_type: 1,
+            ..Default::default()
+        }];
+        let mut inputs = vec!["X".to_string(), "roi".to_string()];
+        match (&scales, &sizes) {
+            (Some(s), _) => {
+                inits.push(pb::TensorProto {
+                    name: "scales".into(),
+                    dims: vec![4],
+                    data_type: 1,
+                    float_data: s.clone(),
+                    ..Default::default()
+                });
+                inputs.push("scales".into());
+            }
+            (_, Some(z)) => {
+                inits.push(pb::TensorProto {
+                    name: "sizes".into(),
+                    dims: vec![4],
+                    data_type: 7,
+                    int64_data: z.clone(),
+                    ..Default::default()
+                });
+                inputs.extend(["".to_string(), "sizes".to_string()]);
+            }
+            _ => unreachable!(),
+        }
+        let attr_s = |n: &str, v: &str| pb::AttributeProto {
+            name: n.into(),
+            s: v.as_bytes().to_vec(),
+            r#type: 3,
+            ..Default::default()
+        };
+        let mut attrs = vec![
+            attr_s("mode", mode),
+            attr_s("coordinate_transformation_mode", ctm),
+        ];
+        if !nearest.is_empty() {
+            attrs.push(attr_s("nearest_mode", nearest));
+        }
+        let dims: Vec<String> = out.iter().map(|d| d.to_string()).collect();
+        let dims: Vec<&str> = dims.iter().map(String::as_str).collect();
+        let model = pb::ModelProto {
+            ir_version: 8,
+            opset_import: vec![pb::OperatorSetIdProto {
+                domain: String::new(),
+                version: 13,
+            }],
+            graph: Some(pb::GraphProto {
+                name: name.into(),
+                node: vec![pb::NodeProto {
+                    op_type: "Resize".into(),
+                    name: name.into(),
+                    input: inputs,
+                    output: vec!["Y".into()],
+                    attribute: attrs,
+                    ..Default::default()
+                }],
+                initializer: inits,
+                input: vec![value_info("X", &["2", "3", "5", "4"])],
+                output: vec![value_info("Y", &dims)],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mdir = dir.join(name);
+        std::fs::create_dir_all(mdir.join("1")).unwrap();
+        std::fs::write(
+            mdir.join("1/model.onnx"),
+            prost::Message::encode_to_vec(&model),
+        )
+        .unwrap();
+        let odims = out
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        for (s, kind) in [(cpu, "KIND_CPU"), (gpu, "KIND_GPU")] {
+            let c = cs(&format!(
+                r#"name: "{name}" platform: "onnxruntime_onnx" max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 2, 3, 5, 4 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ {odims} ] }} ]
+instance_group [ {{ kind: {kind} }} ]"#
+            ));
+            ok(unsafe {
+                infer_server_load_model(
+                    s.0,
+                    cs(name).as_ptr(),
+                    c.as_ptr(),
+                    cs(mdir.to_str().unwrap()).as_ptr(),
+                )
+            });
+        }
+        let want = all_outputs(&cpu.infer(cpu.request(name).input_f32("X", &shape, &x)));
+        let got = all_outputs(&gpu.infer(gpu.request(name).input_f32("X", &shape, &x)));
+        assert_eq!(got["Y"].0, want["Y"].0, "{name}");
+        assert_close(name, "Y", &want["Y"].1, &got["Y"].1, false);
+    }
+    println!("Resize (nearest and linear; half_pixel, pytorch_half_pixel, align_corners, asymmetric; scales and sizes) matches the CPU");
+}
+
 fn onnx_on_the_stand_in() {
     let d = driver();
     let cpu = server_in(INFER_GPU_OFF).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
@@ -3527,6 +3715,7 @@ fn onnx_on_the_stand_in() {
     transformer_encoder_on_the_stand_in(&cpu, &gpu);
     pad_and_tile_on_the_stand_in(&gpu);
     conv_transpose_on_the_stand_in(&cpu, &gpu);
+    resize_on_the_stand_in(&cpu, &gpu);
 
     // Implicit state on the GPU: running sums of interleaved sequences.
     load_from_models(

@@ -163,7 +163,8 @@ void infer_emu_syncthreads(void);
     X(infer_fused)                                                                           \
     X(infer_compare)                                                                         \
     X(infer_pad)                                                                             \
-    X(infer_col2im)
+    X(infer_col2im)                                                                          \
+    X(infer_resize)
 
 /* The cooperative kernels (K_SHARED, K_SYNC; see the top of this file): the emulator runs
  * the threads of their blocks as coroutines (infer_cooperative_kernels at the end). */
@@ -951,6 +952,81 @@ KERNEL void infer_col2im(infer_kargs a) {
                 long long row = (k * R + r) * S + s2;
                 acc += k_ldf(a.in[0], ((nb * K * R * S) + row) * H * W + ih * W + wn / sw, ft);
             }
+        }
+        k_stf(a.out, i, ft, acc);
+    }
+}
+
+/* Resize, nearest or n-linear: n output elements over a.dims[0..a.rank) (row-major,
+ * contiguous). Per dim d: a.strides[0][d] the input's element stride, a.strides[1][d] its
+ * size, and the output coordinate x maps to the input coordinate x * A + B with A and B
+ * the doubles whose bits are a.strides[2][d] and a.strides[3][d]. a.p[0]: 0 nearest,
+ * 1 linear; a.p[1] (nearest): 0 round_prefer_floor, 1 round_prefer_ceil, 2 floor, 3 ceil;
+ * indices are clamped into the input (linear: the two neighbours, weighted by the
+ * fraction, as if the input were edge-padded). Float operands of type a.ft. */
+DEVFN double k_bits_f64(long long b) {
+    union {
+        long long i;
+        double d;
+    } u;
+    u.i = b;
+    return u.d;
+}
+
+KERNEL void infer_resize(infer_kargs a) {
+    long long mode = a.p[0], nearest = a.p[1], ft = a.ft;
+    int rank = (int)a.rank;
+    K_LOOP(i) {
+        long long i0[8], i1[8];
+        float w[8];
+        int interp[8], k = 0;
+        long long rem = i;
+        for (int d = rank - 1; d >= 0; d--) {
+            long long xd = rem % a.dims[d];
+            rem /= a.dims[d];
+            long long len = a.strides[1][d];
+            double A = k_bits_f64(a.strides[2][d]), B = k_bits_f64(a.strides[3][d]);
+            double x = (double)xd * A + B;
+            if (mode == 0) {
+                double f = floor(x), frac = x - f;
+                long long j;
+                if (nearest == 2)
+                    j = (long long)f;
+                else if (nearest == 3)
+                    j = (long long)ceil(x);
+                else if (frac == 0.5)
+                    j = nearest == 1 ? (long long)f + 1 : (long long)f;
+                else
+                    j = (long long)floor(x + 0.5);
+                i0[d] = j < 0 ? 0 : (j >= len ? len - 1 : j);
+                i1[d] = i0[d];
+                w[d] = 0.0f;
+            } else {
+                double f = floor(x);
+                long long j = (long long)f;
+                i0[d] = j < 0 ? 0 : (j >= len ? len - 1 : j);
+                i1[d] = j + 1 < 0 ? 0 : (j + 1 >= len ? len - 1 : j + 1);
+                w[d] = (float)(x - f);
+                if (w[d] != 0.0f && i0[d] != i1[d])
+                    interp[k++] = d;
+            }
+        }
+        float acc = 0.0f;
+        for (long long c = 0; c < (1LL << k); c++) {
+            float weight = 1.0f;
+            long long src = 0;
+            for (int d = 0; d < rank; d++)
+                src += i0[d] * a.strides[0][d];
+            for (int e = 0; e < k; e++) {
+                int d = interp[e];
+                if ((c >> e) & 1) {
+                    weight *= w[d];
+                    src += (i1[d] - i0[d]) * a.strides[0][d];
+                } else {
+                    weight *= 1.0f - w[d];
+                }
+            }
+            acc += weight * k_ldf(a.in[0], src, ft);
         }
         k_stf(a.out, i, ft, acc);
     }

@@ -40,10 +40,11 @@ pub enum Kernel {
     Compare,
     Pad,
     Col2im,
+    Resize,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 17] = [
+    pub const ALL: [Kernel; 18] = [
         Kernel::Unary,
         Kernel::Binary,
         Kernel::StridedCopy,
@@ -61,6 +62,7 @@ impl Kernel {
         Kernel::Compare,
         Kernel::Pad,
         Kernel::Col2im,
+        Kernel::Resize,
     ];
 
     pub fn name(self) -> &'static std::ffi::CStr {
@@ -82,6 +84,7 @@ impl Kernel {
             Kernel::Compare => c"infer_compare",
             Kernel::Pad => c"infer_pad",
             Kernel::Col2im => c"infer_col2im",
+            Kernel::Resize => c"infer_resize",
         }
     }
 

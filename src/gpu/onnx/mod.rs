@@ -92,6 +92,7 @@ pub const SUPPORTED: &[&str] = &[
     "ReduceSumSquare",
     "Relu",
     "Reshape",
+    "Resize",
     "Round",
     "Shape",
     "Sigmoid",

@@ -795,6 +795,146 @@ impl<'a> Planner<'a> {
         Ok(())
     }
 
+    /// Resize (opset 11+), nearest and n-linear, for the coordinate transformations that
+    /// map an output coordinate to an input one affinely (half_pixel, pytorch_half_pixel,
+    /// align_corners, asymmetric), from scales or sizes (over `axes`, opset 18).
+    fn resize(&mut self, node: &Node) -> Result<()> {
+        let x = self.x(node, 0)?;
+        let ft = Self::ft(node, &x)?;
+        let r = x.shape.len();
+        if self.graph.opset < 11 {
+            return Err(unsupported(node, "Resize before opset 11"));
+        }
+        let mode = match node.string("mode").as_deref().unwrap_or("nearest") {
+            "nearest" => 0,
+            "linear" => 1,
+            other => return Err(unsupported(node, format!("mode {other}"))),
+        };
+        let nearest = match node
+            .string("nearest_mode")
+            .as_deref()
+            .unwrap_or("round_prefer_floor")
+        {
+            "round_prefer_floor" => 0,
+            "round_prefer_ceil" => 1,
+            "floor" => 2,
+            "ceil" => 3,
+            other => return Err(unsupported(node, format!("nearest_mode {other}"))),
+        };
+        let ctm = node
+            .string("coordinate_transformation_mode")
+            .unwrap_or_else(|| "half_pixel".into());
+        if node.int("antialias", 0) != 0 {
+            return Err(unsupported(node, "antialias"));
+        }
+        let policy = node
+            .string("keep_aspect_ratio_policy")
+            .unwrap_or_else(|| "stretch".into());
+        if policy != "stretch" {
+            return Err(unsupported(
+                node,
+                format!("keep_aspect_ratio_policy {policy}"),
+            ));
+        }
+        let axes: Vec<usize> = match node.ints("axes") {
+            Some(a) => a
+                .iter()
+                .map(|&v| host::axis(v, r, node))
+                .collect::<Result<_>>()?,
+            None => (0..r).collect(),
+        };
+        let floats = |i: usize| -> Result<Option<Vec<f64>>> {
+            match node.input(i) {
+                None => Ok(None),
+                Some(n) => match self.host(n) {
+                    Some(t) if t.is_empty() => Ok(None),
+                    Some(t) => Ok(Some(t.data.clone())),
+                    None => Err(unsupported(
+                        node,
+                        format!("input '{n}' computed on the device"),
+                    )),
+                },
+            }
+        };
+        let (scales, sizes) = (floats(2)?, floats(3)?);
+        let mut scale = vec![1.0f64; r];
+        let mut out = x.shape.clone();
+        match (scales, sizes) {
+            (Some(s), None) if s.len() == axes.len() => {
+                for (&a, &v) in axes.iter().zip(&s) {
+                    if v <= 0.0 {
+                        return Err(Error::invalid(format!("{}: scale {v}", node.label())));
+                    }
+                    scale[a] = v;
+                    out[a] = (x.shape[a] as f64 * v).floor() as i64;
+                }
+            }
+            (None, Some(z)) if z.len() == axes.len() => {
+                for (&a, &v) in axes.iter().zip(&z) {
+                    out[a] = v as i64;
+                    scale[a] = v / x.shape[a].max(1) as f64;
+                }
+            }
+            _ => {
+                return Err(Error::invalid(format!(
+                    "{}: one of scales and sizes, with one value per axis ({} axes), is needed",
+                    node.label(),
+                    axes.len()
+                )))
+            }
+        }
+        if out.iter().any(|&d| d <= 0) || x.shape.iter().any(|&d| d <= 0) {
+            return Err(Error::invalid(format!(
+                "{}: resizing {:?} to {out:?}",
+                node.label(),
+                x.shape
+            )));
+        }
+        if r > 8 {
+            return Err(unsupported(node, format!("rank {r} (at most 8)")));
+        }
+        let mut a = KArgs {
+            n: numel(&out),
+            rank: r as i64,
+            ..KArgs::default()
+        };
+        let xs = strides(&x.shape);
+        for d in 0..r {
+            let (len, o, s) = (x.shape[d], out[d], scale[d]);
+            let (ca, cb) = match ctm.as_str() {
+                "half_pixel" => (1.0 / s, 0.5 / s - 0.5),
+                "pytorch_half_pixel" if o > 1 => (1.0 / s, 0.5 / s - 0.5),
+                "pytorch_half_pixel" => (0.0, 0.0),
+                "asymmetric" => (1.0 / s, 0.0),
+                "align_corners" if o > 1 => ((len - 1) as f64 / (o - 1) as f64, 0.0),
+                "align_corners" => (0.0, 0.0),
+                other => {
+                    return Err(unsupported(
+                        node,
+                        format!("coordinate_transformation_mode {other}"),
+                    ))
+                }
+            };
+            a.dims[d] = o;
+            a.strides[0][d] = xs[d];
+            a.strides[1][d] = len;
+            a.strides[2][d] = ca.to_bits() as i64;
+            a.strides[3][d] = cb.to_bits() as i64;
+        }
+        a.p[0] = mode;
+        a.p[1] = nearest;
+        a.ft = ft;
+        let y = self.temp(x.dt, out);
+        self.push(Step::Kernel {
+            k: Kernel::Resize,
+            args: Box::new(a),
+            ins: [Some(x.ptr.clone()), None, None, None],
+            out: y.ptr.clone(),
+        });
+        self.set(node, 0, Val::Dev(y));
+        Ok(())
+    }
+
     /// Comparisons and logic into BOOL (`infer_compare`).
     fn compare(&mut self, node: &Node) -> Result<()> {
         let op = match node.op.as_str() {
@@ -1447,6 +1587,7 @@ impl<'a> Planner<'a> {
                 Ok(())
             }
             "Pad" | "Tile" => self.pad(node),
+            "Resize" => self.resize(node),
             "MatMul" => self.matmul(node),
             "Gemm" => self.gemm(node),
             "Conv" => self.conv(node),
