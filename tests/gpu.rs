@@ -2743,7 +2743,6 @@ fn constants_shared_on_a_device(gpu: &Server) {
 /// sequence dims are symbolic. The GPU executor must give the CPU's results at several
 /// batch sizes, in FP32 and (within the documented tolerance) in FP16 and BF16.
 fn encoder_model() -> pb::ModelProto {
-    use pb::tensor_shape_proto::dimension::Value as DimValue;
     const D: i64 = 32;
     const H: i64 = 4;
     const F: i64 = 64;
@@ -2896,28 +2895,6 @@ fn encoder_model() -> pb::ModelProto {
         n("Add", &["f2", "b2"], "f3", vec![]),
         n("Add", &["h", "f3"], "Y", vec![]),
     ]);
-    let io = |name: &str, elem_type: i32, dims: &[&str]| pb::ValueInfoProto {
-        name: name.into(),
-        r#type: Some(pb::TypeProto {
-            value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
-                elem_type,
-                shape: Some(pb::TensorShapeProto {
-                    dim: dims
-                        .iter()
-                        .map(|d| pb::tensor_shape_proto::Dimension {
-                            value: Some(match d.parse::<i64>() {
-                                Ok(v) => DimValue::DimValue(v),
-                                Err(_) => DimValue::DimParam(d.to_string()),
-                            }),
-                            ..Default::default()
-                        })
-                        .collect(),
-                }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
     pb::ModelProto {
         ir_version: 8,
         opset_import: vec![pb::OperatorSetIdProto {
@@ -2929,10 +2906,10 @@ fn encoder_model() -> pb::ModelProto {
             node: nodes,
             initializer: inits,
             input: vec![
-                io("X", 1, &["batch", "seq", "32"]),
-                io("MASK", 7, &["batch", "seq"]),
+                value_info_of("X", &["batch", "seq", "32"], 1),
+                value_info_of("MASK", &["batch", "seq"], 7),
             ],
-            output: vec![io("Y", 1, &["batch", "seq", "32"])],
+            output: vec![value_info_of("Y", &["batch", "seq", "32"], 1)],
             ..Default::default()
         }),
         ..Default::default()
@@ -3380,31 +3357,10 @@ fn conv_transpose_on_the_stand_in(cpu: &Server, gpu: &Server) {
         let o_dims: Vec<String> = std::iter::once("N".to_string())
             .chain(out_dims.iter().map(|d| d.to_string()))
             .collect();
-        let vi = |n: &str, dims: &[String]| {
-            use pb::tensor_shape_proto::dimension::Value as DimValue;
-            pb::ValueInfoProto {
-                name: n.into(),
-                r#type: Some(pb::TypeProto {
-                    value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
-                        elem_type: 1,
-                        shape: Some(pb::TensorShapeProto {
-                            dim: dims
-                                .iter()
-                                .map(|d| pb::tensor_shape_proto::Dimension {
-                                    value: Some(match d.parse::<i64>() {
-                                        Ok(v) => DimValue::DimValue(v),
-                                        Err(_) => DimValue::DimParam(d.clone()),
-                                    }),
-                                    ..Default::default()
-                                })
-                                .collect(),
-                        }),
-                    })),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }
-        };
+        let (in_refs, o_refs): (Vec<&str>, Vec<&str>) = (
+            in_dims.iter().map(String::as_str).collect(),
+            o_dims.iter().map(String::as_str).collect(),
+        );
         let model = pb::ModelProto {
             ir_version: 8,
             opset_import: vec![pb::OperatorSetIdProto {
@@ -3434,8 +3390,8 @@ fn conv_transpose_on_the_stand_in(cpu: &Server, gpu: &Server) {
                     ..Default::default()
                 }],
                 initializer: inits,
-                input: vec![vi("X", &in_dims)],
-                output: vec![vi("Y", &o_dims)],
+                input: vec![value_info_of("X", &in_refs, 1)],
+                output: vec![value_info_of("Y", &o_refs, 1)],
                 ..Default::default()
             }),
             ..Default::default()
@@ -3888,7 +3844,11 @@ fn value_info_of(name: &str, dims: &[&str], elem_type: i32) -> pb::ValueInfoProt
                     dim: dims
                         .iter()
                         .map(|d| pb::tensor_shape_proto::Dimension {
-                            value: Some(DimValue::DimValue(d.parse().unwrap())),
+                            // A number, else a symbolic dim of that name.
+                            value: Some(match d.parse::<i64>() {
+                                Ok(v) => DimValue::DimValue(v),
+                                Err(_) => DimValue::DimParam(d.to_string()),
+                            }),
                             ..Default::default()
                         })
                         .collect(),

@@ -593,6 +593,16 @@ impl<'a> Planner<'a> {
         Ok(())
     }
 
+    /// A launch of `k` with arguments `a` (complete) reading `x` and writing `y`.
+    fn launch_one(&mut self, k: Kernel, a: KArgs, x: &Dev, y: &Dev) {
+        self.push(Step::Kernel {
+            k,
+            args: Box::new(a),
+            ins: [Some(x.ptr.clone()), None, None, None],
+            out: y.ptr.clone(),
+        });
+    }
+
     fn kernel(&mut self, k: Kernel, n: i64, ins: &[&Dev], out: &Dev, set: impl FnOnce(&mut KArgs)) {
         let mut a = KArgs {
             n,
@@ -785,12 +795,7 @@ impl<'a> Planner<'a> {
         a.p[0] = mode;
         a.p[1] = size;
         a.p[2] = bits as i64;
-        self.push(Step::Kernel {
-            k: Kernel::Pad,
-            args: Box::new(a),
-            ins: [Some(x.ptr.clone()), None, None, None],
-            out: y.ptr.clone(),
-        });
+        self.launch_one(Kernel::Pad, a, &x, &y);
         self.set(node, 0, Val::Dev(y));
         Ok(())
     }
@@ -925,12 +930,7 @@ impl<'a> Planner<'a> {
         a.p[1] = nearest;
         a.ft = ft;
         let y = self.temp(x.dt, out);
-        self.push(Step::Kernel {
-            k: Kernel::Resize,
-            args: Box::new(a),
-            ins: [Some(x.ptr.clone()), None, None, None],
-            out: y.ptr.clone(),
-        });
+        self.launch_one(Kernel::Resize, a, &x, &y);
         self.set(node, 0, Val::Dev(y));
         Ok(())
     }
