@@ -31,6 +31,16 @@ pub struct Ptr {
     pub bytes: u64,
 }
 
+impl Ptr {
+    /// The same buffer, `bytes` further on.
+    fn plus(&self, bytes: u64) -> Ptr {
+        Ptr {
+            buf: self.buf.clone(),
+            bytes: self.bytes + bytes,
+        }
+    }
+}
+
 /// A tensor on the device: contiguous, row-major.
 #[derive(Clone)]
 pub struct Dev {
@@ -1950,10 +1960,7 @@ impl<'a> Planner<'a> {
         };
         let (kg, crsg) = (kout / groups, crs / groups);
         fits32(node, &[p, kg, crsg, n])?;
-        let at = |base: &Ptr, elems: i64| Ptr {
-            buf: base.buf.clone(),
-            bytes: base.bytes + (elems * esize) as u64,
-        };
+        let at = |base: &Ptr, elems: i64| base.plus((elems * esize) as u64);
         for g in 0..groups {
             let gemm = GemmArgs {
                 trans_a: false,
@@ -2141,10 +2148,7 @@ impl<'a> Planner<'a> {
         let cols = self.temp(x.dt, vec![n, krs, hw]);
         let m = kg * r * s;
         fits32(node, &[hw, m, cg, n])?;
-        let at = |base: &Ptr, elems: i64| Ptr {
-            buf: base.buf.clone(),
-            bytes: base.bytes + (elems * esize) as u64,
-        };
+        let at = |base: &Ptr, elems: i64| base.plus((elems * esize) as u64);
         for g in 0..groups {
             let gemm = GemmArgs {
                 trans_a: false,
