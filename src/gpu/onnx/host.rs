@@ -393,10 +393,39 @@ pub fn eval(
             let (Some(a), Some(b)) = (get(1), get(2)) else {
                 return Ok(None);
             };
-            // cond ? a : b, in two broadcasts.
-            let picked_a = binary(x, a, a.dt, |c, v| if c != 0.0 { v } else { f64::NAN });
-            let r =
-                picked_a.and_then(|pa| binary(&pa, b, a.dt, |v, w| if v.is_nan() { w } else { v }));
+            let r = broadcast(&x.shape, &a.shape)
+                .and_then(|s| broadcast(&s, &b.shape))
+                .map(|shape| {
+                    let (sc, sa, sb) = (
+                        broadcast_strides(&x.shape, &shape),
+                        broadcast_strides(&a.shape, &shape),
+                        broadcast_strides(&b.shape, &shape),
+                    );
+                    let outs = strides(&shape);
+                    let n: i64 = shape.iter().product();
+                    let data = (0..n)
+                        .map(|i| {
+                            let (mut ic, mut ia, mut ib, mut rem) = (0i64, 0i64, 0i64, i);
+                            for d in 0..shape.len() {
+                                let q = rem / outs[d];
+                                rem %= outs[d];
+                                ic += q * sc[d];
+                                ia += q * sa[d];
+                                ib += q * sb[d];
+                            }
+                            if x.data[ic as usize] != 0.0 {
+                                a.data[ia as usize]
+                            } else {
+                                b.data[ib as usize]
+                            }
+                        })
+                        .collect();
+                    HostTensor {
+                        dt: a.dt,
+                        shape,
+                        data,
+                    }
+                });
             one(r.ok_or_else(|| bad("shapes do not broadcast".into()))?)
         }
         _ => Ok(None),
@@ -720,5 +749,26 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(div[0].as_i64(), vec![-3, 3], "integer division truncates");
+    }
+
+    #[test]
+    fn where_picks_integers_and_broadcasts() {
+        let cond = HostTensor {
+            dt: Dt::Bool,
+            shape: vec![2, 1],
+            data: vec![0.0, 1.0],
+        };
+        let a = HostTensor::vec_i64(&[7, 8, 9]);
+        let b = HostTensor::scalar_i64(1);
+        let r = eval(
+            &node("Where", vec![]),
+            &[Some(&cond), Some(&a), Some(&b)],
+            17,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r[0].shape, vec![2, 3]);
+        assert_eq!(r[0].as_i64(), vec![1, 1, 1, 7, 8, 9]);
+        assert_eq!(r[0].dt, Dt::I64);
     }
 }
