@@ -3628,6 +3628,264 @@ instance_group [ {{ kind: {kind} }} ]"#
     println!("Resize (nearest and linear; half_pixel, pytorch_half_pixel, align_corners, asymmetric; scales and sizes) matches the CPU");
 }
 
+/// Value inputs: graph inputs the planner reads (a Reshape's shape, a Slice's starts, a
+/// Resize's scales) arrive with each request, from host or device memory; each distinct
+/// value gets its own plan, and the results equal the CPU's. A bad value fails only its
+/// request, naming the node.
+fn value_inputs_on_the_stand_in(d: &Driver, cpu: &Server, gpu: &Server) {
+    let dir = temp_dir("gpu-value-inputs");
+    let i64s = |name: &str, v: &[i64]| pb::TensorProto {
+        name: name.into(),
+        dims: vec![v.len() as i64],
+        data_type: 7,
+        int64_data: v.to_vec(),
+        ..Default::default()
+    };
+    let node = |op: &str, ins: &[&str], out: &str| pb::NodeProto {
+        op_type: op.into(),
+        name: out.into(),
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: vec![out.into()],
+        ..Default::default()
+    };
+    let mut resize = node("Resize", &["S", "", "scales"], "Y");
+    resize.attribute.push(pb::AttributeProto {
+        name: "mode".into(),
+        s: b"linear".to_vec(),
+        r#type: 3,
+        ..Default::default()
+    });
+    let model = pb::ModelProto {
+        ir_version: 8,
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: String::new(),
+            version: 13,
+        }],
+        graph: Some(pb::GraphProto {
+            name: "value_inputs".into(),
+            node: vec![
+                // The shape goes through a host computation first (Cast to INT64).
+                pb::NodeProto {
+                    attribute: vec![pb::AttributeProto {
+                        name: "to".into(),
+                        i: 7,
+                        r#type: 2,
+                        ..Default::default()
+                    }],
+                    ..node("Cast", &["shape"], "shape64")
+                },
+                node("Reshape", &["X", "shape64"], "R"),
+                node("Slice", &["R", "starts", "ends", "axes"], "S"),
+                resize,
+            ],
+            initializer: vec![i64s("ends", &[1 << 40]), i64s("axes", &[1])],
+            input: vec![
+                value_info("X", &["2", "3", "4"]),
+                value_info_of("shape", &["3"], 6),
+                value_info_of("starts", &["1"], 7),
+                value_info("scales", &["3"]),
+            ],
+            output: vec![value_info("Y", &["a", "b", "c"])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mdir = dir.join("value_inputs");
+    std::fs::create_dir_all(mdir.join("1")).unwrap();
+    std::fs::write(
+        mdir.join("1/model.onnx"),
+        prost::Message::encode_to_vec(&model),
+    )
+    .unwrap();
+    let c = cs(
+        r#"name: "value_inputs" platform: "onnxruntime_onnx" max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 2, 3, 4 ] },
+        { name: "shape" data_type: TYPE_INT32 dims: [ 3 ] },
+        { name: "starts" data_type: TYPE_INT64 dims: [ 1 ] },
+        { name: "scales" data_type: TYPE_FP32 dims: [ 3 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1, -1, -1 ] } ]
+instance_group [ { kind: KIND_GPU } ]"#,
+    );
+    ok(unsafe {
+        infer_server_load_model(
+            gpu.0,
+            cs("value_inputs").as_ptr(),
+            c.as_ptr(),
+            cs(mdir.to_str().unwrap()).as_ptr(),
+        )
+    });
+    let x = Rand(23).f32s(24);
+    // The reference: the same graph on the CPU with the values as constants (the CPU
+    // backend wants shapes it can analyse at load).
+    let reference = |k: usize, shape: &[i32], starts: i64, scales: &[f32]| -> Resp {
+        let name = format!("value_inputs_ref{k}");
+        let mut m = model.clone();
+        let g = m.graph.as_mut().unwrap();
+        g.input.truncate(1);
+        g.initializer.extend([
+            pb::TensorProto {
+                name: "shape".into(),
+                dims: vec![3],
+                data_type: 6,
+                int32_data: shape.to_vec(),
+                ..Default::default()
+            },
+            i64s("starts", &[starts]),
+            pb::TensorProto {
+                name: "scales".into(),
+                dims: vec![3],
+                data_type: 1,
+                float_data: scales.to_vec(),
+                ..Default::default()
+            },
+        ]);
+        let rdir = dir.join(&name);
+        std::fs::create_dir_all(rdir.join("1")).unwrap();
+        std::fs::write(rdir.join("1/model.onnx"), prost::Message::encode_to_vec(&m)).unwrap();
+        let c = cs(&format!(
+            r#"name: "{name}" platform: "onnxruntime_onnx" max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 2, 3, 4 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, -1, -1 ] }} ]"#
+        ));
+        ok(unsafe {
+            infer_server_load_model(
+                cpu.0,
+                cs(&name).as_ptr(),
+                c.as_ptr(),
+                cs(rdir.to_str().unwrap()).as_ptr(),
+            )
+        });
+        cpu.infer(cpu.request(&name).input_f32("X", &[2, 3, 4], &x))
+    };
+    let run = |s: &Server, shape: &[i32], starts: i64, scales: &[f32]| {
+        s.infer(
+            s.request("value_inputs")
+                .input_f32("X", &[2, 3, 4], &x)
+                .input_i32("shape", &[3], shape)
+                .input_i64("starts", &[1], &[starts])
+                .input_f32("scales", &[3], scales),
+        )
+    };
+    let cases: [(&[i32], i64, &[f32]); 5] = [
+        (&[4, 3, 2], 1, &[1.0, 1.0, 2.0]),
+        (&[2, 6, 2], 3, &[1.0, 0.5, 1.5]),
+        (&[-1, 4, 3], 0, &[2.0, 1.0, 1.0]),
+        (&[0, 12, 1], -5, &[1.0, 2.0, 3.0]),
+        (&[4, 3, 2], 1, &[1.0, 1.0, 2.0]),
+    ];
+    for (k, (shape, starts, scales)) in cases.into_iter().enumerate() {
+        let want = all_outputs(&reference(k, shape, starts, scales));
+        let got = all_outputs(&run(gpu, shape, starts, scales));
+        assert_eq!(got["Y"].0, want["Y"].0, "{shape:?} {starts} {scales:?}");
+        assert_close("value_inputs", "Y", &want["Y"].1, &got["Y"].1, false);
+    }
+    // A shape that does not fit fails its request with the node named, and the next
+    // request is served.
+    let bad = run(gpu, &[5, 5, 1], 0, &[1.0, 1.0, 1.0]);
+    assert_eq!(
+        bad.status(),
+        INFER_STATUS_INVALID_ARGUMENT,
+        "{}",
+        bad.error()
+    );
+    assert!(bad.error().contains("Reshape"), "{}", bad.error());
+    assert_eq!(
+        run(gpu, &[4, 3, 2], 1, &[1.0, 1.0, 2.0]).status(),
+        INFER_STATUS_OK
+    );
+
+    // The shape from device memory: read back for planning, same result.
+    let shape = [3i32, 4, 2];
+    d.bind(0);
+    let p = d.upload(&shape.map(|v| f32::from_bits(v as u32)));
+    let r = gpu
+        .request("value_inputs")
+        .input_f32("X", &[2, 3, 4], &x)
+        .input_i64("starts", &[1], &[1])
+        .input_f32("scales", &[3], &[1.0, 1.0, 1.0]);
+    ok(unsafe {
+        infer_request_add_input_borrowed(
+            r.0,
+            cs("shape").as_ptr(),
+            INFER_DATATYPE_INT32,
+            [3i64].as_ptr(),
+            1,
+            p as *const c_void,
+            12,
+            INFER_MEMORY_GPU,
+            0,
+            None,
+            null_mut(),
+        )
+    });
+    let got = all_outputs(&gpu.infer(r));
+    let want = all_outputs(&reference(9, &shape, 1, &[1.0, 1.0, 1.0]));
+    assert_eq!(got["Y"].0, want["Y"].0);
+    assert_close("value_inputs", "Y", &want["Y"].1, &got["Y"].1, false);
+
+    // A value input read through a host computation (the first of many values as the
+    // shape): more values than the planner reads are refused by name.
+    let big_model = pb::ModelProto {
+        graph: Some(pb::GraphProto {
+            name: "value_inputs_big".into(),
+            node: vec![
+                node("Slice", &["big", "zero", "one"], "m64"),
+                node("Reshape", &["X", "m64"], "Y"),
+            ],
+            initializer: vec![i64s("zero", &[0]), i64s("one", &[1])],
+            input: vec![
+                value_info("X", &["2", "3", "4"]),
+                value_info_of("big", &["n"], 7),
+            ],
+            output: vec![value_info("Y", &["a"])],
+            ..Default::default()
+        }),
+        ..model.clone()
+    };
+    let bdir = dir.join("value_inputs_big");
+    std::fs::create_dir_all(bdir.join("1")).unwrap();
+    std::fs::write(
+        bdir.join("1/model.onnx"),
+        prost::Message::encode_to_vec(&big_model),
+    )
+    .unwrap();
+    let c = cs(
+        r#"name: "value_inputs_big" platform: "onnxruntime_onnx" max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 2, 3, 4 ] },
+        { name: "big" data_type: TYPE_INT64 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+instance_group [ { kind: KIND_GPU } ]"#,
+    );
+    ok(unsafe {
+        infer_server_load_model(
+            gpu.0,
+            cs("value_inputs_big").as_ptr(),
+            c.as_ptr(),
+            cs(bdir.to_str().unwrap()).as_ptr(),
+        )
+    });
+    let big = |n: usize| {
+        let mut v = vec![1i64; n];
+        v[0] = 24;
+        gpu.infer(
+            gpu.request("value_inputs_big")
+                .input_f32("X", &[2, 3, 4], &x)
+                .input_i64("big", &[n as i64], &v),
+        )
+    };
+    let small = big(100);
+    assert_eq!(small.status(), INFER_STATUS_OK, "{}", small.error());
+    assert_eq!(all_outputs(&small)["Y"].0, vec![24]);
+    let r = big(5000);
+    assert_eq!(r.status(), INFER_STATUS_UNSUPPORTED, "{}", r.error());
+    assert!(
+        r.error().contains("'big'") && r.error().contains("4096"),
+        "{}",
+        r.error()
+    );
+    println!("value inputs (Reshape shape, Slice starts, Resize scales; host and device memory) match the CPU");
+}
+
 fn onnx_on_the_stand_in() {
     let d = driver();
     let cpu = server_in(INFER_GPU_OFF).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
@@ -3672,6 +3930,7 @@ fn onnx_on_the_stand_in() {
     pad_and_tile_on_the_stand_in(&gpu);
     conv_transpose_on_the_stand_in(&cpu, &gpu);
     resize_on_the_stand_in(&cpu, &gpu);
+    value_inputs_on_the_stand_in(d, &cpu, &gpu);
 
     // Implicit state on the GPU: running sums of interleaved sequences.
     load_from_models(

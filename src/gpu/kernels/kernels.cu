@@ -959,11 +959,14 @@ KERNEL void infer_col2im(infer_kargs a) {
 
 /* Resize, nearest or n-linear: n output elements over a.dims[0..a.rank) (row-major,
  * contiguous). Per dim d: a.strides[0][d] the input's element stride, a.strides[1][d] its
- * size, and the output coordinate x maps to the input coordinate x * A + B with A and B
- * the doubles whose bits are a.strides[2][d] and a.strides[3][d]. a.p[0]: 0 nearest,
- * 1 linear; a.p[1] (nearest): 0 round_prefer_floor, 1 round_prefer_ceil, 2 floor, 3 ceil;
- * indices are clamped into the input (linear: the two neighbours, weighted by the
- * fraction, as if the input were edge-padded). Float operands of type a.ft. */
+ * size; the output coordinate x maps to the input coordinate (x + P) * M / S + Q with M,
+ * S, Q the doubles whose bits are a.strides[2][d], a.strides[3][d], a.ostrides[d] and P
+ * the double of a.p[2]. a.p[0]: 0 nearest, 1 linear; a.p[1] (nearest): 0
+ * round_prefer_floor, 1 round_prefer_ceil, 2 floor, 3 ceil. a.p[3] = 1: an input
+ * coordinate outside [0, size - 1] in any dim gives a.f[0] (tf_crop_and_resize's
+ * extrapolation); else indices are clamped into the input (linear: the two neighbours,
+ * weighted by the fraction, as if the input were edge-padded). Float operands of type
+ * a.ft. */
 DEVFN double k_bits_f64(long long b) {
     union {
         long long i;
@@ -974,19 +977,22 @@ DEVFN double k_bits_f64(long long b) {
 }
 
 KERNEL void infer_resize(infer_kargs a) {
-    long long mode = a.p[0], nearest = a.p[1], ft = a.ft;
+    long long mode = a.p[0], nearest = a.p[1], ft = a.ft, extrapolate = a.p[3];
+    double P = k_bits_f64(a.p[2]);
     int rank = (int)a.rank;
     K_LOOP(i) {
         long long i0[8], i1[8];
         float w[8];
-        int interp[8], k = 0;
+        int interp[8], k = 0, outside = 0;
         long long rem = i;
         for (int d = rank - 1; d >= 0; d--) {
             long long xd = rem % a.dims[d];
             rem /= a.dims[d];
             long long len = a.strides[1][d];
-            double A = k_bits_f64(a.strides[2][d]), B = k_bits_f64(a.strides[3][d]);
-            double x = (double)xd * A + B;
+            double M = k_bits_f64(a.strides[2][d]), S = k_bits_f64(a.strides[3][d]);
+            double x = ((double)xd + P) * M / S + k_bits_f64(a.ostrides[d]);
+            if (extrapolate && (x < 0.0 || x > (double)(len - 1)))
+                outside = 1;
             if (mode == 0) {
                 double f = floor(x), frac = x - f;
                 long long j;
@@ -1010,6 +1016,10 @@ KERNEL void infer_resize(infer_kargs a) {
                 if (w[d] != 0.0f && i0[d] != i1[d])
                     interp[k++] = d;
             }
+        }
+        if (outside) {
+            k_stf(a.out, i, ft, a.f[0]);
+            continue;
         }
         float acc = 0.0f;
         for (long long c = 0; c < (1LL << k); c++) {

@@ -147,6 +147,45 @@ impl HostTensor {
     pub fn as_i64(&self) -> Vec<i64> {
         self.data.iter().map(|&x| x as i64).collect()
     }
+    /// A tensor from its little-endian bytes; None when their count does not match.
+    pub fn from_bytes(dt: Dt, shape: &[i64], raw: &[u8]) -> Option<HostTensor> {
+        let count = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))?;
+        (count.checked_mul(dt.size())? == raw.len()).then(|| HostTensor {
+            dt,
+            shape: shape.to_vec(),
+            data: HostTensor::decode(dt, raw),
+        })
+    }
+    /// Little-endian elements of type `dt` as f64 (a trailing partial element is ignored).
+    fn decode(dt: Dt, raw: &[u8]) -> Vec<f64> {
+        let c = raw.chunks_exact(dt.size());
+        match dt {
+            Dt::F32 => c
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
+                .collect(),
+            Dt::F64 => c
+                .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+                .collect(),
+            Dt::U8 | Dt::Bool => c.map(|b| b[0] as f64).collect(),
+            Dt::I8 => c.map(|b| b[0] as i8 as f64).collect(),
+            Dt::I32 => c
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
+                .collect(),
+            Dt::I64 => c
+                .map(|b| {
+                    i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f64
+                })
+                .collect(),
+            Dt::F16 => c
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f64())
+                .collect(),
+            Dt::BF16 => c
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f64())
+                .collect(),
+        }
+    }
     /// The bytes of the tensor in its element type (little endian).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.data.len() * self.dt.size());
@@ -216,31 +255,7 @@ pub fn tensor_from_proto(t: &pb::TensorProto, what: &str) -> Result<HostTensor> 
                 dt.name()
             )));
         }
-        let c = raw.chunks_exact(dt.size());
-        match dt {
-            Dt::F32 => c
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
-                .collect(),
-            Dt::F64 => c
-                .map(|b| f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
-                .collect(),
-            Dt::U8 | Dt::Bool => c.map(|b| b[0] as f64).collect(),
-            Dt::I8 => c.map(|b| b[0] as i8 as f64).collect(),
-            Dt::I32 => c
-                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
-                .collect(),
-            Dt::I64 => c
-                .map(|b| {
-                    i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f64
-                })
-                .collect(),
-            Dt::F16 => c
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f64())
-                .collect(),
-            Dt::BF16 => c
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f64())
-                .collect(),
-        }
+        HostTensor::decode(dt, raw)
     } else {
         match dt {
             Dt::F32 => t.float_data.iter().map(|&x| x as f64).collect(),

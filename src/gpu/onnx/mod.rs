@@ -7,6 +7,11 @@
 //! Operators: see [`SUPPORTED`]. Shape computations (Shape, Gather, Concat, ... on
 //! constants and shapes) run on the host while planning. A model with any other operator
 //! fails to load with the operator named.
+//!
+//! Value inputs: a graph input that the planner must read (a Reshape's shape, a Slice's
+//! starts, a Resize's scales, directly or through host-evaluated operators) is found the
+//! first time planning needs it. From then on its values are read on the host for every
+//! batch and are part of the plan's key, so each distinct value gets its own plan.
 
 pub mod fuse;
 pub mod graph;
@@ -21,7 +26,7 @@ use crate::gpu::driver::{Context, DevicePtr};
 use crate::gpu::DeviceBuf;
 use crate::status::{Error, Result};
 use graph::{Dt, Graph};
-use plan::{Buf, Consts, Plan, Planner, Ptr, Step};
+use plan::{Buf, Consts, Plan, PlanKey, Planner, Ptr, Step};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -117,6 +122,9 @@ pub const SUPPORTED: &[&str] = &[
 /// Plans kept per instance (one per set of input shapes seen).
 const MAX_PLANS: usize = 64;
 
+/// The most elements a value input (one the planner reads) may have.
+const MAX_VALUE_ELEMENTS: usize = 4096;
+
 /// Operators only evaluated on the host (constants and shape computations).
 const HOST_ONLY: &[&str] = &["Constant", "ConstantOfShape", "Range", "Mod", "Size"];
 
@@ -165,6 +173,9 @@ pub fn load_graph(file: &Path, what: &str) -> Result<Graph> {
             n.op,
             SUPPORTED.join(", ")
         )));
+    }
+    for n in &g.nodes {
+        plan::check_node(n, g.opset).map_err(|e| e.context(what))?;
     }
     if let Some(n) = g
         .nodes
@@ -271,12 +282,14 @@ pub struct OnnxGpuInstance {
     /// FP16 or BF16: FLOAT tensors computed in that type (config parameter `precision`).
     precision: Option<Dt>,
     consts: Consts,
-    plans: HashMap<Vec<(Dt, Vec<i64>)>, Arc<Plan>>,
+    /// Per graph input: whether the planner reads its values (see the module's notes).
+    value_inputs: Vec<bool>,
+    plans: HashMap<PlanKey, Arc<Plan>>,
     arena: Option<DeviceBuf>,
     what: String,
     /// Plans for batches of at most this many rows run as CUDA graphs (0: never).
     graph_max_batch: i64,
-    graphs: HashMap<Vec<(Dt, Vec<i64>)>, GraphEntry>,
+    graphs: HashMap<PlanKey, GraphEntry>,
 }
 
 /// A plan's CUDA graph: captured on the plan's second run (the first warms cuBLAS up),
@@ -319,6 +332,7 @@ impl OnnxGpuInstance {
             precision,
             config: config.clone(),
             consts: Consts::new(&ctx),
+            value_inputs: Vec::new(),
             ctx,
             module,
             blas: None,
@@ -345,9 +359,128 @@ impl OnnxGpuInstance {
                 )));
             }
         }
-        let probe = inst.sample_inputs()?;
-        inst.plan_for(probe)?;
+        inst.value_inputs = vec![false; inst.graph.inputs.len()];
+        let probe = PlanKey {
+            inputs: inst.sample_inputs()?,
+            values: Vec::new(),
+        };
+        match inst.plan_for(probe) {
+            Ok(_) => {}
+            // Planning needs values that requests bring: the first batch plans the rest.
+            Err((_, true)) => {}
+            Err((e, false)) => return Err(e),
+        }
         Ok(inst)
+    }
+
+    /// The graph inputs behind `names`: those reached by walking back from each name
+    /// through the nodes that produce it (not through Shape and Size, which only need a
+    /// shape, nor to the type-giving input of CastLike).
+    fn inputs_behind(&self, names: &[String]) -> Vec<usize> {
+        let producer: HashMap<&str, &graph::Node> = self
+            .graph
+            .nodes
+            .iter()
+            .flat_map(|n| n.outputs.iter().map(move |o| (o.as_str(), n)))
+            .collect();
+        let mut found = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut todo: Vec<&str> = names.iter().map(String::as_str).collect();
+        while let Some(name) = todo.pop() {
+            if name.is_empty() || !seen.insert(name) {
+                continue;
+            }
+            if let Some(k) = self.graph.inputs.iter().position(|i| i.name == name) {
+                found.push(k);
+            } else if let Some(n) = producer.get(name) {
+                match n.op.as_str() {
+                    "Shape" | "Size" => {}
+                    // Only the first input's values matter; the second gives a type.
+                    "CastLike" => todo.extend(n.input(0)),
+                    _ => todo.extend(n.inputs.iter().map(String::as_str)),
+                }
+            }
+        }
+        found.sort_unstable();
+        found
+    }
+
+    /// The plan's key for `batch`: input types and shapes, and the values of the value
+    /// inputs (read on the host: from the request, or copied down from device memory).
+    fn key_of(&self, batch: &Batch) -> Result<PlanKey> {
+        let mut key = PlanKey {
+            inputs: Vec::with_capacity(self.graph.inputs.len()),
+            values: Vec::new(),
+        };
+        for (k, io) in self.graph.inputs.iter().enumerate() {
+            let Some(bi) = batch.inputs.iter().find(|b| *b.name == io.name) else {
+                return Err(Error::invalid(format!(
+                    "{}: input '{}' is missing from the batch (optional inputs are not supported on the GPU)",
+                    self.what, io.name
+                )));
+            };
+            let dt = Dt::from_library(bi.dtype).ok_or_else(|| {
+                Error::unsupported(format!(
+                    "{}: input '{}' of type {} on the GPU",
+                    self.what,
+                    io.name,
+                    bi.dtype.as_str()
+                ))
+            })?;
+            if self.value_inputs.get(k).copied().unwrap_or(false) {
+                key.values.push((k, self.values_of(batch, bi, dt)?));
+            }
+            key.inputs.push((dt, bi.shape.to_vec()));
+        }
+        Ok(key)
+    }
+
+    /// The values of value input `bi` as f64 bit patterns.
+    fn values_of(
+        &self,
+        batch: &Batch,
+        bi: &crate::backend::BatchInput,
+        dt: Dt,
+    ) -> Result<Vec<u64>> {
+        let n = bi.shape.iter().product::<i64>().max(0) as usize;
+        if n > MAX_VALUE_ELEMENTS {
+            return Err(Error::unsupported(format!(
+                "{}: input '{}' sets shapes or operator parameters, so the GPU executor reads it while planning; it has {n} elements, and at most {MAX_VALUE_ELEMENTS} are supported",
+                self.what, bi.name
+            )));
+        }
+        let mut bytes = Vec::with_capacity(n * dt.size());
+        match Batch::assembled(bi) {
+            Some(v) => bytes.extend_from_slice(v),
+            None => {
+                for piece in batch.input_pieces(bi) {
+                    match piece.device() {
+                        Some(d) => {
+                            let at = bytes.len();
+                            bytes.resize(at + piece.len(), 0);
+                            // SAFETY: the request's device memory holds `piece.len()`
+                            // bytes and stays valid while the request lives; the
+                            // instance's context is bound.
+                            unsafe {
+                                crate::gpu::driver::copy_to_host_now(&mut bytes[at..], d.ptr)?
+                            };
+                        }
+                        None => bytes.extend_from_slice(piece.as_slice()),
+                    }
+                }
+            }
+        }
+        let t = graph::HostTensor::from_bytes(dt, &bi.shape, &bytes).ok_or_else(|| {
+            Error::invalid(format!(
+                "{}: input '{}' has {} bytes for shape {:?} of {}",
+                self.what,
+                bi.name,
+                bytes.len(),
+                &bi.shape[..],
+                dt.name()
+            ))
+        })?;
+        Ok(t.data.iter().map(|v| v.to_bits()).collect())
     }
 
     /// Input types and shapes of a batch of one (symbolic dims as 1).
@@ -385,20 +518,35 @@ impl OnnxGpuInstance {
             .collect()
     }
 
-    fn plan_for(&mut self, key: Vec<(Dt, Vec<i64>)>) -> Result<Arc<Plan>> {
+    /// The plan for `key`, made on first use. On failure, the error and whether planning
+    /// found value inputs not known before (marked now: a new key can be read).
+    fn plan_for(&mut self, key: PlanKey) -> std::result::Result<Arc<Plan>, (Error, bool)> {
         if let Some(p) = self.plans.get(&key) {
             return Ok(p.clone());
         }
-        self.ctx.bind()?;
+        self.ctx.bind().map_err(|e| (e, false))?;
         if self.plans.len() >= MAX_PLANS {
             // Inputs of ever new shapes: start over rather than grow without bound
             // (plans keep their constants alive; graphs their slots).
             self.plans.clear();
             self.graphs.clear();
         }
-        let plan = Planner::new(&self.graph, &mut self.consts, self.precision)
-            .plan(&key)
-            .map_err(|e| e.context(&self.what))?;
+        let graph = self.graph.clone();
+        let mut planner = Planner::new(&graph, &mut self.consts, self.precision);
+        let plan = match planner.plan(&key) {
+            Ok(p) => p,
+            Err(e) => {
+                let wanted = planner.wanted().to_vec();
+                let mut new = false;
+                for k in self.inputs_behind(&wanted) {
+                    if let Some(v) = self.value_inputs.get_mut(k).filter(|v| !**v) {
+                        *v = true;
+                        new = true;
+                    }
+                }
+                return Err((e.context(&self.what), new));
+            }
+        };
         let plan = Arc::new(plan);
         self.plans.insert(key, plan.clone());
         Ok(plan)
@@ -417,28 +565,24 @@ impl ModelInstance for OnnxGpuInstance {
             }
         };
         // Graph inputs from the batch, by name.
-        let mut key = Vec::with_capacity(self.graph.inputs.len());
+        let plan = loop {
+            let key = self.key_of(batch)?;
+            match self.plan_for(key) {
+                Ok(p) => break p,
+                // Values of inputs found to be needed: read them and plan again (each
+                // round marks at least one more input, so this ends).
+                Err((_, true)) => continue,
+                Err((e, false)) => return Err(e),
+            }
+        };
         let mut in_ptrs = Vec::with_capacity(self.graph.inputs.len());
         for io in &self.graph.inputs {
-            let Some(i) = batch.inputs.iter().position(|b| *b.name == io.name) else {
-                return Err(Error::invalid(format!(
-                    "{}: input '{}' is missing from the batch (optional inputs are not supported on the GPU)",
-                    self.what, io.name
-                )));
-            };
-            let bi = &batch.inputs[i];
-            let dt = Dt::from_library(bi.dtype).ok_or_else(|| {
-                Error::unsupported(format!(
-                    "{}: input '{}' of type {} on the GPU",
-                    self.what,
-                    io.name,
-                    bi.dtype.as_str()
-                ))
-            })?;
-            key.push((dt, bi.shape.to_vec()));
-            in_ptrs.push(batch.gpu.as_ref().map_or(0, |g| g.inputs[i]));
+            let i = batch.inputs.iter().position(|b| *b.name == io.name);
+            in_ptrs.push(
+                i.and_then(|i| batch.gpu.as_ref().map(|g| g.inputs[i]))
+                    .unwrap_or(0),
+            );
         }
-        let plan = self.plan_for(key)?;
         // Outputs the config lists, in device memory.
         let mut out_ptrs: Vec<Option<DevicePtr>> = Vec::with_capacity(plan.outputs.len());
         for (io, (dt, shape)) in self.graph.outputs.iter().zip(&plan.outputs) {
@@ -604,7 +748,7 @@ impl OnnxGpuInstance {
     ) -> GraphEntry {
         let made = (|| -> Result<GraphEntry> {
             let mut inputs = Vec::new();
-            for (dt, shape) in &plan.key {
+            for (dt, shape) in &plan.key.inputs {
                 let bytes = shape.iter().product::<i64>().max(0) as usize * dt.size();
                 inputs.push(crate::gpu::driver::DeviceMem::upload(
                     &self.ctx,

@@ -87,10 +87,31 @@ struct Temp {
     last: usize,
 }
 
-/// A plan for one set of input shapes.
+/// What a plan is for: the type and shape of every graph input (graph input order), and
+/// the values of the inputs that the planner reads (see [`Planner::wanted`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PlanKey {
+    pub inputs: Vec<(Dt, Vec<i64>)>,
+    /// (graph input, its values as f64 bit patterns).
+    pub values: Vec<(usize, Vec<u64>)>,
+}
+
+impl PlanKey {
+    /// Value input `k` as a host tensor.
+    fn value(&self, k: usize) -> Option<HostTensor> {
+        let (_, bits) = self.values.iter().find(|(i, _)| *i == k)?;
+        let (dt, shape) = self.inputs.get(k)?;
+        Some(HostTensor {
+            dt: *dt,
+            shape: shape.clone(),
+            data: bits.iter().map(|&b| f64::from_bits(b)).collect(),
+        })
+    }
+}
+
+/// A plan for one set of input shapes (and values of the inputs it reads).
 pub struct Plan {
-    /// The input types and shapes it is for (graph input order).
-    pub key: Vec<(Dt, Vec<i64>)>,
+    pub key: PlanKey,
     pub steps: Vec<Step>,
     /// Arena offset of each intermediate.
     pub temp_offsets: Vec<u64>,
@@ -165,6 +186,10 @@ pub struct Planner<'a> {
     /// The names of the graph's initializers (constant whatever the input shapes).
     initializers: std::collections::HashSet<&'a str>,
     vals: HashMap<String, Val>,
+    /// Graph inputs whose values are known while planning, as they are on the device.
+    input_devs: HashMap<String, Dev>,
+    /// Values the planner needed on the host but found computed on the device.
+    wanted: Vec<String>,
     steps: Vec<Step>,
     temps: Vec<Temp>,
 }
@@ -197,13 +222,33 @@ impl<'a> Planner<'a> {
             scalars: HashMap::new(),
             initializers: graph.initializers.iter().map(|(n, _)| n.as_str()).collect(),
             vals: HashMap::new(),
+            input_devs: HashMap::new(),
+            wanted: Vec::new(),
             steps: Vec::new(),
             temps: Vec::new(),
         }
     }
 
-    /// Plans the graph for inputs of these types and shapes (graph input order).
-    pub fn plan(mut self, inputs: &[(Dt, Vec<i64>)]) -> Result<Plan> {
+    /// After a failed [`Planner::plan`]: the values it needed while planning (a shape, an
+    /// operator's parameters) that were computed on the device. Graph inputs among them,
+    /// or behind them, can be given to the next plan as values (see [`PlanKey`]).
+    pub fn wanted(&self) -> &[String] {
+        &self.wanted
+    }
+
+    /// Records that `name` was needed on the host; the error to return.
+    fn want(&mut self, node: &Node, name: &str, what: impl std::fmt::Display) -> Error {
+        self.wanted.push(name.to_owned());
+        unsupported(
+            node,
+            format!("{what} '{name}' computed on the device (it must be a constant, come from shapes, or be a graph input)"),
+        )
+    }
+
+    /// Plans the graph for inputs of these types and shapes (and values, where the key
+    /// has them). A planner makes one plan.
+    pub fn plan(&mut self, key: &PlanKey) -> Result<Plan> {
+        let inputs = &key.inputs;
         for (name, t) in &self.graph.initializers {
             self.vals.insert(name.clone(), Val::Host(t.clone()));
         }
@@ -224,7 +269,15 @@ impl<'a> Planner<'a> {
                 }
                 _ => x,
             };
-            self.vals.insert(io.name.clone(), Val::Dev(x));
+            match key.value(k) {
+                Some(t) => {
+                    self.vals.insert(io.name.clone(), Val::Host(t));
+                    self.input_devs.insert(io.name.clone(), x);
+                }
+                None => {
+                    self.vals.insert(io.name.clone(), Val::Dev(x));
+                }
+            }
         }
         let graph = self.graph;
         for node in &graph.nodes {
@@ -263,8 +316,8 @@ impl<'a> Planner<'a> {
         self.lifetimes();
         let (temp_offsets, arena_bytes) = self.assign();
         Ok(Plan {
-            key: inputs.to_vec(),
-            steps: self.steps,
+            key: key.clone(),
+            steps: std::mem::take(&mut self.steps),
             temp_offsets,
             arena_bytes,
             outputs,
@@ -384,6 +437,9 @@ impl<'a> Planner<'a> {
 
     /// A value on the device (host values are uploaded as constants).
     fn dev(&mut self, name: &str) -> Result<Dev> {
+        if let Some(x) = self.input_devs.get(name) {
+            return Ok(x.clone());
+        }
         let t = match self.vals.get(name) {
             None => {
                 return Err(Error::invalid(format!(
@@ -472,6 +528,25 @@ impl<'a> Planner<'a> {
                 return Ok(());
             }
         }
+        // CastLike of a host value needs only the other input's type.
+        if node.op == "CastLike" {
+            let like = match node.input(1).and_then(|n| self.vals.get(n)) {
+                Some(Val::Dev(d)) => Some(d.dt),
+                _ => None,
+            };
+            if let (Some(x), Some(like)) = (node.input(0).and_then(|n| self.host(n)), like) {
+                // (A FLOAT computed in reduced precision is FLOAT to the graph; host values
+                // are converted when they are uploaded.)
+                let dt = if Some(like) == self.precision {
+                    Dt::F32
+                } else {
+                    like
+                };
+                let y = HostTensor { dt, ..x.clone() }.normalize();
+                self.set(node, 0, Val::Host(y));
+                return Ok(());
+            }
+        }
         // Shape needs no data.
         if node.op == "Shape" {
             let x = self.dev(node.input(0).unwrap_or(""))?;
@@ -498,12 +573,12 @@ impl<'a> Planner<'a> {
         self.dev(&name)
     }
 
-    fn host_input(&self, node: &Node, i: usize) -> Result<Option<Vec<i64>>> {
+    fn host_input(&mut self, node: &Node, i: usize) -> Result<Option<Vec<i64>>> {
         match node.input(i) {
             None => Ok(None),
             Some(n) => match self.host(n) {
                 Some(t) => Ok(Some(t.as_i64())),
-                None => Err(unsupported(node, format!("input '{n}' computed on the device (it must be a constant or come from shapes)"))),
+                None => Err(self.want(node, n, "input")),
             },
         }
     }
@@ -748,12 +823,7 @@ impl<'a> Planner<'a> {
                 match node.input(2) {
                     Some(n) => match self.host(n) {
                         Some(t) => t.data.first().copied().unwrap_or(0.0),
-                        None => {
-                            return Err(unsupported(
-                                node,
-                                "a constant_value computed on the device",
-                            ))
-                        }
+                        None => return Err(self.want(node, n, "constant_value")),
                     },
                     None => 0.0,
                 }
@@ -810,47 +880,13 @@ impl<'a> Planner<'a> {
         Ok(())
     }
 
-    /// Resize (opset 11+), nearest and n-linear, for the coordinate transformations that
-    /// map an output coordinate to an input one affinely (half_pixel, pytorch_half_pixel,
-    /// align_corners, asymmetric), from scales or sizes (over `axes`, opset 18).
+    /// Resize (opset 11+), nearest and n-linear, for every coordinate transformation,
+    /// from scales or sizes (over `axes`, opset 18).
     fn resize(&mut self, node: &Node) -> Result<()> {
         let x = self.x(node, 0)?;
         let ft = Self::ft(node, &x)?;
         let r = x.shape.len();
-        if self.graph.opset < 11 {
-            return Err(unsupported(node, "Resize before opset 11"));
-        }
-        let mode = match node.string("mode").as_deref().unwrap_or("nearest") {
-            "nearest" => 0,
-            "linear" => 1,
-            other => return Err(unsupported(node, format!("mode {other}"))),
-        };
-        let nearest = match node
-            .string("nearest_mode")
-            .as_deref()
-            .unwrap_or("round_prefer_floor")
-        {
-            "round_prefer_floor" => 0,
-            "round_prefer_ceil" => 1,
-            "floor" => 2,
-            "ceil" => 3,
-            other => return Err(unsupported(node, format!("nearest_mode {other}"))),
-        };
-        let ctm = node
-            .string("coordinate_transformation_mode")
-            .unwrap_or_else(|| "half_pixel".into());
-        if node.int("antialias", 0) != 0 {
-            return Err(unsupported(node, "antialias"));
-        }
-        let policy = node
-            .string("keep_aspect_ratio_policy")
-            .unwrap_or_else(|| "stretch".into());
-        if policy != "stretch" {
-            return Err(unsupported(
-                node,
-                format!("keep_aspect_ratio_policy {policy}"),
-            ));
-        }
+        let at = ResizeAttrs::of(node, self.graph.opset)?;
         let axes: Vec<usize> = match node.ints("axes") {
             Some(a) => a
                 .iter()
@@ -858,21 +894,19 @@ impl<'a> Planner<'a> {
                 .collect::<Result<_>>()?,
             None => (0..r).collect(),
         };
-        let floats = |i: usize| -> Result<Option<Vec<f64>>> {
+        let mut floats = |i: usize| -> Result<Option<Vec<f64>>> {
             match node.input(i) {
                 None => Ok(None),
                 Some(n) => match self.host(n) {
                     Some(t) if t.is_empty() => Ok(None),
                     Some(t) => Ok(Some(t.data.clone())),
-                    None => Err(unsupported(
-                        node,
-                        format!("input '{n}' computed on the device"),
-                    )),
+                    None => Err(self.want(node, n, "input")),
                 },
             }
         };
-        let (scales, sizes) = (floats(2)?, floats(3)?);
+        let (roi, scales, sizes) = (floats(1)?, floats(2)?, floats(3)?);
         let mut scale = vec![1.0f64; r];
+        let mut sizes_given = false;
         let mut out = x.shape.clone();
         match (scales, sizes) {
             (Some(s), None) if s.len() == axes.len() => {
@@ -885,6 +919,7 @@ impl<'a> Planner<'a> {
                 }
             }
             (None, Some(z)) if z.len() == axes.len() => {
+                sizes_given = true;
                 for (&a, &v) in axes.iter().zip(&z) {
                     out[a] = v as i64;
                     scale[a] = v / x.shape[a].max(1) as f64;
@@ -908,34 +943,78 @@ impl<'a> Planner<'a> {
         if r > 8 {
             return Err(unsupported(node, format!("rank {r} (at most 8)")));
         }
+        // tf_crop_and_resize: the region of interest per dim (start, end), normalized.
+        let mut region = vec![(0.0f64, 1.0f64); r];
+        if at.ctm == "tf_crop_and_resize" {
+            let roi = roi.unwrap_or_default();
+            if roi.len() != 2 * axes.len() {
+                return Err(Error::invalid(format!(
+                    "{}: roi has {} values; tf_crop_and_resize needs {} (start and end per axis)",
+                    node.label(),
+                    roi.len(),
+                    2 * axes.len()
+                )));
+            }
+            for (i, &a) in axes.iter().enumerate() {
+                region[a] = (roi[i], roi[axes.len() + i]);
+            }
+        }
         let mut a = KArgs {
             n: numel(&out),
             rank: r as i64,
             ..KArgs::default()
         };
         let xs = strides(&x.shape);
+        // Output coordinate x maps to the input coordinate (x + P) * M / S + Q, evaluated
+        // in that order as ONNX's reference does (so ties in nearest rounding agree).
+        let half = matches!(
+            at.ctm.as_str(),
+            "half_pixel" | "pytorch_half_pixel" | "half_pixel_symmetric"
+        );
         for d in 0..r {
             let (len, o, s) = (x.shape[d], out[d], scale[d]);
-            let (ca, cb) = match ctm.as_str() {
-                "half_pixel" => (1.0 / s, 0.5 / s - 0.5),
-                "pytorch_half_pixel" if o > 1 => (1.0 / s, 0.5 / s - 0.5),
-                "pytorch_half_pixel" => (0.0, 0.0),
-                "asymmetric" => (1.0 / s, 0.0),
-                "align_corners" if o > 1 => ((len - 1) as f64 / (o - 1) as f64, 0.0),
-                "align_corners" => (0.0, 0.0),
-                other => {
-                    return Err(unsupported(
-                        node,
-                        format!("coordinate_transformation_mode {other}"),
-                    ))
+            let (lf, of) = (len as f64, o as f64);
+            let (m, sd, q) = match at.ctm.as_str() {
+                "half_pixel" => (1.0, s, -0.5),
+                "pytorch_half_pixel" if o > 1 => (1.0, s, -0.5),
+                "pytorch_half_pixel" => (0.0, 1.0, 0.0),
+                "half_pixel_symmetric" => {
+                    let adjustment = of / (lf * s);
+                    let offset = lf / 2.0 * (1.0 - adjustment);
+                    (1.0, s, offset - 0.5)
+                }
+                "asymmetric" => (1.0, s, 0.0),
+                // With scales, ONNX takes the unrounded output length here.
+                "align_corners" => {
+                    let lr = if sizes_given { of } else { lf * s };
+                    if o > 1 {
+                        (lf - 1.0, lr - 1.0, 0.0)
+                    } else {
+                        (0.0, 1.0, 0.0)
+                    }
+                }
+                _ => {
+                    let (st, en) = region[d];
+                    if o > 1 {
+                        ((en - st) * (lf - 1.0), of - 1.0, st * (lf - 1.0))
+                    } else {
+                        (0.0, 1.0, 0.5 * (st + en) * (lf - 1.0))
+                    }
                 }
             };
             a.dims[d] = o;
             a.strides[0][d] = xs[d];
             a.strides[1][d] = len;
-            a.strides[2][d] = ca.to_bits() as i64;
-            a.strides[3][d] = cb.to_bits() as i64;
+            a.strides[2][d] = m.to_bits() as i64;
+            a.strides[3][d] = sd.to_bits() as i64;
+            a.ostrides[d] = q.to_bits() as i64;
         }
+        a.p[2] = if half { 0.5f64 } else { 0.0 }.to_bits() as i64;
+        if at.ctm == "tf_crop_and_resize" {
+            a.p[3] = 1;
+            a.f[0] = node.float("extrapolation_value", 0.0);
+        }
+        let (mode, nearest) = (at.mode, at.nearest);
         a.p[0] = mode;
         a.p[1] = nearest;
         a.ft = ft;
@@ -1115,10 +1194,10 @@ impl<'a> Planner<'a> {
                     }
                     for (i, v) in [(1, &mut lo), (2, &mut hi)] {
                         if let Some(n) = node.input(i) {
-                            let t = self.host(n).ok_or_else(|| {
-                                unsupported(node, "min/max computed on the device")
-                            })?;
-                            *v = t.data.first().copied().unwrap_or(0.0) as f32;
+                            *v = match self.host(n) {
+                                Some(t) => t.data.first().copied().unwrap_or(0.0) as f32,
+                                None => return Err(self.want(node, n, "bound")),
+                            };
                         }
                     }
                 } else {
@@ -1454,9 +1533,6 @@ impl<'a> Planner<'a> {
                         "scale or bias that is not the normalized shape",
                     ));
                 }
-                if node.outputs.len() > 1 && node.outputs[1..].iter().any(|o| !o.is_empty()) {
-                    return Err(unsupported(node, "the Mean and InvStdDev outputs"));
-                }
                 let y = self.temp(x.dt, x.shape.clone());
                 let eps = node.float("epsilon", 1e-5);
                 let mut ins = vec![&x, &scale];
@@ -1476,9 +1552,6 @@ impl<'a> Planner<'a> {
                 let x = self.x(node, 0)?;
                 let ft = Self::ft(node, &x)?;
                 let a = host::axis(node.int("axis", 0), x.shape.len(), node)?;
-                if node.int("select_last_index", 0) != 0 {
-                    return Err(unsupported(node, "select_last_index"));
-                }
                 let mut shape = x.shape.clone();
                 if node.int("keepdims", 1) != 0 {
                     shape[a] = 1;
@@ -2258,14 +2331,14 @@ impl<'a> Planner<'a> {
     fn batchnorm(&mut self, node: &Node) -> Result<()> {
         let x = self.x(node, 0)?;
         Self::ft(node, &x)?;
-        let p: Vec<HostTensor> = (1..5)
-            .map(|i| {
-                node.input(i)
-                    .and_then(|n| self.host(n))
-                    .cloned()
-                    .ok_or_else(|| unsupported(node, "parameters computed on the device"))
-            })
-            .collect::<Result<_>>()?;
+        let mut p: Vec<HostTensor> = Vec::with_capacity(4);
+        for i in 1..5 {
+            let n = node.input(i).unwrap_or("");
+            match self.host(n) {
+                Some(t) => p.push(t.clone()),
+                None => return Err(self.want(node, n, "parameter")),
+            }
+        }
         let eps = node.float("epsilon", 1e-5) as f64;
         let c = x.shape.get(1).copied().unwrap_or(1);
         if p.iter().any(|t| t.len() as i64 != c) {
@@ -2306,6 +2379,91 @@ impl<'a> Planner<'a> {
         let y = self.binary_of(node, 0, &xs, &t)?;
         self.set(node, 0, Val::Dev(y));
         Ok(())
+    }
+}
+
+/// Resize's attributes, as far as the executor takes them.
+struct ResizeAttrs {
+    /// 0 nearest, 1 linear.
+    mode: i64,
+    /// 0 round_prefer_floor, 1 round_prefer_ceil, 2 floor, 3 ceil.
+    nearest: i64,
+    ctm: String,
+}
+
+impl ResizeAttrs {
+    fn of(node: &Node, opset: i64) -> Result<ResizeAttrs> {
+        if opset < 11 {
+            return Err(unsupported(node, "Resize before opset 11"));
+        }
+        let mode = match node.string("mode").as_deref().unwrap_or("nearest") {
+            "nearest" => 0,
+            "linear" => 1,
+            other => return Err(unsupported(node, format!("mode {other}"))),
+        };
+        let nearest = match node
+            .string("nearest_mode")
+            .as_deref()
+            .unwrap_or("round_prefer_floor")
+        {
+            "round_prefer_floor" => 0,
+            "round_prefer_ceil" => 1,
+            "floor" => 2,
+            "ceil" => 3,
+            other => return Err(unsupported(node, format!("nearest_mode {other}"))),
+        };
+        let ctm = node
+            .string("coordinate_transformation_mode")
+            .unwrap_or_else(|| "half_pixel".into());
+        if !matches!(
+            ctm.as_str(),
+            "half_pixel"
+                | "pytorch_half_pixel"
+                | "half_pixel_symmetric"
+                | "asymmetric"
+                | "align_corners"
+                | "tf_crop_and_resize"
+        ) {
+            return Err(unsupported(
+                node,
+                format!("coordinate_transformation_mode {ctm}"),
+            ));
+        }
+        if node.int("antialias", 0) != 0 {
+            return Err(unsupported(node, "antialias"));
+        }
+        let policy = node
+            .string("keep_aspect_ratio_policy")
+            .unwrap_or_else(|| "stretch".into());
+        if policy != "stretch" {
+            return Err(unsupported(
+                node,
+                format!("keep_aspect_ratio_policy {policy}"),
+            ));
+        }
+        Ok(ResizeAttrs { mode, nearest, ctm })
+    }
+}
+
+/// Refuses, when the model loads, attributes and outputs the executor does not support
+/// (whatever the input shapes and values: planning may wait for the first batch).
+pub fn check_node(node: &Node, opset: i64) -> Result<()> {
+    let extra_outputs = node.outputs.len() > 1 && node.outputs[1..].iter().any(|o| !o.is_empty());
+    match node.op.as_str() {
+        "Resize" => ResizeAttrs::of(node, opset).map(|_| ()),
+        "LayerNormalization" if extra_outputs => {
+            Err(unsupported(node, "the Mean and InvStdDev outputs"))
+        }
+        "ArgMax" | "ArgMin" if node.int("select_last_index", 0) != 0 => {
+            Err(unsupported(node, "select_last_index"))
+        }
+        "BatchNormalization" if extra_outputs || node.int("training_mode", 0) != 0 => Err(
+            unsupported(node, "training mode (running mean and variance outputs)"),
+        ),
+        "Dropout" if node.outputs.get(1).is_some_and(|m| !m.is_empty()) => {
+            host::dropout_is_identity(node, None)
+        }
+        _ => Ok(()),
     }
 }
 
