@@ -647,15 +647,20 @@ KERNEL void infer_softmax(infer_kargs a) {
     }
 }
 
-/* n rows of a.p[0] columns; in[1] scale, in[2] bias or NULL; eps a.f[0]. Cooperative: a
- * k_team output per row (mean, then the variance of the deviations, then the outputs). */
+/* n rows of a.p[0] columns; in[1] scale, in[2] bias or NULL; eps a.f[0]. a.p[1] = 1:
+ * RMSNormalization (no mean: the deviations are the values). in[3] not NULL: also writes
+ * each row's mean (0 for RMS) and 1 / sqrt(variance + eps) as f32, at [r] and [n + r] of
+ * in[3]. Cooperative: a k_team output per row (mean, then the variance of the deviations,
+ * then the outputs). */
 KERNEL void infer_layernorm(infer_kargs a) {
     K_SHARED(float, red, 2 * K_MAX_BLOCK);
     const void *x = a.in[0];
     const void *scale = a.in[1];
     const void *bias = a.in[2];
+    float *stats = (float *)a.in[3];
     void *y = a.out;
     long long cols = a.p[0], ft = a.ft;
+    int rms = a.p[1] == 1;
     if (cols <= 0)
         return;
     k_team t = k_team_make(cols, 1);
@@ -664,9 +669,11 @@ KERNEL void infer_layernorm(infer_kargs a) {
         long long r = tile * t.lanes + t.lane;
         long long c0 = t.g < t.groups && r < a.n ? t.g : cols, b = r * cols;
         float mean = 0.0f;
-        for (long long c = c0; c < cols; c += t.groups)
-            mean += k_ldf(x, b + c, ft);
-        mean = k_team_reduce(&t, red, 0, mean) / (float)cols;
+        if (!rms) {
+            for (long long c = c0; c < cols; c += t.groups)
+                mean += k_ldf(x, b + c, ft);
+            mean = k_team_reduce(&t, red, 0, mean) / (float)cols;
+        }
         float var = 0.0f;
         for (long long c = c0; c < cols; c += t.groups) {
             float d = k_ldf(x, b + c, ft) - mean;
@@ -674,6 +681,10 @@ KERNEL void infer_layernorm(infer_kargs a) {
         }
         var = k_team_reduce(&t, red + K_MAX_BLOCK, 0, var) / (float)cols;
         float inv = 1.0f / sqrtf(var + a.f[0]);
+        if (stats != 0 && t.g == 0 && r < a.n) {
+            stats[r] = mean;
+            stats[a.n + r] = inv;
+        }
         for (long long c = c0; c < cols; c += t.groups) {
             float v = (k_ldf(x, b + c, ft) - mean) * inv * k_ldf(scale, c, ft);
             k_stf(y, b + c, ft, bias != 0 ? v + k_ldf(bias, c, ft) : v);

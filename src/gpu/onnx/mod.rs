@@ -86,6 +86,7 @@ pub const SUPPORTED: &[&str] = &[
     "PRelu",
     "Pad",
     "Pow",
+    "RMSNormalization",
     "Reciprocal",
     "ReduceL1",
     "ReduceL2",

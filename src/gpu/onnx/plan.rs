@@ -1518,36 +1518,8 @@ impl<'a> Planner<'a> {
                 self.set(node, 0, Val::Dev(y));
                 Ok(())
             }
-            "LayerNormalization" => {
-                let x = self.x(node, 0)?;
-                let a = host::axis(node.int("axis", -1), x.shape.len(), node)?;
-                let cols = numel(&x.shape[a..]);
-                let scale = self.x(node, 1)?;
-                let bias = match node.input(2) {
-                    Some(_) => Some(self.x(node, 2)?),
-                    None => None,
-                };
-                if scale.numel() != cols || bias.as_ref().is_some_and(|b| b.numel() != cols) {
-                    return Err(unsupported(
-                        node,
-                        "scale or bias that is not the normalized shape",
-                    ));
-                }
-                let y = self.temp(x.dt, x.shape.clone());
-                let eps = node.float("epsilon", 1e-5);
-                let mut ins = vec![&x, &scale];
-                if let Some(b) = &bias {
-                    ins.push(b);
-                }
-                let ft = Self::ft_all(node, &ins)?;
-                self.kernel(Kernel::LayerNorm, numel(&x.shape[..a]), &ins, &y, |k| {
-                    k.p[0] = cols;
-                    k.f[0] = eps;
-                    k.ft = ft;
-                });
-                self.set(node, 0, Val::Dev(y));
-                Ok(())
-            }
+            "LayerNormalization" => self.norm(node, false),
+            "RMSNormalization" => self.norm(node, true),
             "ArgMax" | "ArgMin" => {
                 let x = self.x(node, 0)?;
                 let ft = Self::ft(node, &x)?;
@@ -1682,6 +1654,81 @@ impl<'a> Planner<'a> {
                 node.label()
             ))),
         }
+    }
+
+    /// LayerNormalization (with its Mean and InvStdDev outputs when asked for) and
+    /// RMSNormalization over the dims from `axis` on, in one cooperative launch.
+    fn norm(&mut self, node: &Node, rms: bool) -> Result<()> {
+        let x = self.x(node, 0)?;
+        let a = host::axis(node.int("axis", -1), x.shape.len(), node)?;
+        let cols = numel(&x.shape[a..]);
+        let scale = self.x(node, 1)?;
+        let bias = match node.input(2).filter(|_| !rms) {
+            Some(_) => Some(self.x(node, 2)?),
+            None => None,
+        };
+        if scale.numel() != cols || bias.as_ref().is_some_and(|b| b.numel() != cols) {
+            return Err(unsupported(
+                node,
+                "scale or bias that is not the normalized shape",
+            ));
+        }
+        if node.int("stash_type", 1) != 1 {
+            return Err(unsupported(node, "a stash_type other than FLOAT"));
+        }
+        let y = self.temp(x.dt, x.shape.clone());
+        let eps = node.float("epsilon", 1e-5);
+        let mut ins = vec![&x, &scale];
+        if let Some(b) = &bias {
+            ins.push(b);
+        }
+        let ft = Self::ft_all(node, &ins)?;
+        let rows = numel(&x.shape[..a]);
+        // Mean and InvStdDev: one f32 buffer, the means then the inverse deviations.
+        let wants_stats = !rms && node.outputs.iter().skip(1).any(|o| !o.is_empty());
+        let stats = wants_stats.then(|| self.temp(Dt::F32, vec![2, rows]));
+        let mut ins: [Option<Ptr>; 4] = [None, None, None, None];
+        ins[0] = Some(x.ptr.clone());
+        ins[1] = Some(scale.ptr.clone());
+        ins[2] = bias.as_ref().map(|b| b.ptr.clone());
+        ins[3] = stats.as_ref().map(|t| t.ptr.clone());
+        let mut k = KArgs {
+            n: rows,
+            ..KArgs::default()
+        };
+        k.p[0] = cols;
+        k.p[1] = i64::from(rms);
+        k.f[0] = eps;
+        k.ft = ft;
+        self.push(Step::Kernel {
+            k: Kernel::LayerNorm,
+            args: Box::new(k),
+            ins,
+            out: y.ptr.clone(),
+        });
+        self.set(node, 0, Val::Dev(y));
+        if let Some(st) = stats {
+            let mut shape = x.shape[..a].to_vec();
+            shape.resize(x.shape.len(), 1);
+            for i in 1..3 {
+                let half = Dev {
+                    dt: Dt::F32,
+                    shape: shape.clone(),
+                    ptr: st.ptr.plus((i as u64 - 1) * rows as u64 * 4),
+                };
+                // Computed in reduced precision, FLOAT tensors are that type in the plan.
+                let half = match self.precision {
+                    Some(p) => {
+                        let c = self.temp(p, shape.clone());
+                        self.cast(&half, &c);
+                        c
+                    }
+                    None => half,
+                };
+                self.set(node, i, Val::Dev(half));
+            }
+        }
+        Ok(())
     }
 
     fn matmul(&mut self, node: &Node) -> Result<()> {
@@ -2451,9 +2498,6 @@ pub fn check_node(node: &Node, opset: i64) -> Result<()> {
     let extra_outputs = node.outputs.len() > 1 && node.outputs[1..].iter().any(|o| !o.is_empty());
     match node.op.as_str() {
         "Resize" => ResizeAttrs::of(node, opset).map(|_| ()),
-        "LayerNormalization" if extra_outputs => {
-            Err(unsupported(node, "the Mean and InvStdDev outputs"))
-        }
         "ArgMax" | "ArgMin" if node.int("select_last_index", 0) != 0 => {
             Err(unsupported(node, "select_last_index"))
         }
