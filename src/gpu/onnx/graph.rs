@@ -298,6 +298,36 @@ pub struct Node {
 }
 
 impl Node {
+    /// A node the executor makes itself (an operator expanded into others).
+    pub fn new(op: &str, name: String, inputs: Vec<String>, outputs: Vec<String>) -> Node {
+        Node {
+            op: op.to_owned(),
+            name,
+            inputs,
+            outputs,
+            attrs: Vec::new(),
+        }
+    }
+    /// With integer attribute `name` set to `v`.
+    pub fn with_int(mut self, name: &str, v: i64) -> Node {
+        self.attrs.push(pb::AttributeProto {
+            name: name.to_owned(),
+            i: v,
+            r#type: pb::attribute_proto::AttributeType::Int as i32,
+            ..Default::default()
+        });
+        self
+    }
+    /// With integer-list attribute `name` set to `v`.
+    pub fn with_ints(mut self, name: &str, v: &[i64]) -> Node {
+        self.attrs.push(pb::AttributeProto {
+            name: name.to_owned(),
+            ints: v.to_vec(),
+            r#type: pb::attribute_proto::AttributeType::Ints as i32,
+            ..Default::default()
+        });
+        self
+    }
     pub fn from_proto(n: &pb::NodeProto) -> Node {
         Node {
             op: n.op_type.clone(),

@@ -11,6 +11,8 @@ use crate::status::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
+mod attention;
+
 /// Where a tensor's bytes are, resolved to an address when the plan runs.
 #[derive(Clone)]
 pub enum Buf {
@@ -1649,6 +1651,7 @@ impl<'a> Planner<'a> {
             "ConvTranspose" => self.conv_transpose(node),
             "MaxPool" | "AveragePool" => self.pool(node),
             "BatchNormalization" => self.batchnorm(node),
+            "Attention" => self.attention(node),
             op => Err(Error::unsupported(format!(
                 "{}: operator {op} is not supported by the GPU executor",
                 node.label()
