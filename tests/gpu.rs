@@ -3977,8 +3977,9 @@ fn onnx_on_the_stand_in() {
         d.counters().kernel_launches > before,
         "KIND_AUTO mlp did not run on the GPU"
     );
-    let dims = ["4"];
-    let atan = pb::ModelProto {
+    // NonZero: its output's shape depends on the values, which a plan made per input
+    // shape cannot have.
+    let nonzero = pb::ModelProto {
         ir_version: 8,
         opset_import: vec![pb::OperatorSetIdProto {
             domain: String::new(),
@@ -3987,37 +3988,37 @@ fn onnx_on_the_stand_in() {
         graph: Some(pb::GraphProto {
             name: "g".into(),
             node: vec![pb::NodeProto {
-                op_type: "Atan".into(),
-                name: "atan".into(),
+                op_type: "NonZero".into(),
+                name: "nonzero".into(),
                 input: vec!["X".into()],
                 output: vec!["Y".into()],
                 ..Default::default()
             }],
-            input: vec![value_info("X", &dims)],
-            output: vec![value_info("Y", &dims)],
+            input: vec![value_info("X", &["4"])],
+            output: vec![value_info_of("Y", &["1", "n"], 7)],
             ..Default::default()
         }),
         ..Default::default()
     };
-    let dir = temp_dir("gpu-atan");
+    let dir = temp_dir("gpu-nonzero");
     std::fs::create_dir_all(dir.join("1")).unwrap();
     std::fs::write(
         dir.join("1/model.onnx"),
-        prost::Message::encode_to_vec(&atan),
+        prost::Message::encode_to_vec(&nonzero),
     )
     .unwrap();
     let cfg = |kind: &str| {
         format!(
-            r#"name: "atan" platform: "onnxruntime_onnx" max_batch_size: 0
+            r#"name: "nonzero" platform: "onnxruntime_onnx" max_batch_size: 0
 input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_INT64 dims: [ 1, -1 ] }} ]
 instance_group [ {{ kind: {kind} }} ]"#
         )
     };
     let load = |kind: &str| unsafe {
         infer_server_load_model(
             gpu.0,
-            c"atan".as_ptr(),
+            c"nonzero".as_ptr(),
             cs(&cfg(kind)).as_ptr(),
             cs(dir.to_str().unwrap()).as_ptr(),
         )
@@ -4026,23 +4027,24 @@ instance_group [ {{ kind: {kind} }} ]"#
         load("KIND_GPU"),
         INFER_STATUS_UNSUPPORTED,
         &[
-            "'atan'",
-            "operator Atan is not supported by the GPU executor",
+            "'nonzero'",
+            "operator NonZero is not supported by the GPU executor",
         ],
     );
     ok(load("KIND_AUTO"));
     let before = d.counters().kernel_launches;
     let resp = gpu.infer(
-        gpu.request("atan")
+        gpu.request("nonzero")
             .input_f32("X", &[4], &[0.0, 1.0, -1.0, 0.5]),
     );
-    let quarter = std::f32::consts::FRAC_PI_4;
-    let want = [0.0f32, quarter, -quarter, 0.5f32.atan()];
-    for (g, w) in resp.output_f32("Y").iter().zip(want) {
-        assert!((g - w).abs() < 1e-6, "atan: {g} vs {w}");
-    }
-    assert_eq!(d.counters().kernel_launches, before, "Atan ran on the GPU");
-    println!("KIND_AUTO: mlp on the GPU, a model with Atan on the CPU");
+    assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
+    assert_eq!(resp.output_i64("Y"), vec![1, 2, 3]);
+    assert_eq!(
+        d.counters().kernel_launches,
+        before,
+        "NonZero ran on the GPU"
+    );
+    println!("KIND_AUTO: mlp on the GPU, a model with NonZero on the CPU");
 
     // CUDA graphs for batches of up to 4 rows: captured on a plan's second run, then
     // replayed with the inputs copied into the graph's slots.

@@ -363,6 +363,28 @@ DEVFN float k_unary(long long op, float x, float f0, float f1) {
     case 21: return x > 0.0f ? x : f0 * expm1f(x);
     case 22: return rintf(x); /* halves to even (the default rounding mode) */
     case 23: return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x); /* 0, -0 and NaN stay */
+    case 24: return tanf(x);
+    case 25: return asinf(x);
+    case 26: return acosf(x);
+    case 27: return atanf(x);
+    case 28: return sinhf(x);
+    case 29: return coshf(x);
+    case 30: return asinhf(x);
+    case 31: return acoshf(x);
+    case 32: return atanhf(x);
+    case 33: return x / (1.0f + fabsf(x));                              /* Softsign */
+    case 34: return x > 0.0f ? f1 * x : f1 * (f0 * expf(x) - f0);       /* Selu */
+    case 35: return x > f0 ? x : (x != x ? x : 0.0f);                   /* ThresholdedRelu */
+    case 36: return x < -f1 ? x + f0 : (x > f1 ? x - f0 : (x != x ? x : 0.0f)); /* Shrink */
+    case 37: /* Mish: x tanh(softplus(x)) */
+        return x * tanhf((x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x))));
+    case 38: { /* HardSwish */
+        float h = x / 6.0f + 0.5f;
+        return x * (h < 0.0f ? 0.0f : (h > 1.0f ? 1.0f : h));
+    }
+    case 39: /* Celu */
+        return (x > 0.0f ? x : 0.0f) + fminf(0.0f, f0 * expm1f(x / f0));
+    case 40: return x / (1.0f + expf(-f0 * x)); /* Swish: x sigmoid(alpha x) */
     default: return K_NAN;
     }
 }

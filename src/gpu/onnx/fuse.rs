@@ -33,8 +33,8 @@ const BINARY_IMM_A: i64 = 3;
 /// Float parameters a unary op takes (a.f[0..n] of `infer_unary`).
 fn unary_params(op: i64) -> usize {
     match op {
-        13 | 21 => 1, // LeakyRelu alpha, Elu alpha
-        14 | 20 => 2, // Clip min/max, HardSigmoid alpha/beta
+        13 | 21 | 35 | 39 | 40 => 1, // alpha of LeakyRelu, Elu, ThresholdedRelu, Celu, Swish
+        14 | 20 | 34 | 36 => 2,      // Clip min/max, HardSigmoid alpha/beta, Selu, Shrink
         _ => 0,
     }
 }
