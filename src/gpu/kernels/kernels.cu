@@ -164,7 +164,8 @@ void infer_emu_syncthreads(void);
     X(infer_compare)                                                                         \
     X(infer_pad)                                                                             \
     X(infer_col2im)                                                                          \
-    X(infer_resize)
+    X(infer_resize)                                                                          \
+    X(infer_int)
 
 /* The cooperative kernels (K_SHARED, K_SYNC; see the top of this file): the emulator runs
  * the threads of their blocks as coroutines (infer_cooperative_kernels at the end). */
@@ -399,6 +400,11 @@ DEVFN float k_binary(long long op, float x, float y) {
     case 5: return x != x ? x : (x > y ? x : y); /* NaN in either wins */
     case 6: return x != x ? x : (x < y ? x : y);
     case 7: return x < 0.0f ? x * y : x;
+    case 8: return fmodf(x, y); /* Mod fmod=1: the dividend's sign */
+    case 9: {                   /* Mod fmod=0: the divisor's sign */
+        float m = fmodf(x, y);
+        return m != 0.0f && ((m < 0.0f) != (y < 0.0f)) ? m + y : m;
+    }
     default: return K_NAN;
     }
 }
@@ -1126,6 +1132,109 @@ KERNEL void infer_pad(infer_kargs a) {
     }
 }
 
+/* Integer arithmetic, strided like infer_binary over in[0] (and in[1] for the binary
+ * ops), in 64 bits and stored truncated to the type (wrapping as integers do). a.p[0] the
+ * op: 0 Add, 1 Sub, 2 Mul, 3 Div (toward zero), 4 Pow, 5 Max, 6 Min, 7 Mod (the
+ * divisor's sign), 8 fmod (the dividend's sign), 9 And, 10 Or, 11 Xor (bitwise), 12 shift
+ * left, 13 shift right; unary: 14 Neg, 15 Abs, 16 Sign, 17 bitwise Not, 18 Clip to
+ * [a.p[3], a.p[4]]. Division and remainders by zero give 0. a.p[1] the cast type code of
+ * the operands and the output (integers only: 1, 2, 3, 4, 6, 7, 8, 9); a.p[2] = 1:
+ * unsigned (divisions, remainders, comparisons and right shifts). */
+DEVFN unsigned long long k_ldu(const void *p, long long i, long long t) {
+    switch (t) {
+    case 1: return ((const unsigned char *)p)[i];
+    case 2: return (unsigned long long)(long long)((const signed char *)p)[i];
+    case 3: return (unsigned long long)(long long)((const int *)p)[i];
+    case 6: return ((const unsigned short *)p)[i];
+    case 7: return (unsigned long long)(long long)((const short *)p)[i];
+    case 8: return ((const unsigned int *)p)[i];
+    default: return ((const unsigned long long *)p)[i];
+    }
+}
+
+DEVFN void k_stu(void *p, long long i, long long t, unsigned long long v) {
+    switch (t) {
+    case 1:
+    case 2: ((unsigned char *)p)[i] = (unsigned char)v; break;
+    case 3:
+    case 8: ((unsigned int *)p)[i] = (unsigned int)v; break;
+    case 6:
+    case 7: ((unsigned short *)p)[i] = (unsigned short)v; break;
+    default: ((unsigned long long *)p)[i] = v; break;
+    }
+}
+
+KERNEL void infer_int(infer_kargs a) {
+    long long op = a.p[0], t = a.p[1];
+    int uns = a.p[2] == 1, nin = op >= 14 ? 1 : 2;
+    K_LOOP(i) {
+        long long o[2], oo;
+        K_STRIDED(a, i, nin, o, oo);
+        unsigned long long x = k_ldu(a.in[0], o[0], t);
+        unsigned long long y = nin == 2 ? k_ldu(a.in[1], o[1], t) : 0ULL, r = 0ULL;
+        long long sx = (long long)x, sy = (long long)y;
+        switch (op) {
+        case 0: r = x + y; break;
+        case 1: r = x - y; break;
+        case 2: r = x * y; break;
+        case 3: /* (-2^63 / -1 wraps, as two's complement does) */
+            r = y == 0ULL ? 0ULL
+                : uns     ? x / y
+                : sy == -1 ? 0ULL - x
+                           : (unsigned long long)(sx / sy);
+            break;
+        case 4:
+            if (!uns && sy < 0) { /* 1 / x^n truncated */
+                r = sx == 1 ? 1ULL : sx == -1 ? ((sy & 1) ? ~0ULL : 1ULL) : 0ULL;
+            } else {
+                unsigned long long b = x, e = y;
+                r = 1ULL;
+                while (e != 0ULL) {
+                    if (e & 1ULL)
+                        r *= b;
+                    b *= b;
+                    e >>= 1;
+                }
+            }
+            break;
+        case 5: r = uns ? (x > y ? x : y) : (sx > sy ? x : y); break;
+        case 6: r = uns ? (x < y ? x : y) : (sx < sy ? x : y); break;
+        case 7:
+        case 8:
+            if (y == 0ULL) {
+                r = 0ULL;
+            } else if (uns) {
+                r = x % y;
+            } else {
+                long long m = sy == -1 ? 0 : sx % sy;
+                if (op == 7 && m != 0 && ((m < 0) != (sy < 0)))
+                    m += sy;
+                r = (unsigned long long)m;
+            }
+            break;
+        case 9: r = x & y; break;
+        case 10: r = x | y; break;
+        case 11: r = x ^ y; break;
+        case 12: r = y >= 64ULL ? 0ULL : x << y; break;
+        case 13: r = y >= 64ULL ? 0ULL : x >> y; break;
+        case 14: r = 0ULL - x; break;
+        case 15: r = !uns && sx < 0 ? 0ULL - x : x; break;
+        case 16: r = uns ? (unsigned long long)(x != 0ULL) : sx > 0 ? 1ULL : sx < 0 ? ~0ULL : 0ULL; break;
+        case 17: r = ~x; break;
+        case 18:
+            if (uns) {
+                unsigned long long lo = (unsigned long long)a.p[3], hi = (unsigned long long)a.p[4];
+                r = x < lo ? lo : x > hi ? hi : x;
+            } else {
+                r = (unsigned long long)(sx < a.p[3] ? a.p[3] : sx > a.p[4] ? a.p[4] : sx);
+            }
+            break;
+        default: break;
+        }
+        k_stu(a.out, oo, t, r);
+    }
+}
+
 /* Element i of a numeric operand of cast type code t (as infer_cast): integers and bools
  * into *ll (returns 1), floats into *d (returns 0). */
 DEVFN int k_ld_num(const void *p, long long i, long long t, long long *ll, double *d) {
@@ -1135,6 +1244,10 @@ DEVFN int k_ld_num(const void *p, long long i, long long t, long long *ll, doubl
     case 3: *ll = ((const int *)p)[i]; return 1;
     case 4: *ll = ((const long long *)p)[i]; return 1;
     case 5: *ll = ((const unsigned char *)p)[i] != 0; return 1;
+    case 6: *ll = ((const unsigned short *)p)[i]; return 1;
+    case 7: *ll = ((const short *)p)[i]; return 1;
+    case 8: *ll = ((const unsigned int *)p)[i]; return 1;
+    case 9: *ll = (long long)((const unsigned long long *)p)[i]; return 1; /* its bits */
     case 10: *d = ((const double *)p)[i]; return 0;
     case 11: *d = (double)k_ldf(p, i, 1); return 0;
     case 12: *d = (double)k_ldf(p, i, 2); return 0;
@@ -1146,8 +1259,8 @@ DEVFN int k_ld_num(const void *p, long long i, long long t, long long *ll, doubl
  * in[0] (and in[1] for the binary ones). a.p[0] the op: 0 Equal, 1 Less, 2 Greater,
  * 3 LessOrEqual, 4 GreaterOrEqual, 5 And, 6 Or, 7 Xor, 8 Not, 9 IsNaN, 10 IsInf (a.p[3]:
  * detect +inf, a.p[4]: detect -inf); a.p[1], a.p[2] the inputs' cast type codes. Two
- * integer operands compare as 64-bit integers, anything else as doubles (NaN compares
- * unequal and unordered). */
+ * integer operands compare as 64-bit integers (two UINT64 ones unsigned), anything else
+ * as doubles (NaN compares unequal and unordered). */
 KERNEL void infer_compare(infer_kargs a) {
     long long op = a.p[0];
     int nin = op >= 8 ? 1 : 2;
@@ -1159,7 +1272,11 @@ KERNEL void infer_compare(infer_kargs a) {
         int ia = k_ld_num(a.in[0], o[0], a.p[1], &la, &da);
         int ib = nin == 2 ? k_ld_num(a.in[1], o[1], a.p[2], &lb, &db) : 1;
         int r = 0;
-        if (op <= 4 && ia && ib) {
+        if (op <= 4 && ia && ib && a.p[1] == 9 && a.p[2] == 9) { /* UINT64 with UINT64 */
+            unsigned long long ua = (unsigned long long)la, ub = (unsigned long long)lb;
+            r = op == 0 ? ua == ub : op == 1 ? ua < ub : op == 2 ? ua > ub : op == 3 ? ua <= ub
+                                                                                    : ua >= ub;
+        } else if (op <= 4 && ia && ib) {
             r = op == 0 ? la == lb : op == 1 ? la < lb : op == 2 ? la > lb : op == 3 ? la <= lb
                                                                                     : la >= lb;
         } else if (op <= 4) {

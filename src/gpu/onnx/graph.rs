@@ -17,6 +17,10 @@ pub enum Dt {
     F64,
     F16,
     BF16,
+    U16,
+    I16,
+    U32,
+    U64,
 }
 
 impl Dt {
@@ -31,15 +35,19 @@ impl Dt {
             10 => Dt::F16,
             11 => Dt::F64,
             16 => Dt::BF16,
+            4 => Dt::U16,
+            5 => Dt::I16,
+            12 => Dt::U32,
+            13 => Dt::U64,
             _ => return None,
         })
     }
     pub fn size(self) -> usize {
         match self {
             Dt::U8 | Dt::I8 | Dt::Bool => 1,
-            Dt::F16 | Dt::BF16 => 2,
-            Dt::F32 | Dt::I32 => 4,
-            Dt::I64 | Dt::F64 => 8,
+            Dt::F16 | Dt::BF16 | Dt::U16 | Dt::I16 => 2,
+            Dt::F32 | Dt::I32 | Dt::U32 => 4,
+            Dt::I64 | Dt::F64 | Dt::U64 => 8,
         }
     }
     /// The type code of `infer_cast` (kernels.cu).
@@ -54,7 +62,22 @@ impl Dt {
             Dt::F64 => 10,
             Dt::F16 => 11,
             Dt::BF16 => 12,
+            Dt::U16 => 6,
+            Dt::I16 => 7,
+            Dt::U32 => 8,
+            Dt::U64 => 9,
         }
+    }
+    /// An integer type (BOOL is not).
+    pub fn is_int(self) -> bool {
+        matches!(
+            self,
+            Dt::U8 | Dt::I8 | Dt::I32 | Dt::I64 | Dt::U16 | Dt::I16 | Dt::U32 | Dt::U64
+        )
+    }
+    /// An unsigned integer type.
+    pub fn is_unsigned(self) -> bool {
+        matches!(self, Dt::U8 | Dt::U16 | Dt::U32 | Dt::U64)
     }
     /// A floating-point type.
     pub fn is_float(self) -> bool {
@@ -81,6 +104,10 @@ impl Dt {
             Dt::F64 => "DOUBLE",
             Dt::F16 => "FLOAT16",
             Dt::BF16 => "BFLOAT16",
+            Dt::U16 => "UINT16",
+            Dt::I16 => "INT16",
+            Dt::U32 => "UINT32",
+            Dt::U64 => "UINT64",
         }
     }
     pub fn to_library(self) -> Option<crate::tensor::DataType> {
@@ -95,6 +122,10 @@ impl Dt {
             Dt::F64 => L::Fp64,
             Dt::F16 => L::Fp16,
             Dt::BF16 => L::Bf16,
+            Dt::U16 => L::Uint16,
+            Dt::I16 => L::Int16,
+            Dt::U32 => L::Uint32,
+            Dt::U64 => L::Uint64,
         })
     }
     pub fn from_library(d: crate::tensor::DataType) -> Option<Dt> {
@@ -109,6 +140,10 @@ impl Dt {
             L::Fp64 => Dt::F64,
             L::Fp16 => Dt::F16,
             L::Bf16 => Dt::BF16,
+            L::Uint16 => Dt::U16,
+            L::Int16 => Dt::I16,
+            L::Uint32 => Dt::U32,
+            L::Uint64 => Dt::U64,
             _ => return None,
         })
     }
@@ -184,6 +219,16 @@ impl HostTensor {
             Dt::BF16 => c
                 .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f64())
                 .collect(),
+            Dt::U16 => c.map(|b| u16::from_le_bytes([b[0], b[1]]) as f64).collect(),
+            Dt::I16 => c.map(|b| i16::from_le_bytes([b[0], b[1]]) as f64).collect(),
+            Dt::U32 => c
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
+                .collect(),
+            Dt::U64 => c
+                .map(|b| {
+                    u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f64
+                })
+                .collect(),
         }
     }
     /// The bytes of the tensor in its element type (little endian).
@@ -198,6 +243,10 @@ impl HostTensor {
                 Dt::Bool => out.push(u8::from(x != 0.0)),
                 Dt::I32 => out.extend_from_slice(&(x as i32).to_le_bytes()),
                 Dt::I64 => out.extend_from_slice(&(x as i64).to_le_bytes()),
+                Dt::U16 => out.extend_from_slice(&(x as u16).to_le_bytes()),
+                Dt::I16 => out.extend_from_slice(&(x as i16).to_le_bytes()),
+                Dt::U32 => out.extend_from_slice(&(x as u32).to_le_bytes()),
+                Dt::U64 => out.extend_from_slice(&(x as u64).to_le_bytes()),
                 Dt::F16 => out.extend_from_slice(&half::f16::from_f64(x).to_le_bytes()),
                 Dt::BF16 => out.extend_from_slice(&half::bf16::from_f64(x).to_le_bytes()),
             }
@@ -215,6 +264,10 @@ impl HostTensor {
                 Dt::Bool => f64::from(u8::from(*x != 0.0)),
                 Dt::I32 => (*x as i32) as f64,
                 Dt::I64 => (*x as i64) as f64,
+                Dt::U16 => (*x as u16) as f64,
+                Dt::I16 => (*x as i16) as f64,
+                Dt::U32 => (*x as u32) as f64,
+                Dt::U64 => (*x as u64) as f64,
                 Dt::F16 => half::f16::from_f64(*x).to_f64(),
                 Dt::BF16 => half::bf16::from_f64(*x).to_f64(),
             };
@@ -261,9 +314,10 @@ pub fn tensor_from_proto(t: &pb::TensorProto, what: &str) -> Result<HostTensor> 
             Dt::F32 => t.float_data.iter().map(|&x| x as f64).collect(),
             Dt::F64 => t.double_data.clone(),
             Dt::I64 => t.int64_data.iter().map(|&x| x as f64).collect(),
-            Dt::U8 | Dt::I8 | Dt::Bool | Dt::I32 => {
+            Dt::U8 | Dt::I8 | Dt::Bool | Dt::I32 | Dt::U16 | Dt::I16 => {
                 t.int32_data.iter().map(|&x| x as f64).collect()
             }
+            Dt::U32 | Dt::U64 => t.uint64_data.iter().map(|&x| x as f64).collect(),
             // 16-bit floats are kept as their bit patterns in int32_data.
             Dt::F16 => t
                 .int32_data

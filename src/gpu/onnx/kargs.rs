@@ -41,10 +41,11 @@ pub enum Kernel {
     Pad,
     Col2im,
     Resize,
+    Int,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 18] = [
+    pub const ALL: [Kernel; 19] = [
         Kernel::Unary,
         Kernel::Binary,
         Kernel::StridedCopy,
@@ -63,6 +64,7 @@ impl Kernel {
         Kernel::Pad,
         Kernel::Col2im,
         Kernel::Resize,
+        Kernel::Int,
     ];
 
     pub fn name(self) -> &'static std::ffi::CStr {
@@ -82,6 +84,7 @@ impl Kernel {
             Kernel::Where => c"infer_where",
             Kernel::Fused => c"infer_fused",
             Kernel::Compare => c"infer_compare",
+            Kernel::Int => c"infer_int",
             Kernel::Pad => c"infer_pad",
             Kernel::Col2im => c"infer_col2im",
             Kernel::Resize => c"infer_resize",

@@ -48,6 +48,11 @@ pub const SUPPORTED: &[&str] = &[
     "Attention",
     "AveragePool",
     "BatchNormalization",
+    "BitShift",
+    "BitwiseAnd",
+    "BitwiseNot",
+    "BitwiseOr",
+    "BitwiseXor",
     "Cast",
     "CastLike",
     "Ceil",
@@ -90,6 +95,7 @@ pub const SUPPORTED: &[&str] = &[
     "MaxPool",
     "Min",
     "Mish",
+    "Mod",
     "Mul",
     "Neg",
     "Not",
@@ -145,7 +151,7 @@ const MAX_PLANS: usize = 64;
 const MAX_VALUE_ELEMENTS: usize = 4096;
 
 /// Operators only evaluated on the host (constants and shape computations).
-const HOST_ONLY: &[&str] = &["Constant", "ConstantOfShape", "Range", "Mod", "Size"];
+const HOST_ONLY: &[&str] = &["Constant", "ConstantOfShape", "Range", "Size"];
 
 /// The graph of `file`, read once for all the instances that load it while it is
 /// unchanged (same length and modification time): instances of a model share one copy of

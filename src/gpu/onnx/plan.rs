@@ -710,6 +710,22 @@ impl<'a> Planner<'a> {
 
     fn unary(&mut self, node: &Node, op: i64, f: [f32; 4]) -> Result<()> {
         let x = self.x(node, 0)?;
+        if x.dt.is_int() {
+            let iop = match op {
+                10 => 14, // Neg
+                11 => 15, // Abs
+                23 => 16, // Sign
+                1 if x.dt.is_unsigned() => {
+                    // Relu of an unsigned integer: itself.
+                    self.alias(node, &x, x.shape.clone());
+                    return Ok(());
+                }
+                _ => return Err(unsupported(node, format!("{} tensors", x.dt.name()))),
+            };
+            let y = self.int_op(node, iop, &x, None, (0, 0))?;
+            self.set(node, 0, Val::Dev(y));
+            return Ok(());
+        }
         let ft = Self::ft(node, &x)?;
         let y = self.temp(x.dt, x.shape.clone());
         let s = strides(&x.shape);
@@ -732,6 +748,14 @@ impl<'a> Planner<'a> {
     }
 
     fn binary_of(&mut self, node: &Node, op: i64, a: &Dev, b: &Dev) -> Result<Dev> {
+        if a.dt.is_int() || b.dt.is_int() {
+            let iop = match op {
+                0..=6 | 8 => op,
+                9 => 7, // Mod with the divisor's sign
+                _ => return Err(unsupported(node, format!("{} tensors", a.dt.name()))),
+            };
+            return self.int_op(node, iop, a, Some(b), (0, 0));
+        }
         let ft = Self::ft_all(node, &[a, b])?;
         let shape = broadcast(&a.shape, &b.shape).ok_or_else(|| {
             Error::invalid(format!(
@@ -757,6 +781,63 @@ impl<'a> Planner<'a> {
             |k| {
                 k.p[0] = op;
                 k.ft = ft;
+            },
+        )?;
+        Ok(y)
+    }
+
+    /// Integer arithmetic (`infer_int`, op codes there) on `a` and, for the binary ops,
+    /// `b` broadcast against it; both of one integer type. `clip`: Clip's bounds.
+    fn int_op(
+        &mut self,
+        node: &Node,
+        op: i64,
+        a: &Dev,
+        b: Option<&Dev>,
+        clip: (i64, i64),
+    ) -> Result<Dev> {
+        if !a.dt.is_int() || b.is_some_and(|b| b.dt != a.dt) {
+            return Err(match b {
+                Some(b) if a.dt.is_int() || b.dt.is_int() => Error::invalid(format!(
+                    "{}: operands of types {} and {}",
+                    node.label(),
+                    a.dt.name(),
+                    b.dt.name()
+                )),
+                _ => unsupported(node, format!("{} tensors", a.dt.name())),
+            });
+        }
+        let shape = match b {
+            Some(b) => broadcast(&a.shape, &b.shape).ok_or_else(|| {
+                Error::invalid(format!(
+                    "{}: shapes {:?} and {:?} do not broadcast",
+                    node.label(),
+                    a.shape,
+                    b.shape
+                ))
+            })?,
+            None => a.shape.clone(),
+        };
+        let y = self.temp(a.dt, shape.clone());
+        let mut ins = vec![(a, broadcast_strides(&a.shape, &shape), 0)];
+        if let Some(b) = b {
+            ins.push((b, broadcast_strides(&b.shape, &shape), 0));
+        }
+        let (code, uns) = (a.dt.cast_code(), i64::from(a.dt.is_unsigned()));
+        self.strided(
+            node,
+            Kernel::Int,
+            &shape,
+            &ins,
+            &y.ptr,
+            &strides(&shape),
+            0,
+            |k| {
+                k.p[0] = op;
+                k.p[1] = code;
+                k.p[2] = uns;
+                k.p[3] = clip.0;
+                k.p[4] = clip.1;
             },
         )?;
         Ok(y)
@@ -1194,6 +1275,29 @@ impl<'a> Planner<'a> {
                         self.set(node, 0, Val::Dev(y));
                         return Ok(());
                     }
+                    let x = self.x(node, 0)?;
+                    if x.dt.is_int() {
+                        // Integer bounds, exactly (unsigned ones as their bits).
+                        let mut b = if x.dt.is_unsigned() {
+                            [0, -1]
+                        } else {
+                            [i64::MIN, i64::MAX]
+                        };
+                        for (i, v) in [1, 2].into_iter().zip(b.iter_mut()) {
+                            if let Some(t) = node.input(i).and_then(|n| self.host(n)) {
+                                *v = t.data.first().map_or(*v, |&f| {
+                                    if t.dt.is_unsigned() {
+                                        f as u64 as i64
+                                    } else {
+                                        f as i64
+                                    }
+                                });
+                            }
+                        }
+                        let y = self.int_op(node, 18, &x, None, (b[0], b[1]))?;
+                        self.set(node, 0, Val::Dev(y));
+                        return Ok(());
+                    }
                     for (i, v) in [(1, &mut lo), (2, &mut hi)] {
                         if let Some(n) = node.input(i) {
                             *v = match self.host(n) {
@@ -1213,6 +1317,35 @@ impl<'a> Planner<'a> {
             "Sign" => self.unary(node, 23, [0.0; 4]),
             "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or"
             | "Xor" | "Not" | "IsNaN" | "IsInf" => self.compare(node),
+            // Floats: fmod = 1 keeps the dividend's sign, 0 the divisor's (as numpy).
+            "Mod" => self.binary(node, if node.int("fmod", 0) != 0 { 8 } else { 9 }),
+            "BitwiseAnd" | "BitwiseOr" | "BitwiseXor" | "BitShift" | "BitwiseNot" => {
+                let op = match node.op.as_str() {
+                    "BitwiseAnd" => 9,
+                    "BitwiseOr" => 10,
+                    "BitwiseXor" => 11,
+                    "BitwiseNot" => 17,
+                    _ => match node.string("direction").as_deref() {
+                        Some("LEFT") => 12,
+                        Some("RIGHT") => 13,
+                        other => {
+                            return Err(Error::invalid(format!(
+                                "{}: direction {other:?} (LEFT or RIGHT)",
+                                node.label()
+                            )))
+                        }
+                    },
+                };
+                let x = self.x(node, 0)?;
+                let b = if op == 17 {
+                    None
+                } else {
+                    Some(self.x(node, 1)?)
+                };
+                let y = self.int_op(node, op, &x, b.as_ref(), (0, 0))?;
+                self.set(node, 0, Val::Dev(y));
+                Ok(())
+            }
             "Ceil" => self.unary(node, 16, [0.0; 4]),
             "Sin" => self.unary(node, 17, [0.0; 4]),
             "Tan" => self.unary(node, 24, [0.0; 4]),
