@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
 mod attention;
+mod composite;
 
 /// Where a tensor's bytes are, resolved to an address when the plan runs.
 #[derive(Clone)]
@@ -549,7 +550,12 @@ impl<'a> Planner<'a> {
                 return Ok(());
             }
         }
-        // Shape needs no data.
+        // Shape and Size need no data.
+        if node.op == "Size" {
+            let x = self.dev(node.input(0).unwrap_or(""))?;
+            self.set(node, 0, Val::Host(HostTensor::scalar_i64(x.numel())));
+            return Ok(());
+        }
         if node.op == "Shape" {
             let x = self.dev(node.input(0).unwrap_or(""))?;
             let shape_only = HostTensor {
@@ -1815,6 +1821,25 @@ impl<'a> Planner<'a> {
             "MaxPool" | "AveragePool" => self.pool(node),
             "BatchNormalization" => self.batchnorm(node),
             "Attention" => self.attention(node),
+            "Trilu"
+            | "Mean"
+            | "ReduceLogSum"
+            | "ReduceLogSumExp"
+            | "LpNormalization"
+            | "Hardmax"
+            | "InstanceNormalization"
+            | "DequantizeLinear"
+            | "QuantizeLinear" => self.composite(node),
+            // Computed on the host while planning, from values: inputs computed on the
+            // device are asked for (graph inputs among them become value inputs).
+            "ConstantOfShape" | "Range" => {
+                for n in node.inputs.iter().filter(|n| !n.is_empty()) {
+                    if self.host(n).is_none() {
+                        return Err(self.want(node, n, "input"));
+                    }
+                }
+                Err(unsupported(node, "these inputs"))
+            }
             op => Err(Error::unsupported(format!(
                 "{}: operator {op} is not supported by the GPU executor",
                 node.label()

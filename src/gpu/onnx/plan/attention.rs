@@ -12,8 +12,8 @@
 //! key/value head `j`, and the rows of those query heads are contiguous, so one GEMM per
 //! (batch, key/value head) multiplies `g * Sq` query rows with that head's keys.
 
-use super::{fits32, numel, unsupported, Dev, Planner, Step, Val};
-use crate::gpu::onnx::graph::{Dt, HostTensor, Node};
+use super::{fits32, unsupported, Dev, Planner, Step, Val};
+use crate::gpu::onnx::graph::{Dt, Node};
 use crate::gpu::onnx::runtime::GemmArgs;
 use crate::status::{Error, Result};
 
@@ -285,49 +285,6 @@ impl Planner<'_> {
             ..x.clone()
         };
         self.transpose(node, &split, &[0, 2, 1, 3])
-    }
-
-    /// Gives device value `d` a name, for the planner operators that follow.
-    fn named(&mut self, base: &str, what: &str, d: Dev) -> String {
-        let name = format!("{base}/{what}");
-        self.vals.insert(name.clone(), Val::Dev(d));
-        name
-    }
-
-    /// A constant of the graph's type `dt`, by name.
-    fn constant(
-        &mut self,
-        base: &str,
-        what: &str,
-        dt: Dt,
-        shape: Vec<i64>,
-        data: Vec<f64>,
-    ) -> String {
-        let name = format!("{base}/{what}");
-        let t = HostTensor { dt, shape, data }.normalize();
-        debug_assert_eq!(numel(&t.shape) as usize, t.len());
-        self.vals.insert(name.clone(), Val::Host(t));
-        name
-    }
-
-    /// Plans planner operator `op` on named values; the name of its output.
-    fn sub(
-        &mut self,
-        node: &Node,
-        base: &str,
-        op: &str,
-        ins: &[&str],
-        out: &str,
-    ) -> Result<String> {
-        let name = format!("{base}/{out}");
-        let n = Node::new(
-            op,
-            format!("{base}/{op}"),
-            ins.iter().map(|s| s.to_string()).collect(),
-            vec![name.clone()],
-        );
-        self.node(&n).map_err(|e| e.context(node.label()))?;
-        Ok(name)
     }
 
     /// The cache `past` followed by the new keys or values `new` along the sequence.

@@ -1,0 +1,461 @@
+//! Operators the planner runs as a few of its own operators (the way ONNX defines many of
+//! them as functions): Trilu, Mean, ReduceLogSum, ReduceLogSumExp, LpNormalization,
+//! Hardmax, InstanceNormalization, DequantizeLinear and QuantizeLinear. The parts get
+//! names under the node's first output (`<output>#<op>/<part>`), constants are host
+//! values uploaded like any other, and element-wise parts fuse as usual.
+
+use super::{host, numel, unsupported, Dev, KArgs, Kernel, Planner, Ptr, Step, Val};
+use crate::gpu::onnx::graph::{Dt, HostTensor, Node};
+use crate::status::{Error, Result};
+
+impl Planner<'_> {
+    /// The prefix of the names of `node`'s parts.
+    pub(super) fn base(node: &Node) -> String {
+        format!(
+            "{}#{}",
+            node.outputs.first().map_or("", String::as_str),
+            node.op
+        )
+    }
+
+    /// Gives device value `d` a name, for the planner operators that follow.
+    pub(super) fn named(&mut self, base: &str, what: &str, d: Dev) -> String {
+        let name = format!("{base}/{what}");
+        self.vals.insert(name.clone(), Val::Dev(d));
+        name
+    }
+
+    /// A constant of the graph's type `dt`, by name.
+    pub(super) fn constant(
+        &mut self,
+        base: &str,
+        what: &str,
+        dt: Dt,
+        shape: Vec<i64>,
+        data: Vec<f64>,
+    ) -> String {
+        let name = format!("{base}/{what}");
+        let t = HostTensor { dt, shape, data }.normalize();
+        self.vals.insert(name.clone(), Val::Host(t));
+        name
+    }
+
+    /// Plans planner operator `part` (its output is named by its first output) on
+    /// named values; errors name `node`.
+    pub(super) fn part(&mut self, node: &Node, part: Node) -> Result<String> {
+        let out = part.outputs.first().cloned().unwrap_or_default();
+        self.node(&part).map_err(|e| e.context(node.label()))?;
+        Ok(out)
+    }
+
+    /// Planner operator `op` on named values, output `<base>/<out>`.
+    pub(super) fn sub(
+        &mut self,
+        node: &Node,
+        base: &str,
+        op: &str,
+        ins: &[&str],
+        out: &str,
+    ) -> Result<String> {
+        let part = Self::part_node(base, op, ins, out);
+        self.part(node, part)
+    }
+
+    /// A part's node (attributes are added with `Node::with_*`).
+    pub(super) fn part_node(base: &str, op: &str, ins: &[&str], out: &str) -> Node {
+        Node::new(
+            op,
+            format!("{base}/{op}"),
+            ins.iter().map(|s| s.to_string()).collect(),
+            vec![format!("{base}/{out}")],
+        )
+    }
+
+    /// The graph's type of a value computed in type `dt` (FLOAT for the reduced
+    /// precision type: constants are converted when uploaded).
+    pub(super) fn graph_type(&self, dt: Dt) -> Dt {
+        if Some(dt) == self.precision {
+            Dt::F32
+        } else {
+            dt
+        }
+    }
+
+    /// A part of `node`: reduction `op` of `x` over `axes` (None: all), as the graph's
+    /// opset spells it (axes as an attribute or an input).
+    fn reduce_part(
+        &mut self,
+        node: &Node,
+        op: &str,
+        x: &str,
+        axes: Option<&[i64]>,
+        keepdims: bool,
+        out: &str,
+    ) -> Result<String> {
+        let base = &Self::base(node);
+        let as_input = self.graph.opset >= 18 || (op == "ReduceSum" && self.graph.opset >= 13);
+        let mut part = match (axes, as_input) {
+            (Some(a), true) => {
+                let c = self.constant(
+                    base,
+                    &format!("{out}_axes"),
+                    Dt::I64,
+                    vec![a.len() as i64],
+                    a.iter().map(|&v| v as f64).collect(),
+                );
+                Self::part_node(base, op, &[x, &c], out)
+            }
+            (Some(a), false) => Self::part_node(base, op, &[x], out).with_ints("axes", a),
+            (None, _) => Self::part_node(base, op, &[x], out),
+        };
+        part = part.with_int("keepdims", i64::from(keepdims));
+        part.name = format!("{base}/{out}");
+        self.part(node, part)
+    }
+
+    /// The axes a reduction node names (None: all), from its attribute or input.
+    fn reduce_axes(&mut self, node: &Node) -> Result<Option<Vec<i64>>> {
+        let a = if self.graph.opset >= 18 {
+            self.host_input(node, 1)?
+        } else {
+            node.ints("axes")
+        };
+        Ok(a.filter(|a| !a.is_empty()))
+    }
+
+    pub(super) fn composite(&mut self, node: &Node) -> Result<()> {
+        let base = Self::base(node);
+        let input = |i: usize| -> Result<String> {
+            node.input(i)
+                .map(str::to_owned)
+                .ok_or_else(|| Error::invalid(format!("{}: input {i} is missing", node.label())))
+        };
+        let out = match node.op.as_str() {
+            "Trilu" => {
+                let x = self.x(node, 0)?;
+                let r = x.shape.len();
+                if r < 2 {
+                    return Err(Error::invalid(format!(
+                        "{}: a tensor of rank {r} (at least 2)",
+                        node.label()
+                    )));
+                }
+                let k = self
+                    .host_input(node, 1)?
+                    .and_then(|v| v.first().copied())
+                    .unwrap_or(0);
+                let upper = node.int("upper", 1) != 0;
+                let (n, m) = (x.shape[r - 2], x.shape[r - 1]);
+                let mut keep = Vec::with_capacity((n * m) as usize);
+                for i in 0..n {
+                    for j in 0..m {
+                        let on = if upper { j - i >= k } else { j - i <= k };
+                        keep.push(f64::from(u8::from(on)));
+                    }
+                }
+                let mask = self.constant(&base, "mask", Dt::Bool, vec![n, m], keep);
+                let zero = self.constant(&base, "zero", self.graph_type(x.dt), vec![], vec![0.0]);
+                let xs = input(0)?;
+                self.sub(node, &base, "Where", &[&mask, &xs, &zero], "y")?
+            }
+            "Mean" => {
+                let names: Vec<String> = node
+                    .inputs
+                    .iter()
+                    .filter(|s| !s.is_empty())
+                    .cloned()
+                    .collect();
+                let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+                let sum = self.sub(node, &base, "Sum", &refs, "sum")?;
+                let x = self.x(node, 0)?;
+                let n = self.constant(
+                    &base,
+                    "count",
+                    self.graph_type(x.dt),
+                    vec![],
+                    vec![names.len() as f64],
+                );
+                self.sub(node, &base, "Div", &[&sum, &n], "y")?
+            }
+            "ReduceLogSum" | "ReduceLogSumExp" => {
+                let axes = self.reduce_axes(node)?;
+                if axes.is_none() && node.int("noop_with_empty_axes", 0) != 0 {
+                    let x = self.x(node, 0)?;
+                    let shape = x.shape.clone();
+                    if node.op == "ReduceLogSum" {
+                        // log(x) of each element: reducing nothing.
+                        let xs = input(0)?;
+                        let y = self.sub(node, &base, "Log", &[&xs], "y")?;
+                        let d = self.dev(&y)?;
+                        self.set(node, 0, Val::Dev(d));
+                        return Ok(());
+                    }
+                    self.alias(node, &x, shape);
+                    return Ok(());
+                }
+                let keep = node.int("keepdims", 1) != 0;
+                let xs = input(0)?;
+                if node.op == "ReduceLogSum" {
+                    let s =
+                        self.reduce_part(node, "ReduceSum", &xs, axes.as_deref(), keep, "sum")?;
+                    self.sub(node, &base, "Log", &[&s], "y")?
+                } else {
+                    // max + log(sum(exp(x - max))): no overflow for large x.
+                    let m =
+                        self.reduce_part(node, "ReduceMax", &xs, axes.as_deref(), true, "max")?;
+                    let d = self.sub(node, &base, "Sub", &[&xs, &m], "shifted")?;
+                    let e = self.sub(node, &base, "Exp", &[&d], "exp")?;
+                    let s =
+                        self.reduce_part(node, "ReduceSum", &e, axes.as_deref(), keep, "sum")?;
+                    let l = self.sub(node, &base, "Log", &[&s], "log")?;
+                    let m = if keep {
+                        m
+                    } else {
+                        let md = self.dev(&m)?;
+                        let shape = self.dev(&l)?.shape;
+                        self.named(&base, "max_dropped", Dev { shape, ..md })
+                    };
+                    self.sub(node, &base, "Add", &[&l, &m], "y")?
+                }
+            }
+            "LpNormalization" => {
+                let x = self.x(node, 0)?;
+                let a = host::axis(node.int("axis", -1), x.shape.len(), node)? as i64;
+                let op = match node.int("p", 2) {
+                    1 => "ReduceL1",
+                    2 => "ReduceL2",
+                    p => {
+                        return Err(Error::invalid(format!(
+                            "{}: p = {p} (1 or 2)",
+                            node.label()
+                        )))
+                    }
+                };
+                let xs = input(0)?;
+                let norm = self.reduce_part(node, op, &xs, Some(&[a]), true, "norm")?;
+                self.sub(node, &base, "Div", &[&xs, &norm], "y")?
+            }
+            "Hardmax" => {
+                let x = self.x(node, 0)?;
+                let r = x.shape.len();
+                // Before opset 13: over the 2-D coercion [prod(dims before axis), rest].
+                let (view, a) = if self.graph.opset < 13 {
+                    let a = host::axis(node.int("axis", 1), r, node)?;
+                    let v = vec![numel(&x.shape[..a]), numel(&x.shape[a..])];
+                    (v, 1)
+                } else {
+                    (x.shape.clone(), host::axis(node.int("axis", -1), r, node)?)
+                };
+                let xv = self.named(
+                    &base,
+                    "x",
+                    Dev {
+                        shape: view.clone(),
+                        ..x.clone()
+                    },
+                );
+                let am = Self::part_node(&base, "ArgMax", &[&xv], "argmax")
+                    .with_int("axis", a as i64)
+                    .with_int("keepdims", 1);
+                let am = self.part(node, am)?;
+                let mut ishape = vec![1i64; view.len()];
+                ishape[a] = view[a];
+                let idx = self.constant(
+                    &base,
+                    "index",
+                    Dt::I64,
+                    ishape,
+                    (0..view[a]).map(|v| v as f64).collect(),
+                );
+                let eq = self.sub(node, &base, "Equal", &[&am, &idx], "is_max")?;
+                let y = self.sub(node, &base, "CastLike", &[&eq, &xv], "y")?;
+                let d = self.dev(&y)?;
+                self.set(
+                    node,
+                    0,
+                    Val::Dev(Dev {
+                        shape: x.shape.clone(),
+                        ..d
+                    }),
+                );
+                return Ok(());
+            }
+            "InstanceNormalization" => return self.instance_norm(node),
+            "DequantizeLinear" => {
+                let x = self.x(node, 0)?;
+                let scale = self.x(node, 1)?;
+                if node.int("block_size", 0) != 0 {
+                    return Err(unsupported(node, "blocked quantization"));
+                }
+                let (xs, ss) = (input(0)?, input(1)?);
+                let sb = self.per_axis(node, &base, "scale", &ss, &scale, x.shape.len())?;
+                let xf = self.sub(node, &base, "CastLike", &[&xs, &ss], "x_float")?;
+                let centered = match node.input(2) {
+                    Some(zp) => {
+                        let zd = self.dev(zp)?;
+                        let zb =
+                            self.per_axis(node, &base, "zero_point", zp, &zd, x.shape.len())?;
+                        let zf = self.sub(node, &base, "CastLike", &[&zb, &ss], "zero_float")?;
+                        self.sub(node, &base, "Sub", &[&xf, &zf], "centered")?
+                    }
+                    None => xf,
+                };
+                self.sub(node, &base, "Mul", &[&centered, &sb], "y")?
+            }
+            "QuantizeLinear" => {
+                let x = self.x(node, 0)?;
+                let scale = self.x(node, 1)?;
+                if node.int("block_size", 0) != 0 {
+                    return Err(unsupported(node, "blocked quantization"));
+                }
+                let (xs, ss) = (input(0)?, input(1)?);
+                let to = match node.input(2) {
+                    Some(zp) => self.dev(zp)?.dt,
+                    None => match node.int("output_dtype", 0) {
+                        0 => Dt::U8,
+                        c => Dt::from_onnx(c as i32)
+                            .ok_or_else(|| unsupported(node, format!("output_dtype {c}")))?,
+                    },
+                };
+                let (lo, hi) = match to {
+                    Dt::U8 => (0.0, 255.0),
+                    Dt::I8 => (-128.0, 127.0),
+                    Dt::U16 => (0.0, 65535.0),
+                    Dt::I16 => (-32768.0, 32767.0),
+                    Dt::I32 => (i32::MIN as f64, i32::MAX as f64),
+                    other => {
+                        return Err(unsupported(node, format!("quantizing to {}", other.name())))
+                    }
+                };
+                let sb = self.per_axis(node, &base, "scale", &ss, &scale, x.shape.len())?;
+                let q = self.sub(node, &base, "Div", &[&xs, &sb], "scaled")?;
+                // Halves to even, as ONNX rounds.
+                let q = self.sub(node, &base, "Round", &[&q], "rounded")?;
+                let q = match node.input(2) {
+                    Some(zp) => {
+                        let zd = self.dev(zp)?;
+                        let zb =
+                            self.per_axis(node, &base, "zero_point", zp, &zd, x.shape.len())?;
+                        let zf = self.sub(node, &base, "CastLike", &[&zb, &xs], "zero_float")?;
+                        self.sub(node, &base, "Add", &[&q, &zf], "shifted")?
+                    }
+                    None => q,
+                };
+                let gt = self.graph_type(x.dt);
+                let lo = self.constant(&base, "lo", gt, vec![], vec![lo]);
+                let hi = self.constant(&base, "hi", gt, vec![], vec![hi]);
+                let q = self.sub(node, &base, "Clip", &[&q, &lo, &hi], "saturated")?;
+                let like = self.constant(&base, "like", to, vec![], vec![0.0]);
+                self.sub(node, &base, "CastLike", &[&q, &like], "y")?
+            }
+            op => {
+                return Err(Error::unsupported(format!(
+                    "{}: operator {op} is not supported by the GPU executor",
+                    node.label()
+                )))
+            }
+        };
+        let d = self.dev(&out)?;
+        self.set(node, 0, Val::Dev(d));
+        Ok(())
+    }
+
+    /// A quantization parameter `p` (named `name`) broadcast along the node's `axis` of
+    /// a rank-`rank` tensor: a scalar (or one value) as it is, a 1-D one reshaped to
+    /// [1, .., n, .., 1].
+    fn per_axis(
+        &mut self,
+        node: &Node,
+        base: &str,
+        what: &str,
+        name: &str,
+        p: &Dev,
+        rank: usize,
+    ) -> Result<String> {
+        if p.shape.iter().product::<i64>() <= 1 && p.shape.len() <= 1 {
+            return Ok(name.to_owned());
+        }
+        if p.shape.len() != 1 {
+            return Err(unsupported(
+                node,
+                format!("a {what} of shape {:?}", p.shape),
+            ));
+        }
+        let a = host::axis(node.int("axis", 1), rank, node)?;
+        let mut shape = vec![1i64; rank];
+        shape[a] = p.shape[0];
+        Ok(self.named(base, what, Dev { shape, ..p.clone() }))
+    }
+
+    /// InstanceNormalization: each (sample, channel) normalized over its spatial values
+    /// by the norm kernel, then scaled and shifted per channel.
+    fn instance_norm(&mut self, node: &Node) -> Result<()> {
+        let base = Self::base(node);
+        let x = self.x(node, 0)?;
+        let ft = Self::ft(node, &x)?;
+        if x.shape.len() < 3 {
+            return Err(Error::invalid(format!(
+                "{}: input rank {} (at least 3)",
+                node.label(),
+                x.shape.len()
+            )));
+        }
+        let (n, c) = (x.shape[0], x.shape[1]);
+        let cols = numel(&x.shape[2..]);
+        let ones = self.constant(
+            &base,
+            "ones",
+            self.graph_type(x.dt),
+            vec![cols],
+            vec![1.0; cols as usize],
+        );
+        let ones = self.dev(&ones)?;
+        let y = self.temp(x.dt, x.shape.clone());
+        let mut k = KArgs {
+            n: n * c,
+            ..KArgs::default()
+        };
+        k.p[0] = cols;
+        k.f[0] = node.float("epsilon", 1e-5);
+        k.ft = ft;
+        let ins: [Option<Ptr>; 4] = [Some(x.ptr.clone()), Some(ones.ptr.clone()), None, None];
+        self.push(Step::Kernel {
+            k: Kernel::LayerNorm,
+            args: Box::new(k),
+            ins,
+            out: y.ptr.clone(),
+        });
+        let normalized = self.named(&base, "normalized", y);
+        let mut pshape = vec![1i64; x.shape.len() - 1];
+        pshape[0] = c;
+        let mut per_channel = |i: usize, what: &str| -> Result<String> {
+            let name = node
+                .input(i)
+                .ok_or_else(|| Error::invalid(format!("{}: input {i} is missing", node.label())))?
+                .to_owned();
+            let d = self.dev(&name)?;
+            if d.shape.iter().product::<i64>() != c {
+                return Err(Error::invalid(format!(
+                    "{}: {what} has {} values for {c} channels",
+                    node.label(),
+                    d.shape.iter().product::<i64>()
+                )));
+            }
+            Ok(self.named(
+                &base,
+                what,
+                Dev {
+                    shape: pshape.clone(),
+                    ..d
+                },
+            ))
+        };
+        let scale = per_channel(1, "scale")?;
+        let bias = per_channel(2, "bias")?;
+        let scaled = self.sub(node, &base, "Mul", &[&normalized, &scale], "scaled")?;
+        let y = self.sub(node, &base, "Add", &[&scaled, &bias], "y")?;
+        let d = self.dev(&y)?;
+        self.set(node, 0, Val::Dev(d));
+        Ok(())
+    }
+}
