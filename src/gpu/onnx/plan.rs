@@ -1691,6 +1691,7 @@ impl<'a> Planner<'a> {
             }
             "LayerNormalization" => self.norm(node, false),
             "RMSNormalization" => self.norm(node, true),
+            "ArgMax" | "ArgMin" if node.int("select_last_index", 0) != 0 => self.arg_last(node),
             "ArgMax" | "ArgMin" => {
                 let x = self.x(node, 0)?;
                 let ft = Self::ft(node, &x)?;
@@ -1749,9 +1750,29 @@ impl<'a> Planner<'a> {
                     self.alias(node, &x, shape);
                     return Ok(());
                 };
-                if hi - lo + 1 != axes.len() {
-                    return Err(unsupported(node, "reducing axes that are not adjacent"));
-                }
+                // Axes apart: moved to the end (after the others, in order) first.
+                let (x, lo, hi, shape) = if hi - lo + 1 != axes.len() {
+                    let mut perm: Vec<usize> = (0..r).filter(|d| !axes.contains(d)).collect();
+                    perm.extend(&axes);
+                    let xt = self.transpose(node, &x, &perm)?;
+                    let mut shape = x.shape.clone();
+                    if node.int("keepdims", 1) != 0 {
+                        for &a in &axes {
+                            shape[a] = 1;
+                        }
+                    } else {
+                        shape = perm[..r - axes.len()].iter().map(|&d| x.shape[d]).collect();
+                    }
+                    (xt, r - axes.len(), r - 1, shape)
+                } else {
+                    let mut shape = x.shape.clone();
+                    if node.int("keepdims", 1) != 0 {
+                        shape[lo..=hi].fill(1);
+                    } else {
+                        shape.drain(lo..=hi);
+                    }
+                    (x, lo, hi, shape)
+                };
                 let op = match node.op.as_str() {
                     "ReduceSum" => 0,
                     "ReduceMean" => 1,
@@ -1764,12 +1785,6 @@ impl<'a> Planner<'a> {
                 };
                 let n = numel(&x.shape[lo..=hi]);
                 let inner = numel(&x.shape[hi + 1..]);
-                let mut shape = x.shape.clone();
-                if node.int("keepdims", 1) != 0 {
-                    shape[lo..=hi].fill(1);
-                } else {
-                    shape.drain(lo..=hi);
-                }
                 let y = self.temp(x.dt, shape);
                 self.kernel(
                     Kernel::Reduce,
@@ -2689,9 +2704,6 @@ pub fn check_node(node: &Node, opset: i64) -> Result<()> {
     let extra_outputs = node.outputs.len() > 1 && node.outputs[1..].iter().any(|o| !o.is_empty());
     match node.op.as_str() {
         "Resize" => ResizeAttrs::of(node, opset).map(|_| ()),
-        "ArgMax" | "ArgMin" if node.int("select_last_index", 0) != 0 => {
-            Err(unsupported(node, "select_last_index"))
-        }
         "BatchNormalization" if extra_outputs || node.int("training_mode", 0) != 0 => Err(
             unsupported(node, "training mode (running mean and variance outputs)"),
         ),

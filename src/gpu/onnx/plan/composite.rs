@@ -360,6 +360,41 @@ impl Planner<'_> {
         Ok(())
     }
 
+    /// ArgMax/ArgMin with `select_last_index`: the first extreme of the axis reversed,
+    /// counted back from the end.
+    pub(super) fn arg_last(&mut self, node: &Node) -> Result<()> {
+        let base = Self::base(node);
+        let x = self.x(node, 0)?;
+        let a = host::axis(node.int("axis", 0), x.shape.len(), node)? as i64;
+        let n = x.shape[a as usize];
+        let xs = node.input(0).unwrap_or_default().to_owned();
+        let c = |s: &mut Self, what: &str, v: i64| {
+            s.constant(&base, what, Dt::I64, vec![1], vec![v as f64])
+        };
+        let (st, en, ax, step) = (
+            c(self, "start", -1),
+            c(self, "end", i64::MIN),
+            c(self, "axis", a),
+            c(self, "step", -1),
+        );
+        let rev = self.sub(
+            node,
+            &base,
+            "Slice",
+            &[&xs, &st, &en, &ax, &step],
+            "reversed",
+        )?;
+        let arg = Self::part_node(&base, &node.op, &[&rev], "first")
+            .with_int("axis", a)
+            .with_int("keepdims", node.int("keepdims", 1));
+        let first = self.part(node, arg)?;
+        let last = self.constant(&base, "last", Dt::I64, vec![], vec![(n - 1) as f64]);
+        let y = self.sub(node, &base, "Sub", &[&last, &first], "y")?;
+        let d = self.dev(&y)?;
+        self.set(node, 0, Val::Dev(d));
+        Ok(())
+    }
+
     /// A quantization parameter `p` (named `name`) broadcast along the node's `axis` of
     /// a rank-`rank` tensor: a scalar (or one value) as it is, a 1-D one reshaped to
     /// [1, .., n, .., 1].
