@@ -99,6 +99,10 @@ typedef struct infer_kargs {
 #define K_NT ((int)(blockDim.x * blockDim.y * blockDim.z))
 #define K_BID ((long long)blockIdx.x)
 #define K_NBLOCKS ((long long)gridDim.x)
+/* The one thread of the whole grid (whatever its y and z extents) that does serial work. */
+#define K_GRID_LEAD                                                                          \
+    (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0 &&            \
+     threadIdx.y == 0 && threadIdx.z == 0)
 #define K_SHARED(type, name, count) __shared__ type name[count]
 #define K_SYNC() __syncthreads()
 #elif defined(INFER_HOST_EMULATION)
@@ -128,6 +132,9 @@ extern __thread struct infer_emu_dim3 infer_emu_blockIdx, infer_emu_blockDim,
 #define K_NT ((int)(infer_emu_blockDim.x * infer_emu_blockDim.y * infer_emu_blockDim.z))
 #define K_BID ((long long)infer_emu_blockIdx.x)
 #define K_NBLOCKS ((long long)infer_emu_gridDim.x)
+#define K_GRID_LEAD                                                                          \
+    (infer_emu_blockIdx.x == 0 && infer_emu_blockIdx.y == 0 && infer_emu_blockIdx.z == 0 &&  \
+     infer_emu_threadIdx.x == 0 && infer_emu_threadIdx.y == 0 && infer_emu_threadIdx.z == 0)
 /* The blocks of a launch run one after another on one OS thread: a thread-local static
  * is one block's shared memory. The barrier switches to the block's next thread (the
  * emulator runs a cooperative kernel's threads as coroutines). */
@@ -165,7 +172,10 @@ void infer_emu_syncthreads(void);
     X(infer_pad)                                                                             \
     X(infer_col2im)                                                                          \
     X(infer_resize)                                                                          \
-    X(infer_int)
+    X(infer_int)                                                                             \
+    X(infer_cumsum)                                                                          \
+    X(infer_gather_elements)                                                                 \
+    X(infer_scatter_elements)
 
 /* The cooperative kernels (K_SHARED, K_SYNC; see the top of this file): the emulator runs
  * the threads of their blocks as coroutines (infer_cooperative_kernels at the end). */
@@ -1232,6 +1242,126 @@ KERNEL void infer_int(infer_kargs a) {
         default: break;
         }
         k_stu(a.out, oo, t, r);
+    }
+}
+
+/* Element i of type code t (as infer_cast) as a double: floats exactly, integers as
+ * their value (64-bit ones beyond 2^53 rounded). */
+DEVFN double k_ld_any(const void *p, long long i, long long t) {
+    switch (t) {
+    case 0: return (double)((const float *)p)[i];
+    case 10: return ((const double *)p)[i];
+    case 11: return (double)k_ldf(p, i, 1);
+    case 12: return (double)k_ldf(p, i, 2);
+    case 9: return (double)k_ldu(p, i, t);
+    default: return (double)(long long)k_ldu(p, i, t);
+    }
+}
+
+DEVFN int k_is_float_code(long long t) { return t == 0 || t == 10 || t == 11 || t == 12; }
+
+/* Stores v (a double for the float types, the integer's bits for the others) as type t. */
+DEVFN void k_st_any(void *p, long long i, long long t, double v, unsigned long long u) {
+    switch (t) {
+    case 0: ((float *)p)[i] = (float)v; break;
+    case 10: ((double *)p)[i] = v; break;
+    case 11: k_stf(p, i, 1, (float)v); break;
+    case 12: k_stf(p, i, 2, (float)v); break;
+    default: k_stu(p, i, t, u); break;
+    }
+}
+
+/* CumSum: n = outer * inner lines of a.p[0] elements a.p[1] apart; a.p[2] = 1: exclusive,
+ * a.p[3] = 1: from the end; a.p[4] the type code (floats summed in double, integers in
+ * 64 bits wrapping). One thread per line. */
+KERNEL void infer_cumsum(infer_kargs a) {
+    long long len = a.p[0], inner = a.p[1], t = a.p[4];
+    int exclusive = a.p[2] == 1, reverse = a.p[3] == 1, fl = k_is_float_code(t);
+    K_LOOP(i) {
+        long long o = i / inner, b = o * len * inner + (i - o * inner);
+        double s = 0.0;
+        unsigned long long u = 0ULL;
+        for (long long k = 0; k < len; k++) {
+            long long j = b + (reverse ? len - 1 - k : k) * inner;
+            double v = fl ? k_ld_any(a.in[0], j, t) : 0.0;
+            unsigned long long w = fl ? 0ULL : k_ldu(a.in[0], j, t);
+            if (!exclusive) {
+                s += v;
+                u += w;
+            }
+            k_st_any(a.out, j, t, s, u);
+            if (exclusive) {
+                s += v;
+                u += w;
+            }
+        }
+    }
+}
+
+/* GatherElements: strided over the indices' dims (n elements): in[0] data with its
+ * stride along the axis zeroed (o[0]: the element's place off the axis), in[1] the
+ * indices; a.p[0] the data's stride along the axis, a.p[1] its size there, a.p[2] the
+ * element size, a.p[3] index type (0 i64, 1 i32). An index out of range gives zeros. */
+KERNEL void infer_gather_elements(infer_kargs a) {
+    const unsigned char *data = (const unsigned char *)a.in[0];
+    unsigned char *y = (unsigned char *)a.out;
+    long long size = a.p[2];
+    K_LOOP(i) {
+        long long o[2], oo;
+        K_STRIDED(a, i, 2, o, oo);
+        long long idx = a.p[3] == 1 ? (long long)((const int *)a.in[1])[o[1]]
+                                    : ((const long long *)a.in[1])[o[1]];
+        if (idx < 0)
+            idx += a.p[1];
+        if (idx < 0 || idx >= a.p[1])
+            k_store_bits(y + oo * size, 0, size);
+        else
+            k_copy_elem(y + oo * size, data + (o[0] + idx * a.p[0]) * size, size);
+    }
+}
+
+/* ScatterElements into a.out (already a copy of the data): strided over the indices'
+ * dims (n elements): in[0] the indices, in[1] the updates, the output with its stride
+ * along the axis zeroed (oo: the element's place off the axis); a.p[0] the output's
+ * stride along the axis, a.p[1] its size there, a.p[2] the element size, a.p[3] index type
+ * (0 i64, 1 i32), a.p[4] the reduction (0 none, 1 add, 2 mul, 3 max, 4 min), a.p[5] the
+ * type code. Indices out of range are skipped. With a reduction one thread applies the
+ * updates in order (repeated indices combine); without, they are written in parallel. */
+KERNEL void infer_scatter_elements(infer_kargs a) {
+    unsigned char *y = (unsigned char *)a.out;
+    const unsigned char *upd = (const unsigned char *)a.in[1];
+    long long size = a.p[2], red = a.p[4], t = a.p[5];
+    int fl = k_is_float_code(t);
+    if (red != 0 && !K_GRID_LEAD)
+        return;
+    for (long long i = K_FIRST; i < a.n; i += red != 0 ? 1 : K_STEP) {
+        long long o[2], oo;
+        K_STRIDED(a, i, 2, o, oo);
+        long long idx = a.p[3] == 1 ? (long long)((const int *)a.in[0])[o[0]]
+                                    : ((const long long *)a.in[0])[o[0]];
+        if (idx < 0)
+            idx += a.p[1];
+        if (idx < 0 || idx >= a.p[1])
+            continue;
+        long long at = oo + idx * a.p[0];
+        if (red == 0) {
+            k_copy_elem(y + at * size, upd + o[1] * size, size);
+            continue;
+        }
+        if (fl) {
+            double x = k_ld_any(y, at, t), v = k_ld_any(upd, o[1], t);
+            double r = red == 1 ? x + v : red == 2 ? x * v : red == 3 ? (v > x ? v : x)
+                                                                      : (v < x ? v : x);
+            k_st_any(y, at, t, r, 0ULL);
+        } else {
+            unsigned long long x = k_ldu(y, at, t), v = k_ldu(upd, o[1], t);
+            int uns = t == 1 || t == 6 || t == 8 || t == 9;
+            int gt = uns ? v > x : (long long)v > (long long)x;
+            int lt = uns ? v < x : (long long)v < (long long)x;
+            unsigned long long r = red == 1 ? x + v : red == 2 ? x * v : red == 3 ? (gt ? v : x)
+                                                                                 : (lt ? v : x);
+            k_st_any(y, at, t, 0.0, r);
+        }
     }
 }
 

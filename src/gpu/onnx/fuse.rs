@@ -409,7 +409,7 @@ pub fn fuse(steps: Vec<Step>, scalars: &HashMap<usize, f32>) -> Vec<Step> {
 }
 
 /// Merges adjacent dims of strided launches (element-wise, copies, Where, comparisons,
-/// fused programs) wherever every operand is laid out contiguously across them, and drops
+/// integer arithmetic, fused programs) wherever every operand is laid out contiguously across them, and drops
 /// dims of size 1, so that each element's index is split over as few dims as possible
 /// (a same-shape element-wise launch becomes 1-D; a bias broadcast over rows 2-D). The
 /// elements each launch touches are unchanged.
@@ -426,6 +426,7 @@ pub fn collapse_dims(steps: &mut [Step]) {
                 | Kernel::Where
                 | Kernel::Compare
                 | Kernel::Fused
+                | Kernel::Int
         ) {
             continue;
         }

@@ -42,10 +42,13 @@ pub enum Kernel {
     Col2im,
     Resize,
     Int,
+    CumSum,
+    GatherElements,
+    ScatterElements,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 19] = [
+    pub const ALL: [Kernel; 22] = [
         Kernel::Unary,
         Kernel::Binary,
         Kernel::StridedCopy,
@@ -65,6 +68,9 @@ impl Kernel {
         Kernel::Col2im,
         Kernel::Resize,
         Kernel::Int,
+        Kernel::CumSum,
+        Kernel::GatherElements,
+        Kernel::ScatterElements,
     ];
 
     pub fn name(self) -> &'static std::ffi::CStr {
@@ -85,6 +91,9 @@ impl Kernel {
             Kernel::Fused => c"infer_fused",
             Kernel::Compare => c"infer_compare",
             Kernel::Int => c"infer_int",
+            Kernel::CumSum => c"infer_cumsum",
+            Kernel::GatherElements => c"infer_gather_elements",
+            Kernel::ScatterElements => c"infer_scatter_elements",
             Kernel::Pad => c"infer_pad",
             Kernel::Col2im => c"infer_col2im",
             Kernel::Resize => c"infer_resize",

@@ -792,6 +792,101 @@ impl<'a> Planner<'a> {
         Ok(y)
     }
 
+    /// GatherElements and ScatterElements: one strided launch over the indices (a
+    /// scatter's output is first a copy of its data).
+    fn elements(&mut self, node: &Node) -> Result<()> {
+        let x = self.x(node, 0)?;
+        let idx = self.x(node, 1)?;
+        if !matches!(idx.dt, Dt::I64 | Dt::I32) {
+            return Err(unsupported(node, format!("{} indices", idx.dt.name())));
+        }
+        let r = x.shape.len();
+        let a = host::axis(node.int("axis", 0), r, node)?;
+        let fits = idx.shape.len() == r
+            && idx
+                .shape
+                .iter()
+                .zip(&x.shape)
+                .enumerate()
+                .all(|(d, (&i, &n))| d == a || i <= n);
+        if !fits {
+            return Err(Error::invalid(format!(
+                "{}: indices {:?} do not fit data {:?} along axis {a}",
+                node.label(),
+                idx.shape,
+                x.shape
+            )));
+        }
+        let xs = strides(&x.shape);
+        let mut off_axis = xs.clone();
+        off_axis[a] = 0;
+        let ity = i64::from(idx.dt == Dt::I32);
+        let size = x.dt.size() as i64;
+        if node.op == "GatherElements" {
+            let y = self.temp(x.dt, idx.shape.clone());
+            self.strided(
+                node,
+                Kernel::GatherElements,
+                &idx.shape.clone(),
+                &[(&x, off_axis, 0), (&idx, strides(&idx.shape), 0)],
+                &y.ptr,
+                &strides(&idx.shape),
+                0,
+                |k| {
+                    k.p[..4].copy_from_slice(&[xs[a], x.shape[a], size, ity]);
+                },
+            )?;
+            self.set(node, 0, Val::Dev(y));
+            return Ok(());
+        }
+        let upd = self.x(node, 2)?;
+        if upd.shape != idx.shape || upd.dt != x.dt {
+            return Err(Error::invalid(format!(
+                "{}: updates {} {:?} for indices {:?} into {}",
+                node.label(),
+                upd.dt.name(),
+                upd.shape,
+                idx.shape,
+                x.dt.name()
+            )));
+        }
+        let red = match node.string("reduction").as_deref().unwrap_or("none") {
+            "none" => 0,
+            "add" => 1,
+            "mul" => 2,
+            "max" => 3,
+            "min" => 4,
+            other => return Err(unsupported(node, format!("reduction {other}"))),
+        };
+        if red != 0 && x.dt == Dt::Bool {
+            return Err(unsupported(node, "a reduction of BOOL tensors"));
+        }
+        let y = self.temp(x.dt, x.shape.clone());
+        let bytes = (x.numel() * size) as u64;
+        self.push(Step::Copy {
+            dst: y.ptr.clone(),
+            src: x.ptr.clone(),
+            bytes,
+        });
+        self.strided(
+            node,
+            Kernel::ScatterElements,
+            &idx.shape.clone(),
+            &[
+                (&idx, strides(&idx.shape), 0),
+                (&upd, strides(&upd.shape), 0),
+            ],
+            &y.ptr,
+            &off_axis,
+            0,
+            |k| {
+                k.p[..6].copy_from_slice(&[xs[a], x.shape[a], size, ity, red, x.dt.cast_code()]);
+            },
+        )?;
+        self.set(node, 0, Val::Dev(y));
+        Ok(())
+    }
+
     /// Integer arithmetic (`infer_int`, op codes there) on `a` and, for the binary ops,
     /// `b` broadcast against it; both of one integer type. `clip`: Clip's bounds.
     fn int_op(
@@ -1587,6 +1682,42 @@ impl<'a> Planner<'a> {
                 self.set(node, 0, Val::Dev(y));
                 Ok(())
             }
+            "CumSum" => {
+                let x = self.x(node, 0)?;
+                if x.dt == Dt::Bool {
+                    return Err(unsupported(node, "BOOL tensors"));
+                }
+                let r = x.shape.len();
+                let a = match self.host_input(node, 1)?.and_then(|v| v.first().copied()) {
+                    Some(v) => host::axis(v, r, node)?,
+                    None => {
+                        return Err(Error::invalid(format!(
+                            "{}: the axis input is missing",
+                            node.label()
+                        )))
+                    }
+                };
+                let (len, inner) = (x.shape[a], numel(&x.shape[a + 1..]));
+                let y = self.temp(x.dt, x.shape.clone());
+                let (excl, rev, code) = (
+                    i64::from(node.int("exclusive", 0) != 0),
+                    i64::from(node.int("reverse", 0) != 0),
+                    x.dt.cast_code(),
+                );
+                self.kernel(
+                    Kernel::CumSum,
+                    numel(&x.shape[..a]) * inner,
+                    &[&x],
+                    &y,
+                    |k| {
+                        k.p[..5].copy_from_slice(&[len, inner, excl, rev, code]);
+                    },
+                );
+                self.set(node, 0, Val::Dev(y));
+                Ok(())
+            }
+            // (Scatter: ScatterElements before opset 11.)
+            "GatherElements" | "ScatterElements" | "Scatter" => self.elements(node),
             "Cast" | "CastLike" => {
                 let x = self.x(node, 0)?;
                 let to = if node.op == "CastLike" {
