@@ -103,6 +103,10 @@ typedef struct infer_kargs {
 #define K_GRID_LEAD                                                                          \
     (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0 &&            \
      threadIdx.y == 0 && threadIdx.z == 0)
+/* The threads of the grid's first y/z slice (kernels that read what they write: the
+ * others would race with them). */
+#define K_PLANE0                                                                             \
+    (blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.y == 0 && threadIdx.z == 0)
 #define K_SHARED(type, name, count) __shared__ type name[count]
 #define K_SYNC() __syncthreads()
 #elif defined(INFER_HOST_EMULATION)
@@ -135,6 +139,9 @@ extern __thread struct infer_emu_dim3 infer_emu_blockIdx, infer_emu_blockDim,
 #define K_GRID_LEAD                                                                          \
     (infer_emu_blockIdx.x == 0 && infer_emu_blockIdx.y == 0 && infer_emu_blockIdx.z == 0 &&  \
      infer_emu_threadIdx.x == 0 && infer_emu_threadIdx.y == 0 && infer_emu_threadIdx.z == 0)
+#define K_PLANE0                                                                             \
+    (infer_emu_blockIdx.y == 0 && infer_emu_blockIdx.z == 0 && infer_emu_threadIdx.y == 0 && \
+     infer_emu_threadIdx.z == 0)
 /* The blocks of a launch run one after another on one OS thread: a thread-local static
  * is one block's shared memory. The barrier switches to the block's next thread (the
  * emulator runs a cooperative kernel's threads as coroutines). */
@@ -175,7 +182,8 @@ void infer_emu_syncthreads(void);
     X(infer_int)                                                                             \
     X(infer_cumsum)                                                                          \
     X(infer_gather_elements)                                                                 \
-    X(infer_scatter_elements)
+    X(infer_scatter_elements)                                                                \
+    X(infer_topk)
 
 /* The cooperative kernels (K_SHARED, K_SYNC; see the top of this file): the emulator runs
  * the threads of their blocks as coroutines (infer_cooperative_kernels at the end). */
@@ -1361,6 +1369,60 @@ KERNEL void infer_scatter_elements(infer_kargs a) {
             unsigned long long r = red == 1 ? x + v : red == 2 ? x * v : red == 3 ? (gt ? v : x)
                                                                                  : (lt ? v : x);
             k_st_any(y, at, t, 0.0, r);
+        }
+    }
+}
+
+/* TopK: n = outer * inner lines of a.p[0] elements a.p[1] apart; the a.p[2] largest
+ * (a.p[3] = 1) or smallest values of each, sorted, ties to the lower index, into a.out
+ * (values, type code a.p[4], the lines' layout with k along the axis) and in[3] (their
+ * indices, i64). NaN counts as larger than every number (as numpy sorts it). One thread
+ * per line inserts each element into the sorted output it is building: O(len * k). */
+DEVFN int k_topk_before(double v, long long i, double w, long long j, int largest) {
+    int vn = v != v, wn = w != w;
+    if (vn || wn) {
+        if (vn && wn)
+            return i < j;
+        return largest ? vn : wn;
+    }
+    if (v != w)
+        return largest ? v > w : v < w;
+    return i < j;
+}
+
+KERNEL void infer_topk(infer_kargs a) {
+    long long len = a.p[0], inner = a.p[1], k = a.p[2], t = a.p[4];
+    int largest = a.p[3] == 1, fl = k_is_float_code(t);
+    long long *yi = (long long *)a.in[3];
+    if (!K_PLANE0)
+        return;
+    K_LOOP(i) {
+        long long o = i / inner, in = i - o * inner;
+        long long b = o * len * inner + in, ob = o * k * inner + in, have = 0;
+        for (long long j = 0; j < len; j++) {
+            double v = k_ld_any(a.in[0], b + j * inner, t);
+            unsigned long long u = fl ? 0ULL : k_ldu(a.in[0], b + j * inner, t);
+            /* Where it goes among the `have` kept so far (sorted best first). */
+            long long at = have;
+            while (at > 0) {
+                long long p = ob + (at - 1) * inner;
+                double w = k_ld_any(a.out, p, t);
+                if (!k_topk_before(v, j, w, yi[p], largest))
+                    break;
+                at--;
+            }
+            if (at >= k)
+                continue;
+            long long last = have < k ? have : k - 1;
+            for (long long m = last; m > at; m--) {
+                long long to = ob + m * inner, from = ob + (m - 1) * inner;
+                k_st_any(a.out, to, t, k_ld_any(a.out, from, t), fl ? 0ULL : k_ldu(a.out, from, t));
+                yi[to] = yi[from];
+            }
+            k_st_any(a.out, ob + at * inner, t, v, u);
+            yi[ob + at * inner] = j;
+            if (have < k)
+                have++;
         }
     }
 }

@@ -45,10 +45,11 @@ pub enum Kernel {
     CumSum,
     GatherElements,
     ScatterElements,
+    TopK,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 22] = [
+    pub const ALL: [Kernel; 23] = [
         Kernel::Unary,
         Kernel::Binary,
         Kernel::StridedCopy,
@@ -71,6 +72,7 @@ impl Kernel {
         Kernel::CumSum,
         Kernel::GatherElements,
         Kernel::ScatterElements,
+        Kernel::TopK,
     ];
 
     pub fn name(self) -> &'static std::ffi::CStr {
@@ -94,6 +96,7 @@ impl Kernel {
             Kernel::CumSum => c"infer_cumsum",
             Kernel::GatherElements => c"infer_gather_elements",
             Kernel::ScatterElements => c"infer_scatter_elements",
+            Kernel::TopK => c"infer_topk",
             Kernel::Pad => c"infer_pad",
             Kernel::Col2im => c"infer_col2im",
             Kernel::Resize => c"infer_resize",

@@ -150,6 +150,7 @@ pub const SUPPORTED: &[&str] = &[
     "Tanh",
     "ThresholdedRelu",
     "Tile",
+    "TopK",
     "Transpose",
     "Trilu",
     "Unsqueeze",

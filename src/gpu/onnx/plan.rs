@@ -1717,6 +1717,51 @@ impl<'a> Planner<'a> {
                 Ok(())
             }
             // (Scatter: ScatterElements before opset 11.)
+            "TopK" => {
+                let x = self.x(node, 0)?;
+                if x.dt == Dt::Bool {
+                    return Err(unsupported(node, "BOOL tensors"));
+                }
+                let r = x.shape.len();
+                let a = host::axis(node.int("axis", -1), r, node)?;
+                let k = if opset >= 10 {
+                    self.host_input(node, 1)?.and_then(|v| v.first().copied())
+                } else {
+                    Some(node.int("k", 0))
+                };
+                let len = x.shape[a];
+                let k = match k {
+                    Some(k) if (0..=len).contains(&k) => k,
+                    other => {
+                        return Err(Error::invalid(format!(
+                            "{}: k = {other:?} for an axis of {len}",
+                            node.label()
+                        )))
+                    }
+                };
+                let mut shape = x.shape.clone();
+                shape[a] = k;
+                let values = self.temp(x.dt, shape.clone());
+                let indices = self.temp(Dt::I64, shape);
+                let inner = numel(&x.shape[a + 1..]);
+                let mut args = KArgs {
+                    n: numel(&x.shape[..a]) * inner,
+                    ..KArgs::default()
+                };
+                let largest = i64::from(node.int("largest", 1) != 0);
+                args.p[..5].copy_from_slice(&[len, inner, k, largest, x.dt.cast_code()]);
+                if k > 0 {
+                    self.push(Step::Kernel {
+                        k: Kernel::TopK,
+                        args: Box::new(args),
+                        ins: [Some(x.ptr.clone()), None, None, Some(indices.ptr.clone())],
+                        out: values.ptr.clone(),
+                    });
+                }
+                self.set(node, 0, Val::Dev(values));
+                self.set(node, 1, Val::Dev(indices));
+                Ok(())
+            }
             "GatherElements" | "ScatterElements" | "Scatter" => self.elements(node),
             "Cast" | "CastLike" => {
                 let x = self.x(node, 0)?;
