@@ -183,7 +183,8 @@ void infer_emu_syncthreads(void);
     X(infer_cumsum)                                                                          \
     X(infer_gather_elements)                                                                 \
     X(infer_scatter_elements)                                                                \
-    X(infer_topk)
+    X(infer_topk)                                                                            \
+    X(infer_nd)
 
 /* The cooperative kernels (K_SHARED, K_SYNC; see the top of this file): the emulator runs
  * the threads of their blocks as coroutines (infer_cooperative_kernels at the end). */
@@ -1423,6 +1424,65 @@ KERNEL void infer_topk(infer_kargs a) {
             yi[ob + at * inner] = j;
             if (have < k)
                 have++;
+        }
+    }
+}
+
+/* GatherND and ScatterND over flattened operands: B batches, each of J index tuples of m
+ * entries (i64, in in[1]) naming a slice of `slice` elements of the data (a.p: 0 B, 1 J,
+ * 2 m, 3 slice, 4 data elements per batch, 5 element size, 6 the op: 0 gather, else a
+ * scatter with reduction 6 - 1 (0 none, 1 add, 2 mul, 3 max, 4 min), 7 the type code).
+ * a.dims[t] and a.strides[0][t]: the size and the element stride of the data's axis that
+ * tuple entry t indexes (negative entries count from the end). Gather: n = B * J * slice
+ * outputs from in[0]; an entry out of range gives zeros. Scatter: a.out (already a copy
+ * of the data) takes in[2] (the updates, J * slice) at the tuples; out-of-range tuples are
+ * skipped; with a reduction one thread applies the updates in order. */
+KERNEL void infer_nd(infer_kargs a) {
+    long long J = a.p[1], m = a.p[2], slice = a.p[3], per = a.p[4], size = a.p[5];
+    long long op = a.p[6], t = a.p[7];
+    const long long *ix = (const long long *)a.in[1];
+    int fl = k_is_float_code(t);
+    if (op > 1 && !K_GRID_LEAD)
+        return;
+    for (long long i = K_FIRST; i < a.n; i += op > 1 ? 1 : K_STEP) {
+        long long e = i % slice, tj = i / slice, b = tj / J;
+        long long at = b * per + e;
+        int ok = 1;
+        for (long long q = 0; q < m; q++) {
+            long long v = ix[tj * m + q];
+            if (v < 0)
+                v += a.dims[q];
+            if (v < 0 || v >= a.dims[q])
+                ok = 0;
+            at += v * a.strides[0][q];
+        }
+        if (op == 0) {
+            unsigned char *y = (unsigned char *)a.out + i * size;
+            if (ok)
+                k_copy_elem(y, (const unsigned char *)a.in[0] + at * size, size);
+            else
+                k_store_bits(y, 0, size);
+            continue;
+        }
+        if (!ok)
+            continue;
+        const unsigned char *u = (const unsigned char *)a.in[2];
+        long long red = op - 1;
+        if (red == 0) {
+            k_copy_elem((unsigned char *)a.out + at * size, u + i * size, size);
+        } else if (fl) {
+            double x = k_ld_any(a.out, at, t), v = k_ld_any(u, i, t);
+            double r = red == 1 ? x + v : red == 2 ? x * v : red == 3 ? (v > x ? v : x)
+                                                                      : (v < x ? v : x);
+            k_st_any(a.out, at, t, r, 0ULL);
+        } else {
+            unsigned long long x = k_ldu(a.out, at, t), v = k_ldu(u, i, t);
+            int uns = t == 1 || t == 6 || t == 8 || t == 9;
+            int gt = uns ? v > x : (long long)v > (long long)x;
+            int lt = uns ? v < x : (long long)v < (long long)x;
+            unsigned long long r = red == 1 ? x + v : red == 2 ? x * v : red == 3 ? (gt ? v : x)
+                                                                                 : (lt ? v : x);
+            k_st_any(a.out, at, t, 0.0, r);
         }
     }
 }

@@ -46,10 +46,11 @@ pub enum Kernel {
     GatherElements,
     ScatterElements,
     TopK,
+    Nd,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 23] = [
+    pub const ALL: [Kernel; 24] = [
         Kernel::Unary,
         Kernel::Binary,
         Kernel::StridedCopy,
@@ -73,6 +74,7 @@ impl Kernel {
         Kernel::GatherElements,
         Kernel::ScatterElements,
         Kernel::TopK,
+        Kernel::Nd,
     ];
 
     pub fn name(self) -> &'static std::ffi::CStr {
@@ -97,6 +99,7 @@ impl Kernel {
             Kernel::GatherElements => c"infer_gather_elements",
             Kernel::ScatterElements => c"infer_scatter_elements",
             Kernel::TopK => c"infer_topk",
+            Kernel::Nd => c"infer_nd",
             Kernel::Pad => c"infer_pad",
             Kernel::Col2im => c"infer_col2im",
             Kernel::Resize => c"infer_resize",

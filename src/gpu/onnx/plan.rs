@@ -887,6 +887,108 @@ impl<'a> Planner<'a> {
         Ok(())
     }
 
+    /// GatherND (with `batch_dims`) and ScatterND (with its reductions): `infer_nd`.
+    fn nd(&mut self, node: &Node) -> Result<()> {
+        let x = self.x(node, 0)?;
+        let idx = self.x(node, 1)?;
+        if idx.dt != Dt::I64 {
+            return Err(unsupported(node, format!("{} indices", idx.dt.name())));
+        }
+        let gather = node.op == "GatherND";
+        let bd = if gather { node.int("batch_dims", 0) } else { 0 } as usize;
+        let (r, q) = (x.shape.len(), idx.shape.len());
+        let m = idx.shape.last().copied().unwrap_or(0);
+        let bad = |why: &str| {
+            Error::invalid(format!(
+                "{}: data {:?} and indices {:?}: {why}",
+                node.label(),
+                x.shape,
+                idx.shape
+            ))
+        };
+        if q < 1 || bd >= q || bd > r || m < 0 || bd + m as usize > r {
+            return Err(bad("the index tuples do not fit the data"));
+        }
+        if x.shape[..bd] != idx.shape[..bd] {
+            return Err(bad("batch dims differ"));
+        }
+        let m = m as usize;
+        if m > 8 {
+            return Err(unsupported(
+                node,
+                format!("index tuples of {m} entries (at most 8)"),
+            ));
+        }
+        let b = numel(&x.shape[..bd]);
+        let j = numel(&idx.shape[bd..q - 1]);
+        let slice = numel(&x.shape[bd + m..]);
+        let per = numel(&x.shape[bd..]);
+        let xs = strides(&x.shape);
+        let mut k = KArgs::default();
+        for t in 0..m {
+            k.dims[t] = x.shape[bd + t];
+            k.strides[0][t] = xs[bd + t];
+        }
+        let size = x.dt.size() as i64;
+        if gather {
+            let mut shape = idx.shape[..q - 1].to_vec();
+            shape.extend_from_slice(&x.shape[bd + m..]);
+            let y = self.temp(x.dt, shape);
+            k.n = b * j * slice;
+            k.p[..8].copy_from_slice(&[b, j, m as i64, slice, per, size, 0, x.dt.cast_code()]);
+            if k.n > 0 {
+                self.push(Step::Kernel {
+                    k: Kernel::Nd,
+                    args: Box::new(k),
+                    ins: [Some(x.ptr.clone()), Some(idx.ptr.clone()), None, None],
+                    out: y.ptr.clone(),
+                });
+            }
+            self.set(node, 0, Val::Dev(y));
+            return Ok(());
+        }
+        let upd = self.x(node, 2)?;
+        let mut want = idx.shape[..q - 1].to_vec();
+        want.extend_from_slice(&x.shape[m..]);
+        if upd.shape != want || upd.dt != x.dt {
+            return Err(bad(&format!(
+                "updates are {} {:?}, not {} {want:?}",
+                upd.dt.name(),
+                upd.shape,
+                x.dt.name()
+            )));
+        }
+        let red = match node.string("reduction").as_deref().unwrap_or("none") {
+            "none" => 0,
+            "add" => 1,
+            "mul" => 2,
+            "max" => 3,
+            "min" => 4,
+            other => return Err(unsupported(node, format!("reduction {other}"))),
+        };
+        if red != 0 && x.dt == Dt::Bool {
+            return Err(unsupported(node, "a reduction of BOOL tensors"));
+        }
+        let y = self.temp(x.dt, x.shape.clone());
+        self.push(Step::Copy {
+            dst: y.ptr.clone(),
+            src: x.ptr.clone(),
+            bytes: (x.numel() * size) as u64,
+        });
+        k.n = j * slice;
+        k.p[..8].copy_from_slice(&[1, j, m as i64, slice, per, size, 1 + red, x.dt.cast_code()]);
+        if k.n > 0 {
+            self.push(Step::Kernel {
+                k: Kernel::Nd,
+                args: Box::new(k),
+                ins: [None, Some(idx.ptr.clone()), Some(upd.ptr.clone()), None],
+                out: y.ptr.clone(),
+            });
+        }
+        self.set(node, 0, Val::Dev(y));
+        Ok(())
+    }
+
     /// Integer arithmetic (`infer_int`, op codes there) on `a` and, for the binary ops,
     /// `b` broadcast against it; both of one integer type. `clip`: Clip's bounds.
     fn int_op(
@@ -1763,6 +1865,7 @@ impl<'a> Planner<'a> {
                 Ok(())
             }
             "GatherElements" | "ScatterElements" | "Scatter" => self.elements(node),
+            "GatherND" | "ScatterND" => self.nd(node),
             "Cast" | "CastLike" => {
                 let x = self.x(node, 0)?;
                 let to = if node.op == "CastLike" {
