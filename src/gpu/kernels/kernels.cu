@@ -184,7 +184,8 @@ void infer_emu_syncthreads(void);
     X(infer_gather_elements)                                                                 \
     X(infer_scatter_elements)                                                                \
     X(infer_topk)                                                                            \
-    X(infer_nd)
+    X(infer_nd)                                                                              \
+    X(infer_rope)
 
 /* The cooperative kernels (K_SHARED, K_SYNC; see the top of this file): the emulator runs
  * the threads of their blocks as coroutines (infer_cooperative_kernels at the end). */
@@ -1484,6 +1485,56 @@ KERNEL void infer_nd(infer_kargs a) {
                                                                                  : (lt ? v : x);
             k_st_any(a.out, at, t, 0.0, r);
         }
+    }
+}
+
+/* RotaryEmbedding: n = B * S * H * D outputs in the input's layout (a.p[6]: 0 [B, H, S, D],
+ * 1 [B, S, H * D]); a.p: 0 B, 1 S, 2 H, 3 D, 4 the rotated dims (even, <= D), 5 = 1:
+ * interleaved pairs (else halves), 7 = 1: in[3] holds i64 position ids [B, S] into the
+ * caches' a.p[8] rows (else the caches are [B, S, rot / 2]). in[1], in[2]: the cos and
+ * sin caches. A position out of range gives zeros. Float operands of type a.ft. */
+KERNEL void infer_rope(infer_kargs a) {
+    long long S = a.p[1], H = a.p[2], D = a.p[3], rot = a.p[4], ft = a.ft;
+    int inter = a.p[5] == 1, bshd = a.p[6] == 1, ids = a.p[7] == 1;
+    long long half = rot / 2;
+    K_LOOP(i) {
+        long long d = i % D, r = i / D, h, s, b;
+        if (bshd) {
+            h = r % H;
+            s = (r / H) % S;
+            b = r / (H * S);
+        } else {
+            s = r % S;
+            h = (r / S) % H;
+            b = r / (S * H);
+        }
+        (void)h;
+        float x = k_ldf(a.in[0], i, ft);
+        if (d >= rot) {
+            k_stf(a.out, i, ft, x);
+            continue;
+        }
+        long long row = b * S + s, k, mate;
+        int first; /* the pair's first element (real part) */
+        if (inter) {
+            k = d / 2;
+            first = (d & 1) == 0;
+            mate = first ? i + 1 : i - 1;
+        } else {
+            k = d < half ? d : d - half;
+            first = d < half;
+            mate = first ? i + half : i - half;
+        }
+        if (ids) {
+            row = ((const long long *)a.in[3])[b * S + s];
+            if (row < 0 || row >= a.p[8]) {
+                k_stf(a.out, i, ft, 0.0f);
+                continue;
+            }
+        }
+        float c = k_ldf(a.in[1], row * half + k, ft), sn = k_ldf(a.in[2], row * half + k, ft);
+        float m = k_ldf(a.in[0], mate, ft);
+        k_stf(a.out, i, ft, first ? c * x - sn * m : sn * m + c * x);
     }
 }
 

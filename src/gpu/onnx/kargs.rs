@@ -47,10 +47,11 @@ pub enum Kernel {
     ScatterElements,
     TopK,
     Nd,
+    Rope,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 24] = [
+    pub const ALL: [Kernel; 25] = [
         Kernel::Unary,
         Kernel::Binary,
         Kernel::StridedCopy,
@@ -75,6 +76,7 @@ impl Kernel {
         Kernel::ScatterElements,
         Kernel::TopK,
         Kernel::Nd,
+        Kernel::Rope,
     ];
 
     pub fn name(self) -> &'static std::ffi::CStr {
@@ -100,6 +102,7 @@ impl Kernel {
             Kernel::ScatterElements => c"infer_scatter_elements",
             Kernel::TopK => c"infer_topk",
             Kernel::Nd => c"infer_nd",
+            Kernel::Rope => c"infer_rope",
             Kernel::Pad => c"infer_pad",
             Kernel::Col2im => c"infer_col2im",
             Kernel::Resize => c"infer_resize",

@@ -127,6 +127,7 @@ pub const SUPPORTED: &[&str] = &[
     "Relu",
     "Reshape",
     "Resize",
+    "RotaryEmbedding",
     "Round",
     "Scatter",
     "ScatterElements",

@@ -887,6 +887,93 @@ impl<'a> Planner<'a> {
         Ok(())
     }
 
+    /// RotaryEmbedding (opset 23): `infer_rope`, one launch.
+    fn rope(&mut self, node: &Node) -> Result<()> {
+        let x = self.x(node, 0)?;
+        let cos = self.x(node, 1)?;
+        let sin = self.x(node, 2)?;
+        let ft = Self::ft_all(node, &[&x, &cos, &sin])?;
+        let bad = |why: String| Error::invalid(format!("{}: {why}", node.label()));
+        let (b, s, h, d, bshd) = match x.shape[..] {
+            [b, h, s, d] => (b, s, h, d, 0),
+            [b, s, hidden] => {
+                let h = node.int("num_heads", 0);
+                if h <= 0 || hidden % h != 0 {
+                    return Err(bad(format!(
+                        "a 3-D input of hidden size {hidden} needs num_heads dividing it"
+                    )));
+                }
+                (b, s, h, hidden / h, 1)
+            }
+            _ => return Err(bad(format!("input {:?} (3-D or 4-D)", x.shape))),
+        };
+        let rot = match node.int("rotary_embedding_dim", 0) {
+            0 => d,
+            r => r,
+        };
+        if rot <= 0 || rot > d || rot % 2 != 0 {
+            return Err(bad(format!(
+                "rotary_embedding_dim {rot} for a head size of {d}"
+            )));
+        }
+        let half = rot / 2;
+        let ids = match node.input(3) {
+            Some(_) => Some(self.x(node, 3)?),
+            None => None,
+        };
+        let rows = match &ids {
+            Some(p) => {
+                if p.dt != Dt::I64 || p.shape != [b, s] {
+                    return Err(bad(format!(
+                        "position_ids are {} {:?}, not INT64 [{b}, {s}]",
+                        p.dt.name(),
+                        p.shape
+                    )));
+                }
+                if cos.shape.len() != 2 || cos.shape[1] != half {
+                    return Err(bad(format!("cos_cache {:?} (rows, {half})", cos.shape)));
+                }
+                cos.shape[0]
+            }
+            None => {
+                if cos.shape != [b, s, half] {
+                    return Err(bad(format!(
+                        "cos_cache {:?} (not [{b}, {s}, {half}])",
+                        cos.shape
+                    )));
+                }
+                b * s
+            }
+        };
+        if sin.shape != cos.shape {
+            return Err(bad(format!(
+                "sin_cache {:?} and cos_cache {:?} differ",
+                sin.shape, cos.shape
+            )));
+        }
+        let y = self.temp(x.dt, x.shape.clone());
+        let mut k = KArgs {
+            n: x.numel(),
+            ..KArgs::default()
+        };
+        let inter = i64::from(node.int("interleaved", 0) != 0);
+        k.p[..9].copy_from_slice(&[b, s, h, d, rot, inter, bshd, i64::from(ids.is_some()), rows]);
+        k.ft = ft;
+        self.push(Step::Kernel {
+            k: Kernel::Rope,
+            args: Box::new(k),
+            ins: [
+                Some(x.ptr.clone()),
+                Some(cos.ptr.clone()),
+                Some(sin.ptr.clone()),
+                ids.as_ref().map(|p| p.ptr.clone()),
+            ],
+            out: y.ptr.clone(),
+        });
+        self.set(node, 0, Val::Dev(y));
+        Ok(())
+    }
+
     /// GatherND (with `batch_dims`) and ScatterND (with its reductions): `infer_nd`.
     fn nd(&mut self, node: &Node) -> Result<()> {
         let x = self.x(node, 0)?;
@@ -1866,6 +1953,7 @@ impl<'a> Planner<'a> {
             }
             "GatherElements" | "ScatterElements" | "Scatter" => self.elements(node),
             "GatherND" | "ScatterND" => self.nd(node),
+            "RotaryEmbedding" => self.rope(node),
             "Cast" | "CastLike" => {
                 let x = self.x(node, 0)?;
                 let to = if node.op == "CastLike" {
