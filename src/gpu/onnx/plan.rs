@@ -2210,6 +2210,11 @@ impl<'a> Planner<'a> {
             | "LpNormalization"
             | "Hardmax"
             | "InstanceNormalization"
+            | "MeanVarianceNormalization"
+            | "DepthToSpace"
+            | "SpaceToDepth"
+            | "OneHot"
+            | "EyeLike"
             | "DequantizeLinear"
             | "QuantizeLinear" => self.composite(node),
             // Computed on the host while planning, from values: inputs computed on the

@@ -281,6 +281,148 @@ impl Planner<'_> {
                 return Ok(());
             }
             "InstanceNormalization" => return self.instance_norm(node),
+            "MeanVarianceNormalization" => {
+                let x = self.x(node, 0)?;
+                let axes = node.ints("axes").unwrap_or_else(|| vec![0, 2, 3]);
+                let xs = input(0)?;
+                let gt = self.graph_type(x.dt);
+                let two = self.constant(&base, "two", gt, vec![], vec![2.0]);
+                let eps = self.constant(&base, "eps", gt, vec![], vec![1e-9]);
+                let mean = self.reduce_part(node, "ReduceMean", &xs, Some(&axes), true, "mean")?;
+                let sq = self.sub(node, &base, "Pow", &[&xs, &two], "x_squared")?;
+                let msq =
+                    self.reduce_part(node, "ReduceMean", &sq, Some(&axes), true, "mean_sq")?;
+                let m2 = self.sub(node, &base, "Pow", &[&mean, &two], "mean_squared")?;
+                let var = self.sub(node, &base, "Sub", &[&msq, &m2], "variance")?;
+                let sd = self.sub(node, &base, "Sqrt", &[&var], "std")?;
+                let sd = self.sub(node, &base, "Add", &[&sd, &eps], "std_eps")?;
+                let c = self.sub(node, &base, "Sub", &[&xs, &mean], "centered")?;
+                self.sub(node, &base, "Div", &[&c, &sd], "y")?
+            }
+            "DepthToSpace" | "SpaceToDepth" => {
+                let x = self.x(node, 0)?;
+                let [n, c, h, w] = x.shape[..] else {
+                    return Err(Error::invalid(format!(
+                        "{}: input {:?} (4-D)",
+                        node.label(),
+                        x.shape
+                    )));
+                };
+                let b = node.int("blocksize", 0);
+                let bad = b <= 0
+                    || if node.op == "DepthToSpace" {
+                        c % (b * b) != 0
+                    } else {
+                        h % b != 0 || w % b != 0
+                    };
+                if bad {
+                    return Err(Error::invalid(format!(
+                        "{}: blocksize {b} for {:?}",
+                        node.label(),
+                        x.shape
+                    )));
+                }
+                let (split, perm, out): (Vec<i64>, [usize; 6], Vec<i64>) =
+                    if node.op == "SpaceToDepth" {
+                        (
+                            vec![n, c, h / b, b, w / b, b],
+                            [0, 3, 5, 1, 2, 4],
+                            vec![n, c * b * b, h / b, w / b],
+                        )
+                    } else if node.string("mode").as_deref() == Some("CRD") {
+                        (
+                            vec![n, c / (b * b), b, b, h, w],
+                            [0, 1, 4, 2, 5, 3],
+                            vec![n, c / (b * b), h * b, w * b],
+                        )
+                    } else {
+                        (
+                            vec![n, b, b, c / (b * b), h, w],
+                            [0, 3, 4, 1, 5, 2],
+                            vec![n, c / (b * b), h * b, w * b],
+                        )
+                    };
+                let t = self.transpose(node, &Dev { shape: split, ..x }, &perm)?;
+                self.set(node, 0, Val::Dev(Dev { shape: out, ..t }));
+                return Ok(());
+            }
+            "OneHot" => {
+                let ind = self.x(node, 0)?;
+                let depth = match node.input(1) {
+                    Some(n) => match self.host(n) {
+                        Some(t) => t.data.first().copied().unwrap_or(0.0) as i64,
+                        None => return Err(self.want(node, n, "depth")),
+                    },
+                    None => return Err(Error::invalid(format!("{}: no depth", node.label()))),
+                };
+                if depth <= 0 {
+                    return Err(Error::invalid(format!("{}: depth {depth}", node.label())));
+                }
+                let r = ind.shape.len() + 1;
+                let a = host::axis(node.int("axis", -1), r, node)?;
+                let is = input(0)?;
+                // Indices as INT64 (floats truncate), negatives counted from the end.
+                let i64like = self.constant(&base, "i64", Dt::I64, vec![], vec![0.0]);
+                let idx = self.sub(node, &base, "CastLike", &[&is, &i64like], "indices")?;
+                let zero = self.constant(&base, "zero", Dt::I64, vec![], vec![0.0]);
+                let dep = self.constant(&base, "depth", Dt::I64, vec![], vec![depth as f64]);
+                let neg = self.sub(node, &base, "Less", &[&idx, &zero], "negative")?;
+                let up = self.sub(node, &base, "Add", &[&idx, &dep], "from_end")?;
+                let idx = self.sub(node, &base, "Where", &[&neg, &up, &idx], "wrapped")?;
+                let wd = self.dev(&idx)?;
+                let mut shape = wd.shape.clone();
+                shape.insert(a, 1);
+                let idx = self.named(&base, "expanded", Dev { shape, ..wd });
+                let mut rshape = vec![1i64; r];
+                rshape[a] = depth;
+                let range = self.constant(
+                    &base,
+                    "range",
+                    Dt::I64,
+                    rshape,
+                    (0..depth).map(|v| v as f64).collect(),
+                );
+                let hot = self.sub(node, &base, "Equal", &[&idx, &range], "hot")?;
+                let vs = input(2)?;
+                let pick = |s: &mut Self, what: &str, i: f64| -> Result<String> {
+                    let at = s.constant(&base, &format!("{what}_at"), Dt::I64, vec![], vec![i]);
+                    s.sub(node, &base, "Gather", &[&vs, &at], what)
+                };
+                let off = pick(self, "off", 0.0)?;
+                let on = pick(self, "on", 1.0)?;
+                self.sub(node, &base, "Where", &[&hot, &on, &off], "y")?
+            }
+            "EyeLike" => {
+                let x = self.x(node, 0)?;
+                let [rows, cols] = x.shape[..] else {
+                    return Err(Error::invalid(format!(
+                        "{}: input {:?} (2-D)",
+                        node.label(),
+                        x.shape
+                    )));
+                };
+                let dt = match node.int("dtype", 0) {
+                    0 => self.graph_type(x.dt),
+                    c => Dt::from_onnx(c as i32)
+                        .ok_or_else(|| unsupported(node, format!("dtype {c}")))?,
+                };
+                let k = node.int("k", 0);
+                let mut data = vec![0.0; (rows * cols) as usize];
+                for i in 0..rows {
+                    let j = i + k;
+                    if (0..cols).contains(&j) {
+                        data[(i * cols + j) as usize] = 1.0;
+                    }
+                }
+                // Known from the shape alone: a host value (uploaded where the device needs it).
+                let t = HostTensor {
+                    dt,
+                    shape: vec![rows, cols],
+                    data,
+                };
+                self.set(node, 0, Val::Host(t));
+                return Ok(());
+            }
             "DequantizeLinear" => {
                 let x = self.x(node, 0)?;
                 let scale = self.x(node, 1)?;
