@@ -1020,7 +1020,9 @@ KERNEL void infer_col2im(infer_kargs a) {
  * contiguous). Per dim d: a.strides[0][d] the input's element stride, a.strides[1][d] its
  * size; the output coordinate x maps to the input coordinate (x + P) * M / S + Q with M,
  * S, Q the doubles whose bits are a.strides[2][d], a.strides[3][d], a.ostrides[d] and P
- * the double of a.p[2]. a.p[0]: 0 nearest, 1 linear; a.p[1] (nearest): 0
+ * the double of a.p[2]. a.p[0]: 0 nearest, 1 linear, 2 cubic (coefficient a.f[1]; a.p[5]
+ * = 1: taps outside the input excluded and the rest renormalized, else edge-padded);
+ * a.p[1] (nearest): 0
  * round_prefer_floor, 1 round_prefer_ceil, 2 floor, 3 ceil. a.p[3] = 1: an input
  * coordinate outside [0, size - 1] in any dim gives a.f[0] (tf_crop_and_resize's
  * extrapolation); else indices are clamped into the input (linear: the two neighbours,
@@ -1040,9 +1042,9 @@ KERNEL void infer_resize(infer_kargs a) {
     double P = k_bits_f64(a.p[2]);
     int rank = (int)a.rank;
     K_LOOP(i) {
-        long long i0[8], i1[8];
-        float w[8];
-        int interp[8], k = 0, outside = 0;
+        long long i0[8], i1[8], ct[8][4];
+        float w[8], cw[8][4];
+        int interp[8], k = 0, outside = 0, ntap[8];
         long long rem = i;
         for (int d = rank - 1; d >= 0; d--) {
             long long xd = rem % a.dims[d];
@@ -1052,6 +1054,30 @@ KERNEL void infer_resize(infer_kargs a) {
             double x = ((double)xd + P) * M / S + k_bits_f64(a.ostrides[d]);
             if (extrapolate && (x < 0.0 || x > (double)(len - 1)))
                 outside = 1;
+            if (mode == 2) { /* cubic: four taps, edge-padded or renormalized */
+                double f = floor(x), t = x - f, A = (double)a.f[1];
+                long long j = (long long)f;
+                ntap[d] = t == 0.0 ? 1 : 4;
+                if (ntap[d] == 1) {
+                    ct[d][0] = j < 0 ? 0 : (j >= len ? len - 1 : j);
+                    cw[d][0] = 1.0f;
+                } else {
+                    double s4[4] = {1.0 + t, t, 1.0 - t, 2.0 - t}, sum = 0.0, w4[4];
+                    for (int q = 0; q < 4; q++) {
+                        double z = s4[q];
+                        w4[q] = z <= 1.0 ? ((A + 2.0) * z - (A + 3.0)) * z * z + 1.0
+                                         : ((A * z - 5.0 * A) * z + 8.0 * A) * z - 4.0 * A;
+                        long long jq = j - 1 + q;
+                        if (a.p[5] == 1 && (jq < 0 || jq >= len))
+                            w4[q] = 0.0;
+                        sum += w4[q];
+                        ct[d][q] = jq < 0 ? 0 : (jq >= len ? len - 1 : jq);
+                    }
+                    for (int q = 0; q < 4; q++)
+                        cw[d][q] = (float)(a.p[5] == 1 && sum != 0.0 ? w4[q] / sum : w4[q]);
+                }
+                continue;
+            }
             if (mode == 0) {
                 double f = floor(x), frac = x - f;
                 long long j;
@@ -1078,6 +1104,25 @@ KERNEL void infer_resize(infer_kargs a) {
         }
         if (outside) {
             k_stf(a.out, i, ft, a.f[0]);
+            continue;
+        }
+        if (mode == 2) { /* every combination of the dims' taps (mixed radix) */
+            long long combos = 1;
+            for (int d = 0; d < rank; d++)
+                combos *= ntap[d];
+            float acc = 0.0f;
+            for (long long c = 0; c < combos; c++) {
+                long long rest = c, src = 0;
+                float weight = 1.0f;
+                for (int d = 0; d < rank; d++) {
+                    int q = (int)(rest % ntap[d]);
+                    rest /= ntap[d];
+                    src += ct[d][q] * a.strides[0][d];
+                    weight *= cw[d][q];
+                }
+                acc += weight * k_ldf(a.in[0], src, ft);
+            }
+            k_stf(a.out, i, ft, acc);
             continue;
         }
         float acc = 0.0f;

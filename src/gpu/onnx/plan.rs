@@ -1293,9 +1293,32 @@ impl<'a> Planner<'a> {
             }
             (None, Some(z)) if z.len() == axes.len() => {
                 sizes_given = true;
+                // not_larger / not_smaller: one scale for every axis, the smallest or the
+                // largest of theirs, and sizes rounded from it (halves to even).
+                let one = match at.policy.as_str() {
+                    "not_larger" => axes
+                        .iter()
+                        .zip(&z)
+                        .map(|(&a, &v)| v / x.shape[a].max(1) as f64)
+                        .reduce(f64::min),
+                    "not_smaller" => axes
+                        .iter()
+                        .zip(&z)
+                        .map(|(&a, &v)| v / x.shape[a].max(1) as f64)
+                        .reduce(f64::max),
+                    _ => None,
+                };
                 for (&a, &v) in axes.iter().zip(&z) {
-                    out[a] = v as i64;
-                    scale[a] = v / x.shape[a].max(1) as f64;
+                    match one {
+                        Some(s) => {
+                            out[a] = (s * x.shape[a] as f64).round_ties_even() as i64;
+                            scale[a] = s;
+                        }
+                        None => {
+                            out[a] = v as i64;
+                            scale[a] = v / x.shape[a].max(1) as f64;
+                        }
+                    }
                 }
             }
             _ => {
@@ -1386,6 +1409,10 @@ impl<'a> Planner<'a> {
         if at.ctm == "tf_crop_and_resize" {
             a.p[3] = 1;
             a.f[0] = node.float("extrapolation_value", 0.0);
+        }
+        if at.mode == 2 {
+            a.f[1] = node.float("cubic_coeff_a", -0.75);
+            a.p[5] = i64::from(node.int("exclude_outside", 0) != 0);
         }
         let (mode, nearest) = (at.mode, at.nearest);
         a.p[0] = mode;
@@ -3009,11 +3036,13 @@ impl<'a> Planner<'a> {
 
 /// Resize's attributes, as far as the executor takes them.
 struct ResizeAttrs {
-    /// 0 nearest, 1 linear.
+    /// 0 nearest, 1 linear, 2 cubic.
     mode: i64,
     /// 0 round_prefer_floor, 1 round_prefer_ceil, 2 floor, 3 ceil.
     nearest: i64,
     ctm: String,
+    /// keep_aspect_ratio_policy (with sizes).
+    policy: String,
 }
 
 impl ResizeAttrs {
@@ -3024,6 +3053,7 @@ impl ResizeAttrs {
         let mode = match node.string("mode").as_deref().unwrap_or("nearest") {
             "nearest" => 0,
             "linear" => 1,
+            "cubic" => 2,
             other => return Err(unsupported(node, format!("mode {other}"))),
         };
         let nearest = match node
@@ -3060,13 +3090,18 @@ impl ResizeAttrs {
         let policy = node
             .string("keep_aspect_ratio_policy")
             .unwrap_or_else(|| "stretch".into());
-        if policy != "stretch" {
+        if !matches!(policy.as_str(), "stretch" | "not_larger" | "not_smaller") {
             return Err(unsupported(
                 node,
                 format!("keep_aspect_ratio_policy {policy}"),
             ));
         }
-        Ok(ResizeAttrs { mode, nearest, ctm })
+        Ok(ResizeAttrs {
+            mode,
+            nearest,
+            ctm,
+            policy,
+        })
     }
 }
 
