@@ -382,6 +382,16 @@ impl Node {
         });
         self
     }
+    /// With string attribute `name` set to `v`.
+    pub fn with_string(mut self, name: &str, v: &str) -> Node {
+        self.attrs.push(pb::AttributeProto {
+            name: name.to_owned(),
+            s: v.as_bytes().to_vec(),
+            r#type: pb::attribute_proto::AttributeType::String as i32,
+            ..Default::default()
+        });
+        self
+    }
     pub fn from_proto(n: &pb::NodeProto) -> Node {
         Node {
             op: n.op_type.clone(),

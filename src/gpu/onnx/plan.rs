@@ -2242,6 +2242,7 @@ impl<'a> Planner<'a> {
             | "SpaceToDepth"
             | "OneHot"
             | "EyeLike"
+            | "LpPool"
             | "DequantizeLinear"
             | "QuantizeLinear" => self.composite(node),
             // Computed on the host while planning, from values: inputs computed on the
@@ -2921,6 +2922,9 @@ impl<'a> Planner<'a> {
     fn pool(&mut self, node: &Node) -> Result<()> {
         let x = self.x(node, 0)?;
         let ft = Self::ft(node, &x)?;
+        if x.shape.len() == 5 {
+            return self.pool3d(node, &x);
+        }
         let one_d = x.shape.len() == 3;
         if !(x.shape.len() == 4 || one_d) {
             return Err(unsupported(

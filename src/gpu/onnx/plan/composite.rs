@@ -281,6 +281,44 @@ impl Planner<'_> {
                 return Ok(());
             }
             "InstanceNormalization" => return self.instance_norm(node),
+            "LpPool" => {
+                // (sum over the window of |x|^p)^(1/p): an average pool counting the
+                // padding, times the window's size.
+                let x = self.x(node, 0)?;
+                let p = node.int("p", 2);
+                if p <= 0 {
+                    return Err(Error::invalid(format!("{}: p = {p}", node.label())));
+                }
+                let ks = node.ints("kernel_shape").unwrap_or_default();
+                let gt = self.graph_type(x.dt);
+                let xs = input(0)?;
+                let pw = self.constant(&base, "p", gt, vec![], vec![p as f64]);
+                let inv = self.constant(&base, "inv_p", gt, vec![], vec![1.0 / p as f64]);
+                let size = self.constant(
+                    &base,
+                    "size",
+                    gt,
+                    vec![],
+                    vec![ks.iter().product::<i64>() as f64],
+                );
+                let a = self.sub(node, &base, "Abs", &[&xs], "abs")?;
+                let a = self.sub(node, &base, "Pow", &[&a, &pw], "pow")?;
+                let mut avg = Self::part_node(&base, "AveragePool", &[&a], "avg")
+                    .with_ints("kernel_shape", &ks)
+                    .with_int("count_include_pad", 1)
+                    .with_int("ceil_mode", node.int("ceil_mode", 0));
+                for attr in ["strides", "pads", "dilations"] {
+                    if let Some(v) = node.ints(attr) {
+                        avg = avg.with_ints(attr, &v);
+                    }
+                }
+                if let Some(v) = node.string("auto_pad") {
+                    avg = avg.with_string("auto_pad", &v);
+                }
+                let avg = self.part(node, avg)?;
+                let sum = self.sub(node, &base, "Mul", &[&avg, &size], "sum")?;
+                self.sub(node, &base, "Pow", &[&sum, &inv], "y")?
+            }
             "MeanVarianceNormalization" => {
                 let x = self.x(node, 0)?;
                 let axes = node.ints("axes").unwrap_or_else(|| vec![0, 2, 3]);
@@ -562,6 +600,113 @@ impl Planner<'_> {
         let mut shape = vec![1i64; rank];
         shape[a] = p.shape[0];
         Ok(self.named(base, what, Dev { shape, ..p.clone() }))
+    }
+
+    /// 3-D MaxPool/AveragePool as two 2-D pools: over (H, W) with the depth folded into
+    /// the channels, then over D with H and W folded into one. Box windows make both
+    /// separable: a maximum of maxima, and an average of averages whose counts (with or
+    /// without the padding) multiply.
+    pub(super) fn pool3d(&mut self, node: &Node, x: &Dev) -> Result<()> {
+        let base = Self::base(node);
+        if node.outputs.len() > 1 && !node.outputs[1].is_empty() {
+            return Err(unsupported(node, "the Indices output"));
+        }
+        let [n, c, d, h, w] = x.shape[..] else {
+            return Err(Error::invalid(format!(
+                "{}: input {:?}",
+                node.label(),
+                x.shape
+            )));
+        };
+        let three = |name: &str, dflt: i64| -> Result<[i64; 3]> {
+            match node.ints(name) {
+                None => Ok([dflt; 3]),
+                Some(v) if v.len() == 3 => Ok([v[0], v[1], v[2]]),
+                Some(v) => Err(Error::invalid(format!(
+                    "{}: {name} {v:?} for a 3-D pool",
+                    node.label()
+                ))),
+            }
+        };
+        let ks = node
+            .ints("kernel_shape")
+            .filter(|k| k.len() == 3)
+            .ok_or_else(|| {
+                Error::invalid(format!("{}: kernel_shape for a 3-D pool", node.label()))
+            })?;
+        let (st, dil) = (three("strides", 1)?, three("dilations", 1)?);
+        let pads = match node.ints("pads") {
+            None => [0; 6],
+            Some(v) if v.len() == 6 => [v[0], v[1], v[2], v[3], v[4], v[5]],
+            Some(v) => {
+                return Err(Error::invalid(format!(
+                    "{}: pads {v:?} for a 3-D pool",
+                    node.label()
+                )))
+            }
+        };
+        let pool2d =
+            |ins: &str, out: &str, k: [i64; 2], st: [i64; 2], dil: [i64; 2], p: [i64; 4]| {
+                let mut part = Self::part_node(&base, &node.op, &[ins], out)
+                    .with_ints("kernel_shape", &k)
+                    .with_ints("strides", &st)
+                    .with_ints("dilations", &dil)
+                    .with_ints("pads", &p)
+                    .with_int("ceil_mode", node.int("ceil_mode", 0))
+                    .with_int("count_include_pad", node.int("count_include_pad", 0));
+                if let Some(a) = node.string("auto_pad") {
+                    part = part.with_string("auto_pad", &a);
+                }
+                part.name = format!("{base}/{out}");
+                part
+            };
+        let folded = self.named(
+            &base,
+            "hw_in",
+            Dev {
+                shape: vec![n, c * d, h, w],
+                ..x.clone()
+            },
+        );
+        let p1 = pool2d(
+            &folded,
+            "hw",
+            [ks[1], ks[2]],
+            [st[1], st[2]],
+            [dil[1], dil[2]],
+            [pads[1], pads[2], pads[4], pads[5]],
+        );
+        let hw = self.part(node, p1)?;
+        let hwd = self.dev(&hw)?;
+        let (oh, ow) = (hwd.shape[2], hwd.shape[3]);
+        let refold = self.named(
+            &base,
+            "d_in",
+            Dev {
+                shape: vec![n, c, d, oh * ow],
+                ..hwd
+            },
+        );
+        let p2 = pool2d(
+            &refold,
+            "d",
+            [ks[0], 1],
+            [st[0], 1],
+            [dil[0], 1],
+            [pads[0], 0, pads[3], 0],
+        );
+        let dd = self.part(node, p2)?;
+        let y = self.dev(&dd)?;
+        let od = y.shape[2];
+        self.set(
+            node,
+            0,
+            Val::Dev(Dev {
+                shape: vec![n, c, od, oh, ow],
+                ..y
+            }),
+        );
+        Ok(())
     }
 
     /// InstanceNormalization: each (sample, channel) normalized over its spatial values
