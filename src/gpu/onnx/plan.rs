@@ -2243,6 +2243,10 @@ impl<'a> Planner<'a> {
             | "OneHot"
             | "EyeLike"
             | "LpPool"
+            | "GroupNormalization"
+            | "HannWindow"
+            | "HammingWindow"
+            | "BlackmanWindow"
             | "DequantizeLinear"
             | "QuantizeLinear" => self.composite(node),
             // Computed on the host while planning, from values: inputs computed on the

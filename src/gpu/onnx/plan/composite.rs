@@ -280,7 +280,43 @@ impl Planner<'_> {
                 );
                 return Ok(());
             }
-            "InstanceNormalization" => return self.instance_norm(node),
+            "InstanceNormalization" | "GroupNormalization" => return self.instance_norm(node),
+            "HannWindow" | "HammingWindow" | "BlackmanWindow" => {
+                // Known from the size alone: a host value.
+                let size = match node.input(0) {
+                    Some(n) => match self.host(n) {
+                        Some(t) => t.data.first().copied().unwrap_or(0.0) as i64,
+                        None => return Err(self.want(node, n, "size")),
+                    },
+                    None => return Err(Error::invalid(format!("{}: no size", node.label()))),
+                };
+                if size < 0 {
+                    return Err(Error::invalid(format!("{}: size {size}", node.label())));
+                }
+                let dt = Dt::from_onnx(node.int("output_datatype", 1) as i32)
+                    .ok_or_else(|| unsupported(node, "this output_datatype"))?;
+                let periodic = node.int("periodic", 1) != 0;
+                let denom = if periodic { size } else { size - 1 }.max(1) as f64;
+                let tau = 2.0 * std::f64::consts::PI;
+                let data = (0..size)
+                    .map(|n| {
+                        let c = (tau * n as f64 / denom).cos();
+                        match node.op.as_str() {
+                            "HannWindow" => 0.5 - 0.5 * c,
+                            "HammingWindow" => 25.0 / 46.0 - (1.0 - 25.0 / 46.0) * c,
+                            _ => 0.42 - 0.5 * c + 0.08 * (2.0 * tau * n as f64 / denom).cos(),
+                        }
+                    })
+                    .collect();
+                let t = HostTensor {
+                    dt,
+                    shape: vec![size],
+                    data,
+                }
+                .normalize();
+                self.set(node, 0, Val::Host(t));
+                return Ok(());
+            }
             "LpPool" => {
                 // (sum over the window of |x|^p)^(1/p): an average pool counting the
                 // padding, times the window's size.
@@ -709,8 +745,9 @@ impl Planner<'_> {
         Ok(())
     }
 
-    /// InstanceNormalization: each (sample, channel) normalized over its spatial values
-    /// by the norm kernel, then scaled and shifted per channel.
+    /// InstanceNormalization and GroupNormalization: each (sample, group of channels)
+    /// normalized over its values by the norm kernel (an instance is a group of one
+    /// channel), then scaled and shifted per channel (opset 21's GroupNormalization).
     fn instance_norm(&mut self, node: &Node) -> Result<()> {
         let base = Self::base(node);
         let x = self.x(node, 0)?;
@@ -723,7 +760,24 @@ impl Planner<'_> {
             )));
         }
         let (n, c) = (x.shape[0], x.shape[1]);
-        let cols = numel(&x.shape[2..]);
+        let group = node.op == "GroupNormalization";
+        if group && self.graph.opset < 21 {
+            return Err(unsupported(
+                node,
+                "GroupNormalization before opset 21 (scale and bias per group)",
+            ));
+        }
+        let g = if group { node.int("num_groups", 0) } else { c };
+        if g <= 0 || c % g != 0 {
+            return Err(Error::invalid(format!(
+                "{}: num_groups {g} for {c} channels",
+                node.label()
+            )));
+        }
+        if node.int("stash_type", 1) != 1 {
+            return Err(unsupported(node, "a stash_type other than FLOAT"));
+        }
+        let cols = numel(&x.shape[1..]) / g;
         let ones = self.constant(
             &base,
             "ones",
@@ -734,7 +788,7 @@ impl Planner<'_> {
         let ones = self.dev(&ones)?;
         let y = self.temp(x.dt, x.shape.clone());
         let mut k = KArgs {
-            n: n * c,
+            n: n * g,
             ..KArgs::default()
         };
         k.p[0] = cols;
@@ -747,8 +801,9 @@ impl Planner<'_> {
             ins,
             out: y.ptr.clone(),
         });
+        let rank = y.shape.len();
         let normalized = self.named(&base, "normalized", y);
-        let mut pshape = vec![1i64; x.shape.len() - 1];
+        let mut pshape = vec![1i64; rank - 1];
         pshape[0] = c;
         let mut per_channel = |i: usize, what: &str| -> Result<String> {
             let name = node
@@ -777,7 +832,14 @@ impl Planner<'_> {
         let scaled = self.sub(node, &base, "Mul", &[&normalized, &scale], "scaled")?;
         let y = self.sub(node, &base, "Add", &[&scaled, &bias], "y")?;
         let d = self.dev(&y)?;
-        self.set(node, 0, Val::Dev(d));
+        self.set(
+            node,
+            0,
+            Val::Dev(Dev {
+                shape: x.shape.clone(),
+                ..d
+            }),
+        );
         Ok(())
     }
 }
