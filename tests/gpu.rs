@@ -3883,7 +3883,52 @@ instance_group [ { kind: KIND_GPU } ]"#,
         "{}",
         r.error()
     );
-    println!("value inputs (Reshape shape, Slice starts, Resize scales; host and device memory) match the CPU");
+    // A shape from the request too large for any device: the request fails with
+    // RESOURCE_EXHAUSTED naming the node, and the next one is served.
+    let expand_model = pb::ModelProto {
+        graph: Some(pb::GraphProto {
+            name: "value_inputs_expand".into(),
+            node: vec![node("Expand", &["X", "to"], "Y")],
+            input: vec![value_info("X", &["1"]), value_info_of("to", &["2"], 7)],
+            output: vec![value_info("Y", &["a", "b"])],
+            ..Default::default()
+        }),
+        ..model.clone()
+    };
+    let edir = dir.join("value_inputs_expand");
+    std::fs::create_dir_all(edir.join("1")).unwrap();
+    std::fs::write(
+        edir.join("1/model.onnx"),
+        prost::Message::encode_to_vec(&expand_model),
+    )
+    .unwrap();
+    let c = cs(r#"name: "value_inputs_expand" platform: "onnxruntime_onnx" max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] },
+        { name: "to" data_type: TYPE_INT64 dims: [ 2 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]
+instance_group [ { kind: KIND_GPU } ]"#);
+    ok(unsafe {
+        infer_server_load_model(
+            gpu.0,
+            cs("value_inputs_expand").as_ptr(),
+            c.as_ptr(),
+            cs(edir.to_str().unwrap()).as_ptr(),
+        )
+    });
+    let expand = |to: [i64; 2]| {
+        gpu.infer(
+            gpu.request("value_inputs_expand")
+                .input_f32("X", &[1], &[2.5])
+                .input_i64("to", &[2], &to),
+        )
+    };
+    let huge = expand([1 << 40, 1 << 30]);
+    assert_eq!(huge.status(), INFER_STATUS_RESOURCE_EXHAUSTED, "{}", huge.error());
+    assert!(huge.error().contains("Expand"), "{}", huge.error());
+    let fine = expand([2, 3]);
+    assert_eq!(fine.status(), INFER_STATUS_OK, "{}", fine.error());
+    assert_eq!(fine.output_f32("Y"), vec![2.5; 6]);
+    println!("value inputs (Reshape shape, Slice starts, Resize scales; host and device memory) match the CPU; a shape too large is refused");
 }
 
 fn onnx_on_the_stand_in() {

@@ -1453,8 +1453,17 @@ KERNEL void infer_topk(infer_kargs a) {
             long long at = have;
             while (at > 0) {
                 long long p = ob + (at - 1) * inner;
-                double w = k_ld_any(a.out, p, t);
-                if (!k_topk_before(v, j, w, yi[p], largest))
+                int before;
+                if (fl) {
+                    before = k_topk_before(v, j, k_ld_any(a.out, p, t), yi[p], largest);
+                } else { /* integers exactly, as 64-bit values */
+                    unsigned long long w = k_ldu(a.out, p, t);
+                    int uns = t == 1 || t == 6 || t == 8 || t == 9;
+                    int gt = uns ? u > w : (long long)u > (long long)w;
+                    int lt = uns ? u < w : (long long)u < (long long)w;
+                    before = u == w ? j < yi[p] : largest ? gt : lt;
+                }
+                if (!before)
                     break;
                 at--;
             }

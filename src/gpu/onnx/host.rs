@@ -75,7 +75,7 @@ fn binary(
     f: impl Fn(f64, f64) -> f64,
 ) -> Option<HostTensor> {
     let shape = broadcast(&a.shape, &b.shape)?;
-    let n: i64 = shape.iter().product();
+    let n = host_numel(&shape)?;
     let (sa, sb) = (
         broadcast_strides(&a.shape, &shape),
         broadcast_strides(&b.shape, &shape),
@@ -193,6 +193,9 @@ pub fn eval(
                 "And" => Box::new(|a, b| f64::from(u8::from(a != 0.0 && b != 0.0))),
                 _ => Box::new(|a, b| f64::from(u8::from(a != 0.0 || b != 0.0))),
             };
+            if broadcast(&x.shape, &y.shape).is_some_and(|s| host_numel(&s).is_none()) {
+                return Ok(None); // too large for the host: on the device
+            }
             let r = binary(x, y, dt, f).ok_or_else(|| {
                 bad(format!(
                     "shapes {:?} and {:?} do not broadcast",
@@ -333,7 +336,7 @@ pub fn eval(
         }
         "ConstantOfShape" => {
             let shape = x.as_i64();
-            let n: i64 = shape.iter().product();
+            let n = host_numel(&shape).unwrap_or(i64::MAX);
             if shape.iter().any(|&d| d < 0) || n > HOST_LIMIT {
                 return Err(bad(format!(
                     "shape {shape:?} cannot be made while planning"
@@ -382,10 +385,14 @@ pub fn eval(
             let Some(s) = get(1) else { return Ok(None) };
             let shape = broadcast(&x.shape, &s.as_i64())
                 .ok_or_else(|| bad(format!("cannot expand {:?} to {:?}", x.shape, s.as_i64())))?;
+            // Too large for the host: the device expands it.
+            let Some(n) = host_numel(&shape) else {
+                return Ok(None);
+            };
             let zero = HostTensor {
                 dt: x.dt,
                 shape: shape.clone(),
-                data: vec![0.0; shape.iter().product::<i64>() as usize],
+                data: vec![0.0; n as usize],
             };
             one(binary(x, &zero, x.dt, |a, _| a).unwrap_or(zero))
         }
@@ -393,39 +400,41 @@ pub fn eval(
             let (Some(a), Some(b)) = (get(1), get(2)) else {
                 return Ok(None);
             };
-            let r = broadcast(&x.shape, &a.shape)
-                .and_then(|s| broadcast(&s, &b.shape))
-                .map(|shape| {
-                    let (sc, sa, sb) = (
-                        broadcast_strides(&x.shape, &shape),
-                        broadcast_strides(&a.shape, &shape),
-                        broadcast_strides(&b.shape, &shape),
-                    );
-                    let outs = strides(&shape);
-                    let n: i64 = shape.iter().product();
-                    let data = (0..n)
-                        .map(|i| {
-                            let (mut ic, mut ia, mut ib, mut rem) = (0i64, 0i64, 0i64, i);
-                            for d in 0..shape.len() {
-                                let q = rem / outs[d];
-                                rem %= outs[d];
-                                ic += q * sc[d];
-                                ia += q * sa[d];
-                                ib += q * sb[d];
-                            }
-                            if x.data[ic as usize] != 0.0 {
-                                a.data[ia as usize]
-                            } else {
-                                b.data[ib as usize]
-                            }
-                        })
-                        .collect();
-                    HostTensor {
-                        dt: a.dt,
-                        shape,
-                        data,
-                    }
-                });
+            let out = broadcast(&x.shape, &a.shape).and_then(|s| broadcast(&s, &b.shape));
+            if out.as_ref().is_some_and(|s| host_numel(s).is_none()) {
+                return Ok(None); // too large for the host: on the device
+            }
+            let r = out.map(|shape| {
+                let (sc, sa, sb) = (
+                    broadcast_strides(&x.shape, &shape),
+                    broadcast_strides(&a.shape, &shape),
+                    broadcast_strides(&b.shape, &shape),
+                );
+                let outs = strides(&shape);
+                let n: i64 = shape.iter().product();
+                let data = (0..n)
+                    .map(|i| {
+                        let (mut ic, mut ia, mut ib, mut rem) = (0i64, 0i64, 0i64, i);
+                        for d in 0..shape.len() {
+                            let q = rem / outs[d];
+                            rem %= outs[d];
+                            ic += q * sc[d];
+                            ia += q * sa[d];
+                            ib += q * sb[d];
+                        }
+                        if x.data[ic as usize] != 0.0 {
+                            a.data[ia as usize]
+                        } else {
+                            b.data[ib as usize]
+                        }
+                    })
+                    .collect();
+                HostTensor {
+                    dt: a.dt,
+                    shape,
+                    data,
+                }
+            });
             one(r.ok_or_else(|| bad("shapes do not broadcast".into()))?)
         }
         _ => Ok(None),
@@ -434,6 +443,15 @@ pub fn eval(
 
 /// The most elements a tensor computed on the host while planning may have.
 pub const HOST_LIMIT: i64 = 1 << 24;
+
+/// The element count of `shape` when it is a shape (no negative dims) of at most
+/// [`HOST_LIMIT`] elements.
+pub fn host_numel(shape: &[i64]) -> Option<i64> {
+    shape
+        .iter()
+        .try_fold(1i64, |n, &d| if d < 0 { None } else { n.checked_mul(d) })
+        .filter(|&n| n <= HOST_LIMIT)
+}
 
 /// Concat's inputs agree: same rank, same dims but along `a`.
 pub fn check_concat(node: &Node, a: usize, shapes: &[&[i64]]) -> Result<()> {

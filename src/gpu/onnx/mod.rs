@@ -494,7 +494,11 @@ impl OnnxGpuInstance {
         bi: &crate::backend::BatchInput,
         dt: Dt,
     ) -> Result<Vec<u64>> {
-        let n = bi.shape.iter().product::<i64>().max(0) as usize;
+        let n = bi
+            .shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))
+            .unwrap_or(usize::MAX);
         if n > MAX_VALUE_ELEMENTS {
             return Err(Error::unsupported(format!(
                 "{}: input '{}' sets shapes or operator parameters, so the GPU executor reads it while planning; it has {n} elements, and at most {MAX_VALUE_ELEMENTS} are supported",

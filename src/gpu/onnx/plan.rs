@@ -195,6 +195,8 @@ pub struct Planner<'a> {
     wanted: Vec<String>,
     steps: Vec<Step>,
     temps: Vec<Temp>,
+    /// An intermediate too large to make (its type and shape): the plan fails.
+    too_large: Option<(Dt, Vec<i64>)>,
 }
 
 fn unsupported(node: &Node, why: impl std::fmt::Display) -> Error {
@@ -212,9 +214,17 @@ fn fits32(node: &Node, dims: &[i64]) -> Result<()> {
     Ok(())
 }
 
+/// Elements of `shape`; saturates (a shape that large is refused when its tensor is made,
+/// see [`Planner::temp`]).
 fn numel(shape: &[i64]) -> i64 {
-    shape.iter().product()
+    shape
+        .iter()
+        .try_fold(1i64, |n, &d| n.checked_mul(d))
+        .unwrap_or(i64::MAX)
 }
+
+/// The largest intermediate a plan makes (bytes): beyond any device's memory.
+const MAX_TEMP: u64 = 1 << 44;
 
 impl<'a> Planner<'a> {
     pub fn new(graph: &'a Graph, consts: &'a mut Consts, precision: Option<Dt>) -> Planner<'a> {
@@ -229,6 +239,7 @@ impl<'a> Planner<'a> {
             wanted: Vec::new(),
             steps: Vec::new(),
             temps: Vec::new(),
+            too_large: None,
         }
     }
 
@@ -285,6 +296,13 @@ impl<'a> Planner<'a> {
         let graph = self.graph;
         for node in &graph.nodes {
             self.node(node)?;
+            if let Some((dt, shape)) = self.too_large.take() {
+                return Err(Error::exhausted(format!(
+                    "{}: a {} tensor of shape {shape:?} is too large",
+                    node.label(),
+                    dt.name()
+                )));
+            }
         }
         let mut outputs = Vec::new();
         for (k, io) in graph.outputs.iter().enumerate() {
@@ -421,7 +439,13 @@ impl<'a> Planner<'a> {
     }
 
     fn temp(&mut self, dt: Dt, shape: Vec<i64>) -> Dev {
-        let bytes = (numel(&shape).max(0) as u64 * dt.size() as u64).max(1);
+        let mut bytes = (numel(&shape).max(0) as u64)
+            .saturating_mul(dt.size() as u64)
+            .max(1);
+        if bytes > MAX_TEMP {
+            self.too_large.get_or_insert((dt, shape.clone()));
+            bytes = 1;
+        }
         let at = self.steps.len();
         self.temps.push(Temp {
             bytes: bytes.next_multiple_of(ALIGN),
@@ -1284,7 +1308,7 @@ impl<'a> Planner<'a> {
         match (scales, sizes) {
             (Some(s), None) if s.len() == axes.len() => {
                 for (&a, &v) in axes.iter().zip(&s) {
-                    if v <= 0.0 {
+                    if !(v > 0.0 && v.is_finite()) {
                         return Err(Error::invalid(format!("{}: scale {v}", node.label())));
                     }
                     scale[a] = v;
@@ -1343,6 +1367,9 @@ impl<'a> Planner<'a> {
         let mut region = vec![(0.0f64, 1.0f64); r];
         if at.ctm == "tf_crop_and_resize" {
             let roi = roi.unwrap_or_default();
+            if roi.iter().any(|v| !v.is_finite()) {
+                return Err(Error::invalid(format!("{}: roi {roi:?}", node.label())));
+            }
             if roi.len() != 2 * axes.len() {
                 return Err(Error::invalid(format!(
                     "{}: roi has {} values; tf_crop_and_resize needs {} (start and end per axis)",

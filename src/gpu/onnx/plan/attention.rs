@@ -59,6 +59,9 @@ impl Planner<'_> {
             }
             (a, b)
         };
+        if qh <= 0 || kvh <= 0 {
+            return Err(bad(format!("{qh} query heads and {kvh} key/value heads")));
+        }
         let q4 = self.heads(node, &q, qh)?;
         let k4 = self.heads(node, &k, kvh)?;
         let v4 = self.heads(node, &v, kvh)?;
@@ -155,7 +158,8 @@ impl Planner<'_> {
                     q4.dt.name()
                 )));
             }
-            // A mask shorter than the keys leaves the rest out (-inf).
+            // A mask shorter than the keys leaves the rest out (-inf; opset 24). Before,
+            // a last dim of 1 broadcasts.
             let last = md.shape.last().copied().unwrap_or(1);
             if md.shape.is_empty() || last > t {
                 return Err(bad(format!(
@@ -164,7 +168,7 @@ impl Planner<'_> {
                     [b, qh, sq, t]
                 )));
             }
-            if last < t && last != 1 {
+            if last < t && (last != 1 || self.graph.opset >= 24) {
                 let r = md.shape.len();
                 let mut pads = vec![0i64; 2 * r];
                 pads[2 * r - 1] = t - last;

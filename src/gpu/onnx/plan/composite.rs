@@ -290,7 +290,7 @@ impl Planner<'_> {
                     },
                     None => return Err(Error::invalid(format!("{}: no size", node.label()))),
                 };
-                if size < 0 {
+                if !(0..=host::HOST_LIMIT).contains(&size) {
                     return Err(Error::invalid(format!("{}: size {size}", node.label())));
                 }
                 let dt = Dt::from_onnx(node.int("output_datatype", 1) as i32)
@@ -429,7 +429,7 @@ impl Planner<'_> {
                     },
                     None => return Err(Error::invalid(format!("{}: no depth", node.label()))),
                 };
-                if depth <= 0 {
+                if !(1..=host::HOST_LIMIT).contains(&depth) {
                     return Err(Error::invalid(format!("{}: depth {depth}", node.label())));
                 }
                 let r = ind.shape.len() + 1;
@@ -533,6 +533,14 @@ impl Planner<'_> {
                             .ok_or_else(|| unsupported(node, format!("output_dtype {c}")))?,
                     },
                 };
+                // Bounds the compute type holds exactly (16-bit floats do not hold
+                // 16- and 32-bit integer ranges).
+                if matches!(x.dt, Dt::F16 | Dt::BF16) && !matches!(to, Dt::U8 | Dt::I8) {
+                    return Err(unsupported(
+                        node,
+                        format!("quantizing {} to {}", x.dt.name(), to.name()),
+                    ));
+                }
                 let (lo, hi) = match to {
                     Dt::U8 => (0.0, 255.0),
                     Dt::I8 => (-128.0, 127.0),
