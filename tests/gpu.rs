@@ -3902,11 +3902,13 @@ instance_group [ { kind: KIND_GPU } ]"#,
         prost::Message::encode_to_vec(&expand_model),
     )
     .unwrap();
-    let c = cs(r#"name: "value_inputs_expand" platform: "onnxruntime_onnx" max_batch_size: 0
+    let c = cs(
+        r#"name: "value_inputs_expand" platform: "onnxruntime_onnx" max_batch_size: 0
 input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] },
         { name: "to" data_type: TYPE_INT64 dims: [ 2 ] } ]
 output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]
-instance_group [ { kind: KIND_GPU } ]"#);
+instance_group [ { kind: KIND_GPU } ]"#,
+    );
     ok(unsafe {
         infer_server_load_model(
             gpu.0,
@@ -3923,7 +3925,12 @@ instance_group [ { kind: KIND_GPU } ]"#);
         )
     };
     let huge = expand([1 << 40, 1 << 30]);
-    assert_eq!(huge.status(), INFER_STATUS_RESOURCE_EXHAUSTED, "{}", huge.error());
+    assert_eq!(
+        huge.status(),
+        INFER_STATUS_RESOURCE_EXHAUSTED,
+        "{}",
+        huge.error()
+    );
     assert!(huge.error().contains("Expand"), "{}", huge.error());
     let fine = expand([2, 3]);
     assert_eq!(fine.status(), INFER_STATUS_OK, "{}", fine.error());
