@@ -1375,6 +1375,29 @@ KERNEL void infer_gather_elements(infer_kargs a) {
     }
 }
 
+/* Update element i of u into element at of y (type code t, `size` bytes): written, or
+ * combined by reduction red (1 add, 2 mul, 3 max, 4 min; floats in double, integers in
+ * 64 bits, unsigned types as unsigned). */
+DEVFN void k_scatter_one(void *y, long long at, const void *u, long long i, long long size,
+                         long long red, long long t) {
+    if (red == 0) {
+        k_copy_elem((unsigned char *)y + at * size, (const unsigned char *)u + i * size, size);
+    } else if (k_is_float_code(t)) {
+        double x = k_ld_any(y, at, t), v = k_ld_any(u, i, t);
+        double r = red == 1 ? x + v : red == 2 ? x * v : red == 3 ? (v > x ? v : x)
+                                                                  : (v < x ? v : x);
+        k_st_any(y, at, t, r, 0ULL);
+    } else {
+        unsigned long long x = k_ldu(y, at, t), v = k_ldu(u, i, t);
+        int uns = t == 1 || t == 6 || t == 8 || t == 9;
+        int gt = uns ? v > x : (long long)v > (long long)x;
+        int lt = uns ? v < x : (long long)v < (long long)x;
+        unsigned long long r = red == 1 ? x + v : red == 2 ? x * v : red == 3 ? (gt ? v : x)
+                                                                             : (lt ? v : x);
+        k_st_any(y, at, t, 0.0, r);
+    }
+}
+
 /* ScatterElements into a.out (already a copy of the data): strided over the indices'
  * dims (n elements): in[0] the indices, in[1] the updates, the output with its stride
  * along the axis zeroed (oo: the element's place off the axis); a.p[0] the output's
@@ -1386,7 +1409,6 @@ KERNEL void infer_scatter_elements(infer_kargs a) {
     unsigned char *y = (unsigned char *)a.out;
     const unsigned char *upd = (const unsigned char *)a.in[1];
     long long size = a.p[2], red = a.p[4], t = a.p[5];
-    int fl = k_is_float_code(t);
     if (red != 0 && !K_GRID_LEAD)
         return;
     for (long long i = K_FIRST; i < a.n; i += red != 0 ? 1 : K_STEP) {
@@ -1399,24 +1421,7 @@ KERNEL void infer_scatter_elements(infer_kargs a) {
         if (idx < 0 || idx >= a.p[1])
             continue;
         long long at = oo + idx * a.p[0];
-        if (red == 0) {
-            k_copy_elem(y + at * size, upd + o[1] * size, size);
-            continue;
-        }
-        if (fl) {
-            double x = k_ld_any(y, at, t), v = k_ld_any(upd, o[1], t);
-            double r = red == 1 ? x + v : red == 2 ? x * v : red == 3 ? (v > x ? v : x)
-                                                                      : (v < x ? v : x);
-            k_st_any(y, at, t, r, 0ULL);
-        } else {
-            unsigned long long x = k_ldu(y, at, t), v = k_ldu(upd, o[1], t);
-            int uns = t == 1 || t == 6 || t == 8 || t == 9;
-            int gt = uns ? v > x : (long long)v > (long long)x;
-            int lt = uns ? v < x : (long long)v < (long long)x;
-            unsigned long long r = red == 1 ? x + v : red == 2 ? x * v : red == 3 ? (gt ? v : x)
-                                                                                 : (lt ? v : x);
-            k_st_any(y, at, t, 0.0, r);
-        }
+        k_scatter_one(y, at, upd, o[1], size, red, t);
     }
 }
 
@@ -1496,7 +1501,6 @@ KERNEL void infer_nd(infer_kargs a) {
     long long J = a.p[1], m = a.p[2], slice = a.p[3], per = a.p[4], size = a.p[5];
     long long op = a.p[6], t = a.p[7];
     const long long *ix = (const long long *)a.in[1];
-    int fl = k_is_float_code(t);
     if (op > 1 && !K_GRID_LEAD)
         return;
     for (long long i = K_FIRST; i < a.n; i += op > 1 ? 1 : K_STEP) {
@@ -1521,24 +1525,7 @@ KERNEL void infer_nd(infer_kargs a) {
         }
         if (!ok)
             continue;
-        const unsigned char *u = (const unsigned char *)a.in[2];
-        long long red = op - 1;
-        if (red == 0) {
-            k_copy_elem((unsigned char *)a.out + at * size, u + i * size, size);
-        } else if (fl) {
-            double x = k_ld_any(a.out, at, t), v = k_ld_any(u, i, t);
-            double r = red == 1 ? x + v : red == 2 ? x * v : red == 3 ? (v > x ? v : x)
-                                                                      : (v < x ? v : x);
-            k_st_any(a.out, at, t, r, 0ULL);
-        } else {
-            unsigned long long x = k_ldu(a.out, at, t), v = k_ldu(u, i, t);
-            int uns = t == 1 || t == 6 || t == 8 || t == 9;
-            int gt = uns ? v > x : (long long)v > (long long)x;
-            int lt = uns ? v < x : (long long)v < (long long)x;
-            unsigned long long r = red == 1 ? x + v : red == 2 ? x * v : red == 3 ? (gt ? v : x)
-                                                                                 : (lt ? v : x);
-            k_st_any(a.out, at, t, 0.0, r);
-        }
+        k_scatter_one(a.out, at, a.in[2], i, size, op - 1, t);
     }
 }
 

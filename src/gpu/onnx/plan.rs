@@ -874,24 +874,7 @@ impl<'a> Planner<'a> {
                 x.dt.name()
             )));
         }
-        let red = match node.string("reduction").as_deref().unwrap_or("none") {
-            "none" => 0,
-            "add" => 1,
-            "mul" => 2,
-            "max" => 3,
-            "min" => 4,
-            other => return Err(unsupported(node, format!("reduction {other}"))),
-        };
-        if red != 0 && x.dt == Dt::Bool {
-            return Err(unsupported(node, "a reduction of BOOL tensors"));
-        }
-        let y = self.temp(x.dt, x.shape.clone());
-        let bytes = (x.numel() * size) as u64;
-        self.push(Step::Copy {
-            dst: y.ptr.clone(),
-            src: x.ptr.clone(),
-            bytes,
-        });
+        let (y, red) = self.scatter_target(node, &x)?;
         self.strided(
             node,
             Kernel::ScatterElements,
@@ -998,6 +981,29 @@ impl<'a> Planner<'a> {
         Ok(())
     }
 
+    /// A scatter's output, first a copy of its data `x`, and its reduction's code (0 none,
+    /// 1 add, 2 mul, 3 max, 4 min: `infer_scatter_elements` and `infer_nd`).
+    fn scatter_target(&mut self, node: &Node, x: &Dev) -> Result<(Dev, i64)> {
+        let red = match node.string("reduction").as_deref().unwrap_or("none") {
+            "none" => 0,
+            "add" => 1,
+            "mul" => 2,
+            "max" => 3,
+            "min" => 4,
+            other => return Err(unsupported(node, format!("reduction {other}"))),
+        };
+        if red != 0 && x.dt == Dt::Bool {
+            return Err(unsupported(node, "a reduction of BOOL tensors"));
+        }
+        let y = self.temp(x.dt, x.shape.clone());
+        self.push(Step::Copy {
+            dst: y.ptr.clone(),
+            src: x.ptr.clone(),
+            bytes: (x.numel() * x.dt.size() as i64) as u64,
+        });
+        Ok((y, red))
+    }
+
     /// GatherND (with `batch_dims`) and ScatterND (with its reductions): `infer_nd`.
     fn nd(&mut self, node: &Node) -> Result<()> {
         let x = self.x(node, 0)?;
@@ -1069,23 +1075,7 @@ impl<'a> Planner<'a> {
                 x.dt.name()
             )));
         }
-        let red = match node.string("reduction").as_deref().unwrap_or("none") {
-            "none" => 0,
-            "add" => 1,
-            "mul" => 2,
-            "max" => 3,
-            "min" => 4,
-            other => return Err(unsupported(node, format!("reduction {other}"))),
-        };
-        if red != 0 && x.dt == Dt::Bool {
-            return Err(unsupported(node, "a reduction of BOOL tensors"));
-        }
-        let y = self.temp(x.dt, x.shape.clone());
-        self.push(Step::Copy {
-            dst: y.ptr.clone(),
-            src: x.ptr.clone(),
-            bytes: (x.numel() * size) as u64,
-        });
+        let (y, red) = self.scatter_target(node, &x)?;
         k.n = j * slice;
         k.p[..8].copy_from_slice(&[1, j, m as i64, slice, per, size, 1 + red, x.dt.cast_code()]);
         if k.n > 0 {
