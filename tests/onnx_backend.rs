@@ -1704,3 +1704,322 @@ instance_group [ {{ count: 2 kind: KIND_CPU }} ]"#
     let execs = m["execution_count"].as_u64().unwrap();
     assert!(execs < 128, "{st}");
 }
+
+// ---------------------------------------------------------------------------------------
+// 9. Every run from a fresh state
+// ---------------------------------------------------------------------------------------
+
+/// Fixed-seed weights in [-0.5, 0.5).
+struct Weights(u64);
+impl Weights {
+    fn take(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                (self.0 >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+}
+
+const REC_IN: i64 = 3;
+const REC_HIDDEN: i64 = 5;
+
+/// One ONNX recurrent layer (`LSTM`, `GRU` or `RNN`), batch first (`layout: 1`), random
+/// weights: X [batch, seq, 3] -> Y [batch, seq, 1, 5] and Y_h [batch, 1, 5]. With `state`,
+/// the initial hidden (and LSTM cell) state are the inputs H_IN (C_IN) and the last
+/// ones the outputs H_OUT (C_OUT), for the sequence batcher's implicit state; without,
+/// the initial state is zeros and the batch is 1 (tract needs a known batch size then),
+/// as in the exported speech and OCR models that carry an LSTM.
+fn recurrent(op: &str, state: bool) -> pb::ModelProto {
+    let gates = match op {
+        "LSTM" => 4,
+        "GRU" => 3,
+        _ => 1,
+    };
+    let (i, h) = (REC_IN, REC_HIDDEN);
+    let mut w = Weights(0x5eed_0000 + gates as u64);
+    let inits = vec![
+        init_f32("W", &[1, gates * h, i], &w.take((gates * h * i) as usize)),
+        init_f32("R", &[1, gates * h, h], &w.take((gates * h * h) as usize)),
+        init_f32("B", &[1, 2 * gates * h], &w.take((2 * gates * h) as usize)),
+    ];
+    let lstm = op == "LSTM";
+    let mut ins = vec!["X", "W", "R", "B"];
+    let mut outs = vec!["Y", if state { "H_OUT" } else { "Y_h" }];
+    let batch = if state { "batch" } else { "1" };
+    let mut inputs = vec![tensor("X", T::Float, &[batch, "seq", "3"])];
+    let mut outputs = vec![
+        tensor("Y", T::Float, &[batch, "seq", "1", "5"]),
+        tensor(outs[1], T::Float, &[batch, "1", "5"]),
+    ];
+    if state {
+        ins.extend(["", "H_IN"]);
+        inputs.push(tensor("H_IN", T::Float, &["batch", "1", "5"]));
+        if lstm {
+            ins.push("C_IN");
+            outs.push("C_OUT");
+            inputs.push(tensor("C_IN", T::Float, &["batch", "1", "5"]));
+            outputs.push(tensor("C_OUT", T::Float, &["batch", "1", "5"]));
+        }
+    }
+    let mut n = node_int_attr(op, "rec", &ins, &outs, "hidden_size", h);
+    n.attribute.push(pb::AttributeProto {
+        name: "layout".to_owned(),
+        r#type: pb::attribute_proto::AttributeType::Int as i32,
+        i: 1,
+        ..Default::default()
+    });
+    model(inputs, outputs, vec![n], inits)
+}
+
+/// X [batch, seq, 3] with values from `seed`.
+fn rec_input(batch: i64, seq: i64, seed: u64) -> In {
+    let x = Weights(seed).take((batch * seq * REC_IN) as usize);
+    f32_in(
+        "X",
+        &[batch, seq, REC_IN],
+        &x.iter().map(|v| v * 4.).collect::<Vec<_>>(),
+    )
+}
+
+/// Every output of a response, as raw bytes, for bit-exact comparisons.
+fn all_bytes(r: &Resp, names: &[&str]) -> Vec<(Vec<i64>, Vec<u8>)> {
+    names
+        .iter()
+        .map(|n| r.output(n).unwrap_or_else(|| panic!("no output '{n}'")))
+        .collect()
+}
+
+/// ONNX LSTM, GRU and RNN layers, which tract runs with a hidden state that it keeps from
+/// one run to the next: the same request, sent again and again between requests of
+/// other sizes and values, answers bit for bit the same, and as a fresh instance does.
+#[test]
+fn recurrent_layers_answer_every_request_from_a_fresh_state() {
+    let s = Server::new();
+    for op in ["LSTM", "GRU", "RNN"] {
+        let dir = model_dir(&format!("onnx-rec-{op}"), &recurrent(op, false));
+        let name = op.to_lowercase();
+        let config = format!(
+            r#"name: "{name}" {PLATFORM} max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1, -1, 3 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 1, -1, 1, 5 ] }},
+         {{ name: "Y_h" data_type: TYPE_FP32 dims: [ 1, 1, 5 ] }} ]"#
+        );
+        load_ok(&s, &name, &config, &dir);
+        let names = ["Y", "Y_h"];
+        let a = || rec_input(1, 4, 11);
+        let first = all_bytes(&run(&s, &name, -1, &[a()]), &names);
+        assert_eq!(first[0].0, vec![1, 4, 1, 5], "{op}");
+        let others = [
+            rec_input(1, 6, 12),
+            rec_input(1, 4, 13),
+            rec_input(1, 1, 14),
+        ];
+        for (k, other) in others.iter().enumerate() {
+            for _ in 0..2 {
+                let again = all_bytes(&run(&s, &name, -1, &[a()]), &names);
+                assert!(
+                    again == first,
+                    "{op}: the request answered differently after {k} other requests"
+                );
+            }
+            let o = run(&s, &name, -1, std::slice::from_ref(other));
+            // The other request's answer is its own, not one continued from a: the same
+            // again gives the same.
+            let o2 = run(&s, &name, -1, std::slice::from_ref(other));
+            assert!(
+                all_bytes(&o, &names) == all_bytes(&o2, &names),
+                "{op}: request {k} answered twice differently"
+            );
+        }
+        let last = all_bytes(&run(&s, &name, -1, &[a()]), &names);
+        assert!(
+            last == first,
+            "{op}: the request answered differently at the end"
+        );
+        // A fresh instance's first answer.
+        let fresh = format!("{name}_fresh");
+        load_ok(
+            &s,
+            &fresh,
+            &config.replace(&format!("\"{name}\""), &format!("\"{fresh}\"")),
+            &dir,
+        );
+        let f = all_bytes(&run(&s, &fresh, -1, &[a()]), &names);
+        assert!(f == first, "{op}: a fresh instance answers differently");
+    }
+}
+
+/// An LSTM whose hidden and cell states are the sequence batcher's implicit state: a
+/// sequence sent in chunks answers as the whole sequence run at once, and two sequences
+/// interleaved keep their own states.
+#[test]
+fn a_recurrent_sequence_keeps_its_state_in_the_sequence_batcher() {
+    let s = Server::new();
+    let dir = model_dir("onnx-rec-seq", &recurrent("LSTM", true));
+    let seq_config = format!(
+        r#"name: "lstm_seq" {PLATFORM} max_batch_size: 2
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1, 3 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 1, 5 ] }} ]
+sequence_batching {{
+  state [ {{ input_name: "H_IN" output_name: "H_OUT" data_type: TYPE_FP32 dims: [ 1, 5 ] }},
+          {{ input_name: "C_IN" output_name: "C_OUT" data_type: TYPE_FP32 dims: [ 1, 5 ] }} ]
+}}"#
+    );
+    load_ok(&s, "lstm_seq", &seq_config, &dir);
+    let whole_config = format!(
+        r#"name: "lstm_whole" {PLATFORM} max_batch_size: 2
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1, 3 ] }},
+        {{ name: "H_IN" data_type: TYPE_FP32 dims: [ 1, 5 ] }},
+        {{ name: "C_IN" data_type: TYPE_FP32 dims: [ 1, 5 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 1, 5 ] }} ]"#
+    );
+    load_ok(&s, "lstm_whole", &whole_config, &dir);
+
+    // Two sequences of 6 steps, in chunks of 2, 3 and 1, sent alternately.
+    let xs = [
+        Weights(21).take(6 * REC_IN as usize),
+        Weights(22).take(6 * REC_IN as usize),
+    ];
+    let zeros = vec![0f32; REC_HIDDEN as usize];
+    let h = REC_HIDDEN as usize;
+    let want: Vec<Vec<f32>> = xs
+        .iter()
+        .map(|x| {
+            let r = run(
+                &s,
+                "lstm_whole",
+                -1,
+                &[
+                    f32_in("X", &[1, 6, REC_IN], x),
+                    f32_in("H_IN", &[1, 1, REC_HIDDEN], &zeros),
+                    f32_in("C_IN", &[1, 1, REC_HIDDEN], &zeros),
+                ],
+            );
+            out_f32(&r, "Y").1
+        })
+        .collect();
+    let mut got = vec![Vec::new(), Vec::new()];
+    let chunks = [(0usize, 2usize), (2, 5), (5, 6)];
+    for (k, &(from, to)) in chunks.iter().enumerate() {
+        for (q, x) in xs.iter().enumerate() {
+            let mut flags = 0;
+            if k == 0 {
+                flags |= INFER_REQUEST_FLAG_SEQUENCE_START;
+            }
+            if k == chunks.len() - 1 {
+                flags |= INFER_REQUEST_FLAG_SEQUENCE_END;
+            }
+            let chunk = &x[from * REC_IN as usize..to * REC_IN as usize];
+            let r = s.infer(
+                s.request("lstm_seq")
+                    .input_f32("X", &[1, (to - from) as i64, REC_IN], chunk)
+                    .correlation_id(100 + q as u64)
+                    .flags(flags),
+            );
+            assert_eq!(r.status(), INFER_STATUS_OK, "{}", r.error());
+            got[q].extend(r.output_f32("Y"));
+        }
+    }
+    for q in 0..2 {
+        assert_eq!(got[q].len(), 6 * h);
+        for (i, (g, w)) in got[q].iter().zip(&want[q]).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-5 + 1e-5 * w.abs(),
+                "sequence {q}, step {}, unit {}: {g} in chunks, {w} at once",
+                i / h,
+                i % h
+            );
+        }
+    }
+}
+
+/// `Y = Gather(X, I)` along axis 0, X [n, 3] and I [k] of any sizes.
+fn gather_model() -> pb::ModelProto {
+    model(
+        vec![
+            tensor("X", T::Float, &["n", "3"]),
+            tensor("I", T::Int64, &["k"]),
+        ],
+        vec![tensor("Y", T::Float, &["k", "3"])],
+        vec![node("Gather", "gather", &["X", "I"], &["Y"])],
+        vec![],
+    )
+}
+
+/// A run that fails part-way (an index out of range, which tract may answer with a
+/// panic) fails only its request: the requests after it, of other sizes, are answered
+/// correctly by the same instance.
+#[test]
+fn a_failed_run_leaves_the_instance_as_good_as_new() {
+    let s = Server::new();
+    let dir = model_dir("onnx-gather-fail", &gather_model());
+    let config = format!(
+        r#"name: "g" {PLATFORM} max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1, 3 ] }},
+        {{ name: "I" data_type: TYPE_INT64 dims: [ -1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 3 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]"#
+    );
+    load_ok(&s, "g", &config, &dir);
+    let gather = |n: i64, idx: &[i64]| -> Result<(Vec<i64>, Vec<f32>), (infer_status, String)> {
+        let x: Vec<f32> = (0..n * 3).map(|v| v as f32).collect();
+        call(
+            &s,
+            "g",
+            -1,
+            &[
+                f32_in("X", &[n, 3], &x),
+                i64_in("I", &[idx.len() as i64], idx),
+            ],
+            &[],
+        )
+        .map(|r| out_f32(&r, "Y"))
+    };
+    let want = |idx: &[i64]| -> (Vec<i64>, Vec<f32>) {
+        let v = idx
+            .iter()
+            .flat_map(|&i| (0..3).map(move |c| (i * 3 + c) as f32))
+            .collect();
+        (vec![idx.len() as i64, 3], v)
+    };
+    assert_eq!(gather(4, &[3, 0]).unwrap(), want(&[3, 0]));
+    for bad in [&[0, 9][..], &[-9][..], &[1 << 40][..]] {
+        let (st, msg) = gather(4, bad).expect_err("an index out of range must fail");
+        assert_ne!(st, INFER_STATUS_OK);
+        assert!(msg.contains("'g'"), "the message names the model: {msg}");
+        for (n, idx) in [(8, &[7, 5, 1][..]), (2, &[1][..]), (4, &[3, 0][..])] {
+            assert_eq!(
+                gather(n, idx).unwrap_or_else(|e| panic!("after {bad:?}: n={n}: {e:?}")),
+                want(idx),
+                "after {bad:?}: n={n}"
+            );
+        }
+    }
+}
+
+/// tract panics while analysing an LSTM without an initial state over a symbolic batch:
+/// the load is refused as UNSUPPORTED naming the stage, not failed as an internal error.
+#[test]
+fn a_model_tract_panics_on_is_unsupported() {
+    let s = Server::new();
+    let mut m = recurrent("LSTM", false);
+    let g = m.graph.as_mut().unwrap();
+    g.input = vec![tensor("X", T::Float, &["batch", "seq", "3"])];
+    g.output = vec![
+        tensor("Y", T::Float, &["batch", "seq", "1", "5"]),
+        tensor("Y_h", T::Float, &["batch", "1", "5"]),
+    ];
+    let dir = model_dir("onnx-tract-panics", &m);
+    let config = format!(
+        r#"name: "lp" {PLATFORM} max_batch_size: 4
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1, 3 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 1, 5 ] }},
+         {{ name: "Y_h" data_type: TYPE_FP32 dims: [ 1, 5 ] }} ]"#
+    );
+    let msg = load_fails(&s, "lp", &config, &dir, INFER_STATUS_UNSUPPORTED);
+    assert_mentions(&msg, &["'lp'", "tract", "analyse", "tract failed"]);
+}

@@ -16,6 +16,7 @@ use crate::tensor::{shape_string, DataType};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tract_onnx::prelude::*;
+use tract_onnx::tract_core::plan::SessionId;
 use tract_onnx::tract_hir::infer::Factoid;
 
 /// The batch size Triton's auto-complete gives a model that can batch.
@@ -70,10 +71,8 @@ impl Backend for OnnxBackend {
             )?));
         }
         let plan = Plan::build(config, &file, &what)?;
-        let state = plan
-            .runnable
-            .spawn()
-            .map_err(|e| Error::internal(format!("{what}: {e:#}")))?;
+        let state =
+            RunState::new(&plan.runnable).map_err(|e| Error::internal(format!("{what}: {e:#}")))?;
         Ok(Box::new(OnnxInstance { plan, state, what }))
     }
 }
@@ -668,12 +667,7 @@ impl Plan {
             });
         }
 
-        let unsupported = |stage: &str, e: TractError| {
-            Error::unsupported(format!(
-                "{what}: the ONNX backend (tract) cannot {stage} the model: {e:#}"
-            ))
-        };
-        let mut typed = model.into_typed().map_err(|e| unsupported("analyse", e))?;
+        let mut typed = tract_stage(what, "analyse", || model.into_typed())?;
 
         // The outputs the config asks for (and state outputs), in that order.
         let model_outputs: Vec<(String, OutletId)> = typed
@@ -739,17 +733,29 @@ impl Plan {
         typed
             .select_output_outlets(&outlets)
             .map_err(tract_internal)?;
-        let runnable = typed
-            .into_optimized()
-            .map_err(|e| unsupported("optimize", e))?
-            .into_runnable()
-            .map_err(|e| unsupported("plan", e))?;
+        let optimized = tract_stage(what, "optimize", || typed.into_optimized())?;
+        let runnable = tract_stage(what, "plan", || optimized.into_runnable())?;
         Ok(Plan {
             runnable,
             inputs,
             outputs,
         })
     }
+}
+
+/// One of tract's stages on a model, its failure UNSUPPORTED naming the stage. tract
+/// panics on some models it does not expect (an LSTM without an initial state over a
+/// symbolic batch, for one): that too refuses the model rather than failing the load as
+/// an internal error.
+fn tract_stage<T>(what: &str, stage: &str, f: impl FnOnce() -> TractResult<T>) -> Result<T> {
+    let why = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => return Ok(v),
+        Ok(Err(e)) => format!("{e:#}"),
+        Err(p) => format!("tract failed: {}", crate::status::panic_message(&*p)),
+    };
+    Err(Error::unsupported(format!(
+        "{what}: the ONNX backend (tract) cannot {stage} the model: {why}"
+    )))
 }
 
 /// Checks a tensor the model declares against what the config says; returns the tract
@@ -823,9 +829,71 @@ fn check_tensor(
     Ok(dt)
 }
 
+/// An instance's tract run state, as good as new at the start of every run.
+///
+/// tract keeps what some operators carry from one run to the next in the run state: a
+/// recurrent layer's hidden state (ONNX LSTM/GRU/RNN become a `Scan` that starts the
+/// next run from the last one's final state, for streaming), a random generator's
+/// position. One run state serves every batch of the instance, so that would carry one
+/// request's values into the next request's answer. Each run therefore starts with
+/// those operators' states made anew (the rest of the run state, its buffers and its
+/// per-session scratch space, is reused). A run that failed or panicked part-way leaves
+/// values and resolved symbols behind: the whole run state is rebuilt before the next
+/// run. Sequences that carry state between requests do so through the sequence
+/// batcher's implicit state, which is a model input and output, never through tract's.
+struct RunState {
+    plan: Arc<TypedRunnableModel>,
+    state: TypedSimpleState,
+    /// The nodes whose operator has a run state of its own.
+    stateful: Vec<usize>,
+    /// A run began and did not finish.
+    broken: bool,
+}
+
+impl RunState {
+    fn new(plan: &Arc<TypedRunnableModel>) -> TractResult<RunState> {
+        let state = plan.spawn()?;
+        let stateful = (state.op_states.iter().enumerate())
+            .filter_map(|(ix, s)| s.is_some().then_some(ix))
+            .collect();
+        Ok(RunState {
+            plan: plan.clone(),
+            state,
+            stateful,
+            broken: false,
+        })
+    }
+
+    /// Runs the plan on `inputs` from a fresh state.
+    fn run(&mut self, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        if self.broken {
+            self.state = self.plan.spawn()?;
+        } else {
+            self.reset_op_states()?;
+        }
+        self.broken = true;
+        let outputs = self.state.run(inputs)?;
+        self.broken = false;
+        Ok(outputs)
+    }
+
+    /// Makes the stateful operators' states anew, as spawning a run state does.
+    fn reset_op_states(&mut self) -> TractResult<()> {
+        let model = self.plan.model();
+        for &ix in &self.stateful {
+            // Creating an operator's state reads no session (the ones that key on it do
+            // so when they run, under the run state's own session).
+            let ctx = self.state.turn_state.context(SessionId::NONE, ix);
+            let fresh = model.node(ix).op().state(&ctx)?;
+            self.state.op_states[ix] = fresh;
+        }
+        Ok(())
+    }
+}
+
 struct OnnxInstance {
     plan: Plan,
-    state: TypedSimpleState,
+    state: RunState,
     what: String,
 }
 
