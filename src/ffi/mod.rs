@@ -16,7 +16,7 @@ pub mod request;
 pub mod response;
 pub mod server;
 
-use crate::status::{Code, Error, Result};
+use crate::status::{panic_message, Code, Error, Result};
 use std::cell::RefCell;
 use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -95,13 +95,6 @@ thread_local! {
 pub(crate) fn set_last_error(e: &Error) {
     let msg = CString::new(e.message.replace('\0', " ")).unwrap_or_default();
     LAST_ERROR.with(|l| *l.borrow_mut() = msg);
-}
-
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// Runs an export that returns a status; errors set the thread's last error message.

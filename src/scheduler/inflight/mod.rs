@@ -987,7 +987,12 @@ impl Loop<'_> {
             let exec = &mut self.exec;
             let logits = &mut self.logits;
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| exec.step(&work, logits)))
-                .unwrap_or_else(|_| Err(Error::internal("the model's step panicked")))
+                .unwrap_or_else(|p| {
+                    Err(Error::internal(format!(
+                        "the model's step panicked: {}",
+                        crate::status::panic_message(&*p)
+                    )))
+                })
         };
         let step_us = step_start.elapsed().as_micros() as u64;
         let t_post = Instant::now();

@@ -12,6 +12,9 @@ const VOCAB: usize = 50;
 
 /// Per step: (start, token count) of each work item.
 type Steps = Arc<Mutex<Vec<Vec<(usize, usize)>>>>;
+/// Steps (counted from the first, over all instances) that fail after writing to the
+/// cache: (step, true to panic instead of returning an error).
+type Faults = Arc<Mutex<Vec<(usize, bool)>>>;
 /// A bad request: prompt, parameters, and what the error must say.
 type BadCase<'a> = (Vec<i32>, Vec<(&'a str, ParamValue)>, &'a str);
 
@@ -20,6 +23,7 @@ struct Toy {
     /// Per cache slot: the state of the prefix ending there (None: never written).
     cache: Vec<Option<u64>>,
     steps: Steps,
+    faults: Faults,
     delay: Duration,
 }
 
@@ -33,9 +37,11 @@ fn mix(prev: u64, token: u32) -> u64 {
 impl Executor for Toy {
     fn step(&mut self, work: &[Work<'_>], logits: &mut Vec<f32>) -> Result<()> {
         logits.clear();
-        self.steps
-            .lock()
-            .push(work.iter().map(|w| (w.start, w.tokens.len())).collect());
+        let step = {
+            let mut steps = self.steps.lock();
+            steps.push(work.iter().map(|w| (w.start, w.tokens.len())).collect());
+            steps.len() - 1
+        };
         for w in work {
             let mut state = if w.start == 0 {
                 7
@@ -65,7 +71,16 @@ impl Executor for Toy {
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);
         }
-        Ok(())
+        let fault = {
+            let mut faults = self.faults.lock();
+            let at = faults.iter().position(|(s, _)| *s == step);
+            at.map(|i| faults.swap_remove(i).1)
+        };
+        match fault {
+            Some(true) => panic!("toy step {step} panics"),
+            Some(false) => Err(Error::internal(format!("toy step {step} fails"))),
+            None => Ok(()),
+        }
     }
 }
 
@@ -87,6 +102,7 @@ fn settings(policy: Policy) -> Settings {
 struct Harness {
     sched: Arc<Scheduler>,
     steps: Steps,
+    faults: Faults,
     next_id: u64,
 }
 
@@ -101,12 +117,14 @@ output [ { name: "output_ids" data_type: TYPE_INT32 dims: [ -1 ] },
 fn harness(s: Settings, instances: usize, delay: Duration) -> Harness {
     let config = Arc::new(crate::config::parse_config(CONFIG).expect("config"));
     let steps = Arc::new(Mutex::new(Vec::new()));
+    let faults: Faults = Arc::default();
     let execs: Vec<Box<dyn Executor>> = (0..instances)
         .map(|_| {
             Box::new(Toy {
                 tpb: s.tokens_per_block,
                 cache: vec![None; s.tokens_per_block * s.kv_blocks],
                 steps: steps.clone(),
+                faults: faults.clone(),
                 delay,
             }) as Box<dyn Executor>
         })
@@ -127,6 +145,7 @@ fn harness(s: Settings, instances: usize, delay: Duration) -> Harness {
     Harness {
         sched,
         steps,
+        faults,
         next_id: 1,
     }
 }
@@ -136,6 +155,7 @@ fn harness(s: Settings, instances: usize, delay: Duration) -> Harness {
 struct Got {
     chunks: Vec<Vec<i32>>,
     status: Option<Code>,
+    error: String,
     reason: String,
     cached: i64,
     log_probs: Vec<f32>,
@@ -198,6 +218,9 @@ impl Harness {
             got.log_probs.extend(lp);
             if flags & crate::request::RESPONSE_FLAG_FINAL != 0 {
                 got.status = Some(resp.status);
+                got.error = (resp.error.as_ref())
+                    .map(|e| e.to_string_lossy().into_owned())
+                    .unwrap_or_default();
                 for (k, v) in &resp.parameters {
                     match (k.to_str().unwrap_or(""), v) {
                         ("finish_reason", ParamValue::Str(s)) => {
@@ -708,5 +731,58 @@ fn a_request_that_outgrows_the_whole_cache_ends_with_resource_exhausted() {
     // The instance goes on serving.
     let g = h.run(&[1, 2], &[max_tokens(5)]);
     assert_eq!((g.status, g.tokens().len()), (Some(Code::Ok), 5));
+    h.stop();
+}
+
+/// A step that fails, or panics, after it wrote to the cache ends exactly the requests
+/// it scheduled (INTERNAL, naming the model and saying what happened); their blocks go
+/// back, nothing they wrote is reused as a prefix, and the other requests, then the same
+/// workload again, answer as each request does alone.
+#[test]
+fn a_failed_or_panicking_step_ends_its_requests_and_leaves_the_cache_sound() {
+    let w = workload();
+    let want = alone(&w);
+    let mut s = settings(Policy::MaxUtilization);
+    s.prefix_reuse = true;
+    s.chunked_context = true;
+    s.max_num_tokens = 16;
+    let mut h = harness(s, 1, Duration::ZERO);
+    h.faults.lock().extend([(2, false), (6, true)]);
+    let blocks_used = |h: &Harness| {
+        let j: serde_json::Value =
+            serde_json::from_str(&h.sched.gen.as_ref().unwrap().gen_stats.json()).unwrap();
+        j["kv_blocks_used"].as_u64()
+    };
+    for round in 0..2 {
+        h.sched.set_paused(true);
+        let rxs: Vec<_> = w
+            .iter()
+            .map(|(p, n)| h.enqueue(p, &[max_tokens(*n)]).1)
+            .collect();
+        h.sched.set_paused(false);
+        let mut failed = Vec::new();
+        for (i, rx) in rxs.iter().enumerate() {
+            let g = rx.recv_timeout(Duration::from_secs(10)).expect("a FINAL");
+            match g.status {
+                Some(Code::Ok) => assert_eq!(g.tokens(), want[i], "round {round}, request {i}"),
+                Some(Code::Internal) if round == 0 => {
+                    assert!(g.error.contains("model 'toy'"), "{}", g.error);
+                    failed.push(g.error);
+                }
+                _ => panic!("round {round}, request {i}: {g:?}"),
+            }
+        }
+        if round == 0 {
+            assert!(
+                failed.iter().any(|e| e.contains("toy step 2 fails"))
+                    && failed
+                        .iter()
+                        .any(|e| e.contains("panicked: toy step 6 panics")),
+                "{failed:?}"
+            );
+            assert!(h.faults.lock().is_empty());
+        }
+        assert_eq!(blocks_used(&h), Some(0), "round {round}: blocks not freed");
+    }
     h.stop();
 }
