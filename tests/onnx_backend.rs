@@ -1902,7 +1902,7 @@ output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 1, 5 ] }} ]"#
             out_f32(&r, "Y").1
         })
         .collect();
-    let mut got = vec![Vec::new(), Vec::new()];
+    let mut got = [Vec::new(), Vec::new()];
     let chunks = [(0usize, 2usize), (2, 5), (5, 6)];
     for (k, &(from, to)) in chunks.iter().enumerate() {
         for (q, x) in xs.iter().enumerate() {
