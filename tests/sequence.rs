@@ -1242,6 +1242,35 @@ fn oldest_with_corrid_accumulator_sums() {
     check_sums(&c, &expected);
 }
 
+/// The own-state accumulator keeps sums per batch slot; under oldest a slot holds other
+/// sequences from batch to batch, so without a correlation ID control (or an implicit
+/// state) the model is refused instead of mixing sums.
+#[test]
+fn oldest_accumulator_without_a_correlation_id_is_refused() {
+    let s = Server::new();
+    let body = |controls: &str| {
+        format!("max_sequence_idle_microseconds: 5000000\n oldest {{ max_candidate_sequences: 4 }}\n {controls}")
+    };
+    let cfg = model("old_nocorr", "accumulator", 4, 1, &body(START_READY), "");
+    let msg = expect_status(
+        s.try_load("old_nocorr", &cfg),
+        INFER_STATUS_INVALID_ARGUMENT,
+    );
+    assert!(
+        msg.contains("'old_nocorr'") && msg.contains("CONTROL_SEQUENCE_CORRID"),
+        "{msg}"
+    );
+    // One row per batch: a slot is the sequence's for as long as its request runs.
+    s.load(
+        "old_one",
+        &model("old_one", "accumulator", 1, 1, &body(START_READY), ""),
+    );
+    s.load(
+        "old_corr",
+        &model("old_corr", "accumulator", 4, 1, &body(ALL_CONTROLS_U64), ""),
+    );
+}
+
 #[test]
 fn oldest_waits_for_a_preferred_batch_size() {
     // Like the dynamic batcher: one ready sequence is below the preferred size 2, so the
@@ -1719,6 +1748,43 @@ sequence_batching {{
             }
         }
     }
+}
+
+/// A request answered with an error leaves its sequence's state as it was, also when
+/// the backend ran and wrote a new state: here the request asks for an output the backend
+/// does not produce, which fails it after execution. The next request sees the state of
+/// the last request that succeeded, as in Triton.
+#[test]
+fn a_failed_request_does_not_advance_the_state() {
+    let s = Server::new();
+    s.register_fn_backend("grow", grow);
+    let cfg = r#"
+name: "grow_x" backend: "grow" max_batch_size: 1
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ -1 ] },
+         { name: "EXTRA" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
+}
+"#;
+    s.load("grow_x", cfg);
+    let r = s.infer(req(&s, "grow_x", 4, S, 5));
+    assert_eq!(r.status(), 0, "{}", r.error());
+    assert_eq!(r.output_i32("OUTPUT"), vec![0]);
+    for v in [6, 7] {
+        let r = s.infer(req(&s, "grow_x", 4, 0, v).output("EXTRA"));
+        assert_eq!(r.status(), INFER_STATUS_INTERNAL, "{}", r.error());
+        assert!(r.error().contains("EXTRA"), "{}", r.error());
+    }
+    let r = s.infer(req(&s, "grow_x", 4, 0, 8));
+    assert_eq!(r.status(), 0, "{}", r.error());
+    assert_eq!(
+        r.output_i32("OUTPUT"),
+        vec![0, 5],
+        "the failed requests changed the state"
+    );
+    let r = s.infer(req(&s, "grow_x", 4, E, 9));
+    assert_eq!(r.output_i32("OUTPUT"), vec![0, 5, 8]);
 }
 
 #[test]

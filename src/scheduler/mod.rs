@@ -16,7 +16,7 @@ use crate::backend::{Batch, ModelInstance};
 use crate::config::ModelConfig;
 use crate::request::{ModelIdentity, Request, Response, ResponseSink};
 use crate::stats::ModelStats;
-use crate::status::{Error, Result};
+use crate::status::{Code, Error, Result};
 use dynamic::{decide, BatchPolicy, Decision};
 use parking_lot::{Condvar, Mutex};
 use queue::{PriorityQueue, Queued};
@@ -681,14 +681,10 @@ impl Scheduler {
     }
 
     fn panic_error(&self, panic: Box<dyn std::any::Any + Send>) -> Error {
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic".into());
         Error::internal(format!(
-            "model '{}': the backend panicked: {what}",
-            self.model.name_str()
+            "model '{}': the backend panicked: {}",
+            self.model.name_str(),
+            crate::status::panic_message(&*panic)
         ))
     }
 
@@ -726,7 +722,8 @@ impl Scheduler {
             self.record_queue_times(&requests, start);
             let nreq = requests.len() as u64;
             let first_rows = rows.iter().map(|r| r.row).collect();
-            let (answers, states) = match Batch::assemble_rows(
+            let ids: Vec<u64> = requests.iter().map(|r| r.id).collect();
+            let (answers, mut states) = match Batch::assemble_rows(
                 self.config.clone(),
                 &self.in_names,
                 requests,
@@ -749,6 +746,20 @@ impl Scheduler {
                     (self.split(batch, result), states)
                 }
             };
+            // A request answered with an error leaves its sequence's state as it was
+            // (as a failed batch does), even where the backend wrote a new one: the
+            // answer can still fail after execution (an output it did not produce, a
+            // malformed BYTES output), and a retry must not apply the step twice.
+            if let Some(states) = states.as_mut() {
+                for (id, state) in ids.iter().zip(states.iter_mut()) {
+                    let failed = answers
+                        .iter()
+                        .any(|(_, r)| r.request_id == *id && r.status != Code::Ok);
+                    if failed {
+                        *state = None;
+                    }
+                }
+            }
             self.running[index].lock().clear();
             sq.complete(rows, states);
             self.deliver(seq_no, answers);

@@ -14,7 +14,7 @@
 
 use super::typed;
 use crate::backend::{simulate_compute, Backend, Batch, ModelInstance};
-use crate::config::{ControlKind, ModelConfig, SequenceBatching};
+use crate::config::{ControlKind, ModelConfig, SequenceBatching, SequenceStrategy};
 use crate::status::{Error, Result};
 use crate::tensor::{
     bytes_element_offsets, count_bytes_elements, element_count, shape_string, DataType,
@@ -142,13 +142,23 @@ impl Backend for Accumulator {
                     "model '{name}': the accumulator backend needs a CONTROL_SEQUENCE_START control or an implicit state"
                 ))
             })?;
+            let corrid = seq
+                .control(ControlKind::CorrId)
+                .map(|c| (c.name.clone(), c.data_type));
+            // Without a correlation ID the sums are kept per batch slot, and only the
+            // direct strategy keeps a sequence in one slot: under oldest, a row is a
+            // place in one batch, and the next batch puts other sequences there.
+            let oldest = matches!(seq.strategy, SequenceStrategy::Oldest { .. });
+            if oldest && corrid.is_none() && config.max_batch_size > 1 {
+                return Err(Error::invalid(format!(
+                    "model '{name}': the accumulator backend keeps each sequence's sum in its batch slot, which the oldest strategy does not keep from one batch to the next; add a CONTROL_SEQUENCE_CORRID control or an implicit state, or use direct"
+                )));
+            }
             Mode::Own {
                 start,
                 ready: flag(name, seq, ControlKind::Ready)?,
                 end: flag(name, seq, ControlKind::End)?,
-                corrid: seq
-                    .control(ControlKind::CorrId)
-                    .map(|c| (c.name.clone(), c.data_type)),
+                corrid,
             }
         };
         let batched = config.max_batch_size > 0;
