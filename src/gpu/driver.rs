@@ -144,6 +144,23 @@ impl Stream {
         Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
+    /// Ends a capture left open on the stream (by a backend, or cut short by a panic)
+    /// and drops what it recorded, so that work queued on the stream runs again. The
+    /// driver's answer is returned (an invalidated capture ends with an error).
+    pub fn end_capture(&self) -> Result<()> {
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: a live stream, a valid out-pointer.
+        let ended = check(
+            unsafe { sys::cuStreamEndCapture(self.raw, &mut graph) },
+            "cuStreamEndCapture",
+        );
+        if !graph.is_null() {
+            // SAFETY: the graph the capture made, destroyed once; never instantiated.
+            unsafe { sys::cuGraphDestroy(graph) };
+        }
+        ended
+    }
+
     /// Copies `len` bytes from pinned host memory to the device, in stream order.
     ///
     /// # Safety

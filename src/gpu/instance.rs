@@ -410,18 +410,28 @@ impl GpuInstance {
             Ok(r) => r,
             Err(panic) => {
                 let _ = self.stream.synchronize();
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
                 Err(Error::internal(format!(
-                    "model '{}': the backend panicked: {what}",
-                    config.name
+                    "model '{}': the backend panicked: {}",
+                    config.name,
+                    crate::status::panic_message(&*panic)
                 )))
             }
         };
-        // A backend may capture work into a CUDA graph on the stream: checked first.
+        // A capture left open on the stream (a backend's, or one a panic cut short)
+        // would take in this batch's copies and every later batch's work: end it, drop
+        // what it recorded (the batch's outputs were never computed) and fail the batch.
+        let ran = match self.stream.is_capturing() {
+            Ok(true) => {
+                let ended = self.stream.end_capture();
+                let _ = self.stream.synchronize();
+                Err(Error::internal(format!(
+                    "model '{}': the backend left a CUDA graph capture open on the instance's stream; the capture was ended ({}) and its work dropped",
+                    config.name,
+                    ended.map_or_else(|e| e.message, |()| "ok".to_owned())
+)))
+            }
+            _ => ran,
+        };
         timing.mark(2, &self.stream, true);
         let outputs = batch.gpu.take().map_or_else(Vec::new, |g| g.outputs);
         let all_on_device =
@@ -459,9 +469,12 @@ impl GpuInstance {
         if flight.ran.is_ok() {
             for (idx, buf) in &flight.outputs {
                 // Implicit-state outputs always come back to the host (the sequence
-                // batcher keeps them there).
-                let model_output = batch.config.output(&batch.outputs[*idx].name).is_some();
-                if all_on_device && model_output {
+                // batcher keeps them there), also when the config lists them as outputs.
+                let name = &batch.outputs[*idx].name;
+                let model_output = batch.config.output(name).is_some();
+                let state = (batch.config.sequence_batching.as_ref())
+                    .is_some_and(|q| q.state_by_output(name).is_some());
+                if all_on_device && model_output && !state {
                     continue;
                 }
                 let mut p = self.pool.pinned(buf.len())?;
