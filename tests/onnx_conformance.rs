@@ -6,13 +6,15 @@
 //! (`OUT/<case>/data.json` + `.bin` files). This test reads `OUT` from the environment
 //! variable `INFER_ONNX_CONFORMANCE_DIR` (without it the test passes with a skip notice)
 //! and, on one server with explicit model control, for every case: loads the model, runs
-//! the reference inputs, compares every output with the reference, unloads.
+//! the reference inputs twice on the same instance, compares every output of each run
+//! with the reference and the second run's with the first's, unloads.
 //!
 //! Outcomes:
-//! * passed: every output has the reference's datatype and shape and its values agree:
-//!   integers, BOOL and BYTES exactly; floats element-wise with |got - want| <= atol +
-//!   rtol * |want| (see [`tolerance`]), NaN equal to NaN, infinities equal only to
-//!   themselves;
+//! * passed: in both runs every output has the reference's datatype and shape and its
+//!   values agree: integers, BOOL and BYTES exactly; floats element-wise with
+//!   |got - want| <= atol + rtol * |want| (see [`tolerance`]), NaN equal to NaN,
+//!   infinities equal only to themselves; and the second run's outputs are the first's,
+//!   bit for bit (nothing a run leaves in the instance changes the next);
 //! * skipped, unsupported: loading failed with UNSUPPORTED or INVALID_ARGUMENT (an operator,
 //!   attribute or datatype the backend rejects; the reasons are listed, grouped);
 //! * skipped, not representable: the prepare script found inputs or outputs that libinfer
@@ -208,6 +210,9 @@ fn run_case(server: &Server, name: &str, dir: &Path, stage: &Stage) -> Outcome {
     }
 }
 
+/// Runs the case twice on the same instance: each run must agree with the reference, and
+/// the second must give the first one's outputs bit for bit (a run leaves nothing behind
+/// that changes the next).
 fn infer_and_compare(
     server: &Server,
     name: &str,
@@ -215,6 +220,33 @@ fn infer_and_compare(
     outputs: &[(Tensor, Vec<u8>)],
     stage: &Stage,
 ) -> Result<(), String> {
+    let first = infer_checked(server, name, inputs, outputs, stage)?;
+    let second = infer_checked(server, name, inputs, outputs, stage)
+        .map_err(|e| format!("second run on the same instance: {e}"))?;
+    for (want, _) in outputs {
+        // Both runs read back without error in infer_checked.
+        let (a, b) = (
+            raw_output(&first, &want.name)?,
+            raw_output(&second, &want.name)?,
+        );
+        if a != b {
+            return Err(format!(
+                "output '{}': the second run on the same instance differs from the first",
+                want.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One run of the case, compared with the reference.
+fn infer_checked(
+    server: &Server,
+    name: &str,
+    inputs: &[(Tensor, Vec<u8>)],
+    outputs: &[(Tensor, Vec<u8>)],
+    stage: &Stage,
+) -> Result<Resp, String> {
     set_stage(stage, "building the request");
     let mut r = std::ptr::null_mut();
     let st = unsafe { infer_request_new(server.0, cs(name).as_ptr(), -1, &mut r) };
@@ -261,19 +293,20 @@ fn infer_and_compare(
         }
     }
     if errors.is_empty() {
-        Ok(())
+        Ok(resp)
     } else {
         Err(errors.join("\n"))
     }
 }
 
-fn compare_output(resp: &Resp, want: &Tensor, want_bytes: &[u8]) -> Result<(), String> {
+/// An output's datatype name, shape and bytes.
+fn raw_output(resp: &Resp, name: &str) -> Result<(String, Vec<i64>, Vec<u8>), String> {
     let (mut dt, mut shape, mut nd, mut data, mut bs) =
         (0, std::ptr::null(), 0usize, std::ptr::null(), 0usize);
     let st = unsafe {
         infer::ffi::response::infer_response_output_by_name(
             resp.0,
-            cs(&want.name).as_ptr(),
+            cs(name).as_ptr(),
             &mut dt,
             &mut shape,
             &mut nd,
@@ -284,26 +317,31 @@ fn compare_output(resp: &Resp, want: &Tensor, want_bytes: &[u8]) -> Result<(), S
     if st != INFER_STATUS_OK {
         return Err(format!("missing: {}: {}", status_name(st), last_error()));
     }
-    let got_dt = unsafe { CStr::from_ptr(infer_datatype_string(dt)) }
+    let dt = unsafe { CStr::from_ptr(infer_datatype_string(dt)) }
         .to_string_lossy()
         .into_owned();
-    let got_shape = if nd == 0 {
+    let shape = if nd == 0 {
         Vec::new()
     } else {
         unsafe { std::slice::from_raw_parts(shape, nd) }.to_vec()
     };
-    let got = if bs == 0 {
-        &[][..]
+    let bytes = if bs == 0 {
+        Vec::new()
     } else {
-        unsafe { std::slice::from_raw_parts(data as *const u8, bs) }
+        unsafe { std::slice::from_raw_parts(data as *const u8, bs) }.to_vec()
     };
+    Ok((dt, shape, bytes))
+}
+
+fn compare_output(resp: &Resp, want: &Tensor, want_bytes: &[u8]) -> Result<(), String> {
+    let (got_dt, got_shape, got) = raw_output(resp, &want.name)?;
     if got_dt != want.datatype {
         return Err(format!("datatype {got_dt}, expected {}", want.datatype));
     }
     if got_shape != want.shape {
         return Err(format!("shape {got_shape:?}, expected {:?}", want.shape));
     }
-    compare_values(&want.datatype, &want.shape, got, want_bytes)
+    compare_values(&want.datatype, &want.shape, &got, want_bytes)
 }
 
 /// Decodes a float tensor to f64.

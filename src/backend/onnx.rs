@@ -866,12 +866,11 @@ impl RunState {
 
     /// Runs the plan on `inputs` from a fresh state.
     fn run(&mut self, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
-        if self.broken {
+        if std::mem::replace(&mut self.broken, true) {
             self.state = self.plan.spawn()?;
         } else {
             self.reset_op_states()?;
         }
-        self.broken = true;
         let outputs = self.state.run(inputs)?;
         self.broken = false;
         Ok(outputs)
