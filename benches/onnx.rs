@@ -7,9 +7,14 @@
 //! `target/onnx-bench/` so that `benches/onnx_ort.py` can time onnxruntime on the same
 //! files. See docs/PERFORMANCE.md.
 //!
+//! `lstm` (one LSTM layer, random weights, also written there) times the reset of the
+//! run state before each run: tract called directly keeps the LSTM's state (wrong for
+//! a server, the cost without the reset), the library starts every run afresh.
+//!
 //! * `overhead`: per model and batch size (1, 8, 64), mean time of one call with one
 //!   request in flight: tract's plan run directly (input tensor built from the caller's
-//!   slice, as an application would) vs the same model through the C API (request
+//!   slice, as an application would; on one run state kept from run to run, and on a
+//!   fresh run state per run) vs the same model through the C API (request
 //!   built, enqueued, FINAL response received), and the library's own measure of the
 //!   execution (`compute_us`). Each is the median of 15 alternating rounds. The client
 //!   spins `--spin-us` (20) waiting for the FINAL, then parks (a client that spins all
@@ -227,10 +232,115 @@ fn write_wide_mlp(dir: &Path) -> std::io::Result<()> {
     std::fs::write(dir.join("1").join("model.onnx"), model.encode_to_vec())
 }
 
+/// One LSTM layer (batch first, 16 steps of 32 features, 64 hidden units, fixed-seed
+/// weights) with its last hidden state flattened: X [batch, 16, 32] -> H [batch, 64].
+/// Its initial states are zeros of the batch's size, made from X (tract needs them given
+/// when the batch size is symbolic); ONNX's sequence-first layout, transposed around. tract keeps an LSTM's state between runs, so the
+/// library resets it before each one; this model times that reset.
+fn write_lstm(dir: &Path) -> std::io::Result<()> {
+    let (steps, input, hidden) = (16i64, 32i64, 64i64);
+    let mut rng = XorShift(0x5eed_1234_abcd_0002);
+    let mut init = |name: &str, dims: Vec<i64>| pb::TensorProto {
+        name: name.into(),
+        float_data: (0..dims.iter().product::<i64>())
+            .map(|_| rng.next_f32() * 4.0)
+            .collect(),
+        dims,
+        data_type: pb::tensor_proto::DataType::Float as i32,
+        ..Default::default()
+    };
+    let ints = |name: &str, v: &[i64]| pb::TensorProto {
+        name: name.into(),
+        dims: vec![v.len() as i64],
+        data_type: pb::tensor_proto::DataType::Int64 as i32,
+        int64_data: v.to_vec(),
+        ..Default::default()
+    };
+    let inits = vec![
+        init("W", vec![1, 4 * hidden, input]),
+        init("R", vec![1, 4 * hidden, hidden]),
+        init("B", vec![1, 8 * hidden]),
+        pb::TensorProto {
+            name: "ZERO".into(),
+            dims: vec![input, hidden],
+            data_type: pb::tensor_proto::DataType::Float as i32,
+            float_data: vec![0.0; (input * hidden) as usize],
+            ..Default::default()
+        },
+        ints("S0", &[0]),
+        ints("S1", &[1]),
+    ];
+    let int_attr = |name: &str, i: i64| pb::AttributeProto {
+        name: name.into(),
+        r#type: pb::attribute_proto::AttributeType::Int as i32,
+        i,
+        ..Default::default()
+    };
+    let node = |op: &str, inputs: &[&str], output: &str| pb::NodeProto {
+        op_type: op.into(),
+        name: output.to_lowercase(),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        ..Default::default()
+    };
+    // ONNX's LSTM is sequence first ([steps, batch, ...]): onnxruntime runs no other
+    // layout, so the batch-first input and output are transposed around it.
+    let swap01 = |input: &str, output: &str| pb::NodeProto {
+        attribute: vec![pb::AttributeProto {
+            name: "perm".into(),
+            r#type: pb::attribute_proto::AttributeType::Ints as i32,
+            ints: vec![1, 0, 2],
+            ..Default::default()
+        }],
+        ..node("Transpose", &[input], output)
+    };
+    let nodes = vec![
+        swap01("X", "XT"),
+        // [1, batch, 64] zeros: X's first step times a zero matrix.
+        node("Slice", &["X", "S0", "S1", "S1"], "X0"),
+        node("MatMul", &["X0", "ZERO"], "H0B"),
+        swap01("H0B", "H0"),
+        pb::NodeProto {
+            op_type: "LSTM".into(),
+            name: "lstm".into(),
+            input: ["XT", "W", "R", "B", "", "H0", "H0"]
+                .map(String::from)
+                .to_vec(),
+            output: vec![String::new(), "Y_h".into()],
+            attribute: vec![int_attr("hidden_size", hidden)],
+            ..Default::default()
+        },
+        swap01("Y_h", "Y_hB"),
+        pb::NodeProto {
+            attribute: vec![int_attr("axis", 1)],
+            ..node("Flatten", &["Y_hB"], "H")
+        },
+    ];
+    let model = pb::ModelProto {
+        ir_version: 8,
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
+        graph: Some(pb::GraphProto {
+            name: "lstm".into(),
+            node: nodes,
+            initializer: inits,
+            input: vec![value_info("X", &[None, Some(steps), Some(input)])],
+            output: vec![value_info("H", &[None, Some(hidden)])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    std::fs::create_dir_all(dir.join("1"))?;
+    std::fs::write(dir.join("1").join("model.onnx"), model.encode_to_vec())
+}
+
 // ---------------------------------------------------------------------------------------
 // tract called directly, planned the way the library plans (symbolic batch).
 
 struct Direct {
+    plan: Arc<TypedRunnableModel>,
     state: TypedSimpleState,
 }
 
@@ -244,19 +354,34 @@ impl Direct {
         let plan = model.into_optimized()?.into_runnable()?;
         Ok(Direct {
             state: plan.spawn()?,
+            plan,
         })
     }
 
+    /// One run on the state kept from run to run (what tract keeps in it, such as an
+    /// LSTM's last state, carries over).
     fn run(&mut self, shape: &[usize], data: &[f32]) -> TractResult<f32> {
         let t = Tensor::from_shape(shape, data)?;
         let out = self.state.run(tvec![t.into_tvalue()])?;
-        Ok(out[0]
-            .to_plain_array_view::<f32>()?
-            .iter()
-            .next()
-            .copied()
-            .unwrap_or(f32::NAN))
+        first_value(&out)
     }
+
+    /// One run on a run state of its own (`SimplePlan::run` spawns one), as a tract user
+    /// who needs every run to start afresh writes it.
+    fn run_fresh(&self, shape: &[usize], data: &[f32]) -> TractResult<f32> {
+        let t = Tensor::from_shape(shape, data)?;
+        let out = self.plan.run(tvec![t.into_tvalue()])?;
+        first_value(&out)
+    }
+}
+
+fn first_value(out: &[TValue]) -> TractResult<f32> {
+    Ok(out[0]
+        .to_plain_array_view::<f32>()?
+        .iter()
+        .next()
+        .copied()
+        .unwrap_or(f32::NAN))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -368,22 +493,24 @@ fn overhead(models: &[BenchModel], secs: f64, blocking: bool, spin_us: u64) {
         "enqueue + callback (the caller spins, then parks)"
     };
     println!("## overhead: one request in flight, {how}, mean microseconds per call");
-    println!("| model | batch | tract direct (us) | compute inside libinfer (us) | libinfer C API (us) | overhead (us) | overhead (%) |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("| model | batch | tract direct (us) | tract direct, fresh state (us) | compute inside libinfer (us) | libinfer C API (us) | overhead (us) | overhead (%) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let s = Server::new();
     for m in models {
         s.load(m.name, &m.config(None), &m.dir);
-        let mut direct = match Direct::new(m) {
-            Ok(d) => d,
-            Err(e) => {
-                eprintln!("tract cannot plan {}: {e:#}", m.name);
-                std::process::exit(1);
-            }
-        };
         let name = CString::new(m.name).unwrap();
         let input = CString::new(m.input).unwrap();
         let output = CString::new(m.output).unwrap();
         for batch in [1usize, 8, 64] {
+            // A run state of its own per batch size: the LSTM's, which carries its hidden
+            // state from run to run, then only ever sees this size.
+            let mut direct = match Direct::new(m) {
+                Ok(d) => d,
+                Err(e) => {
+                    eprintln!("tract cannot plan {}: {e:#}", m.name);
+                    std::process::exit(1);
+                }
+            };
             let data = inputs(m, batch);
             let mut shape_i: Vec<i64> = vec![batch as i64];
             shape_i.extend(&m.row);
@@ -442,16 +569,20 @@ fn overhead(models: &[BenchModel], secs: f64, blocking: bool, spin_us: u64) {
             // Alternate short rounds of the two so drifts of the machine hit both alike;
             // the median round of each resists bursts of other work on the machine.
             let before = s.stats(m.name);
-            let (mut tds, mut tls) = (Vec::new(), Vec::new());
+            let (mut tds, mut tfs, mut tls) = (Vec::new(), Vec::new(), Vec::new());
+            let slice = secs / (3.0 * ROUNDS as f64);
             for _ in 0..ROUNDS {
-                tds.push(time_mean(secs / (2.0 * ROUNDS as f64), || {
+                tds.push(time_mean(slice, || {
                     std::hint::black_box(direct.run(&shape_u, &data).unwrap_or(0.0));
                 }));
-                tls.push(time_mean(secs / (2.0 * ROUNDS as f64), || {
+                tfs.push(time_mean(slice, || {
+                    std::hint::black_box(direct.run_fresh(&shape_u, &data).unwrap_or(0.0));
+                }));
+                tls.push(time_mean(slice, || {
                     std::hint::black_box(call());
                 }));
             }
-            let (td, tl) = (median(&mut tds), median(&mut tls));
+            let (td, tf, tl) = (median(&mut tds), median(&mut tfs), median(&mut tls));
             let after = s.stats(m.name);
             let total = |v: &serde_json::Value, k: &str| {
                 v["models"][0]["compute_us"][k].as_f64().unwrap_or(0.0)
@@ -459,7 +590,7 @@ fn overhead(models: &[BenchModel], secs: f64, blocking: bool, spin_us: u64) {
             let compute = (total(&after, "total") - total(&before, "total"))
                 / (total(&after, "count") - total(&before, "count")).max(1.0);
             println!(
-                "| {} | {batch} | {td:.1} | {compute:.1} | {tl:.1} | {:.1} | {:.1} |",
+                "| {} | {batch} | {td:.1} | {tf:.1} | {compute:.1} | {tl:.1} | {:.1} | {:.1} |",
                 m.name,
                 tl - td,
                 (tl - td) / td * 100.0
@@ -610,6 +741,11 @@ fn main() {
         eprintln!("cannot write {}: {e}", wide.display());
         std::process::exit(1);
     }
+    let lstm = root.join("target").join("onnx-bench").join("lstm");
+    if let Err(e) = write_lstm(&lstm) {
+        eprintln!("cannot write {}: {e}", lstm.display());
+        std::process::exit(1);
+    }
     let models = [
         BenchModel {
             name: "mlp",
@@ -631,6 +767,13 @@ fn main() {
             input: "FEATURES",
             row: vec![512],
             output: "LOGITS",
+        },
+        BenchModel {
+            name: "lstm",
+            dir: lstm,
+            input: "X",
+            row: vec![16, 32],
+            output: "H",
         },
     ];
     let all = scenarios.is_empty();

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Times onnxruntime's CPU execution on the models `cargo bench --bench onnx` times.
 
-Run `cargo bench --bench onnx` first (it writes target/onnx-bench/mlp_wide), then
+Run `cargo bench --bench onnx` first (it writes target/onnx-bench/mlp_wide and lstm), then
 `python3 benches/onnx_ort.py [--secs S]` (needs `pip install onnxruntime numpy`).
 Prints a markdown table: mean microseconds per call at batch 1, 8, 64 with one thread
 (as libinfer runs one plan per instance on one thread) and with onnxruntime's default
@@ -19,6 +19,7 @@ MODELS = [
     ("mlp", os.path.join(ROOT, "models", "mlp", "1", "model.onnx"), (64,)),
     ("cnn", os.path.join(ROOT, "models", "cnn", "1", "model.onnx"), (1, 28, 28)),
     ("mlp_wide", os.path.join(ROOT, "target", "onnx-bench", "mlp_wide", "1", "model.onnx"), (512,)),
+    ("lstm", os.path.join(ROOT, "target", "onnx-bench", "lstm", "1", "model.onnx"), (16, 32)),
 ]
 
 
