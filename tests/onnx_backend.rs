@@ -1727,12 +1727,11 @@ impl Weights {
 const REC_IN: i64 = 3;
 const REC_HIDDEN: i64 = 5;
 
-/// One ONNX recurrent layer (`LSTM`, `GRU` or `RNN`), batch first (`layout: 1`), random
-/// weights: X [batch, seq, 3] -> Y [batch, seq, 1, 5] and Y_h [batch, 1, 5]. With `state`,
-/// the initial hidden (and LSTM cell) state are the inputs H_IN (C_IN) and the last
-/// ones the outputs H_OUT (C_OUT), for the sequence batcher's implicit state; without,
-/// the initial state is zeros and the batch is 1 (tract needs a known batch size then),
-/// as in the exported speech and OCR models that carry an LSTM.
+/// One ONNX recurrent layer (`LSTM`, `GRU` or `RNN`) of batch 1, random weights:
+/// X [seq, 1, 3] -> Y [seq, 1, 1, 5] and Y_h [1, 1, 5]. With `state`, the initial hidden
+/// (and LSTM cell) state are the inputs H_IN (C_IN) and the last ones the outputs H_OUT
+/// (C_OUT), for the sequence batcher's implicit state; without, the initial state is
+/// zeros, as in the exported speech and OCR models that carry an LSTM.
 fn recurrent(op: &str, state: bool) -> pb::ModelProto {
     let gates = match op {
         "LSTM" => 4,
@@ -1749,38 +1748,31 @@ fn recurrent(op: &str, state: bool) -> pb::ModelProto {
     let lstm = op == "LSTM";
     let mut ins = vec!["X", "W", "R", "B"];
     let mut outs = vec!["Y", if state { "H_OUT" } else { "Y_h" }];
-    let batch = if state { "batch" } else { "1" };
-    let mut inputs = vec![tensor("X", T::Float, &[batch, "seq", "3"])];
+    let mut inputs = vec![tensor("X", T::Float, &["seq", "1", "3"])];
     let mut outputs = vec![
-        tensor("Y", T::Float, &[batch, "seq", "1", "5"]),
-        tensor(outs[1], T::Float, &[batch, "1", "5"]),
+        tensor("Y", T::Float, &["seq", "1", "1", "5"]),
+        tensor(outs[1], T::Float, &["1", "1", "5"]),
     ];
     if state {
         ins.extend(["", "H_IN"]);
-        inputs.push(tensor("H_IN", T::Float, &["batch", "1", "5"]));
+        inputs.push(tensor("H_IN", T::Float, &["1", "1", "5"]));
         if lstm {
             ins.push("C_IN");
             outs.push("C_OUT");
-            inputs.push(tensor("C_IN", T::Float, &["batch", "1", "5"]));
-            outputs.push(tensor("C_OUT", T::Float, &["batch", "1", "5"]));
+            inputs.push(tensor("C_IN", T::Float, &["1", "1", "5"]));
+            outputs.push(tensor("C_OUT", T::Float, &["1", "1", "5"]));
         }
     }
-    let mut n = node_int_attr(op, "rec", &ins, &outs, "hidden_size", h);
-    n.attribute.push(pb::AttributeProto {
-        name: "layout".to_owned(),
-        r#type: pb::attribute_proto::AttributeType::Int as i32,
-        i: 1,
-        ..Default::default()
-    });
+    let n = node_int_attr(op, "rec", &ins, &outs, "hidden_size", h);
     model(inputs, outputs, vec![n], inits)
 }
 
-/// X [batch, seq, 3] with values from `seed`.
-fn rec_input(batch: i64, seq: i64, seed: u64) -> In {
-    let x = Weights(seed).take((batch * seq * REC_IN) as usize);
+/// X [seq, 1, 3] with values from `seed`.
+fn rec_input(seq: i64, seed: u64) -> In {
+    let x = Weights(seed).take((seq * REC_IN) as usize);
     f32_in(
         "X",
-        &[batch, seq, REC_IN],
+        &[seq, 1, REC_IN],
         &x.iter().map(|v| v * 4.).collect::<Vec<_>>(),
     )
 }
@@ -1804,20 +1796,16 @@ fn recurrent_layers_answer_every_request_from_a_fresh_state() {
         let name = op.to_lowercase();
         let config = format!(
             r#"name: "{name}" {PLATFORM} max_batch_size: 0
-input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1, -1, 3 ] }} ]
-output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 1, -1, 1, 5 ] }},
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1, 1, 3 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 1, 1, 5 ] }},
          {{ name: "Y_h" data_type: TYPE_FP32 dims: [ 1, 1, 5 ] }} ]"#
         );
         load_ok(&s, &name, &config, &dir);
         let names = ["Y", "Y_h"];
-        let a = || rec_input(1, 4, 11);
+        let a = || rec_input(4, 11);
         let first = all_bytes(&run(&s, &name, -1, &[a()]), &names);
-        assert_eq!(first[0].0, vec![1, 4, 1, 5], "{op}");
-        let others = [
-            rec_input(1, 6, 12),
-            rec_input(1, 4, 13),
-            rec_input(1, 1, 14),
-        ];
+        assert_eq!(first[0].0, vec![4, 1, 1, 5], "{op}");
+        let others = [rec_input(6, 12), rec_input(4, 13), rec_input(1, 14)];
         for (k, other) in others.iter().enumerate() {
             for _ in 0..2 {
                 let again = all_bytes(&run(&s, &name, -1, &[a()]), &names);
@@ -1861,21 +1849,22 @@ fn a_recurrent_sequence_keeps_its_state_in_the_sequence_batcher() {
     let s = Server::new();
     let dir = model_dir("onnx-rec-seq", &recurrent("LSTM", true));
     let seq_config = format!(
-        r#"name: "lstm_seq" {PLATFORM} max_batch_size: 2
-input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1, 3 ] }} ]
-output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 1, 5 ] }} ]
+        r#"name: "lstm_seq" {PLATFORM} max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1, 1, 3 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 1, 1, 5 ] }} ]
 sequence_batching {{
-  state [ {{ input_name: "H_IN" output_name: "H_OUT" data_type: TYPE_FP32 dims: [ 1, 5 ] }},
-          {{ input_name: "C_IN" output_name: "C_OUT" data_type: TYPE_FP32 dims: [ 1, 5 ] }} ]
-}}"#
+  state [ {{ input_name: "H_IN" output_name: "H_OUT" data_type: TYPE_FP32 dims: [ 1, 1, 5 ] }},
+          {{ input_name: "C_IN" output_name: "C_OUT" data_type: TYPE_FP32 dims: [ 1, 1, 5 ] }} ]
+}}
+instance_group [ {{ count: 2 kind: KIND_CPU }} ]"#
     );
     load_ok(&s, "lstm_seq", &seq_config, &dir);
     let whole_config = format!(
-        r#"name: "lstm_whole" {PLATFORM} max_batch_size: 2
-input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1, 3 ] }},
-        {{ name: "H_IN" data_type: TYPE_FP32 dims: [ 1, 5 ] }},
-        {{ name: "C_IN" data_type: TYPE_FP32 dims: [ 1, 5 ] }} ]
-output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 1, 5 ] }} ]"#
+        r#"name: "lstm_whole" {PLATFORM} max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1, 1, 3 ] }},
+        {{ name: "H_IN" data_type: TYPE_FP32 dims: [ 1, 1, 5 ] }},
+        {{ name: "C_IN" data_type: TYPE_FP32 dims: [ 1, 1, 5 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 1, 1, 5 ] }} ]"#
     );
     load_ok(&s, "lstm_whole", &whole_config, &dir);
 
@@ -1894,7 +1883,7 @@ output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 1, 5 ] }} ]"#
                 "lstm_whole",
                 -1,
                 &[
-                    f32_in("X", &[1, 6, REC_IN], x),
+                    f32_in("X", &[6, 1, REC_IN], x),
                     f32_in("H_IN", &[1, 1, REC_HIDDEN], &zeros),
                     f32_in("C_IN", &[1, 1, REC_HIDDEN], &zeros),
                 ],
@@ -1916,7 +1905,7 @@ output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 1, 5 ] }} ]"#
             let chunk = &x[from * REC_IN as usize..to * REC_IN as usize];
             let r = s.infer(
                 s.request("lstm_seq")
-                    .input_f32("X", &[1, (to - from) as i64, REC_IN], chunk)
+                    .input_f32("X", &[(to - from) as i64, 1, REC_IN], chunk)
                     .correlation_id(100 + q as u64)
                     .flags(flags),
             );
@@ -2008,17 +1997,17 @@ fn a_model_tract_panics_on_is_unsupported() {
     let s = Server::new();
     let mut m = recurrent("LSTM", false);
     let g = m.graph.as_mut().unwrap();
-    g.input = vec![tensor("X", T::Float, &["batch", "seq", "3"])];
+    g.input = vec![tensor("X", T::Float, &["seq", "batch", "3"])];
     g.output = vec![
-        tensor("Y", T::Float, &["batch", "seq", "1", "5"]),
-        tensor("Y_h", T::Float, &["batch", "1", "5"]),
+        tensor("Y", T::Float, &["seq", "1", "batch", "5"]),
+        tensor("Y_h", T::Float, &["1", "batch", "5"]),
     ];
     let dir = model_dir("onnx-tract-panics", &m);
     let config = format!(
-        r#"name: "lp" {PLATFORM} max_batch_size: 4
-input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1, 3 ] }} ]
-output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 1, 5 ] }},
-         {{ name: "Y_h" data_type: TYPE_FP32 dims: [ 1, 5 ] }} ]"#
+        r#"name: "lp" {PLATFORM} max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1, -1, 3 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 1, -1, 5 ] }},
+         {{ name: "Y_h" data_type: TYPE_FP32 dims: [ 1, -1, 5 ] }} ]"#
     );
     let msg = load_fails(&s, "lp", &config, &dir, INFER_STATUS_UNSUPPORTED);
     assert_mentions(&msg, &["'lp'", "tract", "analyse", "tract failed"]);
