@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check: formatting, clippy, the Rust tests (release, including the header
 # test), ONNX conformance (on the ONNX backend, and on the GPU executor against the
-# stand-in CUDA libraries), the kernels through NVRTC (installed from PyPI), the
+# stand-in CUDA libraries), real ONNX models from PyPI packages against onnxruntime, the
+# kernels through NVRTC (installed from PyPI), the
 # exported-symbol check, the C API tests, the C and C++
 # examples under CTest, the C++ (GoogleTest) and Go binding tests, the installed package,
 # and the C tests and examples under AddressSanitizer and valgrind.
@@ -104,6 +105,36 @@ nvrtc_check() {
         cargo test --release --test gpu kernels_compile_with_nvrtc -- --nocapture
 }
 
+# Real ONNX models shipped inside public PyPI packages (tests/onnx_packaged.rs), against
+# onnxruntime's outputs: the pinned wheels are downloaded once into $TARGET_DIR/packaged,
+# onnxruntime goes into the onnx venv to compute the references. Where PyPI cannot be
+# reached, says so and skips.
+ORT_VERSION=1.32.0
+DDDDOCR_VERSION=1.6.1
+packaged_models() {
+    local venv="$TARGET_DIR/onnx-venv" wheels="$TARGET_DIR/packaged/wheels"
+    local out="$TARGET_DIR/packaged/models"
+    case "$out" in /*) ;; *) out="$PWD/$out" ;; esac
+    onnx_python "$venv"
+    if ! "$venv/bin/python" -c "import onnxruntime, sys; sys.exit(onnxruntime.__version__ != '$ORT_VERSION')" 2>/dev/null; then
+        echo "-- installing onnxruntime==$ORT_VERSION into $venv"
+        if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check "onnxruntime==$ORT_VERSION"; then
+            echo "SKIP: onnxruntime could not be installed from PyPI; the packaged models were not run"
+            return 0
+        fi
+    fi
+    if [[ ! -f "$wheels/ddddocr-$DDDDOCR_VERSION-py3-none-any.whl" ]]; then
+        echo "-- downloading ddddocr==$DDDDOCR_VERSION into $wheels"
+        if ! "$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
+            -d "$wheels" "ddddocr==$DDDDOCR_VERSION"; then
+            echo "SKIP: ddddocr could not be downloaded from PyPI; the packaged models were not run"
+            return 0
+        fi
+    fi
+    "$venv/bin/python" scripts/packaged_models.py "$wheels" "$out"
+    INFER_PACKAGED_MODELS_DIR="$out" cargo test --release --test onnx_packaged -- --nocapture
+}
+
 summary() {
     local rc=$?
     [[ -n "$current" ]] && steps+=("$current|FAILED")
@@ -121,6 +152,10 @@ summary() {
     if [[ -f "$LOGS/onnx-conformance.log" ]]; then
         echo "ONNX node test cases (onnx $ONNX_VERSION):"
         grep -E '^onnx conformance( \(GPU\))?: passed' "$LOGS/onnx-conformance.log" | sed 's/^/  /' || true
+    fi
+    if [[ -f "$LOGS/packaged-models.log" ]]; then
+        echo "ONNX models from PyPI packages, against onnxruntime $ORT_VERSION:"
+        grep -E '^[a-z_]+: [0-9]+ requests over|^SKIP' "$LOGS/packaged-models.log" | sed 's/^/  /' || true
     fi
     if [[ -f "$LOGS/nvrtc.log" ]]; then
         echo "kernels through NVRTC $NVRTC_VERSION:"
@@ -164,6 +199,7 @@ step fmt cargo fmt --check
 step clippy cargo clippy --all-targets -- -D warnings
 step cargo-test cargo test --release
 step onnx-conformance onnx_conformance
+step packaged-models packaged_models
 step nvrtc nvrtc_check
 step build cargo build --release
 step symbols tests/symbols.sh "$LIB_DIR/libinfer.so"
