@@ -60,8 +60,11 @@ fn cases(dir: &Path) -> Vec<Case> {
         .collect()
 }
 
+/// A response's outputs: shape and bytes of each.
+type Answer = Vec<(Vec<i64>, Vec<u8>)>;
+
 /// Runs `case`; its outputs' shapes and values, checked against onnxruntime's.
-fn run(s: &Server, model: &str, case: &Case, worst: &mut f32) -> Vec<(Vec<i64>, Vec<u8>)> {
+fn run(s: &Server, model: &str, case: &Case, worst: &mut f32) -> Answer {
     let mut r = s.request(model);
     for t in &case.inputs {
         r = r.input_f32(&t.name, &t.shape, &t.data);
@@ -117,7 +120,7 @@ fn packaged_models_match_onnxruntime_on_every_request() {
             .into_iter()
             .chain((0..3).flat_map(|_| (1..n).chain([0])))
             .collect();
-        let mut first: Vec<Option<Vec<(Vec<i64>, Vec<u8>)>>> = vec![None; n];
+        let mut first: Vec<Option<Answer>> = vec![None; n];
         let mut worst = 0f32;
         for (k, &c) in order.iter().enumerate() {
             let got = run(&s, &model, &cases[c], &mut worst);
