@@ -5,10 +5,11 @@
 //! This module owns parsing and validation only; it never looks at the file system.
 
 mod parse;
+pub(crate) mod schema;
 mod validate;
 
-pub(crate) use parse::pb;
 pub use parse::{parse_config, parse_config_named, parse_raw, RawConfig};
+pub(crate) use schema as pb;
 
 use crate::tensor::DataType;
 use std::collections::BTreeMap;

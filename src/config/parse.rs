@@ -5,22 +5,11 @@
 //! so that syntax errors carry positions, unknown fields are refused, and the config can
 //! be written back out as JSON with the schema's field names.
 
-use super::{validate, ModelConfig};
+use super::{pb, validate, ModelConfig};
 use crate::status::{Error, Result};
 use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, SerializeOptions};
 use std::borrow::Cow;
 use std::sync::OnceLock;
-
-#[allow(
-    clippy::all,
-    clippy::pedantic,
-    dead_code,
-    missing_docs,
-    unreachable_pub
-)]
-pub(crate) mod pb {
-    include!(concat!(env!("OUT_DIR"), "/inference.rs"));
-}
 
 static DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/model_config.fds"));
 const MESSAGE_NAME: &str = "inference.ModelConfig";

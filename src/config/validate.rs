@@ -3,7 +3,7 @@
 //! Every error is INVALID_ARGUMENT and reads `model 'NAME': FIELD.PATH: what is wrong`,
 //! with the offending value in it, so that a user can find the line to fix.
 
-use super::parse::pb;
+use super::pb;
 use super::{
     ControlInput, ControlKind, DynamicBatching, Ensemble, EnsembleStep, InitialState,
     InstanceGroup, InstanceKind, ModelConfig, QueuePolicy, SequenceBatching, SequenceStrategy,

@@ -13,6 +13,8 @@ use std::sync::Arc;
 
 /// Longest string correlation ID, in bytes.
 pub const INFER_MAX_CORRELATION_ID_BYTES: usize = 128;
+// The header's copy of the limit the core applies.
+const _: () = assert!(INFER_MAX_CORRELATION_ID_BYTES == crate::request::MAX_CORRELATION_ID_BYTES);
 const MAX_DIMS: usize = 64;
 
 /// Creates a request for `version` (-1 = latest) of a loaded model. The caller owns

@@ -4,9 +4,9 @@
 //! sequence's block table: never from anything about the rest of the batch, so it is the
 //! same bits however the step is composed or split over threads.
 
-use super::gpt2::StepSeq;
 use super::kernels::{dot, reduce8, Exec};
 use super::kv::KvCache;
+use super::step::StepSeq;
 use rayon::prelude::*;
 
 /// One token's place in a step.

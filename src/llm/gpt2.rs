@@ -10,32 +10,10 @@ use super::attention::{self, AttentionShape, TokenSlot};
 use super::config::Gpt2Config;
 use super::kernels::{self, Epilogue, Exec};
 use super::kv::KvCache;
+use super::step::{Logits, StepSeq};
 use super::weights::Gpt2;
 use crate::status::{Error, Result};
 use std::sync::Arc;
-
-/// Which logits a sequence wants from a step.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Logits {
-    None,
-    /// The last token's row.
-    Last,
-    /// One row per token.
-    All,
-}
-
-/// One sequence's share of a step: process `tokens`, which sit at positions
-/// `start..start + tokens.len()`; positions `0..start` are already in the cache. `blocks`
-/// is the sequence's block table and covers at least positions `0..start + tokens.len()`
-/// (block `i` holds positions `i * tpb..(i + 1) * tpb`). The step writes K/V of the new
-/// positions; the blocks it writes must not be written by another sequence of the step.
-#[derive(Clone, Copy, Debug)]
-pub struct StepSeq<'a> {
-    pub tokens: &'a [u32],
-    pub start: usize,
-    pub blocks: &'a [u32],
-    pub logits: Logits,
-}
 
 /// Multiply-adds below which a kernel stays on the calling thread.
 const MIN_PARALLEL_WORK: usize = 1 << 18;

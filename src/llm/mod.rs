@@ -17,10 +17,12 @@ mod gpt2;
 mod kernels;
 mod kv;
 mod sampling;
+mod step;
 mod weights;
 
 pub use config::{Activation, Gpt2Config};
-pub use gpt2::{Logits, Runner, StepSeq};
+pub use gpt2::Runner;
 pub use kv::KvCache;
 pub use sampling::{argmax, sample, Rng, SamplingParams};
+pub use step::{Logits, StepSeq};
 pub use weights::Gpt2;

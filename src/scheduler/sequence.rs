@@ -292,11 +292,11 @@ impl Sequencer {
             )));
         }
         if let CorrelationId::Str(s) = corr {
-            if s.len() > crate::ffi::request::INFER_MAX_CORRELATION_ID_BYTES {
+            if s.len() > crate::request::MAX_CORRELATION_ID_BYTES {
                 return Err(Error::invalid(format!(
                     "model '{m}': correlation ID of {} bytes is longer than the limit of {}",
                     s.len(),
-                    crate::ffi::request::INFER_MAX_CORRELATION_ID_BYTES
+                    crate::request::MAX_CORRELATION_ID_BYTES
                 )));
             }
         }

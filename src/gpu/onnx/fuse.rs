@@ -14,7 +14,7 @@
 //! `k_binary`, 8-9 the kind, 10-14 register a, 15-19 register b, 20-21 float slot).
 
 use super::kargs::{KArgs, Kernel};
-use super::plan::{Buf, Ptr, Step};
+use super::plan::step::{Buf, Ptr, Step};
 use std::collections::HashMap;
 
 /// Instructions per fused launch (p[1..16]).

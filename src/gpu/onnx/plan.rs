@@ -13,36 +13,9 @@ use std::sync::{Arc, Weak};
 
 mod attention;
 mod composite;
+pub mod step;
 
-/// Where a tensor's bytes are, resolved to an address when the plan runs.
-#[derive(Clone)]
-pub enum Buf {
-    /// Batch input `k` (graph input order).
-    Input(usize),
-    /// Graph output `k`.
-    Output(usize),
-    /// Intermediate `k` (an offset of the arena).
-    Temp(usize),
-    /// A constant on the device.
-    Const(Arc<DeviceMem>),
-}
-
-#[derive(Clone)]
-pub struct Ptr {
-    pub buf: Buf,
-    /// Byte offset into the buffer.
-    pub bytes: u64,
-}
-
-impl Ptr {
-    /// The same buffer, `bytes` further on.
-    fn plus(&self, bytes: u64) -> Ptr {
-        Ptr {
-            buf: self.buf.clone(),
-            bytes: self.bytes + bytes,
-        }
-    }
-}
+pub use step::{Buf, Ptr, Step};
 
 /// A tensor on the device: contiguous, row-major.
 #[derive(Clone)]
@@ -62,26 +35,6 @@ impl Dev {
 pub enum Val {
     Host(HostTensor),
     Dev(Dev),
-}
-
-pub enum Step {
-    Kernel {
-        k: Kernel,
-        args: Box<KArgs>,
-        ins: [Option<Ptr>; 4],
-        out: Ptr,
-    },
-    Gemm {
-        g: GemmArgs,
-        a: Ptr,
-        b: Ptr,
-        c: Ptr,
-    },
-    Copy {
-        dst: Ptr,
-        src: Ptr,
-        bytes: u64,
-    },
 }
 
 struct Temp {
