@@ -16,8 +16,6 @@ pub mod ffi;
 pub mod gpu;
 pub mod llm;
 pub mod log;
-pub mod model;
-mod pool;
 pub mod request;
 pub mod scheduler;
 pub mod server;

@@ -9,7 +9,7 @@ use crate::config::{parse_raw, InstanceKind, ModelConfig, VersionPolicy};
 pub use crate::gpu::GpuMode;
 use crate::gpu::GpuState;
 use crate::log::Logger;
-use crate::model::prepare;
+use crate::request::checks::prepare;
 use crate::request::{ModelIdentity, Request};
 use crate::scheduler::sequence::{initial_states, StateValue};
 use crate::scheduler::{inflight, CancelOutcome, Scheduler};
@@ -97,7 +97,7 @@ static LIVE_SERVERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicU
 impl Drop for Server {
     fn drop(&mut self) {
         if LIVE_SERVERS.fetch_sub(1, Ordering::AcqRel) == 1 {
-            crate::pool::drain();
+            crate::request::pool::drain();
         }
     }
 }
@@ -313,7 +313,7 @@ impl Server {
                 let s = Scheduler::start_ensemble(
                     ModelIdentity::new(&config.name, v),
                     config.clone(),
-                    self.me.clone(),
+                    self.me.clone() as std::sync::Weak<dyn crate::scheduler::Router>,
                     self.log.clone(),
                 );
                 (v, s)
@@ -465,7 +465,7 @@ impl Server {
         })?;
         let _bound = crate::gpu::ScopedBind::new(&ctx)?;
         let inner = backend.clone().create_version_instance(config, at)?;
-        let instance = crate::gpu::instance::GpuInstance::new(inner, ctx).map_err(|e| {
+        let instance = crate::backend::gpu_instance::GpuInstance::new(inner, ctx).map_err(|e| {
             e.context(format!(
                 "model '{}': instance {} on GPU {}",
                 config.name, at.index, at.gpu
@@ -682,7 +682,7 @@ impl Server {
                 e.context(format!("outputs of model '{}' on GPU {device}", req.model))
             })?;
             if let Some(sink) = req.sink.as_mut() {
-                sink.set_output_placer(placer);
+                sink.set_delivery_hook(placer);
             }
         }
         let id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
@@ -691,14 +691,14 @@ impl Server {
         for _ in 0..REPLACE_RETRIES {
             // The version resolved when the request was created saves a registry lookup;
             // if it has been replaced since, its enqueue refuses and the loop looks again.
-            let resolved = match req.target.take() {
+            let resolved = match req.target.take().and_then(|t| t.downcast().ok()) {
                 Some(t) => Ok(t),
                 None => self.resolve(&req.model, req.version),
             };
             let result = resolved.and_then(|sched| {
                 let key = prepare(&sched.config, &mut req)?;
                 if !sched.takes_device_inputs {
-                    crate::gpu::instance::inputs_to_host(&mut req)?;
+                    crate::backend::gpu_instance::inputs_to_host(&mut req)?;
                 }
                 Ok((key, sched))
             });
@@ -941,4 +941,16 @@ fn select_versions(config: &ModelConfig, dir: Option<&Path>) -> Result<Vec<i64>>
         }
     };
     Ok(chosen)
+}
+
+/// Ensembles send their steps' requests through the server, as a caller would.
+impl crate::scheduler::Router for Server {
+    fn enqueue(&self, req: Box<Request>) -> Result<u64> {
+        Server::enqueue(self, req)
+    }
+
+    fn cancel(&self, request_id: u64) {
+        // A step request that already finished has nothing left to cancel.
+        let _ = Server::cancel(self, request_id);
+    }
 }

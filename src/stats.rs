@@ -229,7 +229,7 @@ impl ModelStats {
 }
 
 /// The GPU times of one batch, in nanoseconds of stream time between its timing events
-/// (see `gpu::instance`).
+/// (see `backend::gpu_instance`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BatchTimes {
     /// Before the input copies to after them.

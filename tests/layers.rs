@@ -29,11 +29,7 @@ const ROOMS: &[(&str, &str)] = &[
     ("tensor", "tensor"),
     ("config", "config"),
     ("request", "request"),
-    ("pool", "request"),
-    ("model", "request"),
     ("backend", "backend"),
-    // The instance wrapper that runs any backend on a GPU.
-    ("gpu/instance", "backend"),
     ("backend/onnx", "onnx"),
     ("gpu/onnx", "onnx"),
     ("llm", "llm"),

@@ -6,6 +6,7 @@
 
 pub mod builtin;
 pub mod custom;
+pub mod gpu_instance;
 pub mod onnx;
 
 use crate::config::ModelConfig;
@@ -99,7 +100,7 @@ enum InputSource {
     /// Rows of several requests concatenated along dim 0.
     Assembled(Vec<u8>),
     /// Rows of several requests (request, input) not yet concatenated: a GPU instance
-    /// gathers them straight into pinned memory (see `gpu::instance`).
+    /// gathers them straight into pinned memory (see `gpu_instance`).
     Gather(Vec<(u32, u32)>),
 }
 
@@ -138,7 +139,7 @@ pub struct Batch {
     /// Message a custom backend gave for a failed execute.
     pub error_message: Option<String>,
     /// Device, stream and device buffers while a GPU instance runs the batch.
-    pub gpu: Option<crate::gpu::instance::BatchGpu>,
+    pub gpu: Option<gpu_instance::BatchGpu>,
 }
 
 impl Batch {
@@ -337,7 +338,7 @@ impl Batch {
                 }
             }
             if let (Some(r), false) = (&tc.reshape, tc.allow_ragged_batch) {
-                shape = crate::model::reshaped(config, &tc.name, &shape, r)?;
+                shape = crate::request::checks::reshaped(config, &tc.name, &shape, r)?;
             }
             inputs.push(BatchInput {
                 name: tc.name.clone(),

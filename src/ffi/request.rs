@@ -2,7 +2,7 @@
 
 use super::server::ServerHandle;
 use super::*;
-use crate::model::{check_input, InputBytes};
+use crate::request::checks::{check_input, InputBytes};
 use crate::request::{CorrelationId, ParamValue, Request};
 use crate::tensor::{
     element_count, shape_string, Borrowed, DataType, DeviceData, DeviceKeep, ReleaseCallback,

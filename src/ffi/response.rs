@@ -187,7 +187,7 @@ pub unsafe extern "C" fn infer_response_parameter_string(
 pub unsafe extern "C" fn infer_response_free(r: *mut Response) {
     value_boundary((), || {
         if !r.is_null() {
-            crate::pool::recycle_response(Box::from_raw(r));
+            crate::request::pool::recycle_response(Box::from_raw(r));
         }
     })
 }

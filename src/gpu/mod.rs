@@ -13,7 +13,6 @@
 //! GPU before their callback (`outputs`).
 
 pub mod driver;
-pub mod instance;
 pub mod onnx;
 pub mod outputs;
 mod probe;

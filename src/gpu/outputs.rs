@@ -18,7 +18,7 @@
 
 use super::driver::{Context, MemoryPool, Stream};
 use super::ScopedBind;
-use crate::request::Response;
+use crate::request::{DeliveryHook, Response};
 use crate::status::{Code, Error, Result};
 use crate::tensor::{DataType, DeviceData, DeviceKeep, TensorData};
 use parking_lot::Mutex;
@@ -177,5 +177,11 @@ impl Drop for OutputPlacer {
         // Destroying the streams binds the context: give the thread its own back after.
         let _bound = ScopedBind::new(&self.ctx);
         self.streams.lock().clear();
+    }
+}
+
+impl DeliveryHook for OutputPlacer {
+    fn before_delivery(&self, resp: &mut Response) {
+        self.place(resp);
     }
 }

@@ -87,9 +87,18 @@ struct StepQueue {
     waiting: VecDeque<Arc<Run>>,
 }
 
+/// How an ensemble reaches the models of its steps: the server, seen from below. A step's
+/// request goes in as a caller's would, so each composing model keeps its own scheduling.
+pub trait Router: Send + Sync {
+    /// Enqueues `req` to the model (and version) it names; its request id.
+    fn enqueue(&self, req: Box<Request>) -> Result<u64>;
+    /// Cancels a request enqueued here (one that has finished is not an error).
+    fn cancel(&self, request_id: u64);
+}
+
 pub(super) struct Runner {
     me: Weak<Scheduler>,
-    server: Weak<crate::server::Server>,
+    server: Weak<dyn Router>,
     steps: Vec<EnsembleStep>,
     queues: Vec<Mutex<StepQueue>>,
     out_names: Vec<Arc<CString>>,
@@ -100,7 +109,7 @@ pub(super) struct Runner {
 impl Runner {
     pub(super) fn new(
         me: Weak<Scheduler>,
-        server: Weak<crate::server::Server>,
+        server: Weak<dyn Router>,
         config: &ModelConfig,
     ) -> Runner {
         let steps = config
@@ -203,7 +212,7 @@ impl Runner {
             }),
         });
         self.runs.lock().insert(run.id, run.clone());
-        crate::pool::recycle_request(req);
+        crate::request::pool::recycle_request(req);
         self.advance(&sched, &run);
         Ok(())
     }
@@ -302,7 +311,7 @@ impl Runner {
             let mut st = run.st.lock();
             if st.sink.is_none() {
                 drop(st);
-                crate::pool::recycle_request(req);
+                crate::request::pool::recycle_request(req);
                 return self.step_done(sched, i);
             }
             for (input, tensor) in &step.input_map {
@@ -356,7 +365,7 @@ impl Runner {
                 .map(|e| e.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let e = Error::new(resp.status, format!("step '{}': {msg}", step.model_name));
-            crate::pool::recycle_response(resp);
+            crate::request::pool::recycle_response(resp);
             return self.fail(sched, run, e);
         }
         let missing = {
@@ -381,7 +390,7 @@ impl Runner {
             }
             missing
         };
-        crate::pool::recycle_response(resp);
+        crate::request::pool::recycle_response(resp);
         if let Some(m) = missing {
             let e = Error::internal(format!(
                 "step '{}' did not return output '{m}'",
@@ -456,7 +465,7 @@ impl Runner {
         );
         if let Some(server) = self.server.upgrade() {
             for id in sent {
-                let _ = server.cancel(id);
+                server.cancel(id);
             }
         }
         true

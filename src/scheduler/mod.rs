@@ -12,6 +12,8 @@ pub mod inflight;
 pub mod queue;
 pub mod sequence;
 
+pub use ensemble::Router;
+
 use crate::backend::{Batch, ModelInstance};
 use crate::config::ModelConfig;
 use crate::request::{ModelIdentity, Request, Response, ResponseSink};
@@ -248,7 +250,7 @@ impl Scheduler {
     pub fn start_ensemble(
         model: ModelIdentity,
         config: Arc<ModelConfig>,
-        server: std::sync::Weak<crate::server::Server>,
+        server: std::sync::Weak<dyn Router>,
         log: crate::log::Logger,
     ) -> Arc<Scheduler> {
         Arc::new_cyclic(|me| {
@@ -1002,7 +1004,7 @@ impl Scheduler {
                 let resp = self.answer(&req, window, &outputs_checked, &row_errors, &config);
                 answers.push((sink, resp));
             }
-            crate::pool::recycle_request(req);
+            crate::request::pool::recycle_request(req);
         }
         answers
     }

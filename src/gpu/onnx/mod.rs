@@ -1,7 +1,7 @@
 //! The GPU executor for ONNX graphs: an instance on a GPU reads the graph itself, plans
 //! it per set of input shapes (kernels of kernels.cu compiled with NVRTC, GEMMs through
 //! cuBLAS, intermediates in one arena whose space is reused), and runs the plan on the
-//! instance's stream. It is the inner instance of a [`crate::gpu::instance::GpuInstance`],
+//! instance's stream. It is the inner instance of a [`crate::backend::gpu_instance::GpuInstance`],
 //! which moves inputs and outputs between host and device.
 //!
 //! Operators: see [`SUPPORTED`]. Shape computations (Shape, Gather, Concat, ... on

@@ -24,9 +24,9 @@
 //! CUDA graph capture left open), counts as untimed. The sets of four come from a pool, so
 //! the steady state creates no events either.
 
-use super::driver::{Context, DevicePtr, Event, MemoryPool, Stream};
-use super::DeviceBuf;
-use crate::backend::{Batch, BatchOutput, Completion, ModelInstance};
+use super::{Batch, BatchOutput, Completion, ModelInstance};
+use crate::gpu::driver::{Context, DevicePtr, Event, MemoryPool, Stream};
+use crate::gpu::{DeviceBuf, PinnedBuf};
 use crate::stats::{BatchTimes, GpuInstanceStats};
 use crate::status::{Error, Result};
 use crate::tensor::{DataType, Shape};
@@ -240,7 +240,7 @@ impl GpuInstance {
         &self,
         batch: &Batch,
         timing: &mut Timing,
-    ) -> Result<(Vec<DevicePtr>, Option<DeviceBuf>, Option<super::PinnedBuf>)> {
+    ) -> Result<(Vec<DevicePtr>, Option<DeviceBuf>, Option<PinnedBuf>)> {
         let device = self.ctx.ordinal();
         let mut places = Vec::with_capacity(batch.inputs.len());
         let mut total = 0usize;
@@ -509,10 +509,10 @@ struct InFlight {
     timing: Timing,
     stats: Arc<GpuInstanceStats>,
     outputs: Vec<(usize, DeviceBuf)>,
-    landing: Vec<(usize, super::PinnedBuf)>,
+    landing: Vec<(usize, PinnedBuf)>,
     /// Kept until the work that reads them has run.
     #[allow(dead_code)]
-    inputs: (Option<DeviceBuf>, Option<super::PinnedBuf>),
+    inputs: (Option<DeviceBuf>, Option<PinnedBuf>),
     any_on_device: bool,
     device: i32,
 }
@@ -596,12 +596,12 @@ pub fn inputs_to_host(req: &mut crate::request::Request) -> Result<()> {
                 t.name, req.model, d.device
             ))
         };
-        let ctx = super::context(d.device).map_err(at)?;
-        let _bound = super::ScopedBind::new(&ctx).map_err(at)?;
+        let ctx = crate::gpu::context(d.device).map_err(at)?;
+        let _bound = crate::gpu::ScopedBind::new(&ctx).map_err(at)?;
         let mut host = vec![0u8; d.len];
         // SAFETY: the caller lent `len` bytes of device memory at `ptr` (checked against
         // the driver's allocation when the input was added).
-        unsafe { super::driver::copy_to_host_now(&mut host, d.ptr) }.map_err(at)?;
+        unsafe { crate::gpu::driver::copy_to_host_now(&mut host, d.ptr) }.map_err(at)?;
         t.data = crate::tensor::TensorData::Owned(host);
     }
     Ok(())

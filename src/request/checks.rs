@@ -1,8 +1,8 @@
 //! Checks of requests against a model's configuration: input names, datatypes, shapes
 //! and sizes when an input is added, and completeness and batch size at enqueue.
 
+use super::Request;
 use crate::config::{ModelConfig, TensorConfig};
-use crate::request::Request;
 use crate::status::{Error, Result};
 use crate::tensor::{count_bytes_elements, element_count, shape_string, DataType, Shape};
 use smallvec::SmallVec;

@@ -1,9 +1,15 @@
-//! Requests, responses and the exactly-once FINAL guard.
+//! Requests, responses and the exactly-once FINAL guard; the checks of a request against
+//! its model's config (`checks`) and the recycling of both objects (`pool`). This room
+//! knows no scheduler, no GPU and no C handle: what runs before a response's callback is
+//! a [`DeliveryHook`], and the model a request was resolved to is opaque here.
 //!
 //! A [`Request`] is owned by exactly one place at a time (the caller, a queue, a batch),
 //! and its [`ResponseSink`] travels with it. The sink's `send_final` consumes the sink, and
 //! a sink dropped without a FINAL sends one (INTERNAL) from its destructor, so "exactly one
 //! FINAL per accepted request" holds by construction rather than by bookkeeping.
+
+pub mod checks;
+pub(crate) mod pool;
 
 use crate::config::ModelConfig;
 use crate::status::{Code, Error};
@@ -66,8 +72,9 @@ pub struct Request {
     /// The config the inputs were checked against when added (None if the model was not
     /// loaded when the request was created).
     pub checked_against: Option<Arc<ModelConfig>>,
-    /// The model version resolved when the request was created, if it was.
-    pub target: Option<Arc<crate::scheduler::Scheduler>>,
+    /// What the server resolved the model version to when the request was created, if
+    /// it did: opaque here (the server reads it back at enqueue, saving a lookup).
+    pub target: Option<Arc<dyn std::any::Any + Send + Sync>>,
     /// Rows this request contributes to a batch (its dim 0 when the model batches).
     pub batch_size: u32,
     pub enqueued_at: Instant,
@@ -111,7 +118,7 @@ impl Request {
         version: i64,
         checked_against: Option<Arc<ModelConfig>>,
     ) -> Box<Request> {
-        match crate::pool::take_request() {
+        match pool::take_request() {
             Some(mut r) => {
                 r.model.push_str(model);
                 r.version = version;
@@ -136,7 +143,7 @@ impl Request {
 
     /// Back to the state of a new request, keeping allocated capacity.
     pub(crate) fn reset(&mut self) {
-        use crate::pool::{MAX_SPARE_BUFFER, MAX_SPARE_BUFFERS};
+        use pool::{MAX_SPARE_BUFFER, MAX_SPARE_BUFFERS};
         self.id = 0;
         self.model.clear();
         self.correlation_id = CorrelationId::None;
@@ -223,7 +230,7 @@ impl Response {
             CorrelationId::U64(v) => *v,
             _ => 0,
         };
-        match crate::pool::take_response() {
+        match pool::take_response() {
             Some(mut r) => {
                 r.request_id = request_id;
                 r.model = model.clone();
@@ -277,9 +284,16 @@ pub struct ResponseSink {
     /// Filled in when the request is accepted, so the destructor's safety-net FINAL can
     /// say which request and model it is about.
     fallback: Option<(u64, ModelIdentity)>,
-    /// The GPU the request wants its outputs on: host outputs of each response go there
-    /// before the callback runs (`gpu::outputs`).
-    place: Option<Arc<crate::gpu::outputs::OutputPlacer>>,
+    /// Runs on each response before the callback: the GPU output placement of a request
+    /// that wants its outputs on a GPU (the server's `OutputPlacer`).
+    place: Option<Arc<dyn DeliveryHook>>,
+}
+
+/// Work done on every response of a request on the delivering thread, with no lock held,
+/// just before the response reaches its callback.
+pub trait DeliveryHook: Send + Sync {
+    /// May change the response (move its outputs, or turn it into an error).
+    fn before_delivery(&self, resp: &mut Response);
 }
 
 /// Where responses go: the caller's C callback, or library code (an ensemble step).
@@ -334,16 +348,16 @@ impl ResponseSink {
         self.fallback = None;
     }
 
-    /// Every response from now on gets its host outputs (but BYTES) copied to `placer`'s
-    /// GPU before the callback runs.
-    pub fn set_output_placer(&mut self, placer: Arc<crate::gpu::outputs::OutputPlacer>) {
-        self.place = Some(placer);
+    /// Every response from now on goes through `hook` before the callback runs (e.g. its
+    /// host outputs, but BYTES, copied to the GPU the request asked for).
+    pub fn set_delivery_hook(&mut self, hook: Arc<dyn DeliveryHook>) {
+        self.place = Some(hook);
     }
 
     fn call(&mut self, mut resp: Box<Response>, flags: u32) {
         // On the delivering thread, with no lock held (the callback runs next).
         if let Some(p) = &self.place {
-            p.place(&mut resp);
+            p.before_delivery(&mut resp);
         }
         match &mut self.target {
             Target::C { func, user_data } => {

@@ -6,7 +6,7 @@
 //! locks. Instead a finished object goes back to a bounded lock-free pool, reset, and the
 //! next request or response takes it from there.
 
-use crate::request::{Request, Response};
+use super::{Request, Response};
 use crossbeam_queue::ArrayQueue;
 use std::sync::OnceLock;
 
