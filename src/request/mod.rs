@@ -26,7 +26,7 @@ pub type ResponseFn = unsafe extern "C" fn(*mut c_void, *mut Response, u32);
 pub(crate) const RESPONSE_FLAG_FINAL: u32 = 1;
 
 /// Longest string correlation ID, in bytes.
-pub const MAX_CORRELATION_ID_BYTES: usize = 128;
+pub(crate) const MAX_CORRELATION_ID_BYTES: usize = 128;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub enum CorrelationId {
