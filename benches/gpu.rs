@@ -1,4 +1,4 @@
-//! ONNX models on an NVIDIA GPU (the GPU executor of `src/gpu/onnx`), through the C API.
+//! ONNX models on an NVIDIA GPU (the GPU executor of `src/onnx/gpu`), through the C API.
 //!
 //! Run with `cargo bench --bench gpu`. Without a usable GPU (`infer_server_new` with
 //! `INFER_GPU_REQUIRED` fails) it prints `SKIP: <reason>` and exits 0. See
@@ -23,7 +23,7 @@
 //!   (`infer_server_enqueue`, waiting for the FINAL callback): requests/s, latency and the
 //!   mean executed batch (`inference_count / execution_count` of the statistics JSON).
 //! * `cublas`: the executor's GEMM shape called directly through cuBLAS
-//!   (`infer::gpu::onnx::runtime::Blas`), 4096 x 4096 x batch, timed with a stream
+//!   (`infer::onnx::gpu::runtime::Blas`), 4096 x 4096 x batch, timed with a stream
 //!   synchronize after every block of calls: the TFLOP/s the MLP's GEMMs could reach.
 //!
 //! Knobs (environment): INFER_BENCH_SECONDS (measured seconds per row, 2),
@@ -776,9 +776,9 @@ fn e2e(gpu: &Server, mlp: &BenchModel, knobs: &Knobs) {
 /// width] X[width x batch] + C, column-major, as the plan maps a row-major Gemm
 /// (Y[batch, n] = X[batch, k] W[k, n] + bias) onto cuBLAS.
 fn cublas_gemms(width: usize, knobs: &Knobs) -> infer::status::Result<Vec<(usize, f64, usize)>> {
-    use infer::gpu::driver::{DeviceMem, Stream};
-    use infer::gpu::onnx::runtime::{Blas, GemmArgs};
-    let ctx = infer::gpu::context(0)?;
+    use infer::cuda::driver::{DeviceMem, Stream};
+    use infer::onnx::gpu::runtime::{Blas, GemmArgs};
+    let ctx = infer::cuda::context(0)?;
     ctx.bind()?;
     let stream = Stream::new(&ctx)?;
     let blas = Blas::new(stream.raw(), knobs.tf32)?;
@@ -909,7 +909,7 @@ fn main() {
             return;
         }
     };
-    let describe = infer::gpu::GpuState::for_mode(infer::gpu::GpuMode::Required)
+    let describe = infer::cuda::GpuState::for_mode(infer::cuda::GpuMode::Required)
         .runtime()
         .map_or_else(|| "?".to_owned(), |r| r.describe());
     println!("# libinfer GPU benchmark");

@@ -12,10 +12,11 @@
 pub(crate) mod affinity;
 pub mod backend;
 pub mod config;
+pub mod cuda;
 pub mod ffi;
-pub mod gpu;
 pub mod llm;
 pub mod log;
+pub mod onnx;
 pub mod request;
 pub mod scheduler;
 pub mod server;

@@ -231,7 +231,7 @@ pub enum DeviceKeep {
     /// The caller's memory, released through its callback (if any) when dropped.
     Borrowed(#[allow(dead_code)] Option<Borrowed>),
     /// A batch output shared by the responses of a batch.
-    Pooled(#[allow(dead_code)] Arc<crate::gpu::DeviceBuf>),
+    Pooled(#[allow(dead_code)] Arc<crate::cuda::DeviceBuf>),
 }
 
 impl TensorData {

@@ -2015,7 +2015,7 @@ fn gpu_instances_against_a_stand_in_driver() {
         .arg(&dir)
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/src/gpu/kernels/kernels.cu"
+            "/src/onnx/gpu/kernels.cu"
         ))
         .output()
         .expect("running the kernels' check");
@@ -2149,7 +2149,7 @@ fn custom_backend_on_a_real_gpu() {
 
 // ---- the GPU executor for ONNX models, against the stand-ins ----
 //
-// The stand-in driver runs the kernels of src/gpu/kernels/kernels.cu compiled for the
+// The stand-in driver runs the kernels of src/onnx/gpu/kernels.cu compiled for the
 // host, the stand-in NVRTC "compiles" them, and the stand-in cuBLAS computes GEMMs on
 // the host: every model of models/ on a KIND_GPU instance must give what it gives on
 // the CPU.
@@ -4244,7 +4244,7 @@ fn value_info_of(name: &str, dims: &[&str], elem_type: i32) -> pb::ValueInfoProt
 
 // ---- the kernels through the real NVRTC (no GPU needed) ----
 
-/// Compiles src/gpu/kernels/kernels.cu with the real NVRTC for the architectures the
+/// Compiles src/onnx/gpu/kernels.cu with the real NVRTC for the architectures the
 /// library serves, in a child process whose loader path starts with
 /// `INFER_NVRTC_LIB_DIR` (scripts/test.sh installs NVRTC from PyPI there). Without it:
 /// SKIP.
@@ -4286,7 +4286,7 @@ fn nvrtc_child() {
         return;
     }
     for cc in [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
-        let cubin = infer::gpu::onnx::runtime::compile(cc)
+        let cubin = infer::onnx::gpu::runtime::compile(cc)
             .unwrap_or_else(|e| panic!("sm_{}{}: {}", cc.0, cc.1, e.message));
         assert!(
             cubin.starts_with(b"\x7fELF"),

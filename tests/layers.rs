@@ -22,21 +22,16 @@ const ROOMS: &[(&str, &str)] = &[
     ("stats", "ground"),
     ("affinity", "ground"),
     // Raw CUDA: the driver, the probe, the device registry (NVRTC, cuBLAS and graphs are
-    // still in gpu/onnx/runtime, with the executor's kernel arguments).
-    ("gpu/mod", "cuda"),
-    ("gpu/driver", "cuda"),
-    ("gpu/probe", "cuda"),
+    // still in onnx/gpu/runtime, with the executor's kernel arguments).
+    ("cuda", "cuda"),
     ("tensor", "tensor"),
     ("config", "config"),
     ("request", "request"),
     ("backend", "backend"),
-    ("backend/onnx", "onnx"),
-    ("gpu/onnx", "onnx"),
+    ("onnx", "onnx"),
     ("llm", "llm"),
     ("scheduler", "scheduler"),
     ("server", "server"),
-    // GPU output placement, called when a response is delivered.
-    ("gpu/outputs", "server"),
     ("ffi", "ffi"),
     ("lib", "crate"),
 ];
@@ -59,7 +54,7 @@ const LEVELS: &[(&str, u32)] = &[
 
 const KNOWN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/layers_known.txt");
 
-/// A module path (`["gpu", "onnx", "plan"]`) and the file that holds it.
+/// A module path (`["onnx", "gpu", "plan"]`) and the file that holds it.
 struct Module {
     path: Vec<String>,
     file: PathBuf,
@@ -99,7 +94,7 @@ fn modules(src: &Path) -> Vec<Module> {
     out
 }
 
-/// The file's name as the rules and the known list write it: `gpu/onnx/plan.rs`.
+/// The file's name as the rules and the known list write it: `onnx/gpu/plan.rs`.
 fn rel(src: &Path, file: &Path) -> String {
     file.strip_prefix(src)
         .unwrap()
@@ -357,9 +352,8 @@ fn the_checker_finds_upward_imports_and_cycles() {
             "use super::super::status::E; use crate::{tensor, config::X};",
         ),
         ("llm/mod.rs", "use crate::no_such_module;"),
-        ("backend/mod.rs", "pub mod onnx;"),
         (
-            "backend/onnx.rs",
+            "onnx/mod.rs",
             "fn f() { crate::llm::g(); }\n#[cfg(test)]\nmod tests { use crate::ffi; }",
         ),
     ];
@@ -374,7 +368,7 @@ fn the_checker_finds_upward_imports_and_cycles() {
     // is sideways; the test module's import and the comment are not read.
     assert_eq!(
         bad,
-        ["backend/onnx.rs -> llm", "tensor.rs -> config"],
+        ["onnx/mod.rs -> llm", "tensor.rs -> config"],
         "{bad:?}"
     );
     assert_eq!(

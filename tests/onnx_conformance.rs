@@ -28,7 +28,7 @@
 //! is also written to `OUT/report.tsv`.
 //!
 //! With `INFER_ONNX_CONFORMANCE_GPU=1` every case runs on a KIND_GPU instance (the GPU
-//! executor of `src/gpu/onnx`) of a server whose GPU use is REQUIRED, the known failures
+//! executor of `src/onnx/gpu`) of a server whose GPU use is REQUIRED, the known failures
 //! come from `tests/onnx_conformance_gpu_known.txt`, the report goes to
 //! `OUT/report_gpu.tsv`, and the floor on passed cases is [`MIN_PASSED_GPU`]. A first run
 //! refused with UNSUPPORTED also counts as unsupported there: the executor plans a model

@@ -25,8 +25,8 @@
 //! the steady state creates no events either.
 
 use super::{Batch, BatchOutput, Completion, ModelInstance};
-use crate::gpu::driver::{Context, DevicePtr, Event, MemoryPool, Stream};
-use crate::gpu::{DeviceBuf, PinnedBuf};
+use crate::cuda::driver::{Context, DevicePtr, Event, MemoryPool, Stream};
+use crate::cuda::{DeviceBuf, PinnedBuf};
 use crate::stats::{BatchTimes, GpuInstanceStats};
 use crate::status::{Error, Result};
 use crate::tensor::{DataType, Shape};
@@ -596,12 +596,12 @@ pub fn inputs_to_host(req: &mut crate::request::Request) -> Result<()> {
                 t.name, req.model, d.device
             ))
         };
-        let ctx = crate::gpu::context(d.device).map_err(at)?;
-        let _bound = crate::gpu::ScopedBind::new(&ctx).map_err(at)?;
+        let ctx = crate::cuda::context(d.device).map_err(at)?;
+        let _bound = crate::cuda::ScopedBind::new(&ctx).map_err(at)?;
         let mut host = vec![0u8; d.len];
         // SAFETY: the caller lent `len` bytes of device memory at `ptr` (checked against
         // the driver's allocation when the input was added).
-        unsafe { crate::gpu::driver::copy_to_host_now(&mut host, d.ptr) }.map_err(at)?;
+        unsafe { crate::cuda::driver::copy_to_host_now(&mut host, d.ptr) }.map_err(at)?;
         t.data = crate::tensor::TensorData::Owned(host);
     }
     Ok(())

@@ -7,7 +7,6 @@
 pub mod builtin;
 pub mod custom;
 pub mod gpu_instance;
-pub mod onnx;
 
 use crate::config::ModelConfig;
 use crate::request::{Request, Shape};
@@ -120,7 +119,7 @@ pub struct BatchOutput {
     pub data: Vec<u8>,
     /// The output in device memory (GPU instances), shared by the responses that asked
     /// for device memory.
-    pub device: Option<Arc<crate::gpu::DeviceBuf>>,
+    pub device: Option<Arc<crate::cuda::DeviceBuf>>,
 }
 
 /// One execution's worth of requests, their batched inputs and the outputs the backend

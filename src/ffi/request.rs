@@ -404,7 +404,7 @@ pub unsafe extern "C" fn infer_request_set_parameter_string(
 
 /// Checks that `[ptr, ptr + len)` lies in one allocation of device memory on `device`.
 fn check_device_range(ptr: u64, len: usize, device: i32) -> std::result::Result<(), String> {
-    let info = crate::gpu::driver::pointer_info(ptr)
+    let info = crate::cuda::driver::pointer_info(ptr)
         .map_err(|why| format!("{ptr:#x} is not device memory ({why})"))?;
     if info.device != device {
         return Err(format!(

@@ -80,7 +80,7 @@ pub struct Request {
     pub enqueued_at: Instant,
     pub sink: Option<ResponseSink>,
     /// What the server that made this request may use of the GPUs (for device memory).
-    pub gpu: crate::gpu::GpuState,
+    pub gpu: crate::cuda::GpuState,
     /// The GPU this request wants its outputs on (`infer_request_set_output_memory`);
     /// None: host memory.
     pub output_device: Option<i32>,
@@ -106,7 +106,7 @@ impl Request {
             batch_size: 1,
             enqueued_at: Instant::now(),
             sink: None,
-            gpu: crate::gpu::GpuState::Off,
+            gpu: crate::cuda::GpuState::Off,
             output_device: None,
             spare_buffers: Vec::new(),
         }
@@ -164,7 +164,7 @@ impl Request {
         self.target = None;
         self.batch_size = 1;
         self.sink = None;
-        self.gpu = crate::gpu::GpuState::Off;
+        self.gpu = crate::cuda::GpuState::Off;
         self.output_device = None;
     }
 

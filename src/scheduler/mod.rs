@@ -1129,7 +1129,7 @@ struct SplitOutput {
     shape: crate::request::Shape,
     buf: Arc<Vec<u8>>,
     /// The output in device memory, for requests that want it there.
-    device: Option<Arc<crate::gpu::DeviceBuf>>,
+    device: Option<Arc<crate::cuda::DeviceBuf>>,
     /// Element offsets of a BYTES output.
     bytes_offsets: Option<Vec<usize>>,
     /// The config's dims, when the model computes this output in a `reshape` shape.

@@ -6,7 +6,7 @@ use super::graph::{Dt, Graph, HostTensor, Node};
 use super::host::{self, broadcast, broadcast_strides, strides, SliceSpec};
 use super::kargs::{KArgs, Kernel};
 use super::runtime::GemmArgs;
-use crate::gpu::driver::{Context, DeviceMem};
+use crate::cuda::driver::{Context, DeviceMem};
 use crate::status::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};

@@ -4,7 +4,7 @@
 //! they are missing, loading a model on KIND_GPU fails with UNAVAILABLE and the reason.
 
 use super::kargs::{KArgs, Kernel};
-use crate::gpu::driver::{Context, DevicePtr};
+use crate::cuda::driver::{Context, DevicePtr};
 use crate::status::{Error, Result};
 use cudarc::driver::sys as cu;
 use parking_lot::Mutex;
@@ -13,10 +13,10 @@ use std::ffi::{c_char, c_void, CString};
 use std::sync::{Arc, OnceLock};
 
 /// The kernel source (one file; see its header).
-pub const SOURCE: &str = include_str!("../kernels/kernels.cu");
+pub const SOURCE: &str = include_str!("kernels.cu");
 
 fn cu_check(r: cu::CUresult, what: &str) -> Result<()> {
-    crate::gpu::probe::check(r, what).map_err(Error::internal)
+    crate::cuda::probe::check(r, what).map_err(Error::internal)
 }
 
 /// Compiles the kernels for a device of compute capability `cc` into a CUBIN.

@@ -1,4 +1,6 @@
-//! GPU runtime: whether this process can use NVIDIA GPUs, and which ones.
+//! The CUDA room: whether this process can use NVIDIA GPUs, and which ones; the driver's
+//! contexts, streams, events and memory (`driver`). It imports nothing above `status` and
+//! `log`.
 //!
 //! The CUDA driver is loaded at run time (cudarc's dynamic loading), so the library builds
 //! and runs where no CUDA is installed. The driver and its devices are probed once per
@@ -7,15 +9,13 @@
 //! never abort: a missing driver, an old driver or a driver without devices is a reason,
 //! not an error of the caller.
 //!
-//! Instances of custom backends run on a GPU (`instance`): the library moves their
+//! Instances of any backend run on a GPU through `backend::gpu_instance`, which moves their
 //! batches through pinned host memory and device memory on the instance's stream.
 //! Responses whose request asked for GPU outputs get their host outputs copied to that
-//! GPU before their callback (`outputs`).
+//! GPU before their callback (`server::outputs`).
 
 pub mod driver;
-pub mod onnx;
-pub mod outputs;
-mod probe;
+pub(crate) mod probe;
 
 pub use driver::{Context, DeviceBuf, DevicePtr, MemoryPool, PinnedBuf, ScopedBind, Stream};
 pub use probe::{DeviceInfo, GpuRuntime};

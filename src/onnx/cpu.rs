@@ -9,7 +9,7 @@
 //! as Triton does; instance creation then checks that what the config states agrees
 //! with the model.
 
-use super::{Backend, Batch, InstancePlace, ModelInstance};
+use crate::backend::{Backend, Batch, InstancePlace, ModelInstance};
 use crate::config::{pb, ModelConfig, RawConfig};
 use crate::status::{Code, Error, Result};
 use crate::tensor::{shape_string, DataType};
@@ -30,7 +30,7 @@ pub fn is_onnx(key: &str) -> bool {
 pub struct OnnxBackend;
 
 impl Backend for OnnxBackend {
-    /// On KIND_GPU instances the GPU executor runs the graph (`gpu::onnx`).
+    /// On KIND_GPU instances the GPU executor runs the graph (`onnx::gpu`).
     fn runs_on_gpu(&self) -> bool {
         true
     }
@@ -66,7 +66,7 @@ impl Backend for OnnxBackend {
         let what = format!("model '{}' version {}", config.name, at.version);
         if at.gpu >= 0 {
             // On a GPU instance: the GPU executor (the context is bound by the caller).
-            return Ok(Box::new(crate::gpu::onnx::OnnxGpuInstance::new(
+            return Ok(Box::new(crate::onnx::gpu::OnnxGpuInstance::new(
                 config, &file, at.gpu, &what,
             )?));
         }
@@ -205,8 +205,8 @@ fn carried(dt: DatumType) -> std::result::Result<DataType, String> {
 /// The inputs and outputs a model declares, read without tract (for files tract cannot
 /// read, such as BFLOAT16 models that only the GPU executor runs).
 fn declared_from_graph(file: &Path, what: &str) -> Result<(Vec<Declared>, Vec<Declared>)> {
-    let g = crate::gpu::onnx::load_graph(file, what)?;
-    let of = |io: &crate::gpu::onnx::graph::Io| Declared {
+    let g = crate::onnx::gpu::load_graph(file, what)?;
+    let of = |io: &crate::onnx::gpu::graph::Io| Declared {
         name: io.name.clone(),
         dtype: io
             .dt

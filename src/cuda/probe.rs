@@ -121,7 +121,7 @@ fn probe_unguarded() -> Result<GpuRuntime, String> {
 }
 
 /// `what: CUDA_ERROR_NAME`, or Ok.
-pub(super) fn check(r: sys::CUresult, what: &str) -> Result<(), String> {
+pub(crate) fn check(r: sys::CUresult, what: &str) -> Result<(), String> {
     if r == sys::CUresult::CUDA_SUCCESS {
         return Ok(());
     }

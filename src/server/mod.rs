@@ -4,11 +4,14 @@
 //! Lifecycle changes never fail or lose an accepted request: a replaced or unloaded
 //! version stops accepting work, finishes what it has queued and only then goes away.
 
-use crate::backend::{builtin, custom::CustomBackend, onnx, Backend, InstancePlace};
+pub mod outputs;
+
+use crate::backend::{builtin, custom::CustomBackend, Backend, InstancePlace};
 use crate::config::{parse_raw, InstanceKind, ModelConfig, VersionPolicy};
-pub use crate::gpu::GpuMode;
-use crate::gpu::GpuState;
+pub use crate::cuda::GpuMode;
+use crate::cuda::GpuState;
 use crate::log::Logger;
+use crate::onnx;
 use crate::request::checks::prepare;
 use crate::request::{ModelIdentity, Request};
 use crate::scheduler::sequence::{initial_states, StateValue};
@@ -88,7 +91,7 @@ pub struct Server {
     stats_callbacks: Mutex<HashMap<String, Arc<inflight::StatsCallback>>>,
     /// By device id: what copies host outputs to the GPU a request asked for (made on
     /// the first such request).
-    output_placers: Mutex<Vec<Option<Arc<crate::gpu::outputs::OutputPlacer>>>>,
+    output_placers: Mutex<Vec<Option<Arc<crate::server::outputs::OutputPlacer>>>>,
 }
 
 /// Servers alive in this process; the object pools are emptied when it drops to zero.
@@ -457,13 +460,13 @@ impl Server {
         backend: &Arc<dyn Backend>,
         at: &InstancePlace<'_>,
     ) -> Result<Box<dyn crate::backend::ModelInstance>> {
-        let ctx = crate::gpu::context(at.gpu).map_err(|e| {
+        let ctx = crate::cuda::context(at.gpu).map_err(|e| {
             e.context(format!(
                 "model '{}': instance {} on GPU {}",
                 config.name, at.index, at.gpu
             ))
         })?;
-        let _bound = crate::gpu::ScopedBind::new(&ctx)?;
+        let _bound = crate::cuda::ScopedBind::new(&ctx)?;
         let inner = backend.clone().create_version_instance(config, at)?;
         let instance = crate::backend::gpu_instance::GpuInstance::new(inner, ctx).map_err(|e| {
             e.context(format!(
@@ -740,10 +743,10 @@ impl Server {
         }))
     }
 
-    /// This server's [`crate::gpu::outputs::OutputPlacer`] for GPU `device`, checked
+    /// This server's [`crate::server::outputs::OutputPlacer`] for GPU `device`, checked
     /// against what the server may use (UNAVAILABLE without a usable GPU,
     /// INVALID_ARGUMENT for a device that does not exist).
-    fn output_placer(&self, device: i32) -> Result<Arc<crate::gpu::outputs::OutputPlacer>> {
+    fn output_placer(&self, device: i32) -> Result<Arc<crate::server::outputs::OutputPlacer>> {
         self.gpu.check_device(device as i64)?;
         let i = device as usize;
         let mut all = self.output_placers.lock();
@@ -753,7 +756,7 @@ impl Server {
         if let Some(p) = &all[i] {
             return Ok(p.clone());
         }
-        let p = crate::gpu::outputs::OutputPlacer::new(device)?;
+        let p = crate::server::outputs::OutputPlacer::new(device)?;
         all[i] = Some(p.clone());
         Ok(p)
     }

@@ -192,7 +192,7 @@ mod tests {
 
     #[test]
     fn every_kernel_is_defined_in_the_source() {
-        let src = include_str!("../kernels/kernels.cu");
+        let src = include_str!("kernels.cu");
         for k in Kernel::ALL {
             let name = k.name().to_str().unwrap_or("");
             assert!(

@@ -22,8 +22,8 @@ pub mod runtime;
 
 use crate::backend::{Batch, ModelInstance};
 use crate::config::ModelConfig;
-use crate::gpu::driver::{Context, DevicePtr};
-use crate::gpu::DeviceBuf;
+use crate::cuda::driver::{Context, DevicePtr};
+use crate::cuda::DeviceBuf;
 use crate::status::{Error, Result};
 use graph::{Dt, Graph};
 use plan::{Buf, Consts, Plan, PlanKey, Planner, Ptr, Step};
@@ -351,8 +351,8 @@ enum GraphEntry {
     Warming(u32),
     Ready {
         graph: runtime::CudaGraph,
-        inputs: Vec<crate::gpu::driver::DeviceMem>,
-        outputs: Vec<Option<crate::gpu::driver::DeviceMem>>,
+        inputs: Vec<crate::cuda::driver::DeviceMem>,
+        outputs: Vec<Option<crate::cuda::driver::DeviceMem>>,
         /// The arena the graph was captured with (a new arena means a new capture).
         arena: DevicePtr,
     },
@@ -371,11 +371,11 @@ impl OnnxGpuInstance {
         what: &str,
     ) -> Result<OnnxGpuInstance> {
         let graph = shared_graph(file, what)?;
-        let info = crate::gpu::GpuState::for_mode(crate::gpu::GpuMode::Auto)
+        let info = crate::cuda::GpuState::for_mode(crate::cuda::GpuMode::Auto)
             .runtime()
             .and_then(|r| r.devices.get(device as usize).cloned())
             .ok_or_else(|| Error::unavailable(format!("{what}: GPU {device} is not usable")))?;
-        let ctx = crate::gpu::context(device)?;
+        let ctx = crate::cuda::context(device)?;
         let module = runtime::module(&ctx, info.compute_capability).map_err(|e| e.context(what))?;
         let opts = Options::of(config, what)?;
         let (tf32, precision) = (opts.tf32, opts.precision);
@@ -518,7 +518,7 @@ impl OnnxGpuInstance {
                             // bytes and stays valid while the request lives; the
                             // instance's context is bound.
                             unsafe {
-                                crate::gpu::driver::copy_to_host_now(&mut bytes[at..], d.ptr)?
+                                crate::cuda::driver::copy_to_host_now(&mut bytes[at..], d.ptr)?
                             };
                         }
                         None => bytes.extend_from_slice(piece.as_slice()),
@@ -735,7 +735,7 @@ impl OnnxGpuInstance {
                         continue;
                     };
                     // SAFETY: both ranges were sized by the plan.
-                    unsafe { crate::gpu::driver::copy_async(d, s, *bytes as usize, stream)? };
+                    unsafe { crate::cuda::driver::copy_async(d, s, *bytes as usize, stream)? };
                 }
             }
         }
@@ -774,7 +774,7 @@ impl OnnxGpuInstance {
                 let copy = |d: DevicePtr, s: DevicePtr, n: usize| {
                     // SAFETY: slots were sized from the plan; the batch's buffers hold
                     // the same shapes.
-                    unsafe { crate::gpu::driver::copy_async(d, s, n, stream) }
+                    unsafe { crate::cuda::driver::copy_async(d, s, n, stream) }
                 };
                 let mut r = Ok(Some(()));
                 for (slot, &src) in inputs.iter().zip(in_ptrs) {
@@ -806,7 +806,7 @@ impl OnnxGpuInstance {
             let mut inputs = Vec::new();
             for (dt, shape) in &plan.key.inputs {
                 let bytes = shape.iter().product::<i64>().max(0) as usize * dt.size();
-                inputs.push(crate::gpu::driver::DeviceMem::upload(
+                inputs.push(crate::cuda::driver::DeviceMem::upload(
                     &self.ctx,
                     &vec![0u8; bytes],
                 )?);
@@ -821,7 +821,7 @@ impl OnnxGpuInstance {
                         .is_some_and(|q| q.state_by_output(&io.name).is_some());
                 outputs.push(if wanted {
                     let bytes = shape.iter().product::<i64>().max(0) as usize * dt.size();
-                    Some(crate::gpu::driver::DeviceMem::upload(
+                    Some(crate::cuda::driver::DeviceMem::upload(
                         &self.ctx,
                         &vec![0u8; bytes],
                     )?)

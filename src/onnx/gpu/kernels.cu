@@ -10,7 +10,7 @@
  * barriers only through K_SHARED and K_SYNC (below), in "cooperative" kernels.
  *
  * Every kernel takes one infer_kargs by value (the same struct in Rust:
- * src/gpu/onnx/kargs.rs). Kernels loop `for (i = first; i < a.n; i += step)` with
+ * src/onnx/gpu/kargs.rs). Kernels loop `for (i = first; i < a.n; i += step)` with
  * first = blockIdx.x * blockDim.x + threadIdx.x and step = gridDim.x * blockDim.x, so any
  * 1-D grid covers [0, a.n) (the y and z dimensions are not used), except the cooperative
  * kernels.
@@ -556,7 +556,7 @@ KERNEL void infer_cast(infer_kargs a) {
  * g); else consecutive threads take the same element of consecutive outputs, which are
  * then contiguous (thread = g * lanes + lane). The thread's slot in a shared array is
  * lane * ls + g * gs, which is its K_TID. Any block size works (not only powers of two);
- * Module::launch (src/gpu/onnx/runtime.rs) mirrors this split to size its grids. */
+ * Module::launch (src/onnx/gpu/runtime.rs) mirrors this split to size its grids. */
 typedef struct k_team {
     int lanes, groups; /* outputs per tile, threads per output */
     int lane, g;       /* this thread's output in the tile and its index among its threads */
@@ -1650,7 +1650,7 @@ KERNEL void infer_compare(infer_kargs a) {
 }
 
 /* A chain of element-wise operations in one pass (the planner fuses them:
- * src/gpu/onnx/fuse.rs), strided like infer_binary over the inputs that are not NULL
+ * src/onnx/gpu/fuse.rs), strided like infer_binary over the inputs that are not NULL
  * (all of type a.ft; computed in f32). Registers 0..3 hold inputs 0..3, register 4 + j
  * the result of instruction j; the output is the last result. a.p[0]: the number of
  * instructions (1..15); a.p[1 + j]: instruction j, bits 0-7 the op (of k_unary or

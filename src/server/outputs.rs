@@ -2,7 +2,7 @@
 //!
 //! A request that asks for its outputs on GPU `d` (`infer_request_set_output_memory`)
 //! gets them there whatever served it: outputs a GPU instance produced in device memory
-//! stay where they are (see `instance`), and every other output of its responses that is
+//! stay where they are (see `backend::gpu_instance`), and every other output of its responses that is
 //! in host memory (a model on the CPU, an ensemble's final outputs, each response of a
 //! generative model, host outputs of a backend on a GPU instance) is copied to `d` just
 //! before its callback runs, on the thread that delivers it ([`crate::request::ResponseSink`]).
@@ -16,8 +16,8 @@
 //! nothing. A failure (no device memory, a driver error) turns the response into an
 //! error response naming the model, the outputs and the device.
 
-use super::driver::{Context, MemoryPool, Stream};
-use super::ScopedBind;
+use crate::cuda::driver::{Context, MemoryPool, Stream};
+use crate::cuda::ScopedBind;
 use crate::request::{DeliveryHook, Response};
 use crate::status::{Code, Error, Result};
 use crate::tensor::{DataType, DeviceData, DeviceKeep, TensorData};
@@ -39,7 +39,7 @@ pub struct OutputPlacer {
 impl OutputPlacer {
     /// A placer for GPU `device` (which the probe found).
     pub fn new(device: i32) -> Result<Arc<OutputPlacer>> {
-        let ctx = super::context(device)?;
+        let ctx = crate::cuda::context(device)?;
         Ok(Arc::new(OutputPlacer {
             pool: MemoryPool::new(&ctx),
             ctx,
