@@ -212,24 +212,14 @@ fn write_wide_mlp(dir: &Path) -> std::io::Result<()> {
         }
         prev = out;
     }
-    let model = pb::ModelProto {
-        ir_version: 8,
-        opset_import: vec![pb::OperatorSetIdProto {
-            domain: String::new(),
-            version: 17,
-        }],
-        graph: Some(pb::GraphProto {
-            name: "mlp_wide".into(),
-            node: nodes,
-            initializer: inits,
-            input: vec![value_info("FEATURES", &[None, Some(512)])],
-            output: vec![value_info("LOGITS", &[None, Some(10)])],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    std::fs::create_dir_all(dir.join("1"))?;
-    std::fs::write(dir.join("1").join("model.onnx"), model.encode_to_vec())
+    write_model(
+        dir,
+        "mlp_wide",
+        nodes,
+        inits,
+        value_info("FEATURES", &[None, Some(512)]),
+        value_info("LOGITS", &[None, Some(10)]),
+    )
 }
 
 /// One LSTM layer (batch first, 16 steps of 32 features, 64 hidden units, fixed-seed
@@ -316,6 +306,25 @@ fn write_lstm(dir: &Path) -> std::io::Result<()> {
             ..node("Flatten", &["Y_hB"], "H")
         },
     ];
+    write_model(
+        dir,
+        "lstm",
+        nodes,
+        inits,
+        value_info("X", &[None, Some(steps), Some(input)]),
+        value_info("H", &[None, Some(hidden)]),
+    )
+}
+
+/// Writes `<dir>/1/model.onnx`: one graph of opset 17 with one input and one output.
+fn write_model(
+    dir: &Path,
+    name: &str,
+    nodes: Vec<pb::NodeProto>,
+    inits: Vec<pb::TensorProto>,
+    input: pb::ValueInfoProto,
+    output: pb::ValueInfoProto,
+) -> std::io::Result<()> {
     let model = pb::ModelProto {
         ir_version: 8,
         opset_import: vec![pb::OperatorSetIdProto {
@@ -323,11 +332,11 @@ fn write_lstm(dir: &Path) -> std::io::Result<()> {
             version: 17,
         }],
         graph: Some(pb::GraphProto {
-            name: "lstm".into(),
+            name: name.into(),
             node: nodes,
             initializer: inits,
-            input: vec![value_info("X", &[None, Some(steps), Some(input)])],
-            output: vec![value_info("H", &[None, Some(hidden)])],
+            input: vec![input],
+            output: vec![output],
             ..Default::default()
         }),
         ..Default::default()
