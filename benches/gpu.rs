@@ -23,7 +23,7 @@
 //!   (`infer_server_enqueue`, waiting for the FINAL callback): requests/s, latency and the
 //!   mean executed batch (`inference_count / execution_count` of the statistics JSON).
 //! * `cublas`: the executor's GEMM shape called directly through cuBLAS
-//!   (`infer::onnx::gpu::runtime::Blas`), 4096 x 4096 x batch, timed with a stream
+//!   (`infer::cuda::cublas::Blas`), 4096 x 4096 x batch, timed with a stream
 //!   synchronize after every block of calls: the TFLOP/s the MLP's GEMMs could reach.
 //!
 //! Knobs (environment): INFER_BENCH_SECONDS (measured seconds per row, 2),
@@ -776,8 +776,8 @@ fn e2e(gpu: &Server, mlp: &BenchModel, knobs: &Knobs) {
 /// width] X[width x batch] + C, column-major, as the plan maps a row-major Gemm
 /// (Y[batch, n] = X[batch, k] W[k, n] + bias) onto cuBLAS.
 fn cublas_gemms(width: usize, knobs: &Knobs) -> infer::status::Result<Vec<(usize, f64, usize)>> {
+    use infer::cuda::cublas::{Blas, GemmArgs};
     use infer::cuda::driver::{DeviceMem, Stream};
-    use infer::onnx::gpu::runtime::{Blas, GemmArgs};
     let ctx = infer::cuda::context(0)?;
     ctx.bind()?;
     let stream = Stream::new(&ctx)?;

@@ -4286,7 +4286,7 @@ fn nvrtc_child() {
         return;
     }
     for cc in [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
-        let cubin = infer::onnx::gpu::runtime::compile(cc)
+        let cubin = infer::onnx::gpu::kernels::compile(cc)
             .unwrap_or_else(|e| panic!("sm_{}{}: {}", cc.0, cc.1, e.message));
         assert!(
             cubin.starts_with(b"\x7fELF"),

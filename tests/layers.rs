@@ -2,7 +2,8 @@
 //! room below it (ARCHITECTURE "Layers"). This test reads every source file of `src/`,
 //! resolves each `crate::` and `super::` path to the module file it names, and fails on
 //! an import that points up (or sideways, between two rooms of one level) and on an
-//! import cycle between files.
+//! import cycle between files. Raw CUDA (the `cudarc` bindings) is named in the `cuda`
+//! room only.
 //!
 //! The order is written once, in [`ROOMS`] and [`LEVELS`]: which files make which room
 //! (longest path prefix wins), and each room's level. What `src/` still does against it is
@@ -21,8 +22,7 @@ const ROOMS: &[(&str, &str)] = &[
     ("log", "ground"),
     ("stats", "ground"),
     ("affinity", "ground"),
-    // Raw CUDA: the driver, the probe, the device registry (NVRTC, cuBLAS and graphs are
-    // still in onnx/gpu/runtime, with the executor's kernel arguments).
+    // Every raw CUDA call: the probe, the driver, modules, NVRTC, cuBLAS, graphs.
     ("cuda", "cuda"),
     ("tensor", "tensor"),
     ("config", "config"),
@@ -226,6 +226,10 @@ fn check(src: &Path) -> (BTreeSet<String>, BTreeSet<String>) {
         let from = rel(src, &m.file);
         let room = room_of(&from);
         let text = std::fs::read_to_string(&m.file).unwrap();
+        // Raw CUDA (cudarc's bindings) is the cuda room's alone.
+        if room != "cuda" && code(&text).contains("cudarc::") {
+            bad.insert(format!("{from} -> cudarc"));
+        }
         for p in named_paths(&code(&text), &m.path) {
             let Some(t) = target(&mods, &p) else { continue };
             let to = rel(src, &t.file);
@@ -356,6 +360,11 @@ fn the_checker_finds_upward_imports_and_cycles() {
             "onnx/mod.rs",
             "fn f() { crate::llm::g(); }\n#[cfg(test)]\nmod tests { use crate::ffi; }",
         ),
+        ("cuda/mod.rs", "use cudarc::driver::sys;"),
+        (
+            "llm/kv.rs",
+            "// cudarc::driver in a comment\nfn f(s: cudarc::driver::sys::CUstream) {}",
+        ),
     ];
     for (f, text) in files {
         let p = dir.join(f);
@@ -365,10 +374,15 @@ fn the_checker_finds_upward_imports_and_cycles() {
     let (bad, cycles) = check(&dir);
     let bad: Vec<&str> = bad.iter().map(|s| s.as_str()).collect();
     // tensor (2) -> config (3) is up; config/parse -> tensor is down; onnx (6) -> llm (6)
-    // is sideways; the test module's import and the comment are not read.
+    // is sideways; llm/kv names raw CUDA outside cuda/; the test module's import and the
+    // comments are not read.
     assert_eq!(
         bad,
-        ["onnx/mod.rs -> llm", "tensor.rs -> config"],
+        [
+            "llm/kv.rs -> cudarc",
+            "onnx/mod.rs -> llm",
+            "tensor.rs -> config"
+        ],
         "{bad:?}"
     );
     assert_eq!(

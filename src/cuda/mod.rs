@@ -1,6 +1,7 @@
-//! The CUDA room: whether this process can use NVIDIA GPUs, and which ones; the driver's
-//! contexts, streams, events and memory (`driver`). It imports nothing above `status` and
-//! `log`.
+//! The CUDA room, every raw CUDA call of the library: whether this process can use NVIDIA
+//! GPUs, and which ones (`probe`); the driver's contexts, streams, events and memory
+//! (`driver`); loaded kernel modules (`module`); NVRTC (`nvrtc`), cuBLAS (`cublas`) and
+//! CUDA graphs (`graph`). It imports nothing above `status` and `log`.
 //!
 //! The CUDA driver is loaded at run time (cudarc's dynamic loading), so the library builds
 //! and runs where no CUDA is installed. The driver and its devices are probed once per
@@ -14,9 +15,15 @@
 //! Responses whose request asked for GPU outputs get their host outputs copied to that
 //! GPU before their callback (`server::outputs`).
 
+pub mod cublas;
 pub mod driver;
+pub mod graph;
+pub mod module;
+pub mod nvrtc;
 pub(crate) mod probe;
 
+/// The driver's stream handle, as raw launches take it.
+pub use cudarc::driver::sys::CUstream;
 pub use driver::{Context, DeviceBuf, DevicePtr, MemoryPool, PinnedBuf, ScopedBind, Stream};
 pub use probe::{DeviceInfo, GpuRuntime};
 

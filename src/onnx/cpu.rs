@@ -206,7 +206,7 @@ fn carried(dt: DatumType) -> std::result::Result<DataType, String> {
 /// read, such as BFLOAT16 models that only the GPU executor runs).
 fn declared_from_graph(file: &Path, what: &str) -> Result<(Vec<Declared>, Vec<Declared>)> {
     let g = crate::onnx::gpu::load_graph(file, what)?;
-    let of = |io: &crate::onnx::gpu::graph::Io| Declared {
+    let of = |io: &crate::onnx::graph::Io| Declared {
         name: io.name.clone(),
         dtype: io
             .dt

@@ -3,7 +3,7 @@
 //! which exported models are full of. Their results are known before anything runs on
 //! the device, so the device only sees real data.
 
-use super::graph::{Dt, HostTensor, Node};
+use crate::onnx::graph::{Dt, HostTensor, Node};
 use crate::status::{Error, Result};
 
 /// Row-major strides of `shape`, in elements.
@@ -116,7 +116,7 @@ pub fn eval(
     match node.op.as_str() {
         "Constant" => {
             if let Some(t) = node.tensor("value") {
-                return one(super::graph::tensor_from_proto(t, &node.label())?);
+                return one(crate::onnx::graph::tensor_from_proto(t, &node.label())?);
             }
             if node.has("value_ints") {
                 return one(HostTensor::vec_i64(
@@ -344,7 +344,7 @@ pub fn eval(
             }
             let (dt, v) = match node.tensor("value") {
                 Some(t) => {
-                    let t = super::graph::tensor_from_proto(t, &node.label())?;
+                    let t = crate::onnx::graph::tensor_from_proto(t, &node.label())?;
                     (t.dt, t.data.first().copied().unwrap_or(0.0))
                 }
                 None => (Dt::F32, 0.0),

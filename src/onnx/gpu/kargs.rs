@@ -79,6 +79,11 @@ impl Kernel {
         Kernel::Rope,
     ];
 
+    /// The kernel's place in [`Kernel::ALL`] (the order the module loads them in).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn name(self) -> &'static std::ffi::CStr {
         match self {
             Kernel::Unary => c"infer_unary",
@@ -178,6 +183,13 @@ mod tests {
         assert_eq!(Kernel::ArgMax.geometry(&args(3000, 50, 1000)), (12, 256));
         assert_eq!(Kernel::Reduce.geometry(&args(40, 5000, 4)), (10, 256));
         assert_eq!(Kernel::Reduce.geometry(&args(40, 2, 4)), (1, 256));
+    }
+
+    #[test]
+    fn a_kernels_index_is_its_place_in_all() {
+        for (i, k) in Kernel::ALL.iter().enumerate() {
+            assert_eq!(k.index(), i, "{k:?}");
+        }
     }
 
     #[test]

@@ -556,7 +556,7 @@ KERNEL void infer_cast(infer_kargs a) {
  * g); else consecutive threads take the same element of consecutive outputs, which are
  * then contiguous (thread = g * lanes + lane). The thread's slot in a shared array is
  * lane * ls + g * gs, which is its K_TID. Any block size works (not only powers of two);
- * Module::launch (src/onnx/gpu/runtime.rs) mirrors this split to size its grids. */
+ * Kernels::launch (src/onnx/gpu/kernels.rs) mirrors this split to size its grids. */
 typedef struct k_team {
     int lanes, groups; /* outputs per tile, threads per output */
     int lane, g;       /* this thread's output in the tile and its index among its threads */

@@ -14,18 +14,17 @@
 //! batch and are part of the plan's key, so each distinct value gets its own plan.
 
 pub mod fuse;
-pub mod graph;
 pub mod host;
 pub mod kargs;
+pub mod kernels;
 pub mod plan;
-pub mod runtime;
 
 use crate::backend::{Batch, ModelInstance};
 use crate::config::ModelConfig;
 use crate::cuda::driver::{Context, DevicePtr};
 use crate::cuda::DeviceBuf;
+use crate::onnx::graph::{self, Dt, Graph};
 use crate::status::{Error, Result};
-use graph::{Dt, Graph};
 use plan::{Buf, Consts, Plan, PlanKey, Planner, Ptr, Step};
 use std::collections::HashMap;
 use std::path::Path;
@@ -209,11 +208,7 @@ fn shared_graph(file: &Path, what: &str) -> Result<Arc<Graph>> {
 /// Reads and checks a graph for the GPU: every operator known, BatchNormalization after
 /// Conv folded.
 pub fn load_graph(file: &Path, what: &str) -> Result<Graph> {
-    use tract_onnx::prelude::Framework;
-    let proto = tract_onnx::onnx()
-        .proto_model_for_path(file)
-        .map_err(|e| Error::invalid(format!("{what}: cannot read {}: {e}", file.display())))?;
-    let mut g = Graph::from_proto(&proto, what)?;
+    let mut g = Graph::read(file, what)?;
     if let Some(n) = g
         .nodes
         .iter()
@@ -328,8 +323,8 @@ pub struct OnnxGpuInstance {
     graph: Arc<Graph>,
     config: Arc<ModelConfig>,
     ctx: Arc<Context>,
-    module: Arc<runtime::Module>,
-    blas: Option<runtime::Blas>,
+    module: Arc<kernels::Kernels>,
+    blas: Option<crate::cuda::cublas::Blas>,
     tf32: bool,
     /// FP16 or BF16: FLOAT tensors computed in that type (config parameter `precision`).
     precision: Option<Dt>,
@@ -350,7 +345,7 @@ enum GraphEntry {
     /// Runs so far without a graph.
     Warming(u32),
     Ready {
-        graph: runtime::CudaGraph,
+        graph: crate::cuda::graph::CudaGraph,
         inputs: Vec<crate::cuda::driver::DeviceMem>,
         outputs: Vec<Option<crate::cuda::driver::DeviceMem>>,
         /// The arena the graph was captured with (a new arena means a new capture).
@@ -376,7 +371,8 @@ impl OnnxGpuInstance {
             .and_then(|r| r.devices.get(device as usize).cloned())
             .ok_or_else(|| Error::unavailable(format!("{what}: GPU {device} is not usable")))?;
         let ctx = crate::cuda::context(device)?;
-        let module = runtime::module(&ctx, info.compute_capability).map_err(|e| e.context(what))?;
+        let module =
+            kernels::kernels(&ctx, info.compute_capability).map_err(|e| e.context(what))?;
         let opts = Options::of(config, what)?;
         let (tf32, precision) = (opts.tf32, opts.precision);
         let mut inst = OnnxGpuInstance {
@@ -677,9 +673,9 @@ impl ModelInstance for OnnxGpuInstance {
         }
         let arena = self.arena.as_ref().map_or(0, |a| a.ptr());
         if self.blas.is_none() {
-            self.blas = Some(runtime::Blas::new(stream as _, self.tf32)?);
+            self.blas = Some(crate::cuda::cublas::Blas::new(stream as _, self.tf32)?);
         }
-        let stream = stream as cudarc::driver::sys::CUstream;
+        let stream = stream as crate::cuda::CUstream;
         let batch_rows = (self.config.max_batch_size > 0).then_some(batch.size as i64);
         // (A model that does not batch has one shape per plan: graphs whenever asked for.)
         if self.graph_max_batch > 0 && batch_rows.is_none_or(|r| r <= self.graph_max_batch) {
@@ -699,7 +695,7 @@ impl OnnxGpuInstance {
         in_ptrs: &[DevicePtr],
         out_ptrs: &[Option<DevicePtr>],
         arena: DevicePtr,
-        stream: cudarc::driver::sys::CUstream,
+        stream: crate::cuda::CUstream,
     ) -> Result<()> {
         let resolve = |p: &Ptr| -> Option<DevicePtr> {
             let base = match &p.buf {
@@ -751,7 +747,7 @@ impl OnnxGpuInstance {
         in_ptrs: &[DevicePtr],
         out_ptrs: &[Option<DevicePtr>],
         arena: DevicePtr,
-        stream: cudarc::driver::sys::CUstream,
+        stream: crate::cuda::CUstream,
     ) -> Result<Option<()>> {
         let key = plan.key.clone();
         let entry = self.graphs.remove(&key).unwrap_or(GraphEntry::Warming(0));
@@ -800,7 +796,7 @@ impl OnnxGpuInstance {
         &mut self,
         plan: &Plan,
         arena: DevicePtr,
-        stream: cudarc::driver::sys::CUstream,
+        stream: crate::cuda::CUstream,
     ) -> GraphEntry {
         let made = (|| -> Result<GraphEntry> {
             let mut inputs = Vec::new();
@@ -838,7 +834,7 @@ impl OnnxGpuInstance {
             // captures; slots, arena and constants outlive the graph (kept with it, or
             // a new arena means a new capture).
             let graph = unsafe {
-                runtime::CudaGraph::capture(&self.ctx, stream, || {
+                crate::cuda::graph::CudaGraph::capture(&self.ctx, stream, || {
                     self.run_steps(plan, &in_ptrs, &out_ptrs, arena, stream)
                 })?
             };

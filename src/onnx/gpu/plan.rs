@@ -2,11 +2,11 @@
 //! launches, cuBLAS GEMMs or nothing at all (views and host computations), and every
 //! intermediate tensor gets an offset in one device arena, reused once the tensor is dead.
 
-use super::graph::{Dt, Graph, HostTensor, Node};
 use super::host::{self, broadcast, broadcast_strides, strides, SliceSpec};
 use super::kargs::{KArgs, Kernel};
-use super::runtime::GemmArgs;
+use crate::cuda::cublas::GemmArgs;
 use crate::cuda::driver::{Context, DeviceMem};
+use crate::onnx::graph::{Dt, Graph, HostTensor, Node};
 use crate::status::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};

@@ -13,8 +13,8 @@
 //! (batch, key/value head) multiplies `g * Sq` query rows with that head's keys.
 
 use super::{fits32, unsupported, Dev, Planner, Step, Val};
-use crate::onnx::gpu::graph::{Dt, Node};
-use crate::onnx::gpu::runtime::GemmArgs;
+use crate::cuda::cublas::GemmArgs;
+use crate::onnx::graph::{Dt, Node};
 use crate::status::{Error, Result};
 
 impl Planner<'_> {

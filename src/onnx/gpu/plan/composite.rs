@@ -5,7 +5,7 @@
 //! values uploaded like any other, and element-wise parts fuse as usual.
 
 use super::{host, numel, unsupported, Dev, KArgs, Kernel, Planner, Ptr, Step, Val};
-use crate::onnx::gpu::graph::{Dt, HostTensor, Node};
+use crate::onnx::graph::{Dt, HostTensor, Node};
 use crate::status::{Error, Result};
 
 impl Planner<'_> {

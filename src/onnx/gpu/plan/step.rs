@@ -2,9 +2,9 @@
 //! copies) and the buffers they name. Shared by the planner, the fusion pass and the
 //! executor; no planning here.
 
+use crate::cuda::cublas::GemmArgs;
 use crate::cuda::driver::DeviceMem;
 use crate::onnx::gpu::kargs::{KArgs, Kernel};
-use crate::onnx::gpu::runtime::GemmArgs;
 use std::sync::Arc;
 
 /// Where a tensor's bytes are, resolved to an address when the plan runs.

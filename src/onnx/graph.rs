@@ -1,6 +1,8 @@
-//! An ONNX graph as the GPU executor reads it: constant tensors in host memory, nodes with
-//! their attributes, the graph's inputs and outputs. Read straight from the protobuf
-//! (the CPU backend's parser keeps the message types public).
+//! The ONNX graph reader the executors share: a model file read straight from its
+//! protobuf (tract's parser keeps the message types public) into constant tensors in host
+//! memory, nodes with their attributes, and the graph's inputs and outputs. The GPU
+//! executor plans from it; the CPU executor completes configs from it where tract cannot
+//! read a file.
 
 use crate::status::{Error, Result};
 use tract_onnx::pb;
@@ -486,6 +488,15 @@ pub struct Graph {
 }
 
 impl Graph {
+    /// Reads the ONNX file at `file`; `what` names the model in errors.
+    pub fn read(file: &std::path::Path, what: &str) -> Result<Graph> {
+        use tract_onnx::prelude::Framework;
+        let proto = tract_onnx::onnx()
+            .proto_model_for_path(file)
+            .map_err(|e| Error::invalid(format!("{what}: cannot read {}: {e}", file.display())))?;
+        Graph::from_proto(&proto, what)
+    }
+
     pub fn from_proto(m: &pb::ModelProto, what: &str) -> Result<Graph> {
         let g = m
             .graph

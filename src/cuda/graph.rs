@@ -1,0 +1,79 @@
+//! CUDA graphs: the work queued on a stream captured once and replayed with one launch.
+
+use super::driver::Context;
+use crate::status::{Error, Result};
+use cudarc::driver::sys as cu;
+use std::sync::Arc;
+
+fn cu_check(r: cu::CUresult, what: &str) -> Result<()> {
+    super::probe::check(r, what).map_err(Error::internal)
+}
+
+/// An instantiated CUDA graph: a plan's launches captured from a stream, replayed with one
+/// launch.
+pub struct CudaGraph {
+    exec: cu::CUgraphExec,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: an executable graph may be launched from any thread with its context bound.
+unsafe impl Send for CudaGraph {}
+
+impl CudaGraph {
+    /// Captures what `record` queues on `stream` (relaxed mode: other threads' CUDA calls
+    /// are not affected) and instantiates it.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of `ctx` that nothing else uses meanwhile; the
+    /// addresses `record` queues work on must stay valid for every later launch.
+    pub unsafe fn capture(
+        ctx: &Arc<Context>,
+        stream: cu::CUstream,
+        record: impl FnOnce() -> Result<()>,
+    ) -> Result<CudaGraph> {
+        cu_check(
+            cu::cuStreamBeginCapture_v2(
+                stream,
+                cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            ),
+            "cuStreamBeginCapture",
+        )?;
+        let recorded = record();
+        let mut graph: cu::CUgraph = std::ptr::null_mut();
+        let ended = cu_check(
+            cu::cuStreamEndCapture(stream, &mut graph),
+            "cuStreamEndCapture",
+        );
+        let result = recorded.and(ended).and_then(|()| {
+            let mut exec: cu::CUgraphExec = std::ptr::null_mut();
+            cu_check(
+                cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0),
+                "cuGraphInstantiateWithFlags",
+            )
+            .map(|()| CudaGraph {
+                exec,
+                ctx: ctx.clone(),
+            })
+        });
+        if !graph.is_null() {
+            cu::cuGraphDestroy(graph);
+        }
+        result
+    }
+
+    /// Queues the whole graph on `stream`.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of the graph's context.
+    pub unsafe fn launch(&self, stream: cu::CUstream) -> Result<()> {
+        cu_check(cu::cuGraphLaunch(self.exec, stream), "cuGraphLaunch")
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind();
+        // SAFETY: instantiated once, destroyed once.
+        unsafe { cu::cuGraphExecDestroy(self.exec) };
+    }
+}
