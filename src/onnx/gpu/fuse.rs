@@ -14,6 +14,10 @@
 //! `k_binary`, 8-9 the kind, 10-14 register a, 15-19 register b, 20-21 float slot).
 
 use super::kargs::{KArgs, Kernel};
+// Instruction kinds: unary; binary; binary with an immediate second operand (f[slot]);
+// binary with an immediate first operand.
+use super::ops::fused::{BINARY, BINARY_IMM_A, BINARY_IMM_B, UNARY};
+use super::ops::unary;
 use super::plan::step::{Buf, Ptr, Step};
 use std::collections::HashMap;
 
@@ -22,19 +26,11 @@ pub const MAX_INSTRS: usize = 15;
 const MAX_INPUTS: usize = 4;
 const MAX_FLOATS: usize = 4;
 
-/// Instruction kinds.
-const UNARY: i64 = 0;
-const BINARY: i64 = 1;
-/// Binary with an immediate second operand (f[slot]).
-const BINARY_IMM_B: i64 = 2;
-/// Binary with an immediate first operand (f[slot]).
-const BINARY_IMM_A: i64 = 3;
-
 /// Float parameters a unary op takes (a.f[0..n] of `infer_unary`).
 fn unary_params(op: i64) -> usize {
     match op {
-        13 | 21 | 35 | 39 | 40 => 1, // alpha of LeakyRelu, Elu, ThresholdedRelu, Celu, Swish
-        14 | 20 | 34 | 36 => 2,      // Clip min/max, HardSigmoid alpha/beta, Selu, Shrink
+        unary::LEAKY_RELU | unary::ELU | unary::THRESHOLDED_RELU | unary::CELU | unary::SWISH => 1,
+        unary::CLIP | unary::HARD_SIGMOID | unary::SELU | unary::SHRINK => 2,
         _ => 0,
     }
 }

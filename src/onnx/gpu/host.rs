@@ -114,30 +114,7 @@ pub fn eval(
     };
     let one = |t: HostTensor| Ok(Some(vec![t]));
     match node.op.as_str() {
-        "Constant" => {
-            if let Some(t) = node.tensor("value") {
-                return one(crate::onnx::graph::tensor_from_proto(t, &node.label())?);
-            }
-            if node.has("value_ints") {
-                return one(HostTensor::vec_i64(
-                    &node.ints("value_ints").unwrap_or_default(),
-                ));
-            }
-            if node.has("value_int") {
-                return one(HostTensor::scalar_i64(node.int("value_int", 0)));
-            }
-            if node.has("value_float") {
-                return one(HostTensor {
-                    dt: Dt::F32,
-                    shape: Vec::new(),
-                    data: vec![node.float("value_float", 0.0) as f64],
-                });
-            }
-            Err(Error::unsupported(format!(
-                "{}: this kind of Constant is not supported",
-                node.label()
-            )))
-        }
+        "Constant" => eval_constant(node),
         "Identity" => one(x.clone()),
         "Dropout" => {
             dropout_is_identity(node, ins.get(2).copied().flatten())?;
@@ -160,50 +137,7 @@ pub fn eval(
             one(t.normalize())
         }
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Equal" | "Less" | "Greater"
-        | "And" | "Or" | "Mod" => {
-            let Some(y) = get(1) else { return Ok(None) };
-            let int = !x.dt.is_float();
-            let dt = if matches!(
-                node.op.as_str(),
-                "Equal" | "Less" | "Greater" | "And" | "Or"
-            ) {
-                Dt::Bool
-            } else {
-                x.dt
-            };
-            let f: Box<dyn Fn(f64, f64) -> f64> = match node.op.as_str() {
-                "Add" => Box::new(|a, b| a + b),
-                "Sub" => Box::new(|a, b| a - b),
-                "Mul" => Box::new(|a, b| a * b),
-                "Div" if int => Box::new(|a, b| if b == 0.0 { 0.0 } else { (a / b).trunc() }),
-                "Div" => Box::new(|a, b| a / b),
-                "Mod" => Box::new(|a, b| {
-                    if b == 0.0 {
-                        0.0
-                    } else {
-                        a - b * (a / b).floor()
-                    }
-                }),
-                "Pow" => Box::new(f64::powf),
-                "Max" => Box::new(f64::max),
-                "Min" => Box::new(f64::min),
-                "Equal" => Box::new(|a, b| f64::from(u8::from(a == b))),
-                "Less" => Box::new(|a, b| f64::from(u8::from(a < b))),
-                "Greater" => Box::new(|a, b| f64::from(u8::from(a > b))),
-                "And" => Box::new(|a, b| f64::from(u8::from(a != 0.0 && b != 0.0))),
-                _ => Box::new(|a, b| f64::from(u8::from(a != 0.0 || b != 0.0))),
-            };
-            if broadcast(&x.shape, &y.shape).is_some_and(|s| host_numel(&s).is_none()) {
-                return Ok(None); // too large for the host: on the device
-            }
-            let r = binary(x, y, dt, f).ok_or_else(|| {
-                bad(format!(
-                    "shapes {:?} and {:?} do not broadcast",
-                    x.shape, y.shape
-                ))
-            })?;
-            one(r)
-        }
+        | "And" | "Or" | "Mod" => eval_binary_op(node, x, ins),
         "Neg" | "Abs" | "Sqrt" | "Not" | "Floor" | "Ceil" | "Reciprocal" | "Exp" | "Log" => {
             let mut t = x.clone();
             for v in &mut t.data {
@@ -244,143 +178,11 @@ pub fn eval(
                 ..x.clone()
             })
         }
-        "Concat" => {
-            let mut parts = Vec::new();
-            for i in 0..node.inputs.len() {
-                match get(i) {
-                    Some(t) => parts.push(t),
-                    None => return Ok(None),
-                }
-            }
-            let a = axis(node.int("axis", 0), x.shape.len(), node)?;
-            check_concat(
-                node,
-                a,
-                &parts.iter().map(|t| &t.shape[..]).collect::<Vec<_>>(),
-            )?;
-            let mut shape = x.shape.clone();
-            shape[a] = parts.iter().map(|t| t.shape[a]).sum();
-            let outer: i64 = x.shape[..a].iter().product();
-            let mut data = Vec::new();
-            for o in 0..outer {
-                for t in &parts {
-                    let block: i64 = t.shape[a..].iter().product();
-                    data.extend_from_slice(
-                        &t.data[(o * block) as usize..((o + 1) * block) as usize],
-                    );
-                }
-            }
-            one(HostTensor {
-                dt: x.dt,
-                shape,
-                data,
-            })
-        }
-        "Gather" => {
-            let Some(idx) = get(1) else { return Ok(None) };
-            let a = axis(node.int("axis", 0), x.shape.len(), node)?;
-            let outer: i64 = x.shape[..a].iter().product();
-            let n = x.shape[a];
-            let inner: i64 = x.shape[a + 1..].iter().product();
-            let mut data = Vec::new();
-            for o in 0..outer {
-                for &j in &idx.as_i64() {
-                    let j = if j < 0 { j + n } else { j };
-                    if j < 0 || j >= n {
-                        return Err(bad(format!("index {j} is out of range for a dim of {n}")));
-                    }
-                    let at = ((o * n + j) * inner) as usize;
-                    data.extend_from_slice(&x.data[at..at + inner as usize]);
-                }
-            }
-            let mut shape = x.shape[..a].to_vec();
-            shape.extend_from_slice(&idx.shape);
-            shape.extend_from_slice(&x.shape[a + 1..]);
-            one(HostTensor {
-                dt: x.dt,
-                shape,
-                data,
-            })
-        }
-        "Slice" => {
-            let (Some(starts), Some(ends)) = (get(1), get(2)) else {
-                return Ok(None);
-            };
-            let spec = SliceSpec::new(
-                node,
-                &x.shape,
-                &starts.as_i64(),
-                &ends.as_i64(),
-                get(3).map(|t| t.as_i64()),
-                get(4).map(|t| t.as_i64()),
-            )?;
-            let out = spec.out_shape();
-            let n: i64 = out.iter().product();
-            let xs = strides(&x.shape);
-            let os = strides(&out);
-            let mut data = Vec::with_capacity(n as usize);
-            for i in 0..n {
-                let (mut at, mut rem) = (0i64, i);
-                for d in 0..out.len() {
-                    let q = rem / os[d];
-                    rem %= os[d];
-                    at += (spec.start[d] + q * spec.step[d]) * xs[d];
-                }
-                data.push(x.data[at as usize]);
-            }
-            one(HostTensor {
-                dt: x.dt,
-                shape: out,
-                data,
-            })
-        }
-        "ConstantOfShape" => {
-            let shape = x.as_i64();
-            let n = host_numel(&shape).unwrap_or(i64::MAX);
-            if shape.iter().any(|&d| d < 0) || n > HOST_LIMIT {
-                return Err(bad(format!(
-                    "shape {shape:?} cannot be made while planning"
-                )));
-            }
-            let (dt, v) = match node.tensor("value") {
-                Some(t) => {
-                    let t = crate::onnx::graph::tensor_from_proto(t, &node.label())?;
-                    (t.dt, t.data.first().copied().unwrap_or(0.0))
-                }
-                None => (Dt::F32, 0.0),
-            };
-            one(HostTensor {
-                dt,
-                shape,
-                data: vec![v; n.max(0) as usize],
-            })
-        }
-        "Range" => {
-            let (Some(start), Some(limit), Some(delta)) = (get(0), get(1), get(2)) else {
-                return Ok(None);
-            };
-            let (Some(&s), Some(&l), Some(&d)) =
-                (start.data.first(), limit.data.first(), delta.data.first())
-            else {
-                return Err(bad("start, limit and delta must be scalars".into()));
-            };
-            if d == 0.0 {
-                return Err(bad("delta is 0".into()));
-            }
-            let n = ((l - s) / d).ceil().max(0.0);
-            if n > HOST_LIMIT as f64 {
-                return Err(bad(format!(
-                    "{n} elements is too many to compute while planning"
-                )));
-            }
-            let n = n as usize;
-            one(HostTensor {
-                dt: start.dt,
-                shape: vec![n as i64],
-                data: (0..n).map(|i| s + i as f64 * d).collect(),
-            }
-            .normalize())
-        }
+        "Concat" => eval_concat(node, x, ins),
+        "Gather" => eval_gather(node, x, ins),
+        "Slice" => eval_slice(node, x, ins),
+        "ConstantOfShape" => eval_constant_of_shape(node, x),
+        "Range" => eval_range(node, ins),
         "Expand" => {
             let Some(s) = get(1) else { return Ok(None) };
             let shape = broadcast(&x.shape, &s.as_i64())
@@ -396,49 +198,308 @@ pub fn eval(
             };
             one(binary(x, &zero, x.dt, |a, _| a).unwrap_or(zero))
         }
-        "Where" => {
-            let (Some(a), Some(b)) = (get(1), get(2)) else {
-                return Ok(None);
-            };
-            let out = broadcast(&x.shape, &a.shape).and_then(|s| broadcast(&s, &b.shape));
-            if out.as_ref().is_some_and(|s| host_numel(s).is_none()) {
-                return Ok(None); // too large for the host: on the device
-            }
-            let r = out.map(|shape| {
-                let (sc, sa, sb) = (
-                    broadcast_strides(&x.shape, &shape),
-                    broadcast_strides(&a.shape, &shape),
-                    broadcast_strides(&b.shape, &shape),
-                );
-                let outs = strides(&shape);
-                let n: i64 = shape.iter().product();
-                let data = (0..n)
-                    .map(|i| {
-                        let (mut ic, mut ia, mut ib, mut rem) = (0i64, 0i64, 0i64, i);
-                        for d in 0..shape.len() {
-                            let q = rem / outs[d];
-                            rem %= outs[d];
-                            ic += q * sc[d];
-                            ia += q * sa[d];
-                            ib += q * sb[d];
-                        }
-                        if x.data[ic as usize] != 0.0 {
-                            a.data[ia as usize]
-                        } else {
-                            b.data[ib as usize]
-                        }
-                    })
-                    .collect();
-                HostTensor {
-                    dt: a.dt,
-                    shape,
-                    data,
-                }
-            });
-            one(r.ok_or_else(|| bad("shapes do not broadcast".into()))?)
-        }
+        "Where" => eval_where_op(node, x, ins),
         _ => Ok(None),
     }
+}
+
+/// A Constant node's value.
+fn eval_constant(node: &Node) -> Result<Option<Vec<HostTensor>>> {
+    let one = |t: HostTensor| Ok(Some(vec![t]));
+    if let Some(t) = node.tensor("value") {
+        return one(crate::onnx::graph::tensor_from_proto(t, &node.label())?);
+    }
+    if node.has("value_ints") {
+        return one(HostTensor::vec_i64(
+            &node.ints("value_ints").unwrap_or_default(),
+        ));
+    }
+    if node.has("value_int") {
+        return one(HostTensor::scalar_i64(node.int("value_int", 0)));
+    }
+    if node.has("value_float") {
+        return one(HostTensor {
+            dt: Dt::F32,
+            shape: Vec::new(),
+            data: vec![node.float("value_float", 0.0) as f64],
+        });
+    }
+    Err(Error::unsupported(format!(
+        "{}: this kind of Constant is not supported",
+        node.label()
+    )))
+}
+
+/// Element-wise arithmetic, comparison and logic of two host tensors (None: too large for the host).
+fn eval_binary_op(
+    node: &Node,
+    x: &HostTensor,
+    ins: &[Option<&HostTensor>],
+) -> Result<Option<Vec<HostTensor>>> {
+    let bad = |why: String| Error::invalid(format!("{}: {why}", node.label()));
+    let get = |i: usize| ins.get(i).copied().flatten();
+    let one = |t: HostTensor| Ok(Some(vec![t]));
+    let Some(y) = get(1) else { return Ok(None) };
+    let int = !x.dt.is_float();
+    let dt = if matches!(
+        node.op.as_str(),
+        "Equal" | "Less" | "Greater" | "And" | "Or"
+    ) {
+        Dt::Bool
+    } else {
+        x.dt
+    };
+    let f: Box<dyn Fn(f64, f64) -> f64> = match node.op.as_str() {
+        "Add" => Box::new(|a, b| a + b),
+        "Sub" => Box::new(|a, b| a - b),
+        "Mul" => Box::new(|a, b| a * b),
+        "Div" if int => Box::new(|a, b| if b == 0.0 { 0.0 } else { (a / b).trunc() }),
+        "Div" => Box::new(|a, b| a / b),
+        "Mod" => Box::new(|a, b| {
+            if b == 0.0 {
+                0.0
+            } else {
+                a - b * (a / b).floor()
+            }
+        }),
+        "Pow" => Box::new(f64::powf),
+        "Max" => Box::new(f64::max),
+        "Min" => Box::new(f64::min),
+        "Equal" => Box::new(|a, b| f64::from(u8::from(a == b))),
+        "Less" => Box::new(|a, b| f64::from(u8::from(a < b))),
+        "Greater" => Box::new(|a, b| f64::from(u8::from(a > b))),
+        "And" => Box::new(|a, b| f64::from(u8::from(a != 0.0 && b != 0.0))),
+        _ => Box::new(|a, b| f64::from(u8::from(a != 0.0 || b != 0.0))),
+    };
+    if broadcast(&x.shape, &y.shape).is_some_and(|s| host_numel(&s).is_none()) {
+        return Ok(None); // too large for the host: on the device
+    }
+    let r = binary(x, y, dt, f).ok_or_else(|| {
+        bad(format!(
+            "shapes {:?} and {:?} do not broadcast",
+            x.shape, y.shape
+        ))
+    })?;
+    one(r)
+}
+
+/// Concat of host tensors.
+fn eval_concat(
+    node: &Node,
+    x: &HostTensor,
+    ins: &[Option<&HostTensor>],
+) -> Result<Option<Vec<HostTensor>>> {
+    let get = |i: usize| ins.get(i).copied().flatten();
+    let one = |t: HostTensor| Ok(Some(vec![t]));
+    let mut parts = Vec::new();
+    for i in 0..node.inputs.len() {
+        match get(i) {
+            Some(t) => parts.push(t),
+            None => return Ok(None),
+        }
+    }
+    let a = axis(node.int("axis", 0), x.shape.len(), node)?;
+    check_concat(
+        node,
+        a,
+        &parts.iter().map(|t| &t.shape[..]).collect::<Vec<_>>(),
+    )?;
+    let mut shape = x.shape.clone();
+    shape[a] = parts.iter().map(|t| t.shape[a]).sum();
+    let outer: i64 = x.shape[..a].iter().product();
+    let mut data = Vec::new();
+    for o in 0..outer {
+        for t in &parts {
+            let block: i64 = t.shape[a..].iter().product();
+            data.extend_from_slice(&t.data[(o * block) as usize..((o + 1) * block) as usize]);
+        }
+    }
+    one(HostTensor {
+        dt: x.dt,
+        shape,
+        data,
+    })
+}
+
+/// Gather from a host tensor.
+fn eval_gather(
+    node: &Node,
+    x: &HostTensor,
+    ins: &[Option<&HostTensor>],
+) -> Result<Option<Vec<HostTensor>>> {
+    let bad = |why: String| Error::invalid(format!("{}: {why}", node.label()));
+    let get = |i: usize| ins.get(i).copied().flatten();
+    let one = |t: HostTensor| Ok(Some(vec![t]));
+    let Some(idx) = get(1) else { return Ok(None) };
+    let a = axis(node.int("axis", 0), x.shape.len(), node)?;
+    let outer: i64 = x.shape[..a].iter().product();
+    let n = x.shape[a];
+    let inner: i64 = x.shape[a + 1..].iter().product();
+    let mut data = Vec::new();
+    for o in 0..outer {
+        for &j in &idx.as_i64() {
+            let j = if j < 0 { j + n } else { j };
+            if j < 0 || j >= n {
+                return Err(bad(format!("index {j} is out of range for a dim of {n}")));
+            }
+            let at = ((o * n + j) * inner) as usize;
+            data.extend_from_slice(&x.data[at..at + inner as usize]);
+        }
+    }
+    let mut shape = x.shape[..a].to_vec();
+    shape.extend_from_slice(&idx.shape);
+    shape.extend_from_slice(&x.shape[a + 1..]);
+    one(HostTensor {
+        dt: x.dt,
+        shape,
+        data,
+    })
+}
+
+/// Slice of a host tensor.
+fn eval_slice(
+    node: &Node,
+    x: &HostTensor,
+    ins: &[Option<&HostTensor>],
+) -> Result<Option<Vec<HostTensor>>> {
+    let get = |i: usize| ins.get(i).copied().flatten();
+    let one = |t: HostTensor| Ok(Some(vec![t]));
+    let (Some(starts), Some(ends)) = (get(1), get(2)) else {
+        return Ok(None);
+    };
+    let spec = SliceSpec::new(
+        node,
+        &x.shape,
+        &starts.as_i64(),
+        &ends.as_i64(),
+        get(3).map(|t| t.as_i64()),
+        get(4).map(|t| t.as_i64()),
+    )?;
+    let out = spec.out_shape();
+    let n: i64 = out.iter().product();
+    let xs = strides(&x.shape);
+    let os = strides(&out);
+    let mut data = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let (mut at, mut rem) = (0i64, i);
+        for d in 0..out.len() {
+            let q = rem / os[d];
+            rem %= os[d];
+            at += (spec.start[d] + q * spec.step[d]) * xs[d];
+        }
+        data.push(x.data[at as usize]);
+    }
+    one(HostTensor {
+        dt: x.dt,
+        shape: out,
+        data,
+    })
+}
+
+/// ConstantOfShape.
+fn eval_constant_of_shape(node: &Node, x: &HostTensor) -> Result<Option<Vec<HostTensor>>> {
+    let bad = |why: String| Error::invalid(format!("{}: {why}", node.label()));
+    let one = |t: HostTensor| Ok(Some(vec![t]));
+    let shape = x.as_i64();
+    let n = host_numel(&shape).unwrap_or(i64::MAX);
+    if shape.iter().any(|&d| d < 0) || n > HOST_LIMIT {
+        return Err(bad(format!(
+            "shape {shape:?} cannot be made while planning"
+        )));
+    }
+    let (dt, v) = match node.tensor("value") {
+        Some(t) => {
+            let t = crate::onnx::graph::tensor_from_proto(t, &node.label())?;
+            (t.dt, t.data.first().copied().unwrap_or(0.0))
+        }
+        None => (Dt::F32, 0.0),
+    };
+    one(HostTensor {
+        dt,
+        shape,
+        data: vec![v; n.max(0) as usize],
+    })
+}
+
+/// Range.
+fn eval_range(node: &Node, ins: &[Option<&HostTensor>]) -> Result<Option<Vec<HostTensor>>> {
+    let bad = |why: String| Error::invalid(format!("{}: {why}", node.label()));
+    let get = |i: usize| ins.get(i).copied().flatten();
+    let one = |t: HostTensor| Ok(Some(vec![t]));
+    let (Some(start), Some(limit), Some(delta)) = (get(0), get(1), get(2)) else {
+        return Ok(None);
+    };
+    let (Some(&s), Some(&l), Some(&d)) =
+        (start.data.first(), limit.data.first(), delta.data.first())
+    else {
+        return Err(bad("start, limit and delta must be scalars".into()));
+    };
+    if d == 0.0 {
+        return Err(bad("delta is 0".into()));
+    }
+    let n = ((l - s) / d).ceil().max(0.0);
+    if n > HOST_LIMIT as f64 {
+        return Err(bad(format!(
+            "{n} elements is too many to compute while planning"
+        )));
+    }
+    let n = n as usize;
+    one(HostTensor {
+        dt: start.dt,
+        shape: vec![n as i64],
+        data: (0..n).map(|i| s + i as f64 * d).collect(),
+    }
+    .normalize())
+}
+
+/// Where on host tensors (None: too large for the host).
+fn eval_where_op(
+    node: &Node,
+    x: &HostTensor,
+    ins: &[Option<&HostTensor>],
+) -> Result<Option<Vec<HostTensor>>> {
+    let bad = |why: String| Error::invalid(format!("{}: {why}", node.label()));
+    let get = |i: usize| ins.get(i).copied().flatten();
+    let one = |t: HostTensor| Ok(Some(vec![t]));
+    let (Some(a), Some(b)) = (get(1), get(2)) else {
+        return Ok(None);
+    };
+    let out = broadcast(&x.shape, &a.shape).and_then(|s| broadcast(&s, &b.shape));
+    if out.as_ref().is_some_and(|s| host_numel(s).is_none()) {
+        return Ok(None); // too large for the host: on the device
+    }
+    let r = out.map(|shape| {
+        let (sc, sa, sb) = (
+            broadcast_strides(&x.shape, &shape),
+            broadcast_strides(&a.shape, &shape),
+            broadcast_strides(&b.shape, &shape),
+        );
+        let outs = strides(&shape);
+        let n: i64 = shape.iter().product();
+        let data = (0..n)
+            .map(|i| {
+                let (mut ic, mut ia, mut ib, mut rem) = (0i64, 0i64, 0i64, i);
+                for d in 0..shape.len() {
+                    let q = rem / outs[d];
+                    rem %= outs[d];
+                    ic += q * sc[d];
+                    ia += q * sa[d];
+                    ib += q * sb[d];
+                }
+                if x.data[ic as usize] != 0.0 {
+                    a.data[ia as usize]
+                } else {
+                    b.data[ib as usize]
+                }
+            })
+            .collect();
+        HostTensor {
+            dt: a.dt,
+            shape,
+            data,
+        }
+    });
+    one(r.ok_or_else(|| bad("shapes do not broadcast".into()))?)
 }
 
 /// The most elements a tensor computed on the host while planning may have.

@@ -80,6 +80,130 @@ typedef struct infer_kargs {
     long long ft;                 /* float kernels: element type, 0 f32, 1 f16, 2 bf16 */
 } infer_kargs;
 
+/* ---- operation codes --------------------------------------------------------------
+ * The planner names the same codes in src/onnx/gpu/ops.rs; a test there reads this list. */
+
+/* k_unary's operations (infer_unary's a.p[0], infer_fused's unary instructions); a.f[0], a.f[1]
+ * carry LEAKY_RELU, ELU, THRESHOLDED_RELU, CELU and SWISH's alpha, CLIP's bounds, HARD_SIGMOID's
+ * alpha and beta, SELU's alpha and gamma, SHRINK's bias and lambd. */
+enum infer_unary_op {
+    INFER_UNARY_IDENTITY = 0,
+    INFER_UNARY_RELU = 1,
+    INFER_UNARY_SIGMOID = 2,
+    INFER_UNARY_TANH = 3,
+    INFER_UNARY_ERF = 4,
+    INFER_UNARY_GELU = 5,
+    INFER_UNARY_GELU_TANH = 6,
+    INFER_UNARY_EXP = 7,
+    INFER_UNARY_LOG = 8,
+    INFER_UNARY_SQRT = 9,
+    INFER_UNARY_NEG = 10,
+    INFER_UNARY_ABS = 11,
+    INFER_UNARY_RECIPROCAL = 12,
+    INFER_UNARY_LEAKY_RELU = 13,
+    INFER_UNARY_CLIP = 14,
+    INFER_UNARY_FLOOR = 15,
+    INFER_UNARY_CEIL = 16,
+    INFER_UNARY_SIN = 17,
+    INFER_UNARY_COS = 18,
+    INFER_UNARY_SOFTPLUS = 19,
+    INFER_UNARY_HARD_SIGMOID = 20,
+    INFER_UNARY_ELU = 21,
+    INFER_UNARY_ROUND = 22,
+    INFER_UNARY_SIGN = 23,
+    INFER_UNARY_TAN = 24,
+    INFER_UNARY_ASIN = 25,
+    INFER_UNARY_ACOS = 26,
+    INFER_UNARY_ATAN = 27,
+    INFER_UNARY_SINH = 28,
+    INFER_UNARY_COSH = 29,
+    INFER_UNARY_ASINH = 30,
+    INFER_UNARY_ACOSH = 31,
+    INFER_UNARY_ATANH = 32,
+    INFER_UNARY_SOFTSIGN = 33,
+    INFER_UNARY_SELU = 34,
+    INFER_UNARY_THRESHOLDED_RELU = 35,
+    INFER_UNARY_SHRINK = 36,
+    INFER_UNARY_MISH = 37,
+    INFER_UNARY_HARD_SWISH = 38,
+    INFER_UNARY_CELU = 39,
+    INFER_UNARY_SWISH = 40,
+};
+
+/* k_binary's operations (infer_binary's a.p[0], infer_fused's binary instructions). FMOD keeps
+ * the dividend's sign, MOD the divisor's. */
+enum infer_binary_op {
+    INFER_BINARY_ADD = 0,
+    INFER_BINARY_SUB = 1,
+    INFER_BINARY_MUL = 2,
+    INFER_BINARY_DIV = 3,
+    INFER_BINARY_POW = 4,
+    INFER_BINARY_MAX = 5,
+    INFER_BINARY_MIN = 6,
+    INFER_BINARY_PRELU = 7,
+    INFER_BINARY_FMOD = 8,
+    INFER_BINARY_MOD = 9,
+};
+
+/* infer_int's operations (a.p[0]): two operands up to SHR, one from NEG on; CLIP's bounds in
+ * a.p[3], a.p[4]. MOD takes the divisor's sign, FMOD the dividend's. */
+enum infer_int_op {
+    INFER_INT_ADD = 0,
+    INFER_INT_SUB = 1,
+    INFER_INT_MUL = 2,
+    INFER_INT_DIV = 3,
+    INFER_INT_POW = 4,
+    INFER_INT_MAX = 5,
+    INFER_INT_MIN = 6,
+    INFER_INT_MOD = 7,
+    INFER_INT_FMOD = 8,
+    INFER_INT_AND = 9,
+    INFER_INT_OR = 10,
+    INFER_INT_XOR = 11,
+    INFER_INT_SHL = 12,
+    INFER_INT_SHR = 13,
+    INFER_INT_NEG = 14,
+    INFER_INT_ABS = 15,
+    INFER_INT_SIGN = 16,
+    INFER_INT_NOT = 17,
+    INFER_INT_CLIP = 18,
+};
+
+/* infer_compare's operations (a.p[0]): two operands up to XOR, one from NOT on. */
+enum infer_cmp_op {
+    INFER_CMP_EQUAL = 0,
+    INFER_CMP_LESS = 1,
+    INFER_CMP_GREATER = 2,
+    INFER_CMP_LESS_OR_EQUAL = 3,
+    INFER_CMP_GREATER_OR_EQUAL = 4,
+    INFER_CMP_AND = 5,
+    INFER_CMP_OR = 6,
+    INFER_CMP_XOR = 7,
+    INFER_CMP_NOT = 8,
+    INFER_CMP_IS_NAN = 9,
+    INFER_CMP_IS_INF = 10,
+};
+
+/* infer_reduce's reductions (a.p[2]). */
+enum infer_reduce_op {
+    INFER_REDUCE_SUM = 0,
+    INFER_REDUCE_MEAN = 1,
+    INFER_REDUCE_MAX = 2,
+    INFER_REDUCE_MIN = 3,
+    INFER_REDUCE_PROD = 4,
+    INFER_REDUCE_SUM_SQUARE = 5,
+    INFER_REDUCE_L2 = 6,
+    INFER_REDUCE_L1 = 7,
+};
+
+/* The kinds of infer_fused's instructions (bits 8-9). */
+enum infer_fused_kind {
+    INFER_FUSED_UNARY = 0,
+    INFER_FUSED_BINARY = 1,
+    INFER_FUSED_BINARY_IMM_B = 2,
+    INFER_FUSED_BINARY_IMM_A = 3,
+};
+
 /* C checks that only want the ABI (tests/fixtures/kernels_check.c) stop here. */
 #ifndef INFER_KARGS_ONLY
 
@@ -353,75 +477,75 @@ DEVFN void k_stf(void *p, long long i, long long ft, float v) {
 
 DEVFN float k_unary(long long op, float x, float f0, float f1) {
     switch (op) {
-    case 0: return x;
-    case 1: return x < 0.0f ? 0.0f : x; /* NaN stays NaN */
-    case 2: return 1.0f / (1.0f + expf(-x));
-    case 3: return tanhf(x);
-    case 4: return erff(x);
-    case 5: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-    case 6: {
+    case INFER_UNARY_IDENTITY: return x;
+    case INFER_UNARY_RELU: return x < 0.0f ? 0.0f : x; /* NaN stays NaN */
+    case INFER_UNARY_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case INFER_UNARY_TANH: return tanhf(x);
+    case INFER_UNARY_ERF: return erff(x);
+    case INFER_UNARY_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case INFER_UNARY_GELU_TANH: {
         float u = 0.79788456080286536f * (x + 0.044715f * x * x * x); /* sqrt(2/pi) */
         return 0.5f * x * (1.0f + tanhf(u));
     }
-    case 7: return expf(x);
-    case 8: return logf(x);
-    case 9: return sqrtf(x);
-    case 10: return -x;
-    case 11: return fabsf(x);
-    case 12: return 1.0f / x;
-    case 13: return x < 0.0f ? f0 * x : x;
-    case 14: return x < f0 ? f0 : (x > f1 ? f1 : x); /* NaN stays NaN */
-    case 15: return floorf(x);
-    case 16: return ceilf(x);
-    case 17: return sinf(x);
-    case 18: return cosf(x);
-    case 19: /* log(1 + e^x), without overflow for large x */
+    case INFER_UNARY_EXP: return expf(x);
+    case INFER_UNARY_LOG: return logf(x);
+    case INFER_UNARY_SQRT: return sqrtf(x);
+    case INFER_UNARY_NEG: return -x;
+    case INFER_UNARY_ABS: return fabsf(x);
+    case INFER_UNARY_RECIPROCAL: return 1.0f / x;
+    case INFER_UNARY_LEAKY_RELU: return x < 0.0f ? f0 * x : x;
+    case INFER_UNARY_CLIP: return x < f0 ? f0 : (x > f1 ? f1 : x); /* NaN stays NaN */
+    case INFER_UNARY_FLOOR: return floorf(x);
+    case INFER_UNARY_CEIL: return ceilf(x);
+    case INFER_UNARY_SIN: return sinf(x);
+    case INFER_UNARY_COS: return cosf(x);
+    case INFER_UNARY_SOFTPLUS: /* log(1 + e^x), without overflow for large x */
         return (x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x)));
-    case 20: {
+    case INFER_UNARY_HARD_SIGMOID: {
         float y = f0 * x + f1;
         return y < 0.0f ? 0.0f : (y > 1.0f ? 1.0f : y);
     }
-    case 21: return x > 0.0f ? x : f0 * expm1f(x);
-    case 22: return rintf(x); /* halves to even (the default rounding mode) */
-    case 23: return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x); /* 0, -0 and NaN stay */
-    case 24: return tanf(x);
-    case 25: return asinf(x);
-    case 26: return acosf(x);
-    case 27: return atanf(x);
-    case 28: return sinhf(x);
-    case 29: return coshf(x);
-    case 30: return asinhf(x);
-    case 31: return acoshf(x);
-    case 32: return atanhf(x);
-    case 33: return x / (1.0f + fabsf(x));                              /* Softsign */
-    case 34: return x > 0.0f ? f1 * x : f1 * (f0 * expf(x) - f0);       /* Selu */
-    case 35: return x > f0 ? x : (x != x ? x : 0.0f);                   /* ThresholdedRelu */
-    case 36: return x < -f1 ? x + f0 : (x > f1 ? x - f0 : (x != x ? x : 0.0f)); /* Shrink */
-    case 37: /* Mish: x tanh(softplus(x)) */
+    case INFER_UNARY_ELU: return x > 0.0f ? x : f0 * expm1f(x);
+    case INFER_UNARY_ROUND: return rintf(x); /* halves to even (the default rounding mode) */
+    case INFER_UNARY_SIGN: return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x); /* 0, -0 and NaN stay */
+    case INFER_UNARY_TAN: return tanf(x);
+    case INFER_UNARY_ASIN: return asinf(x);
+    case INFER_UNARY_ACOS: return acosf(x);
+    case INFER_UNARY_ATAN: return atanf(x);
+    case INFER_UNARY_SINH: return sinhf(x);
+    case INFER_UNARY_COSH: return coshf(x);
+    case INFER_UNARY_ASINH: return asinhf(x);
+    case INFER_UNARY_ACOSH: return acoshf(x);
+    case INFER_UNARY_ATANH: return atanhf(x);
+    case INFER_UNARY_SOFTSIGN: return x / (1.0f + fabsf(x));
+    case INFER_UNARY_SELU: return x > 0.0f ? f1 * x : f1 * (f0 * expf(x) - f0);
+    case INFER_UNARY_THRESHOLDED_RELU: return x > f0 ? x : (x != x ? x : 0.0f);
+    case INFER_UNARY_SHRINK: return x < -f1 ? x + f0 : (x > f1 ? x - f0 : (x != x ? x : 0.0f));
+    case INFER_UNARY_MISH: /* x tanh(softplus(x)) */
         return x * tanhf((x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x))));
-    case 38: { /* HardSwish */
+    case INFER_UNARY_HARD_SWISH: {
         float h = x / 6.0f + 0.5f;
         return x * (h < 0.0f ? 0.0f : (h > 1.0f ? 1.0f : h));
     }
-    case 39: /* Celu */
+    case INFER_UNARY_CELU:
         return (x > 0.0f ? x : 0.0f) + fminf(0.0f, f0 * expm1f(x / f0));
-    case 40: return x / (1.0f + expf(-f0 * x)); /* Swish: x sigmoid(alpha x) */
+    case INFER_UNARY_SWISH: return x / (1.0f + expf(-f0 * x)); /* x sigmoid(alpha x) */
     default: return K_NAN;
     }
 }
 
 DEVFN float k_binary(long long op, float x, float y) {
     switch (op) {
-    case 0: return x + y;
-    case 1: return x - y;
-    case 2: return x * y;
-    case 3: return x / y;
-    case 4: return powf(x, y);
-    case 5: return x != x ? x : (x > y ? x : y); /* NaN in either wins */
-    case 6: return x != x ? x : (x < y ? x : y);
-    case 7: return x < 0.0f ? x * y : x;
-    case 8: return fmodf(x, y); /* Mod fmod=1: the dividend's sign */
-    case 9: {                   /* Mod fmod=0: the divisor's sign */
+    case INFER_BINARY_ADD: return x + y;
+    case INFER_BINARY_SUB: return x - y;
+    case INFER_BINARY_MUL: return x * y;
+    case INFER_BINARY_DIV: return x / y;
+    case INFER_BINARY_POW: return powf(x, y);
+    case INFER_BINARY_MAX: return x != x ? x : (x > y ? x : y); /* NaN in either wins */
+    case INFER_BINARY_MIN: return x != x ? x : (x < y ? x : y);
+    case INFER_BINARY_PRELU: return x < 0.0f ? x * y : x;
+    case INFER_BINARY_FMOD: return fmodf(x, y); /* the dividend's sign */
+    case INFER_BINARY_MOD: { /* the divisor's sign */
         float m = fmodf(x, y);
         return m != 0.0f && ((m < 0.0f) != (y < 0.0f)) ? m + y : m;
     }
@@ -787,8 +911,12 @@ KERNEL void infer_reduce(infer_kargs a) {
     long long axis = a.p[0], inner = a.p[1], op = a.p[2], ft = a.ft;
     if (inner <= 0)
         return;
-    int how = op == 2 ? 1 : op == 3 ? 2 : op == 4 ? 3 : 0; /* how partials combine */
-    float init = op == 2 ? -K_INF : op == 3 ? K_INF : op == 4 ? 1.0f : 0.0f;
+    /* how partials combine */
+    int how = op == INFER_REDUCE_MAX ? 1 : op == INFER_REDUCE_MIN ? 2 : op == INFER_REDUCE_PROD ? 3 : 0;
+    float init = op == INFER_REDUCE_MAX    ? -K_INF
+                 : op == INFER_REDUCE_MIN  ? K_INF
+                 : op == INFER_REDUCE_PROD ? 1.0f
+                                           : 0.0f;
     k_team t = k_team_make(axis, inner);
     long long tiles = (a.n + t.lanes - 1) / t.lanes;
     int half = 0; /* which half of red this tile uses */
@@ -800,12 +928,12 @@ KERNEL void infer_reduce(infer_kargs a) {
         for (long long j = mine ? t.g : axis; j < axis; j += t.groups) {
             float v = k_ldf(x, b + j * inner, ft);
             switch (op) {
-            case 0: case 1: acc += v; break;
-            case 2: acc = v > acc || v != v ? v : acc; break; /* NaN propagates */
-            case 3: acc = v < acc || v != v ? v : acc; break;
-            case 4: acc *= v; break;
-            case 5: case 6: acc += v * v; break;
-            case 7: acc += fabsf(v); break;
+            case INFER_REDUCE_SUM: case INFER_REDUCE_MEAN: acc += v; break;
+            case INFER_REDUCE_MAX: acc = v > acc || v != v ? v : acc; break; /* NaN propagates */
+            case INFER_REDUCE_MIN: acc = v < acc || v != v ? v : acc; break;
+            case INFER_REDUCE_PROD: acc *= v; break;
+            case INFER_REDUCE_SUM_SQUARE: case INFER_REDUCE_L2: acc += v * v; break;
+            case INFER_REDUCE_L1: acc += fabsf(v); break;
             default: break;
             }
         }
@@ -813,11 +941,11 @@ KERNEL void infer_reduce(infer_kargs a) {
         half ^= 1;
         if (!mine || t.g != 0)
             continue;
-        if (op == 1)
+        if (op == INFER_REDUCE_MEAN)
             acc /= (float)axis;
-        else if (op == 6)
+        else if (op == INFER_REDUCE_L2)
             acc = sqrtf(acc);
-        else if (op < 0 || op > 7)
+        else if (op < INFER_REDUCE_SUM || op > INFER_REDUCE_L1)
             acc = K_NAN;
         k_stf(y, i, ft, acc);
     }
@@ -1231,7 +1359,7 @@ DEVFN void k_stu(void *p, long long i, long long t, unsigned long long v) {
 
 KERNEL void infer_int(infer_kargs a) {
     long long op = a.p[0], t = a.p[1];
-    int uns = a.p[2] == 1, nin = op >= 14 ? 1 : 2;
+    int uns = a.p[2] == 1, nin = op >= INFER_INT_NEG ? 1 : 2;
     K_LOOP(i) {
         long long o[2], oo;
         K_STRIDED(a, i, nin, o, oo);
@@ -1239,16 +1367,16 @@ KERNEL void infer_int(infer_kargs a) {
         unsigned long long y = nin == 2 ? k_ldu(a.in[1], o[1], t) : 0ULL, r = 0ULL;
         long long sx = (long long)x, sy = (long long)y;
         switch (op) {
-        case 0: r = x + y; break;
-        case 1: r = x - y; break;
-        case 2: r = x * y; break;
-        case 3: /* (-2^63 / -1 wraps, as two's complement does) */
+        case INFER_INT_ADD: r = x + y; break;
+        case INFER_INT_SUB: r = x - y; break;
+        case INFER_INT_MUL: r = x * y; break;
+        case INFER_INT_DIV: /* (-2^63 / -1 wraps, as two's complement does) */
             r = y == 0ULL ? 0ULL
                 : uns     ? x / y
                 : sy == -1 ? 0ULL - x
                            : (unsigned long long)(sx / sy);
             break;
-        case 4:
+        case INFER_INT_POW:
             if (!uns && sy < 0) { /* 1 / x^n truncated */
                 r = sx == 1 ? 1ULL : sx == -1 ? ((sy & 1) ? ~0ULL : 1ULL) : 0ULL;
             } else {
@@ -1262,31 +1390,31 @@ KERNEL void infer_int(infer_kargs a) {
                 }
             }
             break;
-        case 5: r = uns ? (x > y ? x : y) : (sx > sy ? x : y); break;
-        case 6: r = uns ? (x < y ? x : y) : (sx < sy ? x : y); break;
-        case 7:
-        case 8:
+        case INFER_INT_MAX: r = uns ? (x > y ? x : y) : (sx > sy ? x : y); break;
+        case INFER_INT_MIN: r = uns ? (x < y ? x : y) : (sx < sy ? x : y); break;
+        case INFER_INT_MOD:
+        case INFER_INT_FMOD:
             if (y == 0ULL) {
                 r = 0ULL;
             } else if (uns) {
                 r = x % y;
             } else {
                 long long m = sy == -1 ? 0 : sx % sy;
-                if (op == 7 && m != 0 && ((m < 0) != (sy < 0)))
+                if (op == INFER_INT_MOD && m != 0 && ((m < 0) != (sy < 0)))
                     m += sy;
                 r = (unsigned long long)m;
             }
             break;
-        case 9: r = x & y; break;
-        case 10: r = x | y; break;
-        case 11: r = x ^ y; break;
-        case 12: r = y >= 64ULL ? 0ULL : x << y; break;
-        case 13: r = y >= 64ULL ? 0ULL : x >> y; break;
-        case 14: r = 0ULL - x; break;
-        case 15: r = !uns && sx < 0 ? 0ULL - x : x; break;
-        case 16: r = uns ? (unsigned long long)(x != 0ULL) : sx > 0 ? 1ULL : sx < 0 ? ~0ULL : 0ULL; break;
-        case 17: r = ~x; break;
-        case 18:
+        case INFER_INT_AND: r = x & y; break;
+        case INFER_INT_OR: r = x | y; break;
+        case INFER_INT_XOR: r = x ^ y; break;
+        case INFER_INT_SHL: r = y >= 64ULL ? 0ULL : x << y; break;
+        case INFER_INT_SHR: r = y >= 64ULL ? 0ULL : x >> y; break;
+        case INFER_INT_NEG: r = 0ULL - x; break;
+        case INFER_INT_ABS: r = !uns && sx < 0 ? 0ULL - x : x; break;
+        case INFER_INT_SIGN: r = uns ? (unsigned long long)(x != 0ULL) : sx > 0 ? 1ULL : sx < 0 ? ~0ULL : 0ULL; break;
+        case INFER_INT_NOT: r = ~x; break;
+        case INFER_INT_CLIP:
             if (uns) {
                 unsigned long long lo = (unsigned long long)a.p[3], hi = (unsigned long long)a.p[4];
                 r = x < lo ? lo : x > hi ? hi : x;
@@ -1599,6 +1727,14 @@ DEVFN int k_ld_num(const void *p, long long i, long long t, long long *ll, doubl
     }
 }
 
+/* a op b for the ordered comparisons (EQUAL to GREATER_OR_EQUAL). */
+#define K_ORDERED(op, a, b)                                                                  \
+    ((op) == INFER_CMP_EQUAL           ? (a) == (b)                                          \
+     : (op) == INFER_CMP_LESS          ? (a) < (b)                                           \
+     : (op) == INFER_CMP_GREATER       ? (a) > (b)                                           \
+     : (op) == INFER_CMP_LESS_OR_EQUAL ? (a) <= (b)                                          \
+                                       : (a) >= (b))
+
 /* Comparisons and logic into BOOL (one byte, 0 or 1), strided like infer_binary over
  * in[0] (and in[1] for the binary ones). a.p[0] the op: 0 Equal, 1 Less, 2 Greater,
  * 3 LessOrEqual, 4 GreaterOrEqual, 5 And, 6 Or, 7 Xor, 8 Not, 9 IsNaN, 10 IsInf (a.p[3]:
@@ -1607,7 +1743,7 @@ DEVFN int k_ld_num(const void *p, long long i, long long t, long long *ll, doubl
  * as doubles (NaN compares unequal and unordered). */
 KERNEL void infer_compare(infer_kargs a) {
     long long op = a.p[0];
-    int nin = op >= 8 ? 1 : 2;
+    int nin = op >= INFER_CMP_NOT ? 1 : 2;
     K_LOOP(i) {
         long long o[2], oo;
         K_STRIDED(a, i, nin, o, oo);
@@ -1616,29 +1752,27 @@ KERNEL void infer_compare(infer_kargs a) {
         int ia = k_ld_num(a.in[0], o[0], a.p[1], &la, &da);
         int ib = nin == 2 ? k_ld_num(a.in[1], o[1], a.p[2], &lb, &db) : 1;
         int r = 0;
-        if (op <= 4 && ia && ib && a.p[1] == 9 && a.p[2] == 9) { /* UINT64 with UINT64 */
+        int ordered = op <= INFER_CMP_GREATER_OR_EQUAL;
+        if (ordered && ia && ib && a.p[1] == 9 && a.p[2] == 9) { /* UINT64 with UINT64 */
             unsigned long long ua = (unsigned long long)la, ub = (unsigned long long)lb;
-            r = op == 0 ? ua == ub : op == 1 ? ua < ub : op == 2 ? ua > ub : op == 3 ? ua <= ub
-                                                                                    : ua >= ub;
-        } else if (op <= 4 && ia && ib) {
-            r = op == 0 ? la == lb : op == 1 ? la < lb : op == 2 ? la > lb : op == 3 ? la <= lb
-                                                                                    : la >= lb;
-        } else if (op <= 4) {
+            r = K_ORDERED(op, ua, ub);
+        } else if (ordered && ia && ib) {
+            r = K_ORDERED(op, la, lb);
+        } else if (ordered) {
             if (ia)
                 da = (double)la;
             if (ib)
                 db = (double)lb;
-            r = op == 0 ? da == db : op == 1 ? da < db : op == 2 ? da > db : op == 3 ? da <= db
-                                                                                    : da >= db;
+            r = K_ORDERED(op, da, db);
         } else {
             int xa = ia ? la != 0 : da != 0.0, xb = ib ? lb != 0 : db != 0.0;
             switch (op) {
-            case 5: r = xa && xb; break;
-            case 6: r = xa || xb; break;
-            case 7: r = xa != xb; break;
-            case 8: r = !xa; break;
-            case 9: r = !ia && da != da; break;
-            case 10:
+            case INFER_CMP_AND: r = xa && xb; break;
+            case INFER_CMP_OR: r = xa || xb; break;
+            case INFER_CMP_XOR: r = xa != xb; break;
+            case INFER_CMP_NOT: r = !xa; break;
+            case INFER_CMP_IS_NAN: r = !ia && da != da; break;
+            case INFER_CMP_IS_INF:
                 r = !ia && ((a.p[3] != 0 && da > 1.7976931348623157e308) ||
                             (a.p[4] != 0 && da < -1.7976931348623157e308));
                 break;
@@ -1676,11 +1810,11 @@ KERNEL void infer_fused(infer_kargs a) {
             long long op = w & 0xff, kind = (w >> 8) & 3;
             int ra = (int)((w >> 10) & 31), rb = (int)((w >> 15) & 31), s = (int)((w >> 20) & 3);
             float x = ra < 4 + j ? r[ra] : K_NAN, v;
-            if (kind == 0)
+            if (kind == INFER_FUSED_UNARY)
                 v = k_unary(op, x, a.f[s], a.f[s < 3 ? s + 1 : 3]);
-            else if (kind == 1)
+            else if (kind == INFER_FUSED_BINARY)
                 v = k_binary(op, x, rb < 4 + j ? r[rb] : K_NAN);
-            else if (kind == 2)
+            else if (kind == INFER_FUSED_BINARY_IMM_B)
                 v = k_binary(op, x, a.f[s]);
             else
                 v = k_binary(op, a.f[s], x);

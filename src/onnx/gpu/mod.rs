@@ -17,6 +17,7 @@ pub mod fuse;
 pub mod host;
 pub mod kargs;
 pub mod kernels;
+pub mod ops;
 pub mod plan;
 
 use crate::backend::{Batch, ModelInstance};

@@ -20,23 +20,7 @@ use crate::status::{Error, Result};
 impl Planner<'_> {
     pub(super) fn attention(&mut self, node: &Node) -> Result<()> {
         let bad = |why: String| Error::invalid(format!("{}: {why}", node.label()));
-        if node.input(6).is_some() {
-            return Err(unsupported(node, "nonpad_kv_seqlen"));
-        }
-        for a in ["left_window_size", "right_window_size"] {
-            if node.int(a, -1) != -1 {
-                return Err(unsupported(node, a));
-            }
-        }
-        let mode = node.int("qk_matmul_output_mode", 0);
-        if !(0..=3).contains(&mode) {
-            return Err(bad(format!("qk_matmul_output_mode {mode}")));
-        }
-        // Softmax runs in FP32 whatever the tensors' type.
-        let sp = node.int("softmax_precision", 1);
-        if !matches!(sp, 1 | 10 | 16) {
-            return Err(unsupported(node, format!("softmax_precision {sp}")));
-        }
+        let mode = attention_mode(node)?;
         let q = self.x(node, 0)?;
         let k = self.x(node, 1)?;
         let v = self.x(node, 2)?;
@@ -145,57 +129,11 @@ impl Planner<'_> {
             q4.dt
         };
         if let Some(m) = node.input(3) {
-            let md = self.dev(m)?;
-            let mut bias = m.to_owned();
-            if md.dt == Dt::Bool {
-                let zero = self.constant(&base, "zero", cdt, vec![], vec![0.0]);
-                let ninf = self.constant(&base, "ninf", cdt, vec![], vec![f64::NEG_INFINITY]);
-                bias = self.sub(node, &base, "Where", &[&bias, &zero, &ninf], "mask_bias")?;
-            } else if md.dt != q4.dt {
-                return Err(bad(format!(
-                    "attn_mask is {}; it must be BOOL or the type of Q ({})",
-                    md.dt.name(),
-                    q4.dt.name()
-                )));
-            }
-            // A mask shorter than the keys leaves the rest out (-inf; opset 24). Before,
-            // a last dim of 1 broadcasts.
-            let last = md.shape.last().copied().unwrap_or(1);
-            if md.shape.is_empty() || last > t {
-                return Err(bad(format!(
-                    "attn_mask {:?} does not broadcast to {:?}",
-                    md.shape,
-                    [b, qh, sq, t]
-                )));
-            }
-            if last < t && (last != 1 || self.graph.opset >= 24) {
-                let r = md.shape.len();
-                let mut pads = vec![0i64; 2 * r];
-                pads[2 * r - 1] = t - last;
-                let pads = self.constant(
-                    &base,
-                    "mask_pads",
-                    Dt::I64,
-                    vec![2 * r as i64],
-                    pads.iter().map(|&x| x as f64).collect(),
-                );
-                let ninf = self.constant(&base, "pad_ninf", cdt, vec![], vec![f64::NEG_INFINITY]);
-                bias = self.sub(node, &base, "Pad", &[&bias, &pads, &ninf], "mask_padded")?;
-            }
+            let bias = self.attention_mask(node, &base, m, q4.dt, cdt, [b, qh, sq, t])?;
             cur = self.sub(node, &base, "Add", &[&cur, &bias], "masked")?;
         }
         if node.int("is_causal", 0) != 0 {
-            // Query i (at position past + i) sees keys up to past + i.
-            let mut c = Vec::with_capacity((sq * t) as usize);
-            for i in 0..sq {
-                for j in 0..t {
-                    c.push(if j <= past + i {
-                        0.0
-                    } else {
-                        f64::NEG_INFINITY
-                    });
-                }
-            }
+            let c = causal_bias(sq, t, past);
             let causal = self.constant(&base, "causal", cdt, vec![sq, t], c);
             cur = self.sub(node, &base, "Add", &[&cur, &causal], "causal_masked")?;
         }
@@ -271,6 +209,59 @@ impl Planner<'_> {
         Ok(())
     }
 
+    /// Attention's `attn_mask` as an additive bias (named): a boolean mask becomes 0 and
+    /// -inf, a mask shorter than the keys is padded with -inf. `cdt` is the graph's type
+    /// for float constants, `scores` the shape the bias is added to.
+    fn attention_mask(
+        &mut self,
+        node: &Node,
+        base: &str,
+        m: &str,
+        qdt: Dt,
+        cdt: Dt,
+        scores: [i64; 4],
+    ) -> Result<String> {
+        let bad = |why: String| Error::invalid(format!("{}: {why}", node.label()));
+        let t = scores[3];
+        let md = self.dev(m)?;
+        let mut bias = m.to_owned();
+        if md.dt == Dt::Bool {
+            let zero = self.constant(base, "zero", cdt, vec![], vec![0.0]);
+            let ninf = self.constant(base, "ninf", cdt, vec![], vec![f64::NEG_INFINITY]);
+            bias = self.sub(node, base, "Where", &[&bias, &zero, &ninf], "mask_bias")?;
+        } else if md.dt != qdt {
+            return Err(bad(format!(
+                "attn_mask is {}; it must be BOOL or the type of Q ({})",
+                md.dt.name(),
+                qdt.name()
+            )));
+        }
+        // A mask shorter than the keys leaves the rest out (-inf; opset 24). Before,
+        // a last dim of 1 broadcasts.
+        let last = md.shape.last().copied().unwrap_or(1);
+        if md.shape.is_empty() || last > t {
+            return Err(bad(format!(
+                "attn_mask {:?} does not broadcast to {:?}",
+                md.shape, scores
+            )));
+        }
+        if last < t && (last != 1 || self.graph.opset >= 24) {
+            let r = md.shape.len();
+            let mut pads = vec![0i64; 2 * r];
+            pads[2 * r - 1] = t - last;
+            let pads = self.constant(
+                base,
+                "mask_pads",
+                Dt::I64,
+                vec![2 * r as i64],
+                pads.iter().map(|&x| x as f64).collect(),
+            );
+            let ninf = self.constant(base, "pad_ninf", cdt, vec![], vec![f64::NEG_INFINITY]);
+            bias = self.sub(node, base, "Pad", &[&bias, &pads, &ninf], "mask_padded")?;
+        }
+        Ok(bias)
+    }
+
     /// `x` as (batch, heads, sequence, head size): 4-D as it is; 3-D (batch, sequence,
     /// heads * head size) split into heads and transposed.
     fn heads(&mut self, node: &Node, x: &Dev, heads: i64) -> Result<Dev> {
@@ -311,4 +302,44 @@ impl Planner<'_> {
         self.node(&out).map_err(|e| e.context(node.label()))?;
         self.dev(&format!("{base}/{what}"))
     }
+}
+
+/// Refuses what the executor does not take of Attention's inputs and attributes; the
+/// `qk_matmul_output_mode`.
+fn attention_mode(node: &Node) -> Result<i64> {
+    let bad = |why: String| Error::invalid(format!("{}: {why}", node.label()));
+    if node.input(6).is_some() {
+        return Err(unsupported(node, "nonpad_kv_seqlen"));
+    }
+    for a in ["left_window_size", "right_window_size"] {
+        if node.int(a, -1) != -1 {
+            return Err(unsupported(node, a));
+        }
+    }
+    let mode = node.int("qk_matmul_output_mode", 0);
+    if !(0..=3).contains(&mode) {
+        return Err(bad(format!("qk_matmul_output_mode {mode}")));
+    }
+    // Softmax runs in FP32 whatever the tensors' type.
+    let sp = node.int("softmax_precision", 1);
+    if !matches!(sp, 1 | 10 | 16) {
+        return Err(unsupported(node, format!("softmax_precision {sp}")));
+    }
+    Ok(mode)
+}
+
+/// The causal mask of `sq` queries over `t` keys as a bias: query i (at position past + i)
+/// sees keys up to past + i (0), not the later ones (-inf).
+fn causal_bias(sq: i64, t: i64, past: i64) -> Vec<f64> {
+    let mut c = Vec::with_capacity((sq * t).max(0) as usize);
+    for i in 0..sq {
+        for j in 0..t {
+            c.push(if j <= past + i {
+                0.0
+            } else {
+                f64::NEG_INFINITY
+            });
+        }
+    }
+    c
 }
