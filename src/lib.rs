@@ -7,6 +7,9 @@
 // Requests travel boxed (they are created boxed at the C boundary and move between
 // queues and batches without being copied), so `Vec<Box<Request>>` is deliberate, and a
 // rejected request is handed back by value inside the error.
+// Every raw operation inside an `unsafe fn` sits in its own `unsafe` block with its SAFETY
+// line.
+#![deny(unsafe_op_in_unsafe_fn)]
 #![allow(clippy::vec_box, clippy::result_large_err)]
 
 pub(crate) mod affinity;

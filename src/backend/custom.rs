@@ -69,7 +69,8 @@ impl CustomBackend {
         b: *const infer_backend,
         user_data: *mut c_void,
     ) -> Result<Self> {
-        let declared = std::ptr::read_unaligned(b as *const u32) as usize;
+        // SAFETY: the struct starts with its u32 struct_size (this function's contract).
+        let declared = unsafe { std::ptr::read_unaligned(b as *const u32) } as usize;
         let need = std::mem::offset_of!(infer_backend, execute) + std::mem::size_of::<usize>();
         if declared < need {
             return Err(Error::invalid(format!(
@@ -80,7 +81,8 @@ impl CustomBackend {
         let src = b as *const u8;
         let field = |offset: usize| -> Option<usize> {
             (offset + std::mem::size_of::<usize>() <= declared)
-                .then(|| std::ptr::read_unaligned(src.add(offset) as *const usize))
+                // SAFETY: the field lies within the `declared` bytes the caller's struct has.
+                .then(|| unsafe { std::ptr::read_unaligned(src.add(offset) as *const usize) })
         };
         use std::mem::{offset_of, transmute};
         // SAFETY: each value is a function pointer (or 0 for NULL) the caller stored in a
@@ -88,11 +90,13 @@ impl CustomBackend {
         let callbacks = infer_backend {
             struct_size: declared as u32,
             instance_init: field(offset_of!(infer_backend, instance_init))
-                .and_then(|p| transmute(p)),
-            execute: field(offset_of!(infer_backend, execute)).and_then(|p| transmute(p)),
+                .and_then(|p| unsafe { transmute(p) }),
+            execute: field(offset_of!(infer_backend, execute))
+                .and_then(|p| unsafe { transmute(p) }),
             instance_fini: field(offset_of!(infer_backend, instance_fini))
-                .and_then(|p| transmute(p)),
-            finalize: field(offset_of!(infer_backend, finalize)).and_then(|p| transmute(p)),
+                .and_then(|p| unsafe { transmute(p) }),
+            finalize: field(offset_of!(infer_backend, finalize))
+                .and_then(|p| unsafe { transmute(p) }),
         };
         if callbacks.execute.is_none() {
             return Err(Error::invalid(format!(

@@ -169,8 +169,10 @@ impl Stream {
         if len == 0 {
             return Ok(());
         }
+        // SAFETY: a live stream; both ranges valid until it runs the copy (this
+        // function's contract).
         check(
-            sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, self.raw),
+            unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, self.raw) },
             "cuMemcpyHtoDAsync",
         )
     }
@@ -183,8 +185,10 @@ impl Stream {
         if len == 0 {
             return Ok(());
         }
+        // SAFETY: a live stream; both ranges valid until it runs the copy (this
+        // function's contract).
         check(
-            sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, self.raw),
+            unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, self.raw) },
             "cuMemcpyDtoHAsync",
         )
     }
@@ -197,7 +201,12 @@ impl Stream {
         if len == 0 {
             return Ok(());
         }
-        check(sys::cuMemcpyAsync(dst, src, len, self.raw), "cuMemcpyAsync")
+        // SAFETY: a live stream; both ranges valid until it runs the copy (this
+        // function's contract).
+        check(
+            unsafe { sys::cuMemcpyAsync(dst, src, len, self.raw) },
+            "cuMemcpyAsync",
+        )
     }
 
     /// Sets `len` bytes at `dst` to zero, in stream order.
@@ -208,8 +217,10 @@ impl Stream {
         if len == 0 {
             return Ok(());
         }
+        // SAFETY: a live stream; the range valid until it runs the memset (this
+        // function's contract).
         check(
-            sys::cuMemsetD8Async(dst, 0, len, self.raw),
+            unsafe { sys::cuMemsetD8Async(dst, 0, len, self.raw) },
             "cuMemsetD8Async",
         )
     }
@@ -323,7 +334,11 @@ pub unsafe fn copy_async(
     if len == 0 {
         return Ok(());
     }
-    check(sys::cuMemcpyAsync(dst, src, len, stream), "cuMemcpyAsync")
+    // SAFETY: this function's contract (a live stream, both ranges valid until it runs).
+    check(
+        unsafe { sys::cuMemcpyAsync(dst, src, len, stream) },
+        "cuMemcpyAsync",
+    )
 }
 
 /// Copies `len` bytes from device memory to host memory now (a synchronous, pageable
@@ -335,8 +350,10 @@ pub unsafe fn copy_to_host_now(dst: &mut [u8], src: DevicePtr) -> Result<()> {
     if dst.is_empty() {
         return Ok(());
     }
+    // SAFETY: `dst` is a writable slice; `src` holds as many device bytes and a context
+    // is bound (this function's contract).
     check(
-        sys::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut c_void, src, dst.len()),
+        unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut c_void, src, dst.len()) },
         "cuMemcpyDtoH",
     )
 }

@@ -31,23 +31,28 @@ impl CudaGraph {
         stream: cu::CUstream,
         record: impl FnOnce() -> Result<()>,
     ) -> Result<CudaGraph> {
+        // SAFETY: a live stream of `ctx` that nothing else uses (this function's contract).
         cu_check(
-            cu::cuStreamBeginCapture_v2(
-                stream,
-                cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-            ),
+            unsafe {
+                cu::cuStreamBeginCapture_v2(
+                    stream,
+                    cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+                )
+            },
             "cuStreamBeginCapture",
         )?;
         let recorded = record();
         let mut graph: cu::CUgraph = std::ptr::null_mut();
+        // SAFETY: the stream whose capture began above; a valid out-pointer.
         let ended = cu_check(
-            cu::cuStreamEndCapture(stream, &mut graph),
+            unsafe { cu::cuStreamEndCapture(stream, &mut graph) },
             "cuStreamEndCapture",
         );
         let result = recorded.and(ended).and_then(|()| {
             let mut exec: cu::CUgraphExec = std::ptr::null_mut();
+            // SAFETY: the graph just captured; a valid out-pointer.
             cu_check(
-                cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0),
+                unsafe { cu::cuGraphInstantiateWithFlags(&mut exec, graph, 0) },
                 "cuGraphInstantiateWithFlags",
             )
             .map(|()| CudaGraph {
@@ -56,7 +61,8 @@ impl CudaGraph {
             })
         });
         if !graph.is_null() {
-            cu::cuGraphDestroy(graph);
+            // SAFETY: captured above, destroyed once (the executable graph is separate).
+            unsafe { cu::cuGraphDestroy(graph) };
         }
         result
     }
@@ -66,7 +72,12 @@ impl CudaGraph {
     /// # Safety
     /// `stream` must be a live stream of the graph's context.
     pub unsafe fn launch(&self, stream: cu::CUstream) -> Result<()> {
-        cu_check(cu::cuGraphLaunch(self.exec, stream), "cuGraphLaunch")
+        // SAFETY: an instantiated graph; a live stream of its context (this function's
+        // contract).
+        cu_check(
+            unsafe { cu::cuGraphLaunch(self.exec, stream) },
+            "cuGraphLaunch",
+        )
     }
 }
 

@@ -11,19 +11,26 @@ pub use crate::backend::custom::infer_backend;
 /// for models that do not batch). 0 for NULL.
 #[no_mangle]
 pub unsafe extern "C" fn infer_batch_size(b: *const Batch) -> u32 {
-    value_boundary(0, || b.as_ref().map_or(0, |b| b.size))
+    // SAFETY: `b`: NULL or a live object of this library (the C API's contract).
+    value_boundary(0, || unsafe { b.as_ref() }.map_or(0, |b| b.size))
 }
 
 /// Number of requests in this execution (0 for NULL).
 #[no_mangle]
 pub unsafe extern "C" fn infer_batch_request_count(b: *const Batch) -> u32 {
-    value_boundary(0, || b.as_ref().map_or(0, |b| b.requests.len() as u32))
+    // SAFETY: `b`: NULL or a live object of this library (the C API's contract).
+    value_boundary(0, || {
+        unsafe { b.as_ref() }.map_or(0, |b| b.requests.len() as u32)
+    })
 }
 
 /// Number of batched inputs present (optional inputs no request gave are absent).
 #[no_mangle]
 pub unsafe extern "C" fn infer_batch_input_count(b: *const Batch) -> u32 {
-    value_boundary(0, || b.as_ref().map_or(0, |b| b.inputs.len() as u32))
+    // SAFETY: `b`: NULL or a live object of this library (the C API's contract).
+    value_boundary(0, || {
+        unsafe { b.as_ref() }.map_or(0, |b| b.inputs.len() as u32)
+    })
 }
 
 fn write_input(out: &TensorOut, b: &Batch, i: &BatchInput) {
@@ -59,8 +66,10 @@ pub unsafe extern "C" fn infer_batch_input(
     byte_size: *mut usize,
 ) -> infer_status {
     status_boundary(|| {
-        let b = arg_ref(b, "b")?;
-        let n = arg_str(name, "name")?;
+        // SAFETY: `b`: NULL (refused) or a live handle of this library.
+        let b = unsafe { arg_ref(b, "b") }?;
+        // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+        let n = unsafe { arg_str(name, "name") }?;
         let i = b.inputs.iter().find(|i| &*i.name == n).ok_or_else(|| {
             Error::not_found(format!(
                 "model '{}': the batch has no input '{n}'",
@@ -97,7 +106,8 @@ pub unsafe extern "C" fn infer_batch_input_by_index(
     byte_size: *mut usize,
 ) -> infer_status {
     status_boundary(|| {
-        let b = arg_ref(b, "b")?;
+        // SAFETY: `b`: NULL (refused) or a live handle of this library.
+        let b = unsafe { arg_ref(b, "b") }?;
         let i = b.inputs.get(index as usize).ok_or_else(|| {
             Error::invalid(format!(
                 "input index {index} is out of range: the batch has {} inputs",
@@ -120,6 +130,9 @@ pub unsafe extern "C" fn infer_batch_input_by_index(
     })
 }
 
+/// # Safety
+/// `b` is NULL or a live batch of the running execute call; `name`, `shape` (of `ndim`)
+/// and `data_out` are NULL or valid as the C API states.
 unsafe fn batch_output(
     b: *mut Batch,
     name: *const c_char,
@@ -128,14 +141,18 @@ unsafe fn batch_output(
     byte_size: Option<usize>,
     data_out: *mut *mut c_void,
 ) -> Result<()> {
-    let b = arg_mut(b, "b")?;
-    let n = arg_str(name, "name")?;
-    let shape = arg_slice(shape, ndim, "shape")?;
+    // SAFETY: `b`: NULL (refused) or a live handle no other thread uses meanwhile.
+    let b = unsafe { arg_mut(b, "b") }?;
+    // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+    let n = unsafe { arg_str(name, "name") }?;
+    // SAFETY: `shape`: NULL with a count of 0, or that many readable elements.
+    let shape = unsafe { arg_slice(shape, ndim, "shape") }?;
     if data_out.is_null() {
         return Err(Error::invalid("argument 'data_out' must not be NULL"));
     }
     let buf = b.alloc_output(n, shape, byte_size)?;
-    write_out(data_out, "data_out", buf.as_mut_ptr() as *mut c_void)
+    // SAFETY: `data_out`: NULL (refused) or writable for one value.
+    unsafe { write_out(data_out, "data_out", buf.as_mut_ptr() as *mut c_void) }
 }
 
 /// Allocates batched output `name` (datatype from the config; dim 0 must be the batch
@@ -150,7 +167,8 @@ pub unsafe extern "C" fn infer_batch_output(
     ndim: usize,
     data_out: *mut *mut c_void,
 ) -> infer_status {
-    status_boundary(|| batch_output(b, name, shape, ndim, None, data_out))
+    // SAFETY: `b`, `name`, `shape` and `data_out` as the C API states (checked inside).
+    status_boundary(|| unsafe { batch_output(b, name, shape, ndim, None, data_out) })
 }
 
 /// Like `infer_batch_output` with an explicit byte size, required for BYTES outputs
@@ -164,7 +182,8 @@ pub unsafe extern "C" fn infer_batch_output_bytes(
     byte_size: usize,
     data_out: *mut *mut c_void,
 ) -> infer_status {
-    status_boundary(|| batch_output(b, name, shape, ndim, Some(byte_size), data_out))
+    // SAFETY: `b`, `name`, `shape` and `data_out` as the C API states (checked inside).
+    status_boundary(|| unsafe { batch_output(b, name, shape, ndim, Some(byte_size), data_out) })
 }
 
 /// Fails the request that contains batch row `row` (0-based, < `infer_batch_size`) with
@@ -178,7 +197,8 @@ pub unsafe extern "C" fn infer_batch_set_request_error(
     msg: *const c_char,
 ) -> infer_status {
     status_boundary(|| {
-        let b = arg_mut(b, "b")?;
+        // SAFETY: `b`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let b = unsafe { arg_mut(b, "b") }?;
         let code = match Code::from_u32(code) {
             Some(Code::Ok) | None => {
                 return Err(Error::invalid(format!(
@@ -187,7 +207,8 @@ pub unsafe extern "C" fn infer_batch_set_request_error(
             }
             Some(c) => c,
         };
-        let msg = opt_str(msg, "msg")?
+        // SAFETY: `msg`: NULL (refused) or a NUL-terminated string alive for the call.
+        let msg = unsafe { opt_str(msg, "msg") }?
             .map(str::to_owned)
             .unwrap_or_else(|| format!("model '{}': the backend failed row {row}", b.config.name));
         b.set_row_error(row, Error::new(code, msg))
@@ -202,8 +223,10 @@ pub unsafe extern "C" fn infer_batch_set_error_message(
     msg: *const c_char,
 ) -> infer_status {
     status_boundary(|| {
-        let b = arg_mut(b, "b")?;
-        b.error_message = Some(arg_str(msg, "msg")?.to_owned());
+        // SAFETY: `b`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let b = unsafe { arg_mut(b, "b") }?;
+        // SAFETY: `msg`: NULL (refused) or a NUL-terminated string alive for the call.
+        b.error_message = Some(unsafe { arg_str(msg, "msg") }?.to_owned());
         Ok(())
     })
 }
@@ -214,7 +237,8 @@ pub unsafe extern "C" fn infer_batch_set_error_message(
 #[no_mangle]
 pub unsafe extern "C" fn infer_backend_set_init_error(msg: *const c_char) -> infer_status {
     status_boundary(|| {
-        crate::backend::custom::set_init_error(arg_str(msg, "msg")?.to_owned());
+        // SAFETY: `msg`: NULL (refused) or a NUL-terminated string alive for the call.
+        crate::backend::custom::set_init_error(unsafe { arg_str(msg, "msg") }?.to_owned());
         Ok(())
     })
 }

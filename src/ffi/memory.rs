@@ -30,7 +30,8 @@ pub unsafe extern "C" fn infer_request_set_output_memory(
     device_id: i64,
 ) -> infer_status {
     status_boundary(|| {
-        let r = arg_mut(r, "r")?;
+        // SAFETY: `r`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let r = unsafe { arg_mut(r, "r") }?;
         match mem {
             INFER_MEMORY_CPU | INFER_MEMORY_CPU_PINNED => {
                 r.output_device = None;
@@ -59,7 +60,8 @@ pub unsafe extern "C" fn infer_response_output_memory(
     device_id: *mut i64,
 ) -> infer_status {
     status_boundary(|| {
-        let r = arg_ref(r, "r")?;
+        // SAFETY: `r`: NULL (refused) or a live handle of this library.
+        let r = unsafe { arg_ref(r, "r") }?;
         if index >= r.outputs.len() {
             return Err(Error::invalid(format!(
                 "output index {index} is out of range: the response has {} outputs",
@@ -73,12 +75,16 @@ pub unsafe extern "C" fn infer_response_output_memory(
         }
         match r.outputs[index].data.device() {
             Some(d) => {
-                write_out(mem, "mem", INFER_MEMORY_GPU)?;
-                write_out(device_id, "device_id", d.device as i64)
+                // SAFETY: `mem`: NULL (refused) or writable for one value.
+                unsafe { write_out(mem, "mem", INFER_MEMORY_GPU) }?;
+                // SAFETY: `device_id`: NULL (refused) or writable for one value.
+                unsafe { write_out(device_id, "device_id", d.device as i64) }
             }
             None => {
-                write_out(mem, "mem", INFER_MEMORY_CPU)?;
-                write_out(device_id, "device_id", 0)
+                // SAFETY: `mem`: NULL (refused) or writable for one value.
+                unsafe { write_out(mem, "mem", INFER_MEMORY_CPU) }?;
+                // SAFETY: `device_id`: NULL (refused) or writable for one value.
+                unsafe { write_out(device_id, "device_id", 0) }
             }
         }
     })
@@ -96,8 +102,10 @@ pub unsafe extern "C" fn infer_batch_input_memory(
     device_id: *mut i64,
 ) -> infer_status {
     status_boundary(|| {
-        let b = arg_ref(b, "b")?;
-        let n = arg_str(name, "name")?;
+        // SAFETY: `b`: NULL (refused) or a live handle of this library.
+        let b = unsafe { arg_ref(b, "b") }?;
+        // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+        let n = unsafe { arg_str(name, "name") }?;
         if !b.inputs.iter().any(|i| &*i.name == n) {
             return Err(Error::not_found(format!(
                 "model '{}': the batch has no input '{n}'",
@@ -111,12 +119,16 @@ pub unsafe extern "C" fn infer_batch_input_memory(
         }
         match &b.gpu {
             Some(g) => {
-                write_out(mem, "mem", INFER_MEMORY_GPU)?;
-                write_out(device_id, "device_id", g.device as i64)
+                // SAFETY: `mem`: NULL (refused) or writable for one value.
+                unsafe { write_out(mem, "mem", INFER_MEMORY_GPU) }?;
+                // SAFETY: `device_id`: NULL (refused) or writable for one value.
+                unsafe { write_out(device_id, "device_id", g.device as i64) }
             }
             None => {
-                write_out(mem, "mem", INFER_MEMORY_CPU)?;
-                write_out(device_id, "device_id", 0)
+                // SAFETY: `mem`: NULL (refused) or writable for one value.
+                unsafe { write_out(mem, "mem", INFER_MEMORY_CPU) }?;
+                // SAFETY: `device_id`: NULL (refused) or writable for one value.
+                unsafe { write_out(device_id, "device_id", 0) }
             }
         }
     })
@@ -138,14 +150,18 @@ pub unsafe extern "C" fn infer_batch_output_device(
     device_ptr: *mut *mut c_void,
 ) -> infer_status {
     status_boundary(|| {
-        let b = arg_mut(b, "b")?;
-        let n = arg_str(name, "name")?;
-        let shape = arg_slice(shape, ndim, "shape")?;
+        // SAFETY: `b`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let b = unsafe { arg_mut(b, "b") }?;
+        // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+        let n = unsafe { arg_str(name, "name") }?;
+        // SAFETY: `shape`: NULL with a count of 0, or that many readable elements.
+        let shape = unsafe { arg_slice(shape, ndim, "shape") }?;
         if device_ptr.is_null() {
             return Err(Error::invalid("argument 'device_ptr' must not be NULL"));
         }
         let ptr = b.alloc_output_device(n, shape)?;
-        write_out(device_ptr, "device_ptr", ptr as *mut c_void)
+        // SAFETY: `device_ptr`: NULL (refused) or writable for one value.
+        unsafe { write_out(device_ptr, "device_ptr", ptr as *mut c_void) }
     })
 }
 
@@ -156,7 +172,8 @@ pub unsafe extern "C" fn infer_batch_output_device(
 #[no_mangle]
 pub unsafe extern "C" fn infer_batch_cuda_stream(b: *const Batch) -> *mut c_void {
     value_boundary(std::ptr::null_mut(), || {
-        b.as_ref()
+        // SAFETY: `b`: NULL or a live object of this library (the C API's contract).
+        unsafe { b.as_ref() }
             .and_then(|b| b.gpu.as_ref())
             .map_or(std::ptr::null_mut(), |g| g.stream)
     })

@@ -120,47 +120,74 @@ pub(crate) fn value_boundary<T>(fallback: T, f: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
 }
 
+/// A handle argument; NULL is refused.
+///
+/// # Safety
+/// `p` is NULL or points to a live `T` for `'a`.
 pub(crate) unsafe fn arg_ref<'a, T>(p: *const T, what: &str) -> Result<&'a T> {
-    p.as_ref()
+    // SAFETY: NULL or a live `T` (this function's contract).
+    unsafe { p.as_ref() }
         .ok_or_else(|| Error::invalid(format!("argument '{what}' must not be NULL")))
 }
 
+/// A handle argument the call changes; NULL is refused.
+///
+/// # Safety
+/// `p` is NULL or points to a live `T` that nothing else uses for `'a`.
 pub(crate) unsafe fn arg_mut<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T> {
-    p.as_mut()
+    // SAFETY: NULL or a live, unshared `T` (this function's contract).
+    unsafe { p.as_mut() }
         .ok_or_else(|| Error::invalid(format!("argument '{what}' must not be NULL")))
 }
 
+/// A string argument (UTF-8); NULL is refused.
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string that lives for `'a`.
 pub(crate) unsafe fn arg_str<'a>(p: *const c_char, what: &str) -> Result<&'a str> {
     if p.is_null() {
         return Err(Error::invalid(format!(
             "argument '{what}' must not be NULL"
         )));
     }
-    CStr::from_ptr(p)
+    // SAFETY: not NULL (checked); NUL-terminated and alive (this function's contract).
+    unsafe { CStr::from_ptr(p) }
         .to_str()
         .map_err(|_| Error::invalid(format!("argument '{what}' is not valid UTF-8")))
 }
 
+/// An optional string argument: NULL is None.
+///
+/// # Safety
+/// As [`arg_str`].
 pub(crate) unsafe fn opt_str<'a>(p: *const c_char, what: &str) -> Result<Option<&'a str>> {
     if p.is_null() {
         Ok(None)
     } else {
-        arg_str(p, what).map(Some)
+        // SAFETY: `p`: NULL (refused) or a NUL-terminated string alive for the call.
+        unsafe { arg_str(p, what) }.map(Some)
     }
 }
 
 /// Writes an out-parameter; fails (writing nothing) when the pointer is NULL.
+///
+/// # Safety
+/// `p` is NULL or valid for writing one `T`.
 pub(crate) unsafe fn write_out<T>(p: *mut T, what: &str, v: T) -> Result<()> {
     if p.is_null() {
         return Err(Error::invalid(format!(
             "argument '{what}' must not be NULL"
         )));
     }
-    p.write(v);
+    // SAFETY: not NULL (checked) and writable (this function's contract).
+    unsafe { p.write(v) };
     Ok(())
 }
 
 /// Reads a (pointer, count) array argument; NULL is allowed only with count 0.
+///
+/// # Safety
+/// `p` is NULL or points to `n` initialised `T`s that live for `'a`.
 pub(crate) unsafe fn arg_slice<'a, T>(p: *const T, n: usize, what: &str) -> Result<&'a [T]> {
     if n == 0 {
         return Ok(&[]);
@@ -170,7 +197,8 @@ pub(crate) unsafe fn arg_slice<'a, T>(p: *const T, n: usize, what: &str) -> Resu
             "argument '{what}' must not be NULL when its length is {n}"
         )));
     }
-    Ok(std::slice::from_raw_parts(p, n))
+    // SAFETY: not NULL (checked); `n` live elements (this function's contract).
+    Ok(unsafe { std::slice::from_raw_parts(p, n) })
 }
 
 /// Out-pointers describing a tensor (`infer_response_output`, `infer_batch_input`); each
@@ -185,6 +213,11 @@ pub(crate) struct TensorOut {
 }
 
 impl TensorOut {
+    /// Writes the tensor's description to every out-pointer that is not NULL.
+    ///
+    /// # Safety
+    /// Every out-pointer is NULL or writable; `name`, `shape` and `bytes` outlive the
+    /// caller's use of what is written.
     pub(crate) unsafe fn write(
         &self,
         name: &CStr,
@@ -192,16 +225,22 @@ impl TensorOut {
         shape: &[i64],
         bytes: &[u8],
     ) {
-        self.write_raw(
-            name,
-            dt,
-            shape,
-            bytes.as_ptr() as *const std::ffi::c_void,
-            bytes.len(),
-        )
+        // SAFETY: this function's contract.
+        unsafe {
+            self.write_raw(
+                name,
+                dt,
+                shape,
+                bytes.as_ptr() as *const std::ffi::c_void,
+                bytes.len(),
+            )
+        }
     }
 
     /// Like `write`, for data given by address (device memory).
+    ///
+    /// # Safety
+    /// As [`TensorOut::write`].
     pub(crate) unsafe fn write_raw(
         &self,
         name: &CStr,
@@ -211,22 +250,28 @@ impl TensorOut {
         len: usize,
     ) {
         if !self.name.is_null() {
-            self.name.write(name.as_ptr());
+            // SAFETY: not NULL (checked), writable (this function's contract).
+            unsafe { self.name.write(name.as_ptr()) };
         }
         if !self.dt.is_null() {
-            self.dt.write(dt as u32);
+            // SAFETY: not NULL (checked), writable (this function's contract).
+            unsafe { self.dt.write(dt as u32) };
         }
         if !self.shape.is_null() {
-            self.shape.write(shape.as_ptr());
+            // SAFETY: not NULL (checked), writable (this function's contract).
+            unsafe { self.shape.write(shape.as_ptr()) };
         }
         if !self.ndim.is_null() {
-            self.ndim.write(shape.len());
+            // SAFETY: not NULL (checked), writable (this function's contract).
+            unsafe { self.ndim.write(shape.len()) };
         }
         if !self.data.is_null() {
-            self.data.write(data);
+            // SAFETY: not NULL (checked), writable (this function's contract).
+            unsafe { self.data.write(data) };
         }
         if !self.byte_size.is_null() {
-            self.byte_size.write(len);
+            // SAFETY: not NULL (checked), writable (this function's contract).
+            unsafe { self.byte_size.write(len) };
         }
     }
 }
@@ -264,8 +309,10 @@ pub unsafe extern "C" fn infer_api_version(major: *mut u32, minor: *mut u32) -> 
                 "arguments 'major' and 'minor' must not be NULL",
             ));
         }
-        write_out(major, "major", INFER_API_VERSION_MAJOR)?;
-        write_out(minor, "minor", INFER_API_VERSION_MINOR)
+        // SAFETY: `major`: NULL (refused) or writable for one value.
+        unsafe { write_out(major, "major", INFER_API_VERSION_MAJOR) }?;
+        // SAFETY: `minor`: NULL (refused) or writable for one value.
+        unsafe { write_out(minor, "minor", INFER_API_VERSION_MINOR) }
     })
 }
 
@@ -297,7 +344,8 @@ pub extern "C" fn infer_datatype_string(dt: infer_datatype) -> *const c_char {
 #[no_mangle]
 pub unsafe extern "C" fn infer_datatype_from_string(s: *const c_char) -> infer_datatype {
     value_boundary(0, || {
-        arg_str(s, "s")
+        // SAFETY: `s`: NULL (refused) or a NUL-terminated string alive for the call.
+        unsafe { arg_str(s, "s") }
             .ok()
             .and_then(crate::tensor::DataType::parse)
             .map_or(0, |d| d as u32)
@@ -316,7 +364,9 @@ pub extern "C" fn infer_datatype_byte_size(dt: infer_datatype) -> u32 {
 pub unsafe extern "C" fn infer_string_free(s: *mut c_char) {
     value_boundary((), || {
         if !s.is_null() {
-            drop(CString::from_raw(s));
+            // SAFETY: a string this library handed over (CString::into_raw), freed once
+            // (the C API's contract).
+            drop(unsafe { CString::from_raw(s) });
         }
     })
 }

@@ -28,8 +28,10 @@ pub unsafe extern "C" fn infer_request_new(
     out: *mut *mut Request,
 ) -> infer_status {
     status_boundary(|| {
-        let s = arg_ref(s, "s")?;
-        let model = arg_str(model, "model")?;
+        // SAFETY: `s`: NULL (refused) or a live handle of this library.
+        let s = unsafe { arg_ref(s, "s") }?;
+        // SAFETY: `model`: NULL (refused) or a NUL-terminated string alive for the call.
+        let model = unsafe { arg_str(model, "model") }?;
         if out.is_null() {
             return Err(Error::invalid("argument 'out' must not be NULL"));
         }
@@ -53,7 +55,8 @@ pub unsafe extern "C" fn infer_request_new(
             Err(e) => return Err(e),
         };
         req.gpu = *s.server.gpu();
-        write_out(out, "out", Box::into_raw(req))
+        // SAFETY: `out`: NULL (refused) or writable for one value.
+        unsafe { write_out(out, "out", Box::into_raw(req)) }
     })
 }
 
@@ -63,7 +66,8 @@ pub unsafe extern "C" fn infer_request_new(
 pub unsafe extern "C" fn infer_request_free(r: *mut Request) {
     value_boundary((), || {
         if !r.is_null() {
-            drop(Box::from_raw(r));
+            // SAFETY: `r` came from Box::into_raw here and is freed once.
+            drop(unsafe { Box::from_raw(r) });
         }
     })
 }
@@ -75,7 +79,8 @@ pub unsafe extern "C" fn infer_request_set_correlation_id(
     id: u64,
 ) -> infer_status {
     status_boundary(|| {
-        arg_mut(r, "r")?.correlation_id = if id == 0 {
+        // SAFETY: `r`: NULL (refused) or a live handle no other thread uses meanwhile.
+        unsafe { arg_mut(r, "r") }?.correlation_id = if id == 0 {
             CorrelationId::None
         } else {
             CorrelationId::U64(id)
@@ -91,8 +96,10 @@ pub unsafe extern "C" fn infer_request_set_correlation_id_str(
     id: *const c_char,
 ) -> infer_status {
     status_boundary(|| {
-        let r = arg_mut(r, "r")?;
-        let id = arg_str(id, "id")?;
+        // SAFETY: `r`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let r = unsafe { arg_mut(r, "r") }?;
+        // SAFETY: `id`: NULL (refused) or a NUL-terminated string alive for the call.
+        let id = unsafe { arg_str(id, "id") }?;
         if id.len() > INFER_MAX_CORRELATION_ID_BYTES {
             return Err(Error::invalid(format!(
                 "correlation ID of {} bytes is longer than the limit of {INFER_MAX_CORRELATION_ID_BYTES}",
@@ -108,7 +115,8 @@ pub unsafe extern "C" fn infer_request_set_correlation_id_str(
 #[no_mangle]
 pub unsafe extern "C" fn infer_request_set_flags(r: *mut Request, flags: u32) -> infer_status {
     status_boundary(|| {
-        let r = arg_mut(r, "r")?;
+        // SAFETY: `r`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let r = unsafe { arg_mut(r, "r") }?;
         let known = INFER_REQUEST_FLAG_SEQUENCE_START | INFER_REQUEST_FLAG_SEQUENCE_END;
         if flags & !known != 0 {
             return Err(Error::invalid(format!(
@@ -126,7 +134,8 @@ pub unsafe extern "C" fn infer_request_set_flags(r: *mut Request, flags: u32) ->
 #[no_mangle]
 pub unsafe extern "C" fn infer_request_set_priority(r: *mut Request, level: u32) -> infer_status {
     status_boundary(|| {
-        arg_mut(r, "r")?.priority = level;
+        // SAFETY: `r`: NULL (refused) or a live handle no other thread uses meanwhile.
+        unsafe { arg_mut(r, "r") }?.priority = level;
         Ok(())
     })
 }
@@ -137,13 +146,18 @@ pub unsafe extern "C" fn infer_request_set_priority(r: *mut Request, level: u32)
 #[no_mangle]
 pub unsafe extern "C" fn infer_request_set_timeout_us(r: *mut Request, us: u64) -> infer_status {
     status_boundary(|| {
-        arg_mut(r, "r")?.timeout_us = us;
+        // SAFETY: `r`: NULL (refused) or a live handle no other thread uses meanwhile.
+        unsafe { arg_mut(r, "r") }?.timeout_us = us;
         Ok(())
     })
 }
 
 /// Checks an input and adds it; `make` builds its storage only after every check passed,
 /// so a failed call neither copies nor takes ownership of the caller's buffer.
+///
+/// # Safety
+/// `r` is NULL or a live request; `name`, `shape` (of `ndim`) and `data` (of
+/// `byte_size`) are NULL or valid as the C API states.
 unsafe fn add_input(
     r: *mut Request,
     name: *const c_char,
@@ -155,8 +169,10 @@ unsafe fn add_input(
     on_device: bool,
     make: impl FnOnce(&mut Request, &[u8]) -> TensorData,
 ) -> Result<()> {
-    let r = arg_mut(r, "r")?;
-    let name = arg_str(name, "name")?;
+    // SAFETY: `r`: NULL (refused) or a live handle no other thread uses meanwhile.
+    let r = unsafe { arg_mut(r, "r") }?;
+    // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+    let name = unsafe { arg_str(name, "name") }?;
     let dtype = DataType::from_u32(dt)
         .filter(|d| *d != DataType::Invalid)
         .ok_or_else(|| {
@@ -170,7 +186,11 @@ unsafe fn add_input(
             "input '{name}': {ndim} dimensions is more than {MAX_DIMS}"
         )));
     }
-    let shape: Shape = arg_slice(shape, ndim, "shape")?.iter().copied().collect();
+    // SAFETY: `shape`: NULL with a count of 0, or that many readable elements.
+    let shape: Shape = unsafe { arg_slice(shape, ndim, "shape") }?
+        .iter()
+        .copied()
+        .collect();
     // Device memory is never read on the host: only its length is checked here.
     let bytes: &[u8] = if on_device {
         if data.is_null() && byte_size > 0 {
@@ -178,7 +198,8 @@ unsafe fn add_input(
         }
         &[]
     } else {
-        arg_slice(data as *const u8, byte_size, "data")?
+        // SAFETY: `data`: NULL with a count of 0, or that many readable elements.
+        unsafe { arg_slice(data as *const u8, byte_size, "data") }?
     };
     let checked = if on_device {
         InputBytes::Device(byte_size)
@@ -241,9 +262,13 @@ pub unsafe extern "C" fn infer_request_add_input(
     byte_size: usize,
 ) -> infer_status {
     status_boundary(|| {
-        add_input(r, name, dt, shape, ndim, data, byte_size, false, |r, b| {
-            TensorData::Owned(r.buffer_from(b))
-        })
+        // SAFETY: the arguments as the C API states (checked inside); the caller keeps
+        // `data` readable until `release` runs (infer_request_add_input_borrowed).
+        unsafe {
+            add_input(r, name, dt, shape, ndim, data, byte_size, false, |r, b| {
+                TensorData::Owned(r.buffer_from(b))
+            })
+        }
     })
 }
 
@@ -281,8 +306,10 @@ pub unsafe extern "C" fn infer_request_add_input_borrowed(
         match mem {
             INFER_MEMORY_CPU | INFER_MEMORY_CPU_PINNED => {}
             INFER_MEMORY_GPU => {
-                let rr = arg_ref(r, "r")?;
-                let input = arg_str(name, "name")?;
+                // SAFETY: `r`: NULL (refused) or a live handle of this library.
+                let rr = unsafe { arg_ref(r, "r") }?;
+                // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+                let input = unsafe { arg_str(name, "name") }?;
                 let at = format!("input '{input}' of model '{}' on GPU {device_id}", rr.model);
                 rr.gpu.check_device(device_id).map_err(|e| e.context(&at))?;
                 if byte_size > 0 {
@@ -290,32 +317,44 @@ pub unsafe extern "C" fn infer_request_add_input_borrowed(
                         .map_err(|why| Error::invalid(format!("{at}: {why}")))?;
                 }
                 let ptr = data as u64;
-                return add_input(r, name, dt, shape, ndim, data, byte_size, true, |_, _| {
-                    let release = release.map(|func| ReleaseCallback {
-                        func,
-                        user_data: release_user_data,
-                    });
-                    TensorData::Device(DeviceData {
-                        ptr,
-                        len: byte_size,
-                        device: device_id as i32,
-                        keep: DeviceKeep::Borrowed(Some(Borrowed::new(
-                            std::ptr::null(),
-                            0,
-                            release,
-                        ))),
+                // SAFETY: the arguments as the C API states (checked inside); the caller keeps
+                // `data` readable until `release` runs (infer_request_add_input_borrowed).
+                return unsafe {
+                    add_input(r, name, dt, shape, ndim, data, byte_size, true, |_, _| {
+                        let release = release.map(|func| ReleaseCallback {
+                            func,
+                            user_data: release_user_data,
+                        });
+                        TensorData::Device(DeviceData {
+                            ptr,
+                            len: byte_size,
+                            device: device_id as i32,
+                            // SAFETY: no host bytes are read (NULL, 0); only `release`
+                            // runs, once, when the input is done with.
+                            keep: DeviceKeep::Borrowed(Some(Borrowed::new(
+                                std::ptr::null(),
+                                0,
+                                release,
+                            ))),
+                        })
                     })
-                });
+                };
             }
             m => return Err(unknown_memory_type(m)),
         }
-        add_input(r, name, dt, shape, ndim, data, byte_size, false, |_, b| {
-            let release = release.map(|func| ReleaseCallback {
-                func,
-                user_data: release_user_data,
-            });
-            TensorData::Borrowed(Borrowed::new(b.as_ptr(), b.len(), release))
-        })
+        // SAFETY: the arguments as the C API states (checked inside); the caller keeps
+        // `data` readable until `release` runs (infer_request_add_input_borrowed).
+        unsafe {
+            add_input(r, name, dt, shape, ndim, data, byte_size, false, |_, b| {
+                let release = release.map(|func| ReleaseCallback {
+                    func,
+                    user_data: release_user_data,
+                });
+                // SAFETY: the caller keeps `data` readable until `release` runs (the C
+                // API's contract for infer_request_add_input_borrowed).
+                TensorData::Borrowed(Borrowed::new(b.as_ptr(), b.len(), release))
+            })
+        }
     })
 }
 
@@ -327,8 +366,10 @@ pub unsafe extern "C" fn infer_request_add_requested_output(
     name: *const c_char,
 ) -> infer_status {
     status_boundary(|| {
-        let r = arg_mut(r, "r")?;
-        let name = arg_str(name, "name")?;
+        // SAFETY: `r`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let r = unsafe { arg_mut(r, "r") }?;
+        // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+        let name = unsafe { arg_str(name, "name") }?;
         let shared: Arc<str> = match &r.checked_against {
             Some(cfg) => cfg.output(name).map(|o| o.name.clone()).ok_or_else(|| {
                 Error::invalid(format!("model '{}' has no output '{name}'", cfg.name))
@@ -342,9 +383,13 @@ pub unsafe extern "C" fn infer_request_add_requested_output(
     })
 }
 
+/// # Safety
+/// `r` is NULL or a live request; `key` is NULL or a NUL-terminated string.
 unsafe fn set_param(r: *mut Request, key: *const c_char, v: ParamValue) -> Result<()> {
-    let r = arg_mut(r, "r")?;
-    let key = arg_str(key, "key")?;
+    // SAFETY: `r`: NULL (refused) or a live handle no other thread uses meanwhile.
+    let r = unsafe { arg_mut(r, "r") }?;
+    // SAFETY: `key`: NULL (refused) or a NUL-terminated string alive for the call.
+    let key = unsafe { arg_str(key, "key") }?;
     if key.is_empty() {
         return Err(Error::invalid("parameter key must not be empty"));
     }
@@ -362,7 +407,8 @@ pub unsafe extern "C" fn infer_request_set_parameter_int(
     key: *const c_char,
     v: i64,
 ) -> infer_status {
-    status_boundary(|| set_param(r, key, ParamValue::Int(v)))
+    // SAFETY: `r` and `key` as the C API states (checked inside).
+    status_boundary(|| unsafe { set_param(r, key, ParamValue::Int(v)) })
 }
 
 /// Sets a floating-point request parameter.
@@ -372,7 +418,8 @@ pub unsafe extern "C" fn infer_request_set_parameter_double(
     key: *const c_char,
     v: f64,
 ) -> infer_status {
-    status_boundary(|| set_param(r, key, ParamValue::Double(v)))
+    // SAFETY: `r` and `key` as the C API states (checked inside).
+    status_boundary(|| unsafe { set_param(r, key, ParamValue::Double(v)) })
 }
 
 /// Sets a boolean request parameter.
@@ -382,7 +429,8 @@ pub unsafe extern "C" fn infer_request_set_parameter_bool(
     key: *const c_char,
     v: bool,
 ) -> infer_status {
-    status_boundary(|| set_param(r, key, ParamValue::Bool(v)))
+    // SAFETY: `r` and `key` as the C API states (checked inside).
+    status_boundary(|| unsafe { set_param(r, key, ParamValue::Bool(v)) })
 }
 
 /// Sets a string request parameter (copied).
@@ -393,12 +441,16 @@ pub unsafe extern "C" fn infer_request_set_parameter_string(
     v: *const c_char,
 ) -> infer_status {
     status_boundary(|| {
-        let v = arg_str(v, "v")?;
-        set_param(
-            r,
-            key,
-            ParamValue::Str(std::ffi::CString::new(v).unwrap_or_default()),
-        )
+        // SAFETY: `v`: NULL (refused) or a NUL-terminated string alive for the call.
+        let v = unsafe { arg_str(v, "v") }?;
+        // SAFETY: `r` and `key` as the C API states (checked inside).
+        unsafe {
+            set_param(
+                r,
+                key,
+                ParamValue::Str(std::ffi::CString::new(v).unwrap_or_default()),
+            )
+        }
     })
 }
 

@@ -6,15 +6,16 @@ use crate::request::{OutputTensor, ParamValue, Response};
 /// The id `infer_server_enqueue` returned for the request (0 for NULL).
 #[no_mangle]
 pub unsafe extern "C" fn infer_response_request_id(r: *const Response) -> u64 {
-    value_boundary(0, || r.as_ref().map_or(0, |r| r.request_id))
+    // SAFETY: `r`: NULL or a live object of this library (the C API's contract).
+    value_boundary(0, || unsafe { r.as_ref() }.map_or(0, |r| r.request_id))
 }
 
 /// OK, or the status the request ended with (INVALID_ARGUMENT for NULL).
 #[no_mangle]
 pub unsafe extern "C" fn infer_response_status(r: *const Response) -> infer_status {
     value_boundary(INFER_STATUS_INTERNAL, || {
-        r.as_ref()
-            .map_or(INFER_STATUS_INVALID_ARGUMENT, |r| r.status as u32)
+        // SAFETY: `r`: NULL or a live object of this library (the C API's contract).
+        unsafe { r.as_ref() }.map_or(INFER_STATUS_INVALID_ARGUMENT, |r| r.status as u32)
     })
 }
 
@@ -22,7 +23,8 @@ pub unsafe extern "C" fn infer_response_status(r: *const Response) -> infer_stat
 #[no_mangle]
 pub unsafe extern "C" fn infer_response_error_message(r: *const Response) -> *const c_char {
     value_boundary(std::ptr::null(), || {
-        r.as_ref()
+        // SAFETY: `r`: NULL or a live object of this library (the C API's contract).
+        unsafe { r.as_ref() }
             .and_then(|r| r.error.as_ref())
             .map_or(std::ptr::null(), |e| e.as_ptr())
     })
@@ -32,26 +34,30 @@ pub unsafe extern "C" fn infer_response_error_message(r: *const Response) -> *co
 #[no_mangle]
 pub unsafe extern "C" fn infer_response_model_name(r: *const Response) -> *const c_char {
     value_boundary(c"".as_ptr(), || {
-        r.as_ref().map_or(c"".as_ptr(), |r| r.model.name.as_ptr())
+        // SAFETY: `r`: NULL or a live object of this library (the C API's contract).
+        unsafe { r.as_ref() }.map_or(c"".as_ptr(), |r| r.model.name.as_ptr())
     })
 }
 
 /// The version of the model that answered (0 for NULL).
 #[no_mangle]
 pub unsafe extern "C" fn infer_response_model_version(r: *const Response) -> i64 {
-    value_boundary(0, || r.as_ref().map_or(0, |r| r.model.version))
+    // SAFETY: `r`: NULL or a live object of this library (the C API's contract).
+    value_boundary(0, || unsafe { r.as_ref() }.map_or(0, |r| r.model.version))
 }
 
 /// The request's numeric correlation ID (0 if none or a string ID).
 #[no_mangle]
 pub unsafe extern "C" fn infer_response_correlation_id(r: *const Response) -> u64 {
-    value_boundary(0, || r.as_ref().map_or(0, |r| r.correlation_id))
+    // SAFETY: `r`: NULL or a live object of this library (the C API's contract).
+    value_boundary(0, || unsafe { r.as_ref() }.map_or(0, |r| r.correlation_id))
 }
 
 /// Number of output tensors (0 for NULL or an error response).
 #[no_mangle]
 pub unsafe extern "C" fn infer_response_output_count(r: *const Response) -> usize {
-    value_boundary(0, || r.as_ref().map_or(0, |r| r.outputs.len()))
+    // SAFETY: `r`: NULL or a live object of this library (the C API's contract).
+    value_boundary(0, || unsafe { r.as_ref() }.map_or(0, |r| r.outputs.len()))
 }
 
 fn write_output(out: &TensorOut, o: &OutputTensor) {
@@ -81,7 +87,8 @@ pub unsafe extern "C" fn infer_response_output(
     byte_size: *mut usize,
 ) -> infer_status {
     status_boundary(|| {
-        let r = arg_ref(r, "r")?;
+        // SAFETY: `r`: NULL (refused) or a live handle of this library.
+        let r = unsafe { arg_ref(r, "r") }?;
         let o = r.outputs.get(index).ok_or_else(|| {
             Error::invalid(format!(
                 "output index {index} is out of range: the response has {} outputs",
@@ -113,8 +120,10 @@ pub unsafe extern "C" fn infer_response_output_by_name(
     byte_size: *mut usize,
 ) -> infer_status {
     status_boundary(|| {
-        let r = arg_ref(r, "r")?;
-        let n = arg_str(name, "name")?;
+        // SAFETY: `r`: NULL (refused) or a live handle of this library.
+        let r = unsafe { arg_ref(r, "r") }?;
+        // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+        let n = unsafe { arg_str(name, "name") }?;
         let o = r.output(n).ok_or_else(|| {
             Error::not_found(format!(
                 "the response of model '{}' has no output '{n}'",
@@ -152,10 +161,13 @@ pub unsafe extern "C" fn infer_response_parameter_int(
     v: *mut i64,
 ) -> infer_status {
     status_boundary(|| {
-        let r = arg_ref(r, "r")?;
-        let key = arg_str(key, "key")?;
+        // SAFETY: `r`: NULL (refused) or a live handle of this library.
+        let r = unsafe { arg_ref(r, "r") }?;
+        // SAFETY: `key`: NULL (refused) or a NUL-terminated string alive for the call.
+        let key = unsafe { arg_str(key, "key") }?;
         match param(r, key)? {
-            ParamValue::Int(i) => write_out(v, "v", *i),
+            // SAFETY: `v`: NULL (refused) or writable for one value.
+            ParamValue::Int(i) => unsafe { write_out(v, "v", *i) },
             _ => Err(Error::invalid(format!(
                 "response parameter '{key}' is not an integer"
             ))),
@@ -171,10 +183,13 @@ pub unsafe extern "C" fn infer_response_parameter_string(
     v: *mut *const c_char,
 ) -> infer_status {
     status_boundary(|| {
-        let r = arg_ref(r, "r")?;
-        let key = arg_str(key, "key")?;
+        // SAFETY: `r`: NULL (refused) or a live handle of this library.
+        let r = unsafe { arg_ref(r, "r") }?;
+        // SAFETY: `key`: NULL (refused) or a NUL-terminated string alive for the call.
+        let key = unsafe { arg_str(key, "key") }?;
         match param(r, key)? {
-            ParamValue::Str(s) => write_out(v, "v", s.as_ptr()),
+            // SAFETY: `v`: NULL (refused) or writable for one value.
+            ParamValue::Str(s) => unsafe { write_out(v, "v", s.as_ptr()) },
             _ => Err(Error::invalid(format!(
                 "response parameter '{key}' is not a string"
             ))),
@@ -187,7 +202,8 @@ pub unsafe extern "C" fn infer_response_parameter_string(
 pub unsafe extern "C" fn infer_response_free(r: *mut Response) {
     value_boundary((), || {
         if !r.is_null() {
-            crate::request::pool::recycle_response(Box::from_raw(r));
+            // SAFETY: `r` came from Box::into_raw here and is freed once.
+            crate::request::pool::recycle_response(unsafe { Box::from_raw(r) });
         }
     })
 }

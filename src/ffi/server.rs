@@ -34,11 +34,14 @@ pub unsafe extern "C" fn infer_server_options_new(out: *mut *mut ServerOptions) 
         if out.is_null() {
             return Err(Error::invalid("argument 'out' must not be NULL"));
         }
-        write_out(
-            out,
-            "out",
-            Box::into_raw(Box::new(ServerOptions::default())),
-        )
+        // SAFETY: `out`: NULL (refused) or writable for one value.
+        unsafe {
+            write_out(
+                out,
+                "out",
+                Box::into_raw(Box::new(ServerOptions::default())),
+            )
+        }
     })
 }
 
@@ -48,7 +51,8 @@ pub unsafe extern "C" fn infer_server_options_new(out: *mut *mut ServerOptions) 
 pub unsafe extern "C" fn infer_server_options_free(opts: *mut ServerOptions) {
     value_boundary((), || {
         if !opts.is_null() {
-            drop(Box::from_raw(opts));
+            // SAFETY: `opts` came from Box::into_raw here and is freed once.
+            drop(unsafe { Box::from_raw(opts) });
         }
     })
 }
@@ -60,8 +64,10 @@ pub unsafe extern "C" fn infer_server_options_set_model_repository(
     path: *const c_char,
 ) -> infer_status {
     status_boundary(|| {
-        let o = arg_mut(opts, "opts")?;
-        let p = arg_str(path, "path")?;
+        // SAFETY: `opts`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let o = unsafe { arg_mut(opts, "opts") }?;
+        // SAFETY: `path`: NULL (refused) or a NUL-terminated string alive for the call.
+        let p = unsafe { arg_str(path, "path") }?;
         if p.is_empty() {
             return Err(Error::invalid("model repository path must not be empty"));
         }
@@ -78,7 +84,8 @@ pub unsafe extern "C" fn infer_server_options_set_model_control_explicit(
     explicit_: bool,
 ) -> infer_status {
     status_boundary(|| {
-        arg_mut(opts, "opts")?.explicit_model_control = explicit_;
+        // SAFETY: `opts`: NULL (refused) or a live handle no other thread uses meanwhile.
+        unsafe { arg_mut(opts, "opts") }?.explicit_model_control = explicit_;
         Ok(())
     })
 }
@@ -93,8 +100,10 @@ pub unsafe extern "C" fn infer_server_options_add_startup_model(
     name: *const c_char,
 ) -> infer_status {
     status_boundary(|| {
-        let o = arg_mut(opts, "opts")?;
-        let n = arg_str(name, "name")?;
+        // SAFETY: `opts`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let o = unsafe { arg_mut(opts, "opts") }?;
+        // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+        let n = unsafe { arg_str(name, "name") }?;
         if n.is_empty() {
             return Err(Error::invalid("model name must not be empty"));
         }
@@ -111,7 +120,8 @@ pub unsafe extern "C" fn infer_server_options_set_gpu(
     mode: u32,
 ) -> infer_status {
     status_boundary(|| {
-        let o = arg_mut(opts, "opts")?;
+        // SAFETY: `opts`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let o = unsafe { arg_mut(opts, "opts") }?;
         o.gpu = match mode {
             0 => GpuMode::Auto,
             1 => GpuMode::Off,
@@ -136,7 +146,8 @@ pub unsafe extern "C" fn infer_server_options_set_log_callback(
     user_data: *mut c_void,
 ) -> infer_status {
     status_boundary(|| {
-        let o = arg_mut(opts, "opts")?;
+        // SAFETY: `opts`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let o = unsafe { arg_mut(opts, "opts") }?;
         if !(1..=4).contains(&min_level) {
             return Err(Error::invalid(format!(
                 "log level {min_level} is not one of ERROR=1..DEBUG=4"
@@ -150,19 +161,26 @@ pub unsafe extern "C" fn infer_server_options_set_log_callback(
     })
 }
 
+/// # Safety
+/// `name` is NULL or a NUL-terminated string; `backend` is NULL or a filled-in
+/// `infer_backend` whose functions stay callable while the backend is registered.
 unsafe fn make_backend(
     name: *const c_char,
     backend: *const infer_backend,
     user_data: *mut c_void,
 ) -> Result<(String, Arc<CustomBackend>)> {
-    let name = arg_str(name, "name")?;
+    // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+    let name = unsafe { arg_str(name, "name") }?;
     if name.is_empty() {
         return Err(Error::invalid("backend name must not be empty"));
     }
-    arg_ref(backend, "backend")?;
+    // SAFETY: `backend`: NULL (refused) or a live handle of this library.
+    unsafe { arg_ref(backend, "backend") }?;
     Ok((
         name.to_owned(),
-        Arc::new(CustomBackend::from_c(name, backend, user_data)?),
+        // SAFETY: `backend` is a filled-in infer_backend the caller keeps alive (the C API's
+        // contract).
+        Arc::new(unsafe { CustomBackend::from_c(name, backend, user_data) }?),
     ))
 }
 
@@ -177,8 +195,10 @@ pub unsafe extern "C" fn infer_server_options_register_backend(
     backend_user_data: *mut c_void,
 ) -> infer_status {
     status_boundary(|| {
-        let o = arg_mut(opts, "opts")?;
-        let (name, b) = make_backend(name, backend, backend_user_data)?;
+        // SAFETY: `opts`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let o = unsafe { arg_mut(opts, "opts") }?;
+        // SAFETY: `backend` and `name` as the C API states (checked inside).
+        let (name, b) = unsafe { make_backend(name, backend, backend_user_data) }?;
         if o.backends.iter().any(|(n, _)| *n == name) {
             b.release_user_data();
             return Err(Error::new(
@@ -202,8 +222,10 @@ pub unsafe extern "C" fn infer_server_register_backend(
     backend_user_data: *mut c_void,
 ) -> infer_status {
     status_boundary(|| {
-        let s = arg_ref(s, "s")?;
-        let (name, b) = make_backend(name, backend, backend_user_data)?;
+        // SAFETY: `s`: NULL (refused) or a live handle of this library.
+        let s = unsafe { arg_ref(s, "s") }?;
+        // SAFETY: `backend` and `name` as the C API states (checked inside).
+        let (name, b) = unsafe { make_backend(name, backend, backend_user_data) }?;
         s.server
             .register_backend(&name, b.clone())
             .inspect_err(|_| {
@@ -225,16 +247,20 @@ pub unsafe extern "C" fn infer_server_new(
         if out.is_null() {
             return Err(Error::invalid("argument 'out' must not be NULL"));
         }
-        let o = opts.as_ref().cloned().unwrap_or_default();
+        // SAFETY: `opts`: NULL or a live object of this library (the C API's contract).
+        let o = unsafe { opts.as_ref() }.cloned().unwrap_or_default();
         let server = Server::new(o)?;
-        write_out(
-            out,
-            "out",
-            Box::into_raw(Box::new(ServerHandle {
-                server,
-                freed_in_shutdown: std::sync::atomic::AtomicBool::new(false),
-            })),
-        )
+        // SAFETY: `out`: NULL (refused) or writable for one value.
+        unsafe {
+            write_out(
+                out,
+                "out",
+                Box::into_raw(Box::new(ServerHandle {
+                    server,
+                    freed_in_shutdown: std::sync::atomic::AtomicBool::new(false),
+                })),
+            )
+        }
     })
 }
 
@@ -248,7 +274,8 @@ pub unsafe extern "C" fn infer_server_shutdown(
     timeout_ms: u64,
 ) -> infer_status {
     status_boundary(|| {
-        let s = arg_ref(s, "s")?;
+        // SAFETY: `s`: NULL (refused) or a live handle of this library.
+        let s = unsafe { arg_ref(s, "s") }?;
         if in_callback() {
             return Err(Error::invalid(
                 "infer_server_shutdown must not be called from a response callback",
@@ -272,11 +299,13 @@ pub unsafe extern "C" fn infer_server_free(s: *mut ServerHandle) {
         }
         if in_callback() {
             let e = Error::invalid("infer_server_free must not be called from a response callback; the server was not freed");
-            (*s).server.log().error(&e.message);
+            // SAFETY: not NULL (checked); a live server handle (the C API's contract).
+            unsafe { (*s).server.log().error(&e.message) };
             set_last_error(&e);
             return;
         }
-        let h = Box::from_raw(s);
+        // SAFETY: `s` came from Box::into_raw here and is freed once.
+        let h = unsafe { Box::from_raw(s) };
         h.server.shutdown(DEFAULT_SHUTDOWN);
     })
 }
@@ -293,10 +322,14 @@ pub unsafe extern "C" fn infer_server_load_model(
     model_dir: *const c_char,
 ) -> infer_status {
     status_boundary(|| {
-        let s = arg_ref(s, "s")?;
-        let name = arg_str(name, "name")?;
-        let text = opt_str(config_text, "config_text")?;
-        let dir = opt_str(model_dir, "model_dir")?;
+        // SAFETY: `s`: NULL (refused) or a live handle of this library.
+        let s = unsafe { arg_ref(s, "s") }?;
+        // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+        let name = unsafe { arg_str(name, "name") }?;
+        // SAFETY: `config_text`: NULL (refused) or a NUL-terminated string alive for the call.
+        let text = unsafe { opt_str(config_text, "config_text") }?;
+        // SAFETY: `model_dir`: NULL (refused) or a NUL-terminated string alive for the call.
+        let dir = unsafe { opt_str(model_dir, "model_dir") }?;
         s.server
             .load_model(name, text, dir.map(std::path::Path::new))
     })
@@ -309,8 +342,10 @@ pub unsafe extern "C" fn infer_server_unload_model(
     name: *const c_char,
 ) -> infer_status {
     status_boundary(|| {
-        let s = arg_ref(s, "s")?;
-        s.server.unload_model(arg_str(name, "name")?)
+        // SAFETY: `s`: NULL (refused) or a live handle of this library.
+        let s = unsafe { arg_ref(s, "s") }?;
+        // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+        s.server.unload_model(unsafe { arg_str(name, "name") }?)
     })
 }
 
@@ -323,9 +358,12 @@ pub unsafe extern "C" fn infer_server_model_ready(
     ready: *mut bool,
 ) -> infer_status {
     status_boundary(|| {
-        let s = arg_ref(s, "s")?;
-        let name = arg_str(name, "name")?;
-        write_out(ready, "ready", s.server.model_ready(name, version))
+        // SAFETY: `s`: NULL (refused) or a live handle of this library.
+        let s = unsafe { arg_ref(s, "s") }?;
+        // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+        let name = unsafe { arg_str(name, "name") }?;
+        // SAFETY: `ready`: NULL (refused) or writable for one value.
+        unsafe { write_out(ready, "ready", s.server.model_ready(name, version)) }
     })
 }
 
@@ -339,14 +377,17 @@ pub unsafe extern "C" fn infer_server_model_config_json(
     json_out: *mut *mut c_char,
 ) -> infer_status {
     status_boundary(|| {
-        let s = arg_ref(s, "s")?;
+        // SAFETY: `s`: NULL (refused) or a live handle of this library.
+        let s = unsafe { arg_ref(s, "s") }?;
         if json_out.is_null() {
             return Err(Error::invalid("argument 'json_out' must not be NULL"));
         }
         let json = s
             .server
-            .model_config_json(arg_str(name, "name")?, version)?;
-        write_out(json_out, "json_out", owned_string(json))
+            // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+            .model_config_json(unsafe { arg_str(name, "name") }?, version)?;
+        // SAFETY: `json_out`: NULL (refused) or writable for one value.
+        unsafe { write_out(json_out, "json_out", owned_string(json)) }
     })
 }
 
@@ -359,12 +400,17 @@ pub unsafe extern "C" fn infer_server_statistics_json(
     json_out: *mut *mut c_char,
 ) -> infer_status {
     status_boundary(|| {
-        let s = arg_ref(s, "s")?;
+        // SAFETY: `s`: NULL (refused) or a live handle of this library.
+        let s = unsafe { arg_ref(s, "s") }?;
         if json_out.is_null() {
             return Err(Error::invalid("argument 'json_out' must not be NULL"));
         }
-        let json = s.server.statistics_json(opt_str(name, "name")?)?;
-        write_out(json_out, "json_out", owned_string(json))
+        // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+        let json = s
+            .server
+            .statistics_json(unsafe { opt_str(name, "name") }?)?;
+        // SAFETY: `json_out`: NULL (refused) or writable for one value.
+        unsafe { write_out(json_out, "json_out", owned_string(json)) }
     })
 }
 
@@ -376,15 +422,19 @@ pub unsafe extern "C" fn infer_server_metrics_prometheus(
     text_out: *mut *mut c_char,
 ) -> infer_status {
     status_boundary(|| {
-        let s = arg_ref(s, "s")?;
+        // SAFETY: `s`: NULL (refused) or a live handle of this library.
+        let s = unsafe { arg_ref(s, "s") }?;
         if text_out.is_null() {
             return Err(Error::invalid("argument 'text_out' must not be NULL"));
         }
-        write_out(
-            text_out,
-            "text_out",
-            owned_string(s.server.metrics_prometheus()),
-        )
+        // SAFETY: `text_out`: NULL (refused) or writable for one value.
+        unsafe {
+            write_out(
+                text_out,
+                "text_out",
+                owned_string(s.server.metrics_prometheus()),
+            )
+        }
     })
 }
 
@@ -396,9 +446,11 @@ pub unsafe extern "C" fn infer_server_pause_model(
     name: *const c_char,
 ) -> infer_status {
     status_boundary(|| {
-        arg_ref(s, "s")?
+        // SAFETY: `s`: NULL (refused) or a live handle of this library.
+        unsafe { arg_ref(s, "s") }?
             .server
-            .set_paused(arg_str(name, "name")?, true)
+            // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+            .set_paused(unsafe { arg_str(name, "name") }?, true)
     })
 }
 
@@ -422,8 +474,10 @@ pub unsafe extern "C" fn infer_server_set_iteration_stats_callback(
     user_data: *mut c_void,
 ) -> infer_status {
     status_boundary(|| {
-        let server = &arg_ref(s, "s")?.server;
-        let name = arg_str(model, "model")?;
+        // SAFETY: `s`: NULL (refused) or a live handle of this library.
+        let server = &unsafe { arg_ref(s, "s") }?.server;
+        // SAFETY: `model`: NULL (refused) or a NUL-terminated string alive for the call.
+        let name = unsafe { arg_str(model, "model") }?;
         let cb =
             func.map(|f| Arc::new(crate::scheduler::inflight::StatsCallback::new(f, user_data)));
         server.set_iteration_stats_callback(name, cb)
@@ -437,9 +491,11 @@ pub unsafe extern "C" fn infer_server_resume_model(
     name: *const c_char,
 ) -> infer_status {
     status_boundary(|| {
-        arg_ref(s, "s")?
+        // SAFETY: `s`: NULL (refused) or a live handle of this library.
+        unsafe { arg_ref(s, "s") }?
             .server
-            .set_paused(arg_str(name, "name")?, false)
+            // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+            .set_paused(unsafe { arg_str(name, "name") }?, false)
     })
 }
 
@@ -469,22 +525,31 @@ pub unsafe extern "C" fn infer_server_enqueue(
     request_id_out: *mut u64,
 ) -> infer_status {
     status_boundary(|| {
-        let req = take_request(r)?;
-        let s = arg_ref(s, "s")?;
+        // SAFETY: `r`: NULL (refused) or a request handle the caller gives up.
+        let req = unsafe { take_request(r) }?;
+        // SAFETY: `s`: NULL (refused) or a live handle of this library.
+        let s = unsafe { arg_ref(s, "s") }?;
         let f =
             on_response.ok_or_else(|| Error::invalid("argument 'on_response' must not be NULL"))?;
-        enqueue_with(s, req, ResponseSink::new(f, user_data), request_id_out)
+        // SAFETY: `s` and `request_id_out` as the C API states (checked inside).
+        unsafe { enqueue_with(s, req, ResponseSink::new(f, user_data), request_id_out) }
     })
 }
 
 /// Takes ownership of a request handed to an enqueueing call.
+///
+/// # Safety
+/// `r` is NULL or a request handle of this library that the caller gives up.
 unsafe fn take_request(r: *mut Request) -> Result<Box<Request>> {
     if r.is_null() {
         return Err(Error::invalid("argument 'r' must not be NULL"));
     }
-    Ok(Box::from_raw(r))
+    // SAFETY: `r` came from Box::into_raw here and is freed once.
+    Ok(unsafe { Box::from_raw(r) })
 }
 
+/// # Safety
+/// `id_out` is NULL or writable.
 unsafe fn enqueue_with(
     s: &ServerHandle,
     mut req: Box<Request>,
@@ -494,7 +559,8 @@ unsafe fn enqueue_with(
     req.sink = Some(sink);
     let id = s.server.enqueue(req)?;
     if !id_out.is_null() {
-        id_out.write(id);
+        // SAFETY: not NULL (checked); writable (this function's contract).
+        unsafe { id_out.write(id) };
     }
     Ok(())
 }
@@ -514,10 +580,13 @@ unsafe impl Sync for Waiter {}
 /// outlives the last touch of it whichever thread finishes first.
 unsafe extern "C" fn infer_wake(user_data: *mut c_void, resp: *mut Response, flags: u32) {
     if flags & INFER_RESPONSE_FLAG_FINAL == 0 {
-        drop(Box::from_raw(resp)); // only the FINAL response is returned
+        // SAFETY: `resp` came from Box::into_raw here and is freed once.
+        drop(unsafe { Box::from_raw(resp) }); // only the FINAL response is returned
         return;
     }
-    let w = Arc::from_raw(user_data as *const Waiter);
+    // SAFETY: `user_data` is the Arc::into_raw reference infer_server_infer made for this
+    // request; the FINAL call, which happens once, takes it back.
+    let w = unsafe { Arc::from_raw(user_data as *const Waiter) };
     *w.slot.lock() = Some(resp);
     w.cv.notify_one();
 }
@@ -533,8 +602,10 @@ pub unsafe extern "C" fn infer_server_infer(
     response_out: *mut *mut Response,
 ) -> infer_status {
     status_boundary(|| {
-        let req = take_request(r)?;
-        let s = arg_ref(s, "s")?;
+        // SAFETY: `r`: NULL (refused) or a request handle the caller gives up.
+        let req = unsafe { take_request(r) }?;
+        // SAFETY: `s`: NULL (refused) or a live handle of this library.
+        let s = unsafe { arg_ref(s, "s") }?;
         if response_out.is_null() {
             return Err(Error::invalid("argument 'response_out' must not be NULL"));
         }
@@ -545,13 +616,18 @@ pub unsafe extern "C" fn infer_server_infer(
         }
         let waiter = Arc::new(Waiter::default());
         let ud = Arc::into_raw(waiter.clone()) as *mut c_void;
-        if let Err(e) = enqueue_with(
-            s,
-            req,
-            ResponseSink::new(infer_wake, ud),
-            std::ptr::null_mut(),
-        ) {
-            drop(Arc::from_raw(ud as *const Waiter)); // not accepted: the callback never runs
+        // SAFETY: `s` is live (checked above); no id out-pointer.
+        if let Err(e) = unsafe {
+            enqueue_with(
+                s,
+                req,
+                ResponseSink::new(infer_wake, ud),
+                std::ptr::null_mut(),
+            )
+        } {
+            // SAFETY: not accepted, so the callback never runs: the reference made above is
+            // taken back here, once.
+            drop(unsafe { Arc::from_raw(ud as *const Waiter) });
             return Err(e);
         }
         let mut slot = waiter.slot.lock();
@@ -560,7 +636,8 @@ pub unsafe extern "C" fn infer_server_infer(
         }
         let resp = slot.take().unwrap_or(std::ptr::null_mut());
         drop(slot);
-        response_out.write(resp);
+        // SAFETY: not NULL (checked above); writable (the C API's contract).
+        unsafe { response_out.write(resp) };
         Ok(())
     })
 }
@@ -576,5 +653,6 @@ pub unsafe extern "C" fn infer_server_cancel(
     s: *mut ServerHandle,
     request_id: u64,
 ) -> infer_status {
-    status_boundary(|| arg_ref(s, "s")?.server.cancel(request_id))
+    // SAFETY: `s`: NULL (refused) or a live handle of this library.
+    status_boundary(|| unsafe { arg_ref(s, "s") }?.server.cancel(request_id))
 }

@@ -154,7 +154,9 @@ unsafe fn finish_row(
     let bias = &bias[cols.clone()];
     match residual {
         Some(res) => {
-            let res = std::slice::from_raw_parts_mut(res.add(cols.start), cols.len());
+            // SAFETY: `res` addresses a row of at least `cols.end` elements that only this
+            // call writes (this function's contract).
+            let res = unsafe { std::slice::from_raw_parts_mut(res.add(cols.start), cols.len()) };
             for ((r, &x), &b) in res.iter_mut().zip(row.iter()).zip(bias) {
                 *r += x + b;
             }

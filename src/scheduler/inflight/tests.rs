@@ -647,12 +647,11 @@ fn unload_finishes_the_running_and_queued_requests_and_cancel_all_ends_them() {
 #[test]
 fn iteration_statistics_reach_the_callback() {
     unsafe extern "C" fn collect(ud: *mut c_void, json: *const std::ffi::c_char) {
-        let v = &*(ud as *const Mutex<Vec<String>>);
-        v.lock().push(
-            std::ffi::CStr::from_ptr(json)
-                .to_string_lossy()
-                .into_owned(),
-        );
+        // SAFETY: `ud` is the test's Mutex, alive for the whole test.
+        let v = unsafe { &*(ud as *const Mutex<Vec<String>>) };
+        // SAFETY: the library passes a NUL-terminated string alive for the call.
+        let json = unsafe { std::ffi::CStr::from_ptr(json) };
+        v.lock().push(json.to_string_lossy().into_owned());
     }
     let seen: Box<Mutex<Vec<String>>> = Box::default();
     let mut h = harness(settings(Policy::GuaranteedNoEvict), 1, Duration::ZERO);
