@@ -1,32 +1,22 @@
 //! Log messages go to the application's callback (set on the server options), or to
 //! stderr for errors and warnings when there is none.
 
-use std::ffi::{c_char, c_void, CString};
 use std::sync::Arc;
-
-pub type LogFn = unsafe extern "C" fn(user_data: *mut c_void, level: u32, message: *const c_char);
 
 pub(crate) const LEVEL_ERROR: u32 = 1;
 pub(crate) const LEVEL_WARN: u32 = 2;
 pub(crate) const LEVEL_INFO: u32 = 3;
 
-#[derive(Clone, Copy)]
-struct Sink {
-    func: LogFn,
-    user_data: *mut c_void,
-}
+/// Where log messages go: the application's callback (the C API wraps its function and
+/// user data in one), called with the level and the message from any library thread.
+pub type LogSink = dyn Fn(u32, &str) + Send + Sync;
 
 /// Cheap to clone; shared by the server and its models.
 #[derive(Clone)]
 pub struct Logger {
-    sink: Option<Arc<Sink>>,
+    sink: Option<Arc<LogSink>>,
     min_level: u32,
 }
-
-// SAFETY: the C API documents that the log callback may be called from any thread;
-// `user_data` is only handed back to it.
-unsafe impl Send for Sink {}
-unsafe impl Sync for Sink {}
 
 impl Default for Logger {
     fn default() -> Self {
@@ -38,9 +28,10 @@ impl Default for Logger {
 }
 
 impl Logger {
-    pub fn new(func: Option<LogFn>, user_data: *mut c_void, min_level: u32) -> Logger {
+    /// Messages up to `min_level` go to `sink`.
+    pub fn new(sink: Arc<LogSink>, min_level: u32) -> Logger {
         Logger {
-            sink: func.map(|func| Arc::new(Sink { func, user_data })),
+            sink: Some(sink),
             min_level,
         }
     }
@@ -50,11 +41,8 @@ impl Logger {
             return;
         }
         match &self.sink {
-            Some(s) => {
-                let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-                let _ = std::panic::catch_unwind(|| unsafe {
-                    (s.func)(s.user_data, level, c.as_ptr())
-                });
+            Some(sink) => {
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink(level, msg)));
             }
             None => {
                 let tag = match level {

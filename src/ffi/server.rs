@@ -154,7 +154,19 @@ pub unsafe extern "C" fn infer_server_options_set_log_callback(
             )));
         }
         o.log = match func {
-            Some(_) => Logger::new(func, user_data, min_level),
+            Some(func) => {
+                let c = CCallback { func, user_data };
+                Logger::new(
+                    Arc::new(move |level, msg: &str| {
+                        let c = &c; // the whole struct (Send, Sync), not its fields
+                        let text = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+                        // SAFETY: the application's log function with its own user data;
+                        // the C API lets it run on any library thread.
+                        unsafe { (c.func)(c.user_data, level, text.as_ptr()) }
+                    }),
+                    min_level,
+                )
+            }
             None => Logger::default(),
         };
         Ok(())
@@ -478,8 +490,16 @@ pub unsafe extern "C" fn infer_server_set_iteration_stats_callback(
         let server = &unsafe { arg_ref(s, "s") }?.server;
         // SAFETY: `model`: NULL (refused) or a NUL-terminated string alive for the call.
         let name = unsafe { arg_str(model, "model") }?;
-        let cb =
-            func.map(|f| Arc::new(crate::scheduler::inflight::StatsCallback::new(f, user_data)));
+        let cb = func.map(|func| {
+            let c = CCallback { func, user_data };
+            Arc::new(move |json: &str| {
+                let c = &c; // the whole struct (Send, Sync), not its fields
+                let text = CString::new(json).unwrap_or_default();
+                // SAFETY: the application's statistics function with its own user data; the
+                // C API lets it run on any library thread.
+                unsafe { (c.func)(c.user_data, text.as_ptr()) }
+            }) as Arc<crate::scheduler::inflight::StatsCallback>
+        });
         server.set_iteration_stats_callback(name, cb)
     })
 }
@@ -656,3 +676,15 @@ pub unsafe extern "C" fn infer_server_cancel(
     // SAFETY: `s`: NULL (refused) or a live handle of this library.
     status_boundary(|| unsafe { arg_ref(s, "s") }?.server.cancel(request_id))
 }
+
+/// An application's C function and the user data it is called with.
+struct CCallback<F> {
+    func: F,
+    user_data: *mut c_void,
+}
+
+// SAFETY: the C API states that callbacks run on library threads with `user_data` handed
+// back untouched; their thread safety is the application's.
+unsafe impl<F> Send for CCallback<F> {}
+// SAFETY: as above.
+unsafe impl<F> Sync for CCallback<F> {}

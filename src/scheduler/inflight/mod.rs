@@ -30,7 +30,7 @@ use blocks::{BlockManager, PrefixHash, ROOT};
 use parking_lot::{Condvar, Mutex};
 use settings::{Policy, Settings, INPUT_IDS, OUTPUT_IDS, OUTPUT_LOG_PROBS};
 use std::collections::{HashSet, VecDeque};
-use std::ffi::{c_void, CString};
+use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,24 +60,9 @@ pub struct ModelLimits {
     pub n_positions: usize,
 }
 
-/// The iteration-statistics callback (C API `infer_stats_fn`).
-pub type StatsFn = unsafe extern "C" fn(*mut c_void, *const std::ffi::c_char);
-
-/// An application's iteration-statistics callback and its user data.
-pub struct StatsCallback {
-    func: StatsFn,
-    user_data: *mut c_void,
-}
-
-impl StatsCallback {
-    pub fn new(func: StatsFn, user_data: *mut c_void) -> StatsCallback {
-        StatsCallback { func, user_data }
-    }
-}
-// SAFETY: the C API says the callback runs on library threads with `user_data` untouched;
-// its thread safety is the caller's.
-unsafe impl Send for StatsCallback {}
-unsafe impl Sync for StatsCallback {}
+/// An application's iteration-statistics callback (the C API wraps its function and user
+/// data in one): called with each iteration's JSON on the generation loop's thread.
+pub type StatsCallback = dyn Fn(&str) + Send + Sync;
 
 #[derive(Default)]
 struct StatsSlot {
@@ -675,9 +660,7 @@ impl Engine {
             slot.calling += 1;
             cb
         };
-        let text = CString::new(json).unwrap_or_default();
-        let (func, user_data) = (cb.func, cb.user_data);
-        let _ = std::panic::catch_unwind(|| unsafe { func(user_data, text.as_ptr()) });
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cb(json)));
         let mut slot = self.stats_cb.lock();
         slot.calling -= 1;
         drop(slot);

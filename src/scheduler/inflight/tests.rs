@@ -646,21 +646,13 @@ fn unload_finishes_the_running_and_queued_requests_and_cancel_all_ends_them() {
 
 #[test]
 fn iteration_statistics_reach_the_callback() {
-    unsafe extern "C" fn collect(ud: *mut c_void, json: *const std::ffi::c_char) {
-        // SAFETY: `ud` is the test's Mutex, alive for the whole test.
-        let v = unsafe { &*(ud as *const Mutex<Vec<String>>) };
-        // SAFETY: the library passes a NUL-terminated string alive for the call.
-        let json = unsafe { std::ffi::CStr::from_ptr(json) };
-        v.lock().push(json.to_string_lossy().into_owned());
-    }
-    let seen: Box<Mutex<Vec<String>>> = Box::default();
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let mut h = harness(settings(Policy::GuaranteedNoEvict), 1, Duration::ZERO);
     let sched = h.sched.clone();
     let gen = sched.gen.as_ref().unwrap();
-    gen.set_stats_callback(Some(Arc::new(StatsCallback::new(
-        collect,
-        &*seen as *const _ as *mut c_void,
-    ))));
+    let sink = seen.clone();
+    let collect: Arc<StatsCallback> = Arc::new(move |json: &str| sink.lock().push(json.to_owned()));
+    gen.set_stats_callback(Some(collect));
     h.run(&[1, 2, 3, 4, 5, 6], &[max_tokens(4)]);
     gen.set_stats_callback(None);
     h.run(&[1], &[max_tokens(4)]);
