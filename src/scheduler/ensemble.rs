@@ -96,7 +96,8 @@ pub trait Router: Send + Sync {
     fn cancel(&self, request_id: u64);
 }
 
-pub(super) struct Runner {
+/// The ensemble scheduler: runs each request's steps as their inputs become ready.
+pub struct Runner {
     me: Weak<Scheduler>,
     server: Weak<dyn Router>,
     steps: Vec<EnsembleStep>,
@@ -334,7 +335,7 @@ impl Runner {
         let (s2, r2) = (sched.clone(), run.clone());
         req.sink = Some(ResponseSink::rust(move |resp, flags| {
             if flags & crate::request::RESPONSE_FLAG_FINAL != 0 {
-                if let Some(runner) = s2.ens.as_ref() {
+                if let Some(runner) = s2.kind::<Runner>() {
                     runner.on_response(&s2, &r2, i, resp);
                 }
             }
@@ -638,4 +639,45 @@ pub(crate) fn check_composition(
         }
     }
     Ok(())
+}
+
+impl super::Kind for Runner {
+    fn enqueue(
+        &self,
+        _s: &Scheduler,
+        req: Box<Request>,
+        _shape_key: Option<super::ShapeKey>,
+    ) -> std::result::Result<(), (Box<Request>, Error)> {
+        self.start(req)
+    }
+
+    fn pending(&self) -> usize {
+        self.in_flight()
+    }
+
+    /// An ensemble has no queue of its own: its steps' models pause.
+    fn set_paused(&self, _paused: bool) {}
+
+    fn close(&self) {
+        Runner::close(self)
+    }
+
+    fn is_idle(&self) -> bool {
+        self.in_flight() == 0
+    }
+
+    fn cancel_all(&self, why: &str) {
+        Runner::cancel_all(self, why)
+    }
+
+    fn cancel(&self, _s: &Scheduler, request_id: u64) -> super::CancelOutcome {
+        match Runner::cancel(self, request_id) {
+            true => super::CancelOutcome::Cancelled,
+            false => super::CancelOutcome::NotFound,
+        }
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }

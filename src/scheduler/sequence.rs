@@ -13,8 +13,9 @@
 //! the log callback runs. The workers (one per instance) do the timers: the idle reaper,
 //! backlog timeouts and queue delays are deadlines of their condvar waits.
 
-use super::c_name;
 use super::dynamic::{decide, BatchPolicy, Candidate, Decision};
+use super::execute::Batches;
+use super::{c_name, CancelOutcome, Kind, Scheduler, ShapeKey};
 use crate::config::{
     ControlInput, ControlKind, InitialState, ModelConfig, SequenceBatching, SequenceStrategy,
 };
@@ -334,7 +335,7 @@ impl Sequencer {
     pub(super) fn enqueue(
         &self,
         req: Box<Request>,
-        key: Option<SmallVec<[i64; 8]>>,
+        key: Option<ShapeKey>,
     ) -> std::result::Result<Option<String>, (Box<Request>, Error)> {
         if let Err(e) = self.check(&req) {
             return Err((req, e));
@@ -1027,6 +1028,76 @@ fn control_tensor(c: &ControlInput, rows: &[RowInfo], size: usize) -> Vec<u8> {
             }
             data
         }
+    }
+}
+
+/// The sequence batcher as a scheduling kind: the [`Sequencer`]'s slots and backlog, and
+/// the bookkeeping of the batches its workers execute.
+pub struct SequenceBatcher {
+    pub(super) seq: Sequencer,
+    pub(super) batches: Batches,
+}
+
+impl SequenceBatcher {
+    pub(super) fn new(seq: Sequencer, batches: Batches) -> SequenceBatcher {
+        SequenceBatcher { seq, batches }
+    }
+}
+
+impl Kind for SequenceBatcher {
+    fn enqueue(
+        &self,
+        s: &Scheduler,
+        req: Box<Request>,
+        shape_key: Option<ShapeKey>,
+    ) -> std::result::Result<(), (Box<Request>, Error)> {
+        if let Some(warning) = self.seq.enqueue(req, shape_key)? {
+            s.log.warn(&warning);
+        }
+        Ok(())
+    }
+
+    fn pending(&self) -> usize {
+        self.seq.queued()
+    }
+
+    fn set_paused(&self, paused: bool) {
+        self.seq.set_paused(paused)
+    }
+
+    fn close(&self) {
+        self.seq.close()
+    }
+
+    fn is_idle(&self) -> bool {
+        self.seq.is_idle()
+    }
+
+    fn cancel_all(&self, why: &str) {
+        self.seq.cancel_all(why)
+    }
+
+    fn cancel(&self, _s: &Scheduler, request_id: u64) -> CancelOutcome {
+        match self
+            .seq
+            .cancel(request_id, || self.batches.is_running(request_id))
+        {
+            Some(true) => CancelOutcome::Cancelled,
+            Some(false) => CancelOutcome::Running,
+            None => CancelOutcome::NotFound,
+        }
+    }
+
+    fn stats_json(&self, out: &mut String) {
+        self.batches.stats_json(out);
+    }
+
+    fn stats_prometheus(&self, out: &mut crate::stats::PromText, labels: &str) {
+        self.batches.stats_prometheus(out, labels);
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

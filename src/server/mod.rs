@@ -343,7 +343,7 @@ impl Server {
         for v in versions {
             match inflight::gpt2::start_version(&config, v, dir, &self.log) {
                 Ok(s) => {
-                    if let Some(g) = &s.gen {
+                    if let Some(g) = s.generative() {
                         g.set_stats_callback(callback.clone());
                     }
                     started.insert(v, s);
@@ -366,7 +366,7 @@ impl Server {
     ) -> Result<()> {
         let versions: Vec<Arc<Scheduler>> =
             self.with_model(name, |e| Ok(e.versions.values().cloned().collect()))?;
-        if versions.iter().any(|s| s.gen.is_none()) {
+        if versions.iter().any(|s| s.generative().is_none()) {
             return Err(Error::invalid(format!(
                 "model '{name}' is not a generative model: it has no iterations to report"
             )));
@@ -379,7 +379,7 @@ impl Server {
             };
         }
         for s in versions {
-            if let Some(g) = &s.gen {
+            if let Some(g) = s.generative() {
                 g.set_stats_callback(cb.clone());
             }
         }

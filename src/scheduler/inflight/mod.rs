@@ -22,7 +22,7 @@ mod tests;
 use crate::config::ModelConfig;
 use crate::llm::{sample, Rng, SamplingParams};
 use crate::request::{ModelIdentity, OutputTensor, ParamValue, Request, Response, ResponseSink};
-use crate::scheduler::{c_name, CancelOutcome, Scheduler};
+use crate::scheduler::{c_name, CancelOutcome, Kind, Scheduler};
 use crate::stats::Histogram;
 use crate::status::{Code, Error, Result};
 use crate::tensor::{DataType, Shape, TensorData};
@@ -549,94 +549,6 @@ impl Engine {
         Ok(p)
     }
 
-    pub fn enqueue(
-        &self,
-        model: &ModelIdentity,
-        req: Box<Request>,
-    ) -> std::result::Result<(), (Box<Request>, Error)> {
-        let p = self.parse(model.name_str(), req)?;
-        let mut q = self.q.lock();
-        if q.closed {
-            drop(q);
-            let e = Error::unavailable(format!("model '{}' is unloading", model.name_str()));
-            return Err((p.req, e));
-        }
-        let max = self.settings.max_queue_size;
-        if max > 0 && q.waiting.len() >= max {
-            drop(q);
-            let e = Error::exhausted(format!(
-                "model '{}': {max} requests already wait for admission (max_queue_size {max})",
-                model.name_str()
-            ));
-            return Err((p.req, e));
-        }
-        if p.deadline.is_some() {
-            q.with_deadline += 1;
-        }
-        q.waiting.push_back(p);
-        drop(q);
-        self.cv.notify_one();
-        Ok(())
-    }
-
-    pub fn pending(&self) -> usize {
-        self.q.lock().waiting.len()
-    }
-
-    pub fn set_paused(&self, paused: bool) {
-        self.q.lock().paused = paused;
-        self.cv.notify_all();
-    }
-
-    pub fn close(&self) {
-        self.q.lock().closed = true;
-        self.cv.notify_all();
-    }
-
-    pub fn is_idle(&self) -> bool {
-        let q = self.q.lock();
-        q.waiting.is_empty() && q.running.is_empty() && q.ending.is_empty()
-    }
-
-    pub fn cancel_all(&self, why: &str) {
-        let mut q = self.q.lock();
-        let waiting: Vec<Pending> = q.waiting.drain(..).collect();
-        q.with_deadline = 0;
-        q.ending.extend(
-            waiting
-                .into_iter()
-                .map(|p| (p.req, Error::cancelled(why.to_owned()))),
-        );
-        q.cancel_epoch += 1;
-        q.cancel_reason = why.to_owned();
-        drop(q);
-        self.cv.notify_all();
-    }
-
-    pub fn cancel(&self, model: &ModelIdentity, id: u64) -> CancelOutcome {
-        let mut q = self.q.lock();
-        if let Some(i) = q.waiting.iter().position(|p| p.req.id == id) {
-            if let Some(p) = q.waiting.remove(i) {
-                if p.deadline.is_some() {
-                    q.with_deadline -= 1;
-                }
-                let msg = format!(
-                    "request {id} for model '{}' was cancelled",
-                    model.name_str()
-                );
-                q.ending.push((p.req, Error::cancelled(msg)));
-            }
-            drop(q);
-            self.cv.notify_all();
-            return CancelOutcome::Cancelled;
-        }
-        if q.running.contains(&id) {
-            q.cancel.insert(id);
-            return CancelOutcome::Running;
-        }
-        CancelOutcome::NotFound
-    }
-
     /// Sets (or with None clears) the iteration-statistics callback. When it returns, the
     /// previous callback is no longer running and is never called again (unless it is
     /// the caller: a callback may replace itself).
@@ -665,6 +577,112 @@ impl Engine {
         slot.calling -= 1;
         drop(slot);
         self.stats_cv.notify_all();
+    }
+}
+
+impl Kind for Engine {
+    fn enqueue(
+        &self,
+        s: &Scheduler,
+        req: Box<Request>,
+        _shape_key: Option<crate::scheduler::ShapeKey>,
+    ) -> std::result::Result<(), (Box<Request>, Error)> {
+        let model = &s.model;
+        let p = self.parse(model.name_str(), req)?;
+        let mut q = self.q.lock();
+        if q.closed {
+            drop(q);
+            let e = Error::unavailable(format!("model '{}' is unloading", model.name_str()));
+            return Err((p.req, e));
+        }
+        let max = self.settings.max_queue_size;
+        if max > 0 && q.waiting.len() >= max {
+            drop(q);
+            let e = Error::exhausted(format!(
+                "model '{}': {max} requests already wait for admission (max_queue_size {max})",
+                model.name_str()
+            ));
+            return Err((p.req, e));
+        }
+        if p.deadline.is_some() {
+            q.with_deadline += 1;
+        }
+        q.waiting.push_back(p);
+        drop(q);
+        self.cv.notify_one();
+        Ok(())
+    }
+
+    fn pending(&self) -> usize {
+        self.q.lock().waiting.len()
+    }
+
+    fn set_paused(&self, paused: bool) {
+        self.q.lock().paused = paused;
+        self.cv.notify_all();
+    }
+
+    fn close(&self) {
+        self.q.lock().closed = true;
+        self.cv.notify_all();
+    }
+
+    fn is_idle(&self) -> bool {
+        let q = self.q.lock();
+        q.waiting.is_empty() && q.running.is_empty() && q.ending.is_empty()
+    }
+
+    fn cancel_all(&self, why: &str) {
+        let mut q = self.q.lock();
+        let waiting: Vec<Pending> = q.waiting.drain(..).collect();
+        q.with_deadline = 0;
+        q.ending.extend(
+            waiting
+                .into_iter()
+                .map(|p| (p.req, Error::cancelled(why.to_owned()))),
+        );
+        q.cancel_epoch += 1;
+        q.cancel_reason = why.to_owned();
+        drop(q);
+        self.cv.notify_all();
+    }
+
+    fn cancel(&self, s: &Scheduler, id: u64) -> CancelOutcome {
+        let model = &s.model;
+        let mut q = self.q.lock();
+        if let Some(i) = q.waiting.iter().position(|p| p.req.id == id) {
+            if let Some(p) = q.waiting.remove(i) {
+                if p.deadline.is_some() {
+                    q.with_deadline -= 1;
+                }
+                let msg = format!(
+                    "request {id} for model '{}' was cancelled",
+                    model.name_str()
+                );
+                q.ending.push((p.req, Error::cancelled(msg)));
+            }
+            drop(q);
+            self.cv.notify_all();
+            return CancelOutcome::Cancelled;
+        }
+        if q.running.contains(&id) {
+            q.cancel.insert(id);
+            return CancelOutcome::Running;
+        }
+        CancelOutcome::NotFound
+    }
+
+    fn stats_json(&self, out: &mut String) {
+        out.push_str(",\"generation\":");
+        out.push_str(&self.gen_stats.json());
+    }
+
+    fn stats_prometheus(&self, out: &mut crate::stats::PromText, labels: &str) {
+        self.gen_stats.prometheus(out, labels);
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -699,14 +717,11 @@ struct Loop<'a> {
 
 /// Runs instance `index`'s iteration loop until the scheduler closes and everything is
 /// answered.
-pub(crate) fn run(s: Arc<Scheduler>, index: usize, exec: Box<dyn Executor>) {
-    let Some(e) = s.gen.as_ref() else {
-        return;
-    };
+pub(crate) fn run(s: &Scheduler, e: &Engine, index: usize, exec: Box<dyn Executor>) {
     ON_LOOP.with(|c| c.set(e as *const Engine as usize));
     let st = &e.settings;
     let mut lp = Loop {
-        s: &s,
+        s,
         e,
         index,
         exec,

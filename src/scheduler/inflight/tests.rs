@@ -266,7 +266,7 @@ impl Harness {
 
     /// KV blocks referenced by a request (the statistics' gauge).
     fn kv_blocks_used(&self) -> Option<u64> {
-        let gen = self.sched.gen.as_ref()?;
+        let gen = self.sched.generative()?;
         let j: serde_json::Value = serde_json::from_str(&gen.gen_stats.json()).ok()?;
         j["kv_blocks_used"].as_u64()
     }
@@ -649,7 +649,7 @@ fn iteration_statistics_reach_the_callback() {
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let mut h = harness(settings(Policy::GuaranteedNoEvict), 1, Duration::ZERO);
     let sched = h.sched.clone();
-    let gen = sched.gen.as_ref().unwrap();
+    let gen = sched.generative().unwrap();
     let sink = seen.clone();
     let collect: Arc<StatsCallback> = Arc::new(move |json: &str| sink.lock().push(json.to_owned()));
     gen.set_stats_callback(Some(collect));

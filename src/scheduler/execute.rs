@@ -1,0 +1,429 @@
+//! Executing a formed batch on a model instance and answering its requests: the part the
+//! two batch-forming kinds (the dynamic and the sequence batcher) share. The batch's
+//! outputs are split into one FINAL response per request and delivered, in batch order
+//! when `preserve_ordering` is set. No lock is held while a backend or a response
+//! callback runs.
+
+use super::{c_name, Scheduler};
+use crate::backend::{Batch, ModelInstance};
+use crate::config::ModelConfig;
+use crate::request::{Request, Response, ResponseSink};
+use crate::status::{Error, Result};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Responses of finished batches waiting for earlier batches (preserve_ordering).
+#[derive(Default)]
+struct Reorder {
+    next: u64,
+    ready: BTreeMap<u64, Vec<(ResponseSink, Box<Response>)>>,
+    delivering: bool,
+}
+
+/// The execution bookkeeping of a batch-forming kind.
+pub(super) struct Batches {
+    pub(super) in_names: Vec<Arc<CString>>,
+    out_names: Vec<Arc<CString>>,
+    preserve_ordering: bool,
+    reorder: Mutex<Reorder>,
+    /// Request ids each worker is executing now (for cancel).
+    pub(super) running: Vec<Mutex<Vec<u64>>>,
+    /// The data-path statistics of the instances on a GPU: (instance index, counters).
+    gpu_stats: Vec<(usize, Arc<crate::stats::GpuInstanceStats>)>,
+}
+
+impl Batches {
+    pub(super) fn new(config: &ModelConfig, instances: &[Box<dyn ModelInstance>]) -> Batches {
+        let oldest_ordering = config.sequence_batching.as_ref().is_some_and(|q| {
+            matches!(
+                q.strategy,
+                crate::config::SequenceStrategy::Oldest {
+                    preserve_ordering: true,
+                    ..
+                }
+            )
+        });
+        let dynamic_ordering = config
+            .dynamic_batching
+            .as_ref()
+            .is_some_and(|d| d.preserve_ordering);
+        Batches {
+            in_names: config.inputs.iter().map(|t| c_name(&t.name)).collect(),
+            out_names: config.outputs.iter().map(|t| c_name(&t.name)).collect(),
+            preserve_ordering: dynamic_ordering || oldest_ordering,
+            reorder: Mutex::new(Reorder::default()),
+            running: instances.iter().map(|_| Mutex::new(Vec::new())).collect(),
+            gpu_stats: instances
+                .iter()
+                .enumerate()
+                .filter_map(|(i, inst)| inst.gpu_stats().map(|g| (i, g)))
+                .collect(),
+        }
+    }
+
+    /// True when a worker is executing request `id`.
+    pub(super) fn is_running(&self, id: u64) -> bool {
+        self.running.iter().any(|r| r.lock().contains(&id))
+    }
+
+    /// The "gpu" member of the statistics JSON (with its leading comma), if any instance
+    /// runs on a GPU.
+    pub(super) fn stats_json(&self, out: &mut String) {
+        if self.gpu_stats.is_empty() {
+            return;
+        }
+        let instances: Vec<String> = self.gpu_stats.iter().map(|(i, g)| g.json(*i)).collect();
+        out.push_str(",\"gpu\":{\"instances\":[");
+        out.push_str(&instances.join(","));
+        out.push_str("]}");
+    }
+
+    pub(super) fn stats_prometheus(&self, out: &mut crate::stats::PromText, labels: &str) {
+        for (i, g) in &self.gpu_stats {
+            g.prometheus(out, labels, *i);
+        }
+    }
+}
+
+/// One worker's view: the scheduler it serves, its kind's bookkeeping, its instance index.
+pub(super) struct Worker<'a> {
+    pub(super) s: &'a Scheduler,
+    pub(super) b: &'a Batches,
+    pub(super) index: usize,
+}
+
+impl Worker<'_> {
+    pub(super) fn fail(&self, req: Box<Request>, err: Error) {
+        self.s.stats.failure_count.fetch_add(1, Ordering::Relaxed);
+        req.fail(&self.s.model, err);
+    }
+
+    /// Sets the request ids this worker executes now (for cancel).
+    pub(super) fn set_running(&self, reqs: &[Box<Request>]) {
+        let mut running = self.b.running[self.index].lock();
+        running.clear();
+        running.extend(reqs.iter().map(|r| r.id));
+    }
+
+    pub(super) fn clear_running(&self) {
+        self.b.running[self.index].lock().clear();
+    }
+
+    /// Forgets the ids of a delivered batch (a pipelined worker may hold two batches).
+    pub(super) fn forget_running(&self, ids: &[u64]) {
+        self.b.running[self.index]
+            .lock()
+            .retain(|id| !ids.contains(id));
+    }
+
+    pub(super) fn panic_error(&self, panic: Box<dyn std::any::Any + Send>) -> Error {
+        Error::internal(format!(
+            "model '{}': the backend panicked: {}",
+            self.s.model.name_str(),
+            crate::status::panic_message(&*panic)
+        ))
+    }
+
+    pub(super) fn record_queue_times(&self, requests: &[Box<Request>], start: Instant) {
+        for r in requests {
+            self.s
+                .stats
+                .queue_us
+                .record(start.saturating_duration_since(r.enqueued_at).as_micros() as u64);
+        }
+    }
+
+    /// Every request ends with `e` (nothing ran).
+    pub(super) fn fail_all(
+        &self,
+        requests: Vec<Box<Request>>,
+        e: Error,
+    ) -> Vec<(ResponseSink, Box<Response>)> {
+        let e = e.context(format!("model '{}'", self.s.model.name_str()));
+        requests
+            .into_iter()
+            .filter_map(|mut r| {
+                let sink = r.sink.take()?;
+                self.s.stats.failure_count.fetch_add(1, Ordering::Relaxed);
+                Some((
+                    sink,
+                    Response::error(r.id, &self.s.model, &r.correlation_id, e.clone()),
+                ))
+            })
+            .collect()
+    }
+
+    /// Runs one batch and turns the result into one FINAL response per request.
+    pub(super) fn execute(
+        &self,
+        instance: &mut dyn ModelInstance,
+        requests: Vec<Box<Request>>,
+    ) -> Vec<(ResponseSink, Box<Response>)> {
+        let start = Instant::now();
+        self.record_queue_times(&requests, start);
+        let nreq = requests.len() as u64;
+        let assembled = if instance.device().is_some() {
+            Batch::assemble_gathered(self.s.config.clone(), &self.b.in_names, requests)
+        } else {
+            Batch::assemble(self.s.config.clone(), &self.b.in_names, requests)
+        };
+        let mut batch = match assembled {
+            Ok(b) => b,
+            Err((e, requests)) => return self.fail_all(requests, e),
+        };
+        let result = self.run(instance, &mut batch, nreq, start);
+        self.split(batch, result)
+    }
+
+    /// Executes an assembled batch (a panicking backend fails the batch) and records it.
+    pub(super) fn run(
+        &self,
+        instance: &mut dyn ModelInstance,
+        batch: &mut Batch,
+        nreq: u64,
+        start: Instant,
+    ) -> Result<()> {
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| instance.execute(batch)));
+        let compute = start.elapsed().as_micros() as u64;
+        self.s.stats.record_execution(batch.size, nreq, compute);
+        match result {
+            Ok(r) => r,
+            Err(panic) => Err(self.panic_error(panic)),
+        }
+    }
+
+    pub(super) fn split(
+        &self,
+        batch: Batch,
+        result: Result<()>,
+    ) -> Vec<(ResponseSink, Box<Response>)> {
+        let Batch {
+            requests,
+            first_rows,
+            size,
+            outputs,
+            row_errors,
+            config,
+            ..
+        } = batch;
+        let mut answers = Vec::with_capacity(requests.len());
+        let outputs_checked: Result<Vec<SplitOutput>> = match &result {
+            Ok(()) => outputs
+                .into_iter()
+                // Implicit-state outputs that are not model outputs stay inside.
+                .filter(|o| config.output(&o.name).is_some())
+                .map(|o| {
+                    let (name, tc) = self
+                        .b
+                        .out_names
+                        .iter()
+                        .zip(&config.outputs)
+                        .find(|(_, t)| t.name == o.name)
+                        .map(|(c, t)| (c.clone(), Some(t)))
+                        .unwrap_or_else(|| (c_name(&o.name), None));
+                    let bytes_offsets = if o.dtype == crate::tensor::DataType::Bytes {
+                        let n = Batch::check_bytes_output(&o)?;
+                        if crate::tensor::element_count(&o.shape) != Some(n) {
+                            return Err(Error::internal(format!(
+                                "model '{}': output '{}' has shape {} but holds {n} BYTES elements",
+                                self.s.model.name_str(),
+                                o.name,
+                                crate::tensor::shape_string(&o.shape)
+                            )));
+                        }
+                        Some(crate::tensor::bytes_element_offsets(&o.data))
+                    } else {
+                        None
+                    };
+                    // The model computes in `reshape`; callers see `dims` (fixed dims only).
+                    let reshape_back = tc
+                        .filter(|t| t.reshape.is_some() && t.dims.iter().all(|d| *d >= 0))
+                        .map(|t| t.dims.clone());
+                    Ok(SplitOutput {
+                        name,
+                        dtype: o.dtype,
+                        shape: o.shape,
+                        buf: Arc::new(o.data),
+                        device: o.device,
+                        bytes_offsets,
+                        reshape_back,
+                    })
+                })
+                .collect(),
+            Err(e) => Err(e.clone()),
+        };
+        for (mut req, first_row) in requests.into_iter().zip(first_rows) {
+            let rows = req.batch_size;
+            if let Some(sink) = req.sink.take() {
+                let window = RowWindow {
+                    batch_rows: size,
+                    first_row,
+                    rows,
+                };
+                let resp = self.answer(&req, window, &outputs_checked, &row_errors, &config);
+                answers.push((sink, resp));
+            }
+            crate::request::pool::recycle_request(req);
+        }
+        answers
+    }
+
+    /// The FINAL response of one request of a finished batch.
+    fn answer(
+        &self,
+        req: &Request,
+        w: RowWindow,
+        outputs: &Result<Vec<SplitOutput>>,
+        row_errors: &[(u32, Error)],
+        config: &ModelConfig,
+    ) -> Box<Response> {
+        let fail = |e: Error| {
+            self.s.stats.failure_count.fetch_add(1, Ordering::Relaxed);
+            Response::error(req.id, &self.s.model, &req.correlation_id, e)
+        };
+        let outs = match outputs {
+            Ok(o) => o,
+            Err(e) => return fail(e.clone()),
+        };
+        let last_row = w.first_row + w.rows;
+        if let Some((_, e)) = row_errors
+            .iter()
+            .find(|(r, _)| *r >= w.first_row && *r < last_row)
+        {
+            return fail(e.clone());
+        }
+        if let Some(m) = req
+            .requested_outputs
+            .iter()
+            .find(|want| !outs.iter().any(|o| o.name.as_bytes() == want.as_bytes()))
+        {
+            return fail(Error::internal(format!(
+                "model '{}': the backend did not produce output '{m}'",
+                self.s.model.name_str()
+            )));
+        }
+        let mut resp = Response::ok(req.id, &self.s.model, &req.correlation_id);
+        resp.outputs.reserve(outs.len());
+        for o in outs {
+            if !req.wants_output(o.name.to_str().unwrap_or("")) {
+                continue;
+            }
+            let total = o.device.as_ref().map_or(o.buf.len(), |d| d.len());
+            let (offset, len, mut shape) =
+                row_window(config, w, &o.shape, total, o.bytes_offsets.as_deref());
+            if let Some(dims) = &o.reshape_back {
+                let batch_dims = usize::from(config.max_batch_size > 0);
+                shape.truncate(batch_dims);
+                shape.extend(dims.iter().copied());
+            }
+            resp.outputs.push(crate::request::OutputTensor {
+                name: o.name.clone(),
+                dtype: o.dtype,
+                shape,
+                data: match (&o.device, req.output_device) {
+                    (Some(d), Some(_)) => {
+                        crate::tensor::TensorData::Device(crate::tensor::DeviceData {
+                            ptr: d.ptr() + offset as u64,
+                            len,
+                            device: d.device(),
+                            keep: crate::tensor::DeviceKeep::Pooled(d.clone()),
+                        })
+                    }
+                    _ => crate::tensor::TensorData::Shared {
+                        buf: o.buf.clone(),
+                        offset,
+                        len,
+                    },
+                },
+            });
+        }
+        self.s.stats.success_count.fetch_add(1, Ordering::Relaxed);
+        resp
+    }
+
+    /// Hands responses to their callbacks, in batch order when preserve_ordering is set.
+    pub(super) fn deliver(&self, seq: u64, answers: Vec<(ResponseSink, Box<Response>)>) {
+        if !self.b.preserve_ordering {
+            for (sink, resp) in answers {
+                sink.send_final(resp);
+            }
+            return;
+        }
+        let mut ro = self.b.reorder.lock();
+        ro.ready.insert(seq, answers);
+        if ro.delivering {
+            return; // the worker delivering now will reach this batch
+        }
+        ro.delivering = true;
+        loop {
+            let next = ro.next;
+            let Some(batch) = ro.ready.remove(&next) else {
+                break;
+            };
+            ro.next += 1;
+            drop(ro);
+            for (sink, resp) in batch {
+                sink.send_final(resp);
+            }
+            ro = self.b.reorder.lock();
+        }
+        ro.delivering = false;
+    }
+}
+
+struct SplitOutput {
+    name: Arc<CString>,
+    dtype: crate::tensor::DataType,
+    shape: crate::request::Shape,
+    buf: Arc<Vec<u8>>,
+    /// The output in device memory, for requests that want it there.
+    device: Option<Arc<crate::cuda::DeviceBuf>>,
+    /// Element offsets of a BYTES output.
+    bytes_offsets: Option<Vec<usize>>,
+    /// The config's dims, when the model computes this output in a `reshape` shape.
+    reshape_back: Option<Vec<i64>>,
+}
+
+/// Which rows of a batch belong to one request.
+#[derive(Clone, Copy)]
+struct RowWindow {
+    batch_rows: u32,
+    first_row: u32,
+    rows: u32,
+}
+
+/// The byte window and shape of a request's rows of a batch output.
+fn row_window(
+    config: &ModelConfig,
+    w: RowWindow,
+    shape: &crate::request::Shape,
+    total: usize,
+    bytes_offsets: Option<&[usize]>,
+) -> (usize, usize, crate::request::Shape) {
+    if config.max_batch_size == 0 || w.batch_rows == 0 {
+        return (0, total, shape.clone());
+    }
+    let mut s = shape.clone();
+    if let Some(d0) = s.first_mut() {
+        *d0 = w.rows as i64;
+    }
+    let (first, rows) = (w.first_row as usize, w.rows as usize);
+    match bytes_offsets {
+        None => {
+            let per_row = total / w.batch_rows as usize;
+            (per_row * first, per_row * rows, s)
+        }
+        Some(offs) => {
+            let elems = offs.len().saturating_sub(1);
+            let per_row = elems / w.batch_rows as usize;
+            let a = offs[(per_row * first).min(elems)];
+            let b = offs[(per_row * (first + rows)).min(elems)];
+            (a, b - a, s)
+        }
+    }
+}
