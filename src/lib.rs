@@ -14,6 +14,7 @@
 
 pub(crate) mod affinity;
 pub mod backend;
+pub mod callback;
 pub mod config;
 pub mod cuda;
 pub mod ffi;

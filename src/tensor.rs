@@ -155,22 +155,15 @@ pub fn bytes_element_offsets(data: &[u8]) -> Vec<usize> {
     offs
 }
 
-/// Called once when the library no longer reads a borrowed input buffer.
-pub struct ReleaseCallback {
-    pub func: unsafe extern "C" fn(*mut std::ffi::c_void),
-    pub user_data: *mut std::ffi::c_void,
-}
-
-// SAFETY: the C API documents that the release callback may be called from any thread;
-// the pointer is only handed back to it.
-unsafe impl Send for ReleaseCallback {}
-unsafe impl Sync for ReleaseCallback {}
+/// Called once when the library no longer reads a borrowed input buffer (the
+/// application's release callback, see `ffi`).
+pub type Release = crate::callback::InlineFn<()>;
 
 /// Bytes the caller lends to the library until `release` runs.
 pub struct Borrowed {
     ptr: *const u8,
     len: usize,
-    release: Option<ReleaseCallback>,
+    release: Option<Release>,
 }
 
 // SAFETY: the caller promises (C API contract) that the memory stays valid and unchanged
@@ -181,7 +174,7 @@ unsafe impl Sync for Borrowed {}
 impl Borrowed {
     /// # Safety
     /// `ptr` must be valid for reads of `len` bytes until `release` is called.
-    pub unsafe fn new(ptr: *const u8, len: usize, release: Option<ReleaseCallback>) -> Borrowed {
+    pub unsafe fn new(ptr: *const u8, len: usize, release: Option<Release>) -> Borrowed {
         Borrowed { ptr, len, release }
     }
     pub fn as_slice(&self) -> &[u8] {
@@ -196,9 +189,7 @@ impl Borrowed {
 impl Drop for Borrowed {
     fn drop(&mut self) {
         if let Some(r) = self.release.take() {
-            // A panic-free C function by contract; guard anyway so that a foreign unwind
-            // cannot escape from a destructor.
-            let _ = std::panic::catch_unwind(|| unsafe { (r.func)(r.user_data) });
+            r.call(());
         }
     }
 }

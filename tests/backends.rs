@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use infer::backend::custom::infer_backend;
+use infer::ffi::custom::infer_backend;
 use infer::ffi::backend::*;
 use infer::ffi::server::*;
 use infer::ffi::*;

@@ -22,6 +22,7 @@ const ROOMS: &[(&str, &str)] = &[
     ("log", "ground"),
     ("stats", "ground"),
     ("affinity", "ground"),
+    ("callback", "ground"),
     // Every raw CUDA call: the probe, the driver, modules, NVRTC, cuBLAS, graphs.
     ("cuda", "cuda"),
     ("tensor", "tensor"),

@@ -360,7 +360,7 @@ fn recorder_server() -> Server {
     let s = Server::new();
     unsafe { &*s.0 }
         .server()
-        .register_rust_backend("recorder", Arc::new(RecBackend))
+        .register_backend("recorder", Arc::new(RecBackend))
         .unwrap();
     s
 }

@@ -5,7 +5,6 @@
 //! queues, and never hold a library lock while they run.
 
 pub mod builtin;
-pub mod custom;
 pub mod gpu_instance;
 
 use crate::config::ModelConfig;

@@ -5,7 +5,7 @@ use crate::backend::{Batch, BatchInput};
 use crate::status::Code;
 use std::ffi::c_void;
 
-pub use crate::backend::custom::infer_backend;
+pub use super::custom::infer_backend;
 
 /// Rows in this execution: the sum of the requests' batch sizes (the number of requests
 /// for models that do not batch). 0 for NULL.
@@ -238,7 +238,7 @@ pub unsafe extern "C" fn infer_batch_set_error_message(
 pub unsafe extern "C" fn infer_backend_set_init_error(msg: *const c_char) -> infer_status {
     status_boundary(|| {
         // SAFETY: `msg`: NULL (refused) or a NUL-terminated string alive for the call.
-        crate::backend::custom::set_init_error(unsafe { arg_str(msg, "msg") }?.to_owned());
+        super::custom::set_init_error(unsafe { arg_str(msg, "msg") }?.to_owned());
         Ok(())
     })
 }

@@ -11,6 +11,8 @@
 #![allow(clippy::too_many_arguments)]
 
 pub mod backend;
+mod callbacks;
+pub mod custom;
 pub mod memory;
 pub mod request;
 pub mod response;

@@ -5,8 +5,8 @@ use super::*;
 use crate::request::checks::{check_input, InputBytes};
 use crate::request::{CorrelationId, ParamValue, Request};
 use crate::tensor::{
-    element_count, shape_string, Borrowed, DataType, DeviceData, DeviceKeep, ReleaseCallback,
-    Shape, Tensor, TensorData,
+    element_count, shape_string, Borrowed, DataType, DeviceData, DeviceKeep, Shape, Tensor,
+    TensorData,
 };
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -321,10 +321,8 @@ pub unsafe extern "C" fn infer_request_add_input_borrowed(
                 // `data` readable until `release` runs (infer_request_add_input_borrowed).
                 return unsafe {
                     add_input(r, name, dt, shape, ndim, data, byte_size, true, |_, _| {
-                        let release = release.map(|func| ReleaseCallback {
-                            func,
-                            user_data: release_user_data,
-                        });
+                        let release =
+                            release.map(|func| super::callbacks::release(func, release_user_data));
                         TensorData::Device(DeviceData {
                             ptr,
                             len: byte_size,
@@ -346,10 +344,8 @@ pub unsafe extern "C" fn infer_request_add_input_borrowed(
         // `data` readable until `release` runs (infer_request_add_input_borrowed).
         unsafe {
             add_input(r, name, dt, shape, ndim, data, byte_size, false, |_, b| {
-                let release = release.map(|func| ReleaseCallback {
-                    func,
-                    user_data: release_user_data,
-                });
+                let release =
+                    release.map(|func| super::callbacks::release(func, release_user_data));
                 // SAFETY: the caller keeps `data` readable until `release` runs (the C
                 // API's contract for infer_request_add_input_borrowed).
                 TensorData::Borrowed(Borrowed::new(b.as_ptr(), b.len(), release))

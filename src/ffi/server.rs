@@ -1,9 +1,10 @@
 //! Server options, the server handle, models, enqueue and operations.
 
+use super::callbacks::{in_callback, log_sink, response_sink, stats_callback};
+use super::custom::{infer_backend, CustomBackend};
 use super::*;
-use crate::backend::custom::{infer_backend, CustomBackend};
 use crate::log::Logger;
-use crate::request::{in_callback, Request, Response, ResponseSink};
+use crate::request::{Request, Response, ResponseSink};
 use crate::server::{GpuMode, Server, ServerOptions};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -154,19 +155,7 @@ pub unsafe extern "C" fn infer_server_options_set_log_callback(
             )));
         }
         o.log = match func {
-            Some(func) => {
-                let c = CCallback { func, user_data };
-                Logger::new(
-                    Arc::new(move |level, msg: &str| {
-                        let c = &c; // the whole struct (Send, Sync), not its fields
-                        let text = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-                        // SAFETY: the application's log function with its own user data;
-                        // the C API lets it run on any library thread.
-                        unsafe { (c.func)(c.user_data, level, text.as_ptr()) }
-                    }),
-                    min_level,
-                )
-            }
+            Some(func) => Logger::new(log_sink(func, user_data), min_level),
             None => Logger::default(),
         };
         Ok(())
@@ -490,16 +479,7 @@ pub unsafe extern "C" fn infer_server_set_iteration_stats_callback(
         let server = &unsafe { arg_ref(s, "s") }?.server;
         // SAFETY: `model`: NULL (refused) or a NUL-terminated string alive for the call.
         let name = unsafe { arg_str(model, "model") }?;
-        let cb = func.map(|func| {
-            let c = CCallback { func, user_data };
-            Arc::new(move |json: &str| {
-                let c = &c; // the whole struct (Send, Sync), not its fields
-                let text = CString::new(json).unwrap_or_default();
-                // SAFETY: the application's statistics function with its own user data; the
-                // C API lets it run on any library thread.
-                unsafe { (c.func)(c.user_data, text.as_ptr()) }
-            }) as Arc<crate::scheduler::inflight::StatsCallback>
-        });
+        let cb = func.map(|func| stats_callback(func, user_data));
         server.set_iteration_stats_callback(name, cb)
     })
 }
@@ -552,7 +532,7 @@ pub unsafe extern "C" fn infer_server_enqueue(
         let f =
             on_response.ok_or_else(|| Error::invalid("argument 'on_response' must not be NULL"))?;
         // SAFETY: `s` and `request_id_out` as the C API states (checked inside).
-        unsafe { enqueue_with(s, req, ResponseSink::new(f, user_data), request_id_out) }
+        unsafe { enqueue_with(s, req, response_sink(f, user_data), request_id_out) }
     })
 }
 
@@ -637,14 +617,9 @@ pub unsafe extern "C" fn infer_server_infer(
         let waiter = Arc::new(Waiter::default());
         let ud = Arc::into_raw(waiter.clone()) as *mut c_void;
         // SAFETY: `s` is live (checked above); no id out-pointer.
-        if let Err(e) = unsafe {
-            enqueue_with(
-                s,
-                req,
-                ResponseSink::new(infer_wake, ud),
-                std::ptr::null_mut(),
-            )
-        } {
+        if let Err(e) =
+            unsafe { enqueue_with(s, req, response_sink(infer_wake, ud), std::ptr::null_mut()) }
+        {
             // SAFETY: not accepted, so the callback never runs: the reference made above is
             // taken back here, once.
             drop(unsafe { Arc::from_raw(ud as *const Waiter) });
@@ -676,15 +651,3 @@ pub unsafe extern "C" fn infer_server_cancel(
     // SAFETY: `s`: NULL (refused) or a live handle of this library.
     status_boundary(|| unsafe { arg_ref(s, "s") }?.server.cancel(request_id))
 }
-
-/// An application's C function and the user data it is called with.
-struct CCallback<F> {
-    func: F,
-    user_data: *mut c_void,
-}
-
-// SAFETY: the C API states that callbacks run on library threads with `user_data` handed
-// back untouched; their thread safety is the application's.
-unsafe impl<F> Send for CCallback<F> {}
-// SAFETY: as above.
-unsafe impl<F> Sync for CCallback<F> {}

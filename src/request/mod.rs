@@ -11,17 +11,15 @@
 pub mod checks;
 pub(crate) mod pool;
 
+use crate::callback::InlineFn;
 use crate::config::ModelConfig;
 use crate::status::{Code, Error};
 use crate::tensor::{DataType, Tensor};
-use std::ffi::{c_void, CString};
+use std::ffi::CString;
 use std::sync::Arc;
 use std::time::Instant;
 
 pub use crate::tensor::Shape;
-
-/// The response callback as the C API defines it.
-pub type ResponseFn = unsafe extern "C" fn(*mut c_void, *mut Response, u32);
 
 pub(crate) const RESPONSE_FLAG_FINAL: u32 = 1;
 
@@ -296,33 +294,18 @@ pub trait DeliveryHook: Send + Sync {
     fn before_delivery(&self, resp: &mut Response);
 }
 
-/// Where responses go: the caller's C callback, or library code (an ensemble step).
+/// Where responses go: a function kept inline (the application's callback, see `ffi`),
+/// or library code (an ensemble step).
 enum Target {
-    C {
-        func: ResponseFn,
-        user_data: *mut c_void,
-    },
+    Inline(InlineFn<(Box<Response>, u32)>),
     Rust(Box<dyn FnMut(Box<Response>, u32) + Send>),
 }
 
-// SAFETY: the C API states that callbacks run on library-owned threads and that
-// `user_data` is handed back untouched; the caller is responsible for its thread safety.
-unsafe impl Send for Target {}
-
-thread_local! {
-    static IN_CALLBACK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-/// True while the current thread runs a response callback (used to refuse blocking calls
-/// that would deadlock).
-pub fn in_callback() -> bool {
-    IN_CALLBACK.with(|c| c.get() > 0)
-}
-
 impl ResponseSink {
-    pub fn new(func: ResponseFn, user_data: *mut c_void) -> ResponseSink {
+    /// Responses go to `f` with their flags, on the thread that answers.
+    pub fn inline(f: InlineFn<(Box<Response>, u32)>) -> ResponseSink {
         ResponseSink {
-            target: Target::C { func, user_data },
+            target: Target::Inline(f),
             fallback: None,
             place: None,
         }
@@ -360,16 +343,7 @@ impl ResponseSink {
             p.before_delivery(&mut resp);
         }
         match &mut self.target {
-            Target::C { func, user_data } => {
-                let (func, user_data) = (*func, *user_data);
-                let ptr = Box::into_raw(resp);
-                IN_CALLBACK.with(|c| c.set(c.get() + 1));
-                // A C callback must not unwind; if a foreign exception tries, stop it here.
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-                    func(user_data, ptr, flags)
-                }));
-                IN_CALLBACK.with(|c| c.set(c.get() - 1));
-            }
+            Target::Inline(f) => f.call((resp, flags)),
             Target::Rust(f) => f(resp, flags),
         }
     }

@@ -6,7 +6,7 @@
 
 pub mod outputs;
 
-use crate::backend::{builtin, custom::CustomBackend, Backend, InstancePlace};
+use crate::backend::{builtin, Backend, InstancePlace};
 use crate::config::{parse_raw, InstanceKind, ModelConfig, VersionPolicy};
 pub use crate::cuda::GpuMode;
 use crate::cuda::GpuState;
@@ -31,7 +31,7 @@ pub struct ServerOptions {
     pub explicit_model_control: bool,
     pub gpu: GpuMode,
     pub log: Logger,
-    pub backends: Vec<(String, Arc<CustomBackend>)>,
+    pub backends: Vec<(String, Arc<dyn Backend>)>,
     /// With explicit model control: the repository's models loaded at start-up.
     pub startup_models: Vec<String>,
 }
@@ -191,12 +191,9 @@ impl Server {
         &self.log
     }
 
-    pub fn register_backend(&self, name: &str, backend: Arc<CustomBackend>) -> Result<()> {
-        self.register_rust_backend(name, backend)
-    }
-
-    /// Registers a backend implemented in Rust.
-    pub fn register_rust_backend(&self, name: &str, backend: Arc<dyn Backend>) -> Result<()> {
+    /// Registers a backend (the C API's custom backends, or one implemented in Rust).
+    /// ALREADY_EXISTS if the name is taken.
+    pub fn register_backend(&self, name: &str, backend: Arc<dyn Backend>) -> Result<()> {
         let mut b = self.backends.write();
         if b.contains_key(name) {
             return Err(Error::new(

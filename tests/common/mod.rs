@@ -374,7 +374,7 @@ impl Server {
     ) {
         unsafe { &*self.0 }
             .server()
-            .register_rust_backend(name, Arc::new(FnBackend(execute)))
+            .register_backend(name, Arc::new(FnBackend(execute)))
             .unwrap();
     }
 }

@@ -1,7 +1,8 @@
 //! Custom backends: models computed by the embedding application through the C callbacks
 //! of `infer_backend`. The library does all queueing and batching; the backend computes.
+//! To the core a custom backend is one more [`Backend`].
 
-use super::{Backend, Batch, ModelInstance};
+use crate::backend::{Backend, Batch, ModelInstance};
 use crate::config::ModelConfig;
 use crate::status::{Code, Error, Result};
 use std::ffi::{c_char, c_void, CString};
