@@ -4,8 +4,8 @@
 
 mod common;
 use common::*;
-use infer::ffi::custom::infer_backend;
 use infer::ffi::backend::*;
+use infer::ffi::custom::infer_backend;
 use infer::ffi::server::*;
 use infer::ffi::*;
 use std::ffi::{c_char, c_void, CStr};

@@ -1,26 +1,28 @@
-//! The server: backends, the model registry (name -> versions -> scheduler), model
-//! lifecycle (load, replace, unload, shutdown with drain) and request routing.
+//! The server: backends, the model registry (name -> versions -> scheduler), request
+//! routing and shutdown with drain. The load/replace/unload lifecycle is in `load`, the
+//! start of generative models in `generative`, GPU output placement in `outputs`.
 //!
 //! Lifecycle changes never fail or lose an accepted request: a replaced or unloaded
 //! version stops accepting work, finishes what it has queued and only then goes away.
 
+mod generative;
+mod load;
 pub mod outputs;
 
-use crate::backend::{builtin, Backend, InstancePlace};
-use crate::config::{parse_raw, InstanceKind, ModelConfig, VersionPolicy};
+use crate::backend::{builtin, Backend};
+use crate::config::ModelConfig;
 pub use crate::cuda::GpuMode;
 use crate::cuda::GpuState;
 use crate::log::Logger;
 use crate::onnx;
 use crate::request::checks::prepare;
-use crate::request::{ModelIdentity, Request};
-use crate::scheduler::sequence::{initial_states, StateValue};
+use crate::request::Request;
 use crate::scheduler::{inflight, CancelOutcome, Scheduler};
 use crate::stats::PromText;
 use crate::status::{Code, Error, Result};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -154,7 +156,7 @@ impl Server {
                 })?;
                 for e in entries.flatten() {
                     let p = e.path();
-                    if is_model_dir(&p) {
+                    if load::is_model_dir(&p) {
                         if let Some(n) = p.file_name().and_then(|n| n.to_str()) {
                             names.push(n.to_owned());
                         }
@@ -220,405 +222,6 @@ impl Server {
             "model '{}': no backend '{key}' (built in: onnxruntime_onnx / onnxruntime, gpt2, identity, add_sub, accumulator; register custom backends before loading)",
             config.name
         )))
-    }
-
-    fn model_dir(&self, name: &str, model_dir: Option<&Path>) -> Option<PathBuf> {
-        match model_dir {
-            Some(d) => Some(d.to_path_buf()),
-            None => self.opts.repository.as_ref().map(|r| r.join(name)),
-        }
-    }
-
-    /// Loads (or replaces) a model. `config_text` None reads the model's directory.
-    pub fn load_model(
-        &self,
-        name: &str,
-        config_text: Option<&str>,
-        model_dir: Option<&Path>,
-    ) -> Result<()> {
-        if name.is_empty() {
-            return Err(Error::invalid("model name must not be empty"));
-        }
-        if !self.accepting.load(Ordering::Acquire) {
-            return Err(Error::unavailable("the server is shutting down"));
-        }
-        let dir = self.model_dir(name, model_dir);
-        let text = match config_text {
-            Some(t) => t.to_owned(),
-            None => {
-                let dir = dir.as_ref().ok_or_else(|| {
-                    Error::invalid(format!(
-                        "model '{name}': no config given and the server has no model repository"
-                    ))
-                })?;
-                read_config(dir).map_err(|e| e.context(format!("model '{name}'")))?
-            }
-        };
-        let mut raw = parse_raw(&text, Some(name))?;
-        let key = backend_key(&raw.pb.backend, &raw.pb.platform).to_owned();
-        // Built-in ONNX models complete their config from the model file, as Triton does;
-        // a custom backend registered under the same name keeps the config as written.
-        if onnx::is_onnx(&key) && !self.backends.read().contains_key(&key) {
-            onnx::autocomplete(&mut raw, dir.as_deref())?;
-        }
-        let generative = inflight::is_generative(&key) && !self.backends.read().contains_key(&key);
-        if generative {
-            inflight::autocomplete(&mut raw);
-        }
-        let config = Arc::new(raw.finish()?);
-        if config.ensemble.is_some() {
-            return self.load_ensemble(name, config, dir.as_deref());
-        }
-        if generative {
-            return self.load_generative(name, config, dir.as_deref());
-        }
-        let backend = self.backend_for(&config)?;
-        let versions = select_versions(&config, dir.as_deref().filter(|d| d.is_dir()))?;
-        let initial_states = initial_states(&config, dir.as_deref())?;
-        // Instances are created (backend code runs) without any library lock held.
-        let mut started: BTreeMap<i64, Arc<Scheduler>> = BTreeMap::new();
-        for v in versions {
-            match self.start_version(&config, &backend, v, dir.as_deref(), &initial_states) {
-                Ok(s) => {
-                    started.insert(v, s);
-                }
-                Err(e) => {
-                    stop_versions(started.values());
-                    return Err(e);
-                }
-            }
-        }
-        self.register(name, config, started)
-    }
-
-    /// The config of a loaded model version (-1: the latest).
-    fn loaded_config(&self, name: &str, version: i64) -> Option<Arc<ModelConfig>> {
-        let models = self.models.read();
-        let e = models.get(name)?;
-        let ok = version == -1 || e.versions.contains_key(&version);
-        ok.then(|| e.config.clone())
-    }
-
-    fn load_ensemble(
-        &self,
-        name: &str,
-        config: Arc<ModelConfig>,
-        dir: Option<&Path>,
-    ) -> Result<()> {
-        crate::scheduler::ensemble::check_composition(&config, &|n, v| self.loaded_config(n, v))?;
-        let versions = select_versions(&config, dir.filter(|d| d.is_dir()))?;
-        let started: BTreeMap<i64, Arc<Scheduler>> = versions
-            .into_iter()
-            .map(|v| {
-                let s = Scheduler::start_ensemble(
-                    ModelIdentity::new(&config.name, v),
-                    config.clone(),
-                    self.me.clone() as std::sync::Weak<dyn crate::scheduler::Router>,
-                    self.log.clone(),
-                );
-                (v, s)
-            })
-            .collect();
-        self.register(name, config, started)
-    }
-
-    fn load_generative(
-        &self,
-        name: &str,
-        config: Arc<ModelConfig>,
-        dir: Option<&Path>,
-    ) -> Result<()> {
-        inflight::settings::check_config(&config)?;
-        let dir = dir.filter(|d| d.is_dir()).ok_or_else(|| {
-            Error::invalid(format!(
-                "model '{name}': a generative model reads its weights from <model folder>/<version>/ (config.json and model.safetensors), and it has no model folder"
-            ))
-        })?;
-        let versions = select_versions(&config, Some(dir))?;
-        let callback = self.stats_callbacks.lock().get(name).cloned();
-        let mut started: BTreeMap<i64, Arc<Scheduler>> = BTreeMap::new();
-        for v in versions {
-            match inflight::gpt2::start_version(&config, v, dir, &self.log) {
-                Ok(s) => {
-                    if let Some(g) = s.generative() {
-                        g.set_stats_callback(callback.clone());
-                    }
-                    started.insert(v, s);
-                }
-                Err(e) => {
-                    stop_versions(started.values());
-                    return Err(e);
-                }
-            }
-        }
-        self.register(name, config, started)
-    }
-
-    /// Sets (None: clears) the per-iteration statistics callback of a generative model,
-    /// for the versions loaded now and those a reload brings.
-    pub fn set_iteration_stats_callback(
-        &self,
-        name: &str,
-        cb: Option<Arc<inflight::StatsCallback>>,
-    ) -> Result<()> {
-        let versions: Vec<Arc<Scheduler>> =
-            self.with_model(name, |e| Ok(e.versions.values().cloned().collect()))?;
-        if versions.iter().any(|s| s.generative().is_none()) {
-            return Err(Error::invalid(format!(
-                "model '{name}' is not a generative model: it has no iterations to report"
-            )));
-        }
-        {
-            let mut map = self.stats_callbacks.lock();
-            match &cb {
-                Some(cb) => map.insert(name.to_owned(), cb.clone()),
-                None => map.remove(name),
-            };
-        }
-        for s in versions {
-            if let Some(g) = s.generative() {
-                g.set_stats_callback(cb.clone());
-            }
-        }
-        Ok(())
-    }
-
-    /// Puts started versions into the registry, retiring what they replace.
-    fn register(
-        &self,
-        name: &str,
-        config: Arc<ModelConfig>,
-        started: BTreeMap<i64, Arc<Scheduler>>,
-    ) -> Result<()> {
-        let old = {
-            let _guard = self.lifecycle.lock();
-            if !self.accepting.load(Ordering::Acquire) {
-                drop(_guard);
-                stop_versions(started.values());
-                return Err(Error::unavailable("the server is shutting down"));
-            }
-            let entry = ModelEntry {
-                config,
-                versions: started,
-            };
-            let old = self.models.write().insert(name.to_owned(), entry);
-            if let Some(old) = &old {
-                self.retired.lock().extend(old.versions.values().cloned());
-            }
-            old
-        };
-        self.log.info(&format!("model '{name}' loaded"));
-        if let Some(old) = old {
-            self.retire(old.versions.into_values().collect());
-        }
-        Ok(())
-    }
-
-    /// Whether a KIND_GPU group can start: a GPU this server may use, device ids that
-    /// exist, and a backend that runs on a GPU.
-    fn check_gpu_group(
-        &self,
-        config: &ModelConfig,
-        backend: &Arc<dyn Backend>,
-        g: &crate::config::InstanceGroup,
-    ) -> Result<()> {
-        let at = format!(
-            "model '{}': instance_group '{}' asks for KIND_GPU",
-            config.name, g.name
-        );
-        let Some(runtime) = self.gpu.runtime() else {
-            return Err(Error::unavailable(format!(
-                "{at}, but {}",
-                self.gpu.why_not()
-            )));
-        };
-        let count = runtime.devices.len();
-        if let Some(&bad) = g.gpus.iter().find(|&&id| id < 0 || id as usize >= count) {
-            return Err(Error::invalid(format!(
-                "{at} on GPU {bad}, which does not exist (this machine has {count}: ids 0 to {})",
-                count - 1
-            )));
-        }
-        if !backend.runs_on_gpu() {
-            return Err(Error::unsupported(format!(
-                "{at}, but backend '{}' cannot run on a GPU (use KIND_CPU or KIND_AUTO)",
-                config.backend
-            )));
-        }
-        Ok(())
-    }
-
-    /// Creates one instance on GPU `device`: the backend's `instance_init` runs with the
-    /// device's primary context current (the caller's own context is given back after),
-    /// and the instance gets its stream and memory pool.
-    fn gpu_instance(
-        &self,
-        config: &Arc<ModelConfig>,
-        backend: &Arc<dyn Backend>,
-        at: &InstancePlace<'_>,
-    ) -> Result<Box<dyn crate::backend::ModelInstance>> {
-        let ctx = crate::cuda::context(at.gpu).map_err(|e| {
-            e.context(format!(
-                "model '{}': instance {} on GPU {}",
-                config.name, at.index, at.gpu
-            ))
-        })?;
-        let _bound = crate::cuda::ScopedBind::new(&ctx)?;
-        let inner = backend.clone().create_version_instance(config, at)?;
-        let instance = crate::backend::gpu_instance::GpuInstance::new(inner, ctx).map_err(|e| {
-            e.context(format!(
-                "model '{}': instance {} on GPU {}",
-                config.name, at.index, at.gpu
-            ))
-        })?;
-        Ok(Box::new(instance))
-    }
-
-    fn start_version(
-        &self,
-        config: &Arc<ModelConfig>,
-        backend: &Arc<dyn Backend>,
-        version: i64,
-        model_dir: Option<&Path>,
-        initial_states: &[StateValue],
-    ) -> Result<Arc<Scheduler>> {
-        let mut instances = Vec::new();
-        // The CPU cores each instance's worker thread is pinned to (empty: not pinned).
-        let mut cpus: Vec<Vec<u32>> = Vec::new();
-        let mut index = 0u32;
-        for g in &config.instance_groups {
-            if g.kind == InstanceKind::Gpu {
-                self.check_gpu_group(config, backend, g)?;
-                // `count` instances on each listed GPU (every GPU when none is listed).
-                let gpus: Vec<i32> = if g.gpus.is_empty() {
-                    let n = self.gpu.runtime().map_or(0, |r| r.devices.len());
-                    (0..n as i32).collect()
-                } else {
-                    g.gpus.clone()
-                };
-                for gpu in gpus {
-                    for _ in 0..g.count.max(1) {
-                        let at = InstancePlace {
-                            index,
-                            gpu,
-                            version,
-                            model_dir,
-                        };
-                        instances.push(self.gpu_instance(config, backend, &at)?);
-                        cpus.push(g.cpus.clone());
-                        index += 1;
-                    }
-                }
-                continue;
-            }
-            if g.kind == InstanceKind::Auto && backend.auto_prefers_gpu() {
-                if let Some(n) = self.gpu.runtime().map(|r| r.devices.len()) {
-                    let gpus: Vec<i32> = if g.gpus.is_empty() {
-                        (0..n as i32).collect()
-                    } else {
-                        g.gpus.clone()
-                    };
-                    let mut first = true;
-                    let mut placed = Vec::new();
-                    'devices: for gpu in gpus {
-                        for _ in 0..g.count.max(1) {
-                            let at = InstancePlace {
-                                index: index + placed.len() as u32,
-                                gpu,
-                                version,
-                                model_dir,
-                            };
-                            match self.gpu_instance(config, backend, &at) {
-                                Ok(i) => placed.push(i),
-                                Err(e)
-                                    if first
-                                        && matches!(
-                                            e.code,
-                                            Code::Unsupported | Code::Unavailable
-                                        ) =>
-                                {
-                                    self.log.info(&format!(
-                                        "model '{}': instance_group '{}' (KIND_AUTO) runs on the CPU: {}",
-                                        config.name, g.name, e.message
-                                    ));
-                                    break 'devices;
-                                }
-                                Err(e) => return Err(e),
-                            }
-                            first = false;
-                        }
-                    }
-                    if !placed.is_empty() {
-                        for i in placed {
-                            instances.push(i);
-                            cpus.push(g.cpus.clone());
-                            index += 1;
-                        }
-                        continue;
-                    }
-                }
-            }
-            for _ in 0..g.count.max(1) {
-                let at = InstancePlace {
-                    index,
-                    gpu: -1,
-                    version,
-                    model_dir,
-                };
-                instances.push(backend.clone().create_version_instance(config, &at)?);
-                cpus.push(g.cpus.clone());
-                index += 1;
-            }
-        }
-        if instances.is_empty() {
-            let at = InstancePlace {
-                index: 0,
-                gpu: -1,
-                version,
-                model_dir,
-            };
-            instances.push(backend.clone().create_version_instance(config, &at)?);
-        }
-        Scheduler::start(
-            ModelIdentity::new(&config.name, version),
-            config.clone(),
-            instances,
-            self.log.clone(),
-            initial_states.to_vec(),
-            cpus,
-        )
-    }
-
-    /// Closes versions that no longer take requests (already moved from the registry to
-    /// `retired`) and waits for them to drain. Runs without the lifecycle lock, so
-    /// callbacks of the draining versions may load and unload models.
-    fn retire(&self, versions: Vec<Arc<Scheduler>>) {
-        for s in &versions {
-            s.set_paused(false);
-            s.close();
-        }
-        for s in &versions {
-            s.join();
-        }
-        self.retired
-            .lock()
-            .retain(|r| !versions.iter().any(|v| Arc::ptr_eq(r, v)) || !r.is_idle());
-    }
-
-    pub fn unload_model(&self, name: &str) -> Result<()> {
-        let entry = {
-            let _guard = self.lifecycle.lock();
-            let entry = self
-                .models
-                .write()
-                .remove(name)
-                .ok_or_else(|| Error::not_found(format!("model '{name}' is not loaded")))?;
-            self.retired.lock().extend(entry.versions.values().cloned());
-            entry
-        };
-        self.retire(entry.versions.into_values().collect());
-        self.log.info(&format!("model '{name}' unloaded"));
-        Ok(())
     }
 
     fn with_model<T>(&self, name: &str, f: impl FnOnce(&ModelEntry) -> Result<T>) -> Result<T> {
@@ -846,49 +449,6 @@ impl Server {
     }
 }
 
-/// Stops versions that never served (a failed or refused load).
-fn stop_versions<'a>(versions: impl Iterator<Item = &'a Arc<Scheduler>>) {
-    for s in versions {
-        s.close();
-        s.join();
-    }
-}
-
-fn read_config(dir: &Path) -> Result<String> {
-    for f in ["config.pbtxt", "config.json"] {
-        let p = dir.join(f);
-        if p.is_file() {
-            return std::fs::read_to_string(&p)
-                .map_err(|e| Error::invalid(format!("cannot read '{}': {e}", p.display())));
-        }
-    }
-    // An ONNX model needs no config: everything is read from the model file.
-    if has_onnx_version(dir) {
-        return Ok("platform: \"onnxruntime_onnx\"\n".to_owned());
-    }
-    Err(Error::not_found(format!(
-        "no config.pbtxt in '{}' (nor a version folder with model.onnx)",
-        dir.display()
-    )))
-}
-
-/// Whether a model folder has a numbered version folder holding `model.onnx`.
-fn has_onnx_version(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|rd| {
-        rd.flatten().any(|e| {
-            e.file_name()
-                .to_str()
-                .is_some_and(|n| n.parse::<i64>().is_ok_and(|v| v > 0))
-                && e.path().join("model.onnx").is_file()
-        })
-    })
-}
-
-/// Whether a repository entry is a model folder.
-fn is_model_dir(p: &Path) -> bool {
-    p.join("config.pbtxt").is_file() || p.join("config.json").is_file() || has_onnx_version(p)
-}
-
 /// The name a config selects its backend by: `backend`, else `platform`.
 fn backend_key<'a>(backend: &'a str, platform: &'a str) -> &'a str {
     if backend.is_empty() {
@@ -896,51 +456,6 @@ fn backend_key<'a>(backend: &'a str, platform: &'a str) -> &'a str {
     } else {
         backend
     }
-}
-
-/// The versions to serve: numbered folders chosen by the version policy, or version 1
-/// when the model has no numbered folders (built-in and custom backends need none).
-fn select_versions(config: &ModelConfig, dir: Option<&Path>) -> Result<Vec<i64>> {
-    let mut found: Vec<i64> = Vec::new();
-    if let Some(dir) = dir {
-        if let Ok(rd) = std::fs::read_dir(dir) {
-            for e in rd.flatten() {
-                if e.path().is_dir() {
-                    if let Some(v) = e.file_name().to_str().and_then(|s| s.parse::<i64>().ok()) {
-                        if v > 0 {
-                            found.push(v);
-                        }
-                    }
-                }
-            }
-        }
-    }
-    found.sort_unstable();
-    if found.is_empty() {
-        return Ok(vec![1]);
-    }
-    let chosen: Vec<i64> = match &config.version_policy {
-        VersionPolicy::All => found.clone(),
-        VersionPolicy::Latest(n) => found
-            .iter()
-            .rev()
-            .take((*n).max(1) as usize)
-            .rev()
-            .copied()
-            .collect(),
-        VersionPolicy::Specific(vs) => {
-            for v in vs {
-                if !found.contains(v) {
-                    return Err(Error::not_found(format!(
-                        "model '{}': version_policy names version {v}, but there is no folder {v}",
-                        config.name
-                    )));
-                }
-            }
-            vs.clone()
-        }
-    };
-    Ok(chosen)
 }
 
 /// Ensembles send their steps' requests through the server, as a caller would.

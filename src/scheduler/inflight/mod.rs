@@ -14,7 +14,6 @@
 //! paged KV. The GPT-2 executor runs it on the CPU; the scheduling does not depend on it.
 
 pub mod blocks;
-pub mod gpt2;
 pub mod settings;
 #[cfg(test)]
 mod tests;

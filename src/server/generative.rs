@@ -1,18 +1,19 @@
-//! The GPT-2 executor: a model version's weights loaded once, one KV cache and compute
-//! runner per instance.
+//! Generative models: the GPT-2 decoder as the in-flight engine's executor (a model
+//! version's weights loaded once, one KV cache and compute runner per instance), and the
+//! start of a version.
 
-use super::settings::Settings;
-use super::{Engine, Executor, ModelLimits, Work};
 use crate::config::ModelConfig;
 use crate::llm::{Gpt2, KvCache, Logits, Runner, StepSeq};
 use crate::log::Logger;
 use crate::request::ModelIdentity;
+use crate::scheduler::inflight::settings::Settings;
+use crate::scheduler::inflight::{Engine, Executor, ModelLimits, Work};
 use crate::scheduler::Scheduler;
 use crate::status::Result;
 use std::path::Path;
 use std::sync::Arc;
 
-pub struct Gpt2Executor {
+struct Gpt2Executor {
     runner: Runner,
     kv: KvCache,
 }
@@ -33,7 +34,7 @@ impl Executor for Gpt2Executor {
 }
 
 /// Loads version `version` from `<dir>/<version>/` and starts its instances' loops.
-pub fn start_version(
+pub(super) fn start_version(
     config: &Arc<ModelConfig>,
     version: i64,
     dir: &Path,
