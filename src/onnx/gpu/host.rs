@@ -95,6 +95,21 @@ fn binary(
     Some(HostTensor { dt, shape, data }.normalize())
 }
 
+/// Input `i` of a node, when it is known on the host.
+fn input<'a>(ins: &[Option<&'a HostTensor>], i: usize) -> Option<&'a HostTensor> {
+    ins.get(i).copied().flatten()
+}
+
+/// The one output of a node evaluated on the host.
+fn one(t: HostTensor) -> Result<Option<Vec<HostTensor>>> {
+    Ok(Some(vec![t]))
+}
+
+/// An error about `node`.
+fn bad(node: &Node, why: String) -> Error {
+    Error::invalid(format!("{}: {why}", node.label()))
+}
+
 /// Evaluates `node` on host inputs; None when the executor does not evaluate this op on
 /// the host (then it runs on the device, or the model is refused).
 pub fn eval(
@@ -102,17 +117,14 @@ pub fn eval(
     ins: &[Option<&HostTensor>],
     opset: i64,
 ) -> Result<Option<Vec<HostTensor>>> {
-    let bad = |why: String| Error::invalid(format!("{}: {why}", node.label()));
-    let get = |i: usize| ins.get(i).copied().flatten();
-    let x = match get(0) {
+    let x = match input(ins, 0) {
         Some(x) => x,
-        None if node.op == "Constant" || node.op == "Range" && get(1).is_some() => {
+        None if node.op == "Constant" || node.op == "Range" && input(ins, 1).is_some() => {
             // Constant has no inputs; handled below.
             &HostTensor::scalar_i64(0)
         }
         None => return Ok(None),
     };
-    let one = |t: HostTensor| Ok(Some(vec![t]));
     match node.op.as_str() {
         "Constant" => eval_constant(node),
         "Identity" => one(x.clone()),
@@ -156,7 +168,7 @@ pub fn eval(
             one(t.normalize())
         }
         "Unsqueeze" | "Squeeze" => {
-            let axes = match get(1) {
+            let axes = match input(ins, 1) {
                 Some(a) if opset >= 13 => Some(a.as_i64()),
                 _ => node.ints("axes"),
             };
@@ -166,7 +178,9 @@ pub fn eval(
             })
         }
         "Reshape" => {
-            let Some(s) = get(1) else { return Ok(None) };
+            let Some(s) = input(ins, 1) else {
+                return Ok(None);
+            };
             let shape = reshape_shape(node, &x.shape, &s.as_i64())?;
             one(HostTensor { shape, ..x.clone() })
         }
@@ -184,9 +198,15 @@ pub fn eval(
         "ConstantOfShape" => eval_constant_of_shape(node, x),
         "Range" => eval_range(node, ins),
         "Expand" => {
-            let Some(s) = get(1) else { return Ok(None) };
-            let shape = broadcast(&x.shape, &s.as_i64())
-                .ok_or_else(|| bad(format!("cannot expand {:?} to {:?}", x.shape, s.as_i64())))?;
+            let Some(s) = input(ins, 1) else {
+                return Ok(None);
+            };
+            let shape = broadcast(&x.shape, &s.as_i64()).ok_or_else(|| {
+                bad(
+                    node,
+                    format!("cannot expand {:?} to {:?}", x.shape, s.as_i64()),
+                )
+            })?;
             // Too large for the host: the device expands it.
             let Some(n) = host_numel(&shape) else {
                 return Ok(None);
@@ -205,7 +225,6 @@ pub fn eval(
 
 /// A Constant node's value.
 fn eval_constant(node: &Node) -> Result<Option<Vec<HostTensor>>> {
-    let one = |t: HostTensor| Ok(Some(vec![t]));
     if let Some(t) = node.tensor("value") {
         return one(crate::onnx::graph::tensor_from_proto(t, &node.label())?);
     }
@@ -236,10 +255,9 @@ fn eval_binary_op(
     x: &HostTensor,
     ins: &[Option<&HostTensor>],
 ) -> Result<Option<Vec<HostTensor>>> {
-    let bad = |why: String| Error::invalid(format!("{}: {why}", node.label()));
-    let get = |i: usize| ins.get(i).copied().flatten();
-    let one = |t: HostTensor| Ok(Some(vec![t]));
-    let Some(y) = get(1) else { return Ok(None) };
+    let Some(y) = input(ins, 1) else {
+        return Ok(None);
+    };
     let int = !x.dt.is_float();
     let dt = if matches!(
         node.op.as_str(),
@@ -275,10 +293,10 @@ fn eval_binary_op(
         return Ok(None); // too large for the host: on the device
     }
     let r = binary(x, y, dt, f).ok_or_else(|| {
-        bad(format!(
-            "shapes {:?} and {:?} do not broadcast",
-            x.shape, y.shape
-        ))
+        bad(
+            node,
+            format!("shapes {:?} and {:?} do not broadcast", x.shape, y.shape),
+        )
     })?;
     one(r)
 }
@@ -289,11 +307,9 @@ fn eval_concat(
     x: &HostTensor,
     ins: &[Option<&HostTensor>],
 ) -> Result<Option<Vec<HostTensor>>> {
-    let get = |i: usize| ins.get(i).copied().flatten();
-    let one = |t: HostTensor| Ok(Some(vec![t]));
     let mut parts = Vec::new();
     for i in 0..node.inputs.len() {
-        match get(i) {
+        match input(ins, i) {
             Some(t) => parts.push(t),
             None => return Ok(None),
         }
@@ -327,10 +343,9 @@ fn eval_gather(
     x: &HostTensor,
     ins: &[Option<&HostTensor>],
 ) -> Result<Option<Vec<HostTensor>>> {
-    let bad = |why: String| Error::invalid(format!("{}: {why}", node.label()));
-    let get = |i: usize| ins.get(i).copied().flatten();
-    let one = |t: HostTensor| Ok(Some(vec![t]));
-    let Some(idx) = get(1) else { return Ok(None) };
+    let Some(idx) = input(ins, 1) else {
+        return Ok(None);
+    };
     let a = axis(node.int("axis", 0), x.shape.len(), node)?;
     let outer: i64 = x.shape[..a].iter().product();
     let n = x.shape[a];
@@ -340,7 +355,10 @@ fn eval_gather(
         for &j in &idx.as_i64() {
             let j = if j < 0 { j + n } else { j };
             if j < 0 || j >= n {
-                return Err(bad(format!("index {j} is out of range for a dim of {n}")));
+                return Err(bad(
+                    node,
+                    format!("index {j} is out of range for a dim of {n}"),
+                ));
             }
             let at = ((o * n + j) * inner) as usize;
             data.extend_from_slice(&x.data[at..at + inner as usize]);
@@ -362,9 +380,7 @@ fn eval_slice(
     x: &HostTensor,
     ins: &[Option<&HostTensor>],
 ) -> Result<Option<Vec<HostTensor>>> {
-    let get = |i: usize| ins.get(i).copied().flatten();
-    let one = |t: HostTensor| Ok(Some(vec![t]));
-    let (Some(starts), Some(ends)) = (get(1), get(2)) else {
+    let (Some(starts), Some(ends)) = (input(ins, 1), input(ins, 2)) else {
         return Ok(None);
     };
     let spec = SliceSpec::new(
@@ -372,8 +388,8 @@ fn eval_slice(
         &x.shape,
         &starts.as_i64(),
         &ends.as_i64(),
-        get(3).map(|t| t.as_i64()),
-        get(4).map(|t| t.as_i64()),
+        input(ins, 3).map(|t| t.as_i64()),
+        input(ins, 4).map(|t| t.as_i64()),
     )?;
     let out = spec.out_shape();
     let n: i64 = out.iter().product();
@@ -398,14 +414,13 @@ fn eval_slice(
 
 /// ConstantOfShape.
 fn eval_constant_of_shape(node: &Node, x: &HostTensor) -> Result<Option<Vec<HostTensor>>> {
-    let bad = |why: String| Error::invalid(format!("{}: {why}", node.label()));
-    let one = |t: HostTensor| Ok(Some(vec![t]));
     let shape = x.as_i64();
     let n = host_numel(&shape).unwrap_or(i64::MAX);
     if shape.iter().any(|&d| d < 0) || n > HOST_LIMIT {
-        return Err(bad(format!(
-            "shape {shape:?} cannot be made while planning"
-        )));
+        return Err(bad(
+            node,
+            format!("shape {shape:?} cannot be made while planning"),
+        ));
     }
     let (dt, v) = match node.tensor("value") {
         Some(t) => {
@@ -423,25 +438,24 @@ fn eval_constant_of_shape(node: &Node, x: &HostTensor) -> Result<Option<Vec<Host
 
 /// Range.
 fn eval_range(node: &Node, ins: &[Option<&HostTensor>]) -> Result<Option<Vec<HostTensor>>> {
-    let bad = |why: String| Error::invalid(format!("{}: {why}", node.label()));
-    let get = |i: usize| ins.get(i).copied().flatten();
-    let one = |t: HostTensor| Ok(Some(vec![t]));
-    let (Some(start), Some(limit), Some(delta)) = (get(0), get(1), get(2)) else {
+    let (Some(start), Some(limit), Some(delta)) = (input(ins, 0), input(ins, 1), input(ins, 2))
+    else {
         return Ok(None);
     };
     let (Some(&s), Some(&l), Some(&d)) =
         (start.data.first(), limit.data.first(), delta.data.first())
     else {
-        return Err(bad("start, limit and delta must be scalars".into()));
+        return Err(bad(node, "start, limit and delta must be scalars".into()));
     };
     if d == 0.0 {
-        return Err(bad("delta is 0".into()));
+        return Err(bad(node, "delta is 0".into()));
     }
     let n = ((l - s) / d).ceil().max(0.0);
     if n > HOST_LIMIT as f64 {
-        return Err(bad(format!(
-            "{n} elements is too many to compute while planning"
-        )));
+        return Err(bad(
+            node,
+            format!("{n} elements is too many to compute while planning"),
+        ));
     }
     let n = n as usize;
     one(HostTensor {
@@ -458,10 +472,7 @@ fn eval_where_op(
     x: &HostTensor,
     ins: &[Option<&HostTensor>],
 ) -> Result<Option<Vec<HostTensor>>> {
-    let bad = |why: String| Error::invalid(format!("{}: {why}", node.label()));
-    let get = |i: usize| ins.get(i).copied().flatten();
-    let one = |t: HostTensor| Ok(Some(vec![t]));
-    let (Some(a), Some(b)) = (get(1), get(2)) else {
+    let (Some(a), Some(b)) = (input(ins, 1), input(ins, 2)) else {
         return Ok(None);
     };
     let out = broadcast(&x.shape, &a.shape).and_then(|s| broadcast(&s, &b.shape));
@@ -499,7 +510,7 @@ fn eval_where_op(
             data,
         }
     });
-    one(r.ok_or_else(|| bad("shapes do not broadcast".into()))?)
+    one(r.ok_or_else(|| bad(node, "shapes do not broadcast".into()))?)
 }
 
 /// The most elements a tensor computed on the host while planning may have.

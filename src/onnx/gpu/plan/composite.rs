@@ -160,6 +160,12 @@ impl Planner<'_> {
         Ok(())
     }
 
+    /// Gives `node` its output: the device value `d` seen with `shape` (same bytes).
+    fn set_shaped(&mut self, node: &Node, d: Dev, shape: Vec<i64>) -> Result<()> {
+        self.set(node, 0, Val::Dev(Dev { shape, ..d }));
+        Ok(())
+    }
+
     /// Trilu: the input where a constant band mask holds, else 0.
     fn trilu(&mut self, node: &Node) -> Result<()> {
         let base = Self::base(node);
@@ -316,15 +322,7 @@ impl Planner<'_> {
         let eq = self.sub(node, &base, "Equal", &[&am, &idx], "is_max")?;
         let y = self.sub(node, &base, "CastLike", &[&eq, &xv], "y")?;
         let d = self.dev(&y)?;
-        self.set(
-            node,
-            0,
-            Val::Dev(Dev {
-                shape: x.shape.clone(),
-                ..d
-            }),
-        );
-        Ok(())
+        self.set_shaped(node, d, x.shape.clone())
     }
 
     /// HannWindow, HammingWindow and BlackmanWindow: known from the size alone, a host
@@ -473,8 +471,7 @@ impl Planner<'_> {
             )
         };
         let t = self.transpose(node, &Dev { shape: split, ..x }, &perm)?;
-        self.set(node, 0, Val::Dev(Dev { shape: out, ..t }));
-        Ok(())
+        self.set_shaped(node, t, out)
     }
 
     /// OneHot: `on` where an index equals its position along the new axis, else `off`.
@@ -797,15 +794,7 @@ impl Planner<'_> {
         let dd = self.part(node, p2)?;
         let y = self.dev(&dd)?;
         let od = y.shape[2];
-        self.set(
-            node,
-            0,
-            Val::Dev(Dev {
-                shape: vec![n, c, od, oh, ow],
-                ..y
-            }),
-        );
-        Ok(())
+        self.set_shaped(node, y, vec![n, c, od, oh, ow])
     }
 
     /// InstanceNormalization and GroupNormalization: each (sample, group of channels)
@@ -895,14 +884,6 @@ impl Planner<'_> {
         let scaled = self.sub(node, &base, "Mul", &[&normalized, &scale], "scaled")?;
         let y = self.sub(node, &base, "Add", &[&scaled, &bias], "y")?;
         let d = self.dev(&y)?;
-        self.set(
-            node,
-            0,
-            Val::Dev(Dev {
-                shape: x.shape.clone(),
-                ..d
-            }),
-        );
-        Ok(())
+        self.set_shaped(node, d, x.shape.clone())
     }
 }

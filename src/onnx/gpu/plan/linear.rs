@@ -2,8 +2,8 @@
 //! im2col and a GEMM), ConvTranspose, the pools and BatchNormalization.
 
 use super::{
-    broadcast, broadcast_strides, fits32, fold_bn, numel, strides, unsupported, Kernel, Planner,
-    Ptr, Step, Val, COL_LIMIT,
+    broadcast, broadcast_strides, fits32, fold_bn, numel, strides, unsupported, Dev, Kernel,
+    Planner, Ptr, Step, Val, COL_LIMIT,
 };
 use crate::cuda::cublas::GemmArgs;
 use crate::onnx::gpu::ops::binary;
@@ -390,13 +390,9 @@ impl Planner<'_> {
         Ok(())
     }
 
-    /// ConvTranspose (1-D and 2-D, groups, strides, dilations, pads, output_padding): one
-    /// strided-batched GEMM per group gives every input pixel's contribution to every
-    /// tap (W_g^T X_g), and `infer_col2im` sums them into the output (with the bias).
-    pub(super) fn conv_transpose(&mut self, node: &Node) -> Result<()> {
-        let x = self.x(node, 0)?;
-        let w = self.x(node, 1)?;
-        let ft = Self::ft_all(node, &[&x, &w])?;
+    /// The geometry of a ConvTranspose from its inputs' shapes and its attributes (the
+    /// pads from `pads`, `output_shape` or `auto_pad`), checked.
+    fn transpose_geometry(node: &Node, x: &Dev, w: &Dev) -> Result<TransposeGeometry> {
         let one_d = x.shape.len() == 3;
         if !(x.shape.len() == 4 || one_d) || w.shape.len() != x.shape.len() {
             return Err(unsupported(
@@ -431,7 +427,6 @@ impl Planner<'_> {
             )));
         }
         let (cg, kg) = (c / groups, w.shape[1]);
-        let k = kg * groups;
         let pair = |v: Option<Vec<i64>>, d: i64| -> (i64, i64) {
             match v {
                 Some(v) if one_d && !v.is_empty() => (d, v[0]),
@@ -521,6 +516,52 @@ impl Planner<'_> {
                 node.label()
             )));
         }
+        Ok(TransposeGeometry {
+            one_d,
+            n,
+            c,
+            h,
+            wd,
+            r,
+            s,
+            groups,
+            cg,
+            kg,
+            st,
+            dil,
+            pt,
+            pl,
+            oh,
+            ow,
+        })
+    }
+
+    /// ConvTranspose (1-D and 2-D, groups, strides, dilations, pads, output_padding): one
+    /// strided-batched GEMM per group gives every input pixel's contribution to every
+    /// tap (W_g^T X_g), and `infer_col2im` sums them into the output (with the bias).
+    pub(super) fn conv_transpose(&mut self, node: &Node) -> Result<()> {
+        let x = self.x(node, 0)?;
+        let w = self.x(node, 1)?;
+        let ft = Self::ft_all(node, &[&x, &w])?;
+        let TransposeGeometry {
+            one_d,
+            n,
+            c,
+            h,
+            wd,
+            r,
+            s,
+            groups,
+            cg,
+            kg,
+            st,
+            dil,
+            pt,
+            pl,
+            oh,
+            ow,
+        } = Self::transpose_geometry(node, &x, &w)?;
+        let k = kg * groups;
         let bias = match node.input(2) {
             Some(_) => Some(self.x(node, 2)?),
             None => None,
@@ -710,4 +751,26 @@ impl Planner<'_> {
         self.set(node, 0, Val::Dev(y));
         Ok(())
     }
+}
+
+/// A ConvTranspose's sizes: batch `n`, channels `c` (`cg` per group, `kg` outputs per
+/// group), input `h` x `wd`, kernel `r` x `s`, strides, dilations, the top and left pads
+/// and the output `oh` x `ow` (`h`, `r`, the first stride and dilation 1 for 1-D).
+struct TransposeGeometry {
+    one_d: bool,
+    n: i64,
+    c: i64,
+    h: i64,
+    wd: i64,
+    r: i64,
+    s: i64,
+    groups: i64,
+    cg: i64,
+    kg: i64,
+    st: (i64, i64),
+    dil: (i64, i64),
+    pt: i64,
+    pl: i64,
+    oh: i64,
+    ow: i64,
 }
