@@ -42,12 +42,17 @@
  */
 #define INFER_API_VERSION_MAJOR 0
 
-#define INFER_API_VERSION_MINOR 3
+#define INFER_API_VERSION_MINOR 4
 
 /**
  * Longest string correlation ID, in bytes.
  */
 #define INFER_MAX_CORRELATION_ID_BYTES 128
+
+/**
+ * Longest model name, in bytes (a file name's limit on common file systems).
+ */
+#define MAX_MODEL_NAME_BYTES 255
 
 /**
  * One execution's worth of requests, their batched inputs and the outputs the backend
@@ -545,6 +550,16 @@ void infer_server_options_free(struct infer_server_options *opts);
  * Sets the model repository: a folder of `<model>/config.pbtxt` (Triton's layout).
  */
 infer_status infer_server_options_set_model_repository(struct infer_server_options *opts, const char *path);
+
+/**
+ * false (default): every path a model names (its folder, version folders, config, model
+ * file, state data, weights) must stay inside the model repository (or inside the
+ * folder given to `infer_server_load_model`), symbolic links included: a link that
+ * leads out is refused with INVALID_ARGUMENT naming it. true: the repository is trusted
+ * and its symbolic links may lead anywhere (names and configs still cannot use `..` or
+ * absolute paths).
+ */
+infer_status infer_server_options_set_trusted_repository(struct infer_server_options *opts, bool trusted);
 
 /**
  * false (default): every model in the repository is loaded by `infer_server_new`;

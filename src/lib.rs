@@ -18,6 +18,7 @@ pub mod callback;
 pub mod config;
 pub mod cuda;
 pub mod ffi;
+pub mod folder;
 pub mod llm;
 pub mod log;
 pub mod onnx;

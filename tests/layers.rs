@@ -23,6 +23,7 @@ const ROOMS: &[(&str, &str)] = &[
     ("stats", "ground"),
     ("affinity", "ground"),
     ("callback", "ground"),
+    ("folder", "ground"),
     // Every raw CUDA call: the probe, the driver, modules, NVRTC, cuBLAS, graphs.
     ("cuda", "cuda"),
     ("tensor", "tensor"),

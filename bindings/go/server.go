@@ -41,6 +41,9 @@ type ServerOptions struct {
 	ModelRepository string
 	// ExplicitModelControl loads only StartupModels at start and then what LoadModel names.
 	ExplicitModelControl bool
+	// TrustedRepository lets symbolic links in the repository (or a folder given to
+	// LoadModel) lead out of it; by default every path a model names stays inside.
+	TrustedRepository bool
 	// StartupModels are the repository models NewServer loads under explicit control.
 	StartupModels []string
 	GPU           GPUMode
@@ -113,6 +116,13 @@ func (s *Server) apply(copts *C.infer_server_options, opts *ServerOptions) error
 	if opts.ExplicitModelControl {
 		if err := call(func() C.infer_status {
 			return C.infer_server_options_set_model_control_explicit(copts, true)
+		}); err != nil {
+			return err
+		}
+	}
+	if opts.TrustedRepository {
+		if err := call(func() C.infer_status {
+			return C.infer_server_options_set_trusted_repository(copts, true)
 		}); err != nil {
 			return err
 		}

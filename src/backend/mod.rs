@@ -54,8 +54,9 @@ pub struct InstancePlace<'a> {
     /// The device id, or -1 for the CPU.
     pub gpu: i32,
     pub version: i64,
-    /// The model's folder (the version's files are in `<model_dir>/<version>/`).
-    pub model_dir: Option<&'a std::path::Path>,
+    /// The model's folder (the version's files are in `<model_dir>/<version>/`); every
+    /// file of it is opened through it.
+    pub model_dir: Option<&'a crate::folder::Folder>,
 }
 
 pub trait ModelInstance: Send {

@@ -77,6 +77,24 @@ pub unsafe extern "C" fn infer_server_options_set_model_repository(
     })
 }
 
+/// false (default): every path a model names (its folder, version folders, config, model
+/// file, state data, weights) must stay inside the model repository (or inside the
+/// folder given to `infer_server_load_model`), symbolic links included: a link that
+/// leads out is refused with INVALID_ARGUMENT naming it. true: the repository is trusted
+/// and its symbolic links may lead anywhere (names and configs still cannot use `..` or
+/// absolute paths).
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_options_set_trusted_repository(
+    opts: *mut ServerOptions,
+    trusted: bool,
+) -> infer_status {
+    status_boundary(|| {
+        // SAFETY: `opts`: NULL (refused) or a live handle no other thread uses meanwhile.
+        unsafe { arg_mut(opts, "opts") }?.trusted_repository = trusted;
+        Ok(())
+    })
+}
+
 /// false (default): every model in the repository is loaded by `infer_server_new`;
 /// true: only models loaded with `infer_server_load_model`.
 #[no_mangle]

@@ -9,7 +9,7 @@ fn root() -> PathBuf {
 }
 
 fn tiny_gpt2() -> Arc<Gpt2> {
-    Arc::new(Gpt2::load(&root().join("models/tiny_gpt2/1")).unwrap())
+    Arc::new(Gpt2::load(&folder(&root().join("models/tiny_gpt2/1"))).unwrap())
 }
 
 fn fixture() -> Value {
@@ -679,4 +679,9 @@ fn step_timing() {
         "1 sequence decoding 1 token at context 256: {:.1} ms",
         best * 1e3
     );
+}
+
+/// A test folder as the server opens one.
+fn folder(p: &std::path::Path) -> crate::folder::Folder {
+    crate::folder::Folder::root(p, false, "test").unwrap()
 }

@@ -6,6 +6,7 @@
 
 use super::config::Gpt2Config;
 use super::sampling::Rng;
+use crate::folder::Folder;
 use crate::status::{Error, Result};
 use safetensors::{Dtype, SafeTensors};
 use std::borrow::Cow;
@@ -60,13 +61,13 @@ pub struct Gpt2 {
 impl Gpt2 {
     /// Reads `<dir>/config.json` (Hugging Face GPT-2 fields) and `<dir>/model.safetensors`
     /// (F32, F16 or BF16 tensors, with or without the `transformer.` prefix).
-    pub fn load(dir: &Path) -> Result<Gpt2> {
-        let config_path = dir.join("config.json");
-        let text =
-            std::fs::read_to_string(&config_path).map_err(|e| read_error(&config_path, e))?;
+    pub fn load(dir: &Folder) -> Result<Gpt2> {
+        let config_path = dir.path().join("config.json");
+        let text = String::from_utf8(dir.read("config.json", "GPT-2 config")?)
+            .map_err(|_| Error::invalid(format!("{}: not UTF-8 text", config_path.display())))?;
         let config = Gpt2Config::from_json(&text).map_err(|e| e.context(config_path.display()))?;
-        let weights_path = dir.join("model.safetensors");
-        let bytes = std::fs::read(&weights_path).map_err(|e| read_error(&weights_path, e))?;
+        let weights_path = dir.path().join("model.safetensors");
+        let bytes = dir.read("model.safetensors", "GPT-2 weights")?;
         let st = SafeTensors::deserialize(&bytes).map_err(|e| {
             Error::invalid(format!(
                 "{}: not a valid safetensors file: {e}",
@@ -294,14 +295,6 @@ impl Gpt2 {
                 }
             }
         }
-    }
-}
-
-fn read_error(path: &Path, e: std::io::Error) -> Error {
-    if e.kind() == std::io::ErrorKind::NotFound {
-        Error::not_found(format!("GPT-2 model: {} does not exist", path.display()))
-    } else {
-        Error::invalid(format!("GPT-2 model: cannot read {}: {e}", path.display()))
     }
 }
 

@@ -73,7 +73,7 @@ fn save_then_load_round_trips() {
         let m = Gpt2::random(c, 5);
         let dir = TempDir::new("round-trip");
         m.save(&dir.0).unwrap();
-        let back = Gpt2::load(&dir.0).unwrap();
+        let back = Gpt2::load(&folder(&dir.0)).unwrap();
         same_weights(&m, &back);
     }
     // Deterministic in the seed.
@@ -134,7 +134,7 @@ fn half_precision_tensors_are_widened() {
             }
         }
     });
-    let back = Gpt2::load(&dir.0).unwrap();
+    let back = Gpt2::load(&folder(&dir.0)).unwrap();
     for (i, &x) in back.wpe.iter().enumerate() {
         assert_eq!(
             x,
@@ -189,11 +189,11 @@ fn transformer_prefix_is_optional_and_buffers_are_ignored() {
             vec![0; 4],
         ));
     });
-    same_weights(&m, &Gpt2::load(&dir.0).unwrap());
+    same_weights(&m, &Gpt2::load(&folder(&dir.0)).unwrap());
 }
 
 fn load_err(dir: &Path) -> Error {
-    match Gpt2::load(dir) {
+    match Gpt2::load(&folder(dir)) {
         Ok(_) => panic!("{} loaded", dir.display()),
         Err(e) => e,
     }
@@ -315,4 +315,9 @@ fn bad_tensors_are_named() {
         e.code == Code::InvalidArgument && e.message.contains("safetensors"),
         "{e}"
     );
+}
+
+/// A test folder as the server opens one.
+fn folder(p: &std::path::Path) -> crate::folder::Folder {
+    crate::folder::Folder::root(p, false, "test").unwrap()
 }

@@ -11,6 +11,7 @@
 
 use crate::backend::{Backend, Batch, InstancePlace, ModelInstance};
 use crate::config::{pb, ModelConfig, RawConfig};
+use crate::folder::{check_relative, Folder};
 use crate::status::{Code, Error, Result};
 use crate::tensor::{shape_string, DataType};
 use std::path::{Path, PathBuf};
@@ -62,8 +63,8 @@ impl Backend for OnnxBackend {
                 config.name
             ))
         })?;
-        let file = model_file(dir, at.version, &config.default_model_filename);
         let what = format!("model '{}' version {}", config.name, at.version);
+        let file = model_file(dir, at.version, &config.default_model_filename, &what)?;
         if at.gpu >= 0 {
             // On a GPU instance: the GPU executor (the context is bound by the caller).
             return Ok(Box::new(crate::onnx::gpu::OnnxGpuInstance::new(
@@ -77,13 +78,16 @@ impl Backend for OnnxBackend {
     }
 }
 
-fn model_file(dir: &Path, version: i64, default_filename: &str) -> PathBuf {
+/// The model file of a version: `<version>/<default_model_filename or model.onnx>`,
+/// a regular file inside the model folder's root.
+fn model_file(dir: &Folder, version: i64, default_filename: &str, what: &str) -> Result<PathBuf> {
     let file = if default_filename.is_empty() {
         "model.onnx"
     } else {
         default_filename
     };
-    dir.join(version.to_string()).join(file)
+    check_relative(file, &format!("{what}: default_model_filename"))?;
+    dir.file(&format!("{version}/{file}"), &format!("{what}: model file"))
 }
 
 /// The tract datum type of a library datatype; None for those tract cannot run.
@@ -307,7 +311,7 @@ fn tract_internal(e: TractError) -> Error {
 /// symbolic first dimension. Sequence state and control tensors are not inputs or
 /// outputs. A config that is already complete is left alone, and the model is read only
 /// when something is missing.
-pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Path>) -> Result<()> {
+pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Folder>) -> Result<()> {
     let c = &raw.pb;
     let tensor_incomplete = |dt: i32, dims: &[i64]| dt == 0 || dims.is_empty();
     let needed = c.input.is_empty()
@@ -323,7 +327,7 @@ pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Path>) -> Result<()> {
         return Ok(());
     }
     let name = raw.name().to_owned();
-    let Some(dir) = dir.filter(|d| d.is_dir()) else {
+    let Some(dir) = dir else {
         if c.input.is_empty() || c.output.is_empty() {
             return Err(Error::invalid(format!(
                 "model '{name}': the config lists no {} and there is no model folder to complete it from",
@@ -332,11 +336,17 @@ pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Path>) -> Result<()> {
         }
         return Ok(());
     };
+    if !c.default_model_filename.is_empty() {
+        check_relative(
+            &c.default_model_filename,
+            &format!("model '{name}': default_model_filename"),
+        )?;
+    }
     let Some(version) = served_version(dir, c) else {
         if c.input.is_empty() || c.output.is_empty() {
             return Err(Error::not_found(format!(
                 "model '{name}': no version folder of '{}' holds {}",
-                dir.display(),
+                dir.path().display(),
                 if c.default_model_filename.is_empty() {
                     "model.onnx"
                 } else {
@@ -346,8 +356,8 @@ pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Path>) -> Result<()> {
         }
         return Ok(());
     };
-    let file = model_file(dir, version, &c.default_model_filename);
     let what = format!("model '{name}' version {version}");
+    let file = model_file(dir, version, &c.default_model_filename, &what)?;
     let model = match load(&file, &what, true) {
         Ok(m) => m,
         Err(e) if e.code == crate::status::Code::Unsupported => {
@@ -541,7 +551,7 @@ fn complete_config(
 
 /// The version auto-complete reads: the highest-numbered version folder holding the
 /// model file among those the version policy serves.
-fn served_version(dir: &Path, c: &pb::ModelConfig) -> Option<i64> {
+fn served_version(dir: &Folder, c: &pb::ModelConfig) -> Option<i64> {
     use pb::model_version_policy::PolicyChoice;
     let specific = match c
         .version_policy
@@ -551,12 +561,11 @@ fn served_version(dir: &Path, c: &pb::ModelConfig) -> Option<i64> {
         Some(PolicyChoice::Specific(s)) => Some(&s.versions),
         _ => None,
     };
-    std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i64>().ok())
+    dir.entries()
+        .into_iter()
+        .filter_map(|n| n.parse::<i64>().ok())
         .filter(|&v| v > 0 && specific.is_none_or(|vs| vs.contains(&v)))
-        .filter(|&v| model_file(dir, v, &c.default_model_filename).is_file())
+        .filter(|&v| model_file(dir, v, &c.default_model_filename, "").is_ok())
         .max()
 }
 

@@ -19,6 +19,7 @@ use super::{c_name, CancelOutcome, Kind, Scheduler, ShapeKey};
 use crate::config::{
     ControlInput, ControlKind, InitialState, ModelConfig, SequenceBatching, SequenceStrategy,
 };
+use crate::folder::Folder;
 use crate::request::{CorrelationId, Request};
 use crate::status::{Error, Result};
 use crate::tensor::{element_count, shape_string, DataType, Shape};
@@ -26,7 +27,6 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use smallvec::SmallVec;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CString;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -42,7 +42,7 @@ pub struct StateValue {
 
 /// The initial value of each configured state, read once when the model loads. A data
 /// file must lie inside `<model_dir>/initial_state/`.
-pub fn initial_states(config: &ModelConfig, model_dir: Option<&Path>) -> Result<Vec<StateValue>> {
+pub fn initial_states(config: &ModelConfig, model_dir: Option<&Folder>) -> Result<Vec<StateValue>> {
     let Some(q) = &config.sequence_batching else {
         return Ok(Vec::new());
     };
@@ -76,7 +76,7 @@ pub fn initial_states(config: &ModelConfig, model_dir: Option<&Path>) -> Result<
 fn read_initial_state(
     model: &str,
     state: &str,
-    model_dir: Option<&Path>,
+    model_dir: Option<&Folder>,
     file: &str,
     bytes: usize,
 ) -> Result<Vec<u8>> {
@@ -86,29 +86,11 @@ fn read_initial_state(
             "{what}: the model has no directory to read it from"
         ))
     })?;
-    let folder = dir.join("initial_state");
-    let folder = folder.canonicalize().map_err(|e| {
-        Error::invalid(format!(
-            "{what}: cannot open folder {}: {e}",
-            folder.display()
-        ))
-    })?;
-    let path = folder.join(file).canonicalize().map_err(|e| {
-        Error::invalid(format!(
-            "{what}: cannot open {}: {e}",
-            folder.join(file).display()
-        ))
-    })?;
-    // A symbolic link may still point outside.
-    if !path.starts_with(&folder) {
-        return Err(Error::invalid(format!(
-            "{what}: {} is outside {}",
-            path.display(),
-            folder.display()
-        )));
-    }
-    let data = std::fs::read(&path)
-        .map_err(|e| Error::invalid(format!("{what}: cannot read {}: {e}", path.display())))?;
+    // Every failure here is the config's: INVALID_ARGUMENT, a missing file included.
+    let data = dir
+        .folder("initial_state", &what)
+        .and_then(|f| f.read(file, &what))
+        .map_err(|e| Error::invalid(e.message))?;
     if data.len() != bytes {
         return Err(Error::invalid(format!(
             "{what}: the file holds {} bytes, the state needs {bytes}",

@@ -3,6 +3,7 @@
 //! start of a version.
 
 use crate::config::ModelConfig;
+use crate::folder::Folder;
 use crate::llm::{Gpt2, KvCache, Logits, Runner, StepSeq};
 use crate::log::Logger;
 use crate::request::ModelIdentity;
@@ -10,7 +11,6 @@ use crate::scheduler::inflight::settings::Settings;
 use crate::scheduler::inflight::{Engine, Executor, ModelLimits, Work};
 use crate::scheduler::Scheduler;
 use crate::status::Result;
-use std::path::Path;
 use std::sync::Arc;
 
 struct Gpt2Executor {
@@ -37,12 +37,13 @@ impl Executor for Gpt2Executor {
 pub(super) fn start_version(
     config: &Arc<ModelConfig>,
     version: i64,
-    dir: &Path,
+    dir: &Folder,
     log: &Logger,
 ) -> Result<Arc<Scheduler>> {
     let m = &config.name;
     let at = format!("model '{m}' version {version}");
-    let model = Arc::new(Gpt2::load(&dir.join(version.to_string())).map_err(|e| e.context(&at))?);
+    let vdir = dir.folder(&version.to_string(), &at)?;
+    let model = Arc::new(Gpt2::load(&vdir).map_err(|e| e.context(&at))?);
     let c = &model.config;
     let (settings, unknown) = Settings::from_config(config, c.n_positions, |tpb| {
         KvCache::bytes_per_block(c, tpb)

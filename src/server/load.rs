@@ -6,21 +6,35 @@
 use super::{backend_key, ModelEntry, Server};
 use crate::backend::{Backend, InstancePlace};
 use crate::config::{parse_raw, InstanceKind, ModelConfig, VersionPolicy};
+use crate::folder::{check_folder_name, check_model_name, Folder};
 use crate::onnx;
 use crate::request::ModelIdentity;
 use crate::scheduler::sequence::{initial_states, StateValue};
 use crate::scheduler::{inflight, Scheduler};
 use crate::status::{Code, Error, Result};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 impl Server {
-    fn model_dir(&self, name: &str, model_dir: Option<&Path>) -> Option<PathBuf> {
-        match model_dir {
-            Some(d) => Some(d.to_path_buf()),
-            None => self.opts.repository.as_ref().map(|r| r.join(name)),
+    /// The model's folder: the one the application names (the root its files are
+    /// confined to), else `<repository>/<name>` (confined to the repository). None when
+    /// there is none.
+    fn model_folder(&self, name: &str, model_dir: Option<&Path>) -> Result<Option<Folder>> {
+        let what = format!("model '{name}'");
+        let trusted = self.opts.trusted_repository;
+        match (model_dir, &self.opts.repository) {
+            (Some(d), _) => match Folder::root(d, trusted, &what) {
+                Ok(f) => Ok(Some(f)),
+                Err(e) if e.code == Code::NotFound => Ok(None),
+                Err(e) => Err(e),
+            },
+            (None, Some(repo)) => {
+                check_folder_name(name, &what)?;
+                Folder::root(repo, trusted, "model repository")?.folder_if_any(name, &what)
+            }
+            (None, None) => Ok(None),
         }
     }
 
@@ -31,21 +45,22 @@ impl Server {
         config_text: Option<&str>,
         model_dir: Option<&Path>,
     ) -> Result<()> {
-        if name.is_empty() {
-            return Err(Error::invalid("model name must not be empty"));
-        }
+        check_model_name(name)?;
         if !self.accepting.load(Ordering::Acquire) {
             return Err(Error::unavailable("the server is shutting down"));
         }
-        let dir = self.model_dir(name, model_dir);
+        let dir = self.model_folder(name, model_dir)?;
         let text = match config_text {
             Some(t) => t.to_owned(),
             None => {
-                let dir = dir.as_ref().ok_or_else(|| {
-                    Error::invalid(format!(
+                let dir = dir
+                    .as_ref()
+                    .ok_or_else(|| match (model_dir, &self.opts.repository) {
+                        (None, None) => Error::invalid(format!(
                         "model '{name}': no config given and the server has no model repository"
-                    ))
-                })?;
+                    )),
+                        _ => Error::not_found(format!("model '{name}': no model folder")),
+                    })?;
                 read_config(dir).map_err(|e| e.context(format!("model '{name}'")))?
             }
         };
@@ -54,7 +69,7 @@ impl Server {
         // Built-in ONNX models complete their config from the model file, as Triton does;
         // a custom backend registered under the same name keeps the config as written.
         if onnx::is_onnx(&key) && !self.backends.read().contains_key(&key) {
-            onnx::autocomplete(&mut raw, dir.as_deref())?;
+            onnx::autocomplete(&mut raw, dir.as_ref())?;
         }
         let generative = inflight::is_generative(&key) && !self.backends.read().contains_key(&key);
         if generative {
@@ -62,18 +77,18 @@ impl Server {
         }
         let config = Arc::new(raw.finish()?);
         if config.ensemble.is_some() {
-            return self.load_ensemble(name, config, dir.as_deref());
+            return self.load_ensemble(name, config, dir.as_ref());
         }
         if generative {
-            return self.load_generative(name, config, dir.as_deref());
+            return self.load_generative(name, config, dir.as_ref());
         }
         let backend = self.backend_for(&config)?;
-        let versions = select_versions(&config, dir.as_deref().filter(|d| d.is_dir()))?;
-        let initial_states = initial_states(&config, dir.as_deref())?;
+        let versions = select_versions(&config, dir.as_ref())?;
+        let initial_states = initial_states(&config, dir.as_ref())?;
         // Instances are created (backend code runs) without any library lock held.
         let mut started: BTreeMap<i64, Arc<Scheduler>> = BTreeMap::new();
         for v in versions {
-            match self.start_version(&config, &backend, v, dir.as_deref(), &initial_states) {
+            match self.start_version(&config, &backend, v, dir.as_ref(), &initial_states) {
                 Ok(s) => {
                     started.insert(v, s);
                 }
@@ -98,10 +113,10 @@ impl Server {
         &self,
         name: &str,
         config: Arc<ModelConfig>,
-        dir: Option<&Path>,
+        dir: Option<&Folder>,
     ) -> Result<()> {
         crate::scheduler::ensemble::check_composition(&config, &|n, v| self.loaded_config(n, v))?;
-        let versions = select_versions(&config, dir.filter(|d| d.is_dir()))?;
+        let versions = select_versions(&config, dir)?;
         let started: BTreeMap<i64, Arc<Scheduler>> = versions
             .into_iter()
             .map(|v| {
@@ -121,10 +136,10 @@ impl Server {
         &self,
         name: &str,
         config: Arc<ModelConfig>,
-        dir: Option<&Path>,
+        dir: Option<&Folder>,
     ) -> Result<()> {
         inflight::settings::check_config(&config)?;
-        let dir = dir.filter(|d| d.is_dir()).ok_or_else(|| {
+        let dir = dir.ok_or_else(|| {
             Error::invalid(format!(
                 "model '{name}': a generative model reads its weights from <model folder>/<version>/ (config.json and model.safetensors), and it has no model folder"
             ))
@@ -274,7 +289,7 @@ impl Server {
         config: &Arc<ModelConfig>,
         backend: &Arc<dyn Backend>,
         version: i64,
-        model_dir: Option<&Path>,
+        model_dir: Option<&Folder>,
         initial_states: &[StateValue],
     ) -> Result<Arc<Scheduler>> {
         let mut instances = Vec::new();
@@ -425,12 +440,12 @@ fn stop_versions<'a>(versions: impl Iterator<Item = &'a Arc<Scheduler>>) {
     }
 }
 
-fn read_config(dir: &Path) -> Result<String> {
+fn read_config(dir: &Folder) -> Result<String> {
     for f in ["config.pbtxt", "config.json"] {
-        let p = dir.join(f);
-        if p.is_file() {
-            return std::fs::read_to_string(&p)
-                .map_err(|e| Error::invalid(format!("cannot read '{}': {e}", p.display())));
+        if dir.entries().iter().any(|e| e == f) {
+            let bytes = dir.read(f, "its config")?;
+            return String::from_utf8(bytes)
+                .map_err(|_| Error::invalid(format!("its config '{f}' is not UTF-8 text")));
         }
     }
     // An ONNX model needs no config: everything is read from the model file.
@@ -439,41 +454,39 @@ fn read_config(dir: &Path) -> Result<String> {
     }
     Err(Error::not_found(format!(
         "no config.pbtxt in '{}' (nor a version folder with model.onnx)",
-        dir.display()
+        dir.path().display()
     )))
 }
 
-/// Whether a model folder has a numbered version folder holding `model.onnx`.
-fn has_onnx_version(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|rd| {
-        rd.flatten().any(|e| {
-            e.file_name()
-                .to_str()
-                .is_some_and(|n| n.parse::<i64>().is_ok_and(|v| v > 0))
-                && e.path().join("model.onnx").is_file()
-        })
-    })
+/// The numbered version folders' names of a model folder.
+fn version_names(dir: &Folder) -> impl Iterator<Item = (i64, String)> {
+    dir.entries()
+        .into_iter()
+        .filter_map(|n| n.parse::<i64>().ok().filter(|&v| v > 0).map(|v| (v, n)))
 }
 
-/// Whether a repository entry is a model folder.
+/// Whether a model folder has a numbered version folder holding `model.onnx`.
+fn has_onnx_version(dir: &Folder) -> bool {
+    version_names(dir).any(|(_, n)| dir.has_file(&format!("{n}/model.onnx")))
+}
+
+/// Whether a repository entry looks like a model folder (one whose links lead out of the
+/// repository counts: its load says why it is refused).
 pub(super) fn is_model_dir(p: &Path) -> bool {
-    p.join("config.pbtxt").is_file() || p.join("config.json").is_file() || has_onnx_version(p)
+    match Folder::root(p, true, "") {
+        Ok(f) => f.has_file("config.pbtxt") || f.has_file("config.json") || has_onnx_version(&f),
+        Err(_) => false,
+    }
 }
 
 /// The versions to serve: numbered folders chosen by the version policy, or version 1
 /// when the model has no numbered folders (built-in and custom backends need none).
-fn select_versions(config: &ModelConfig, dir: Option<&Path>) -> Result<Vec<i64>> {
+fn select_versions(config: &ModelConfig, dir: Option<&Folder>) -> Result<Vec<i64>> {
     let mut found: Vec<i64> = Vec::new();
     if let Some(dir) = dir {
-        if let Ok(rd) = std::fs::read_dir(dir) {
-            for e in rd.flatten() {
-                if e.path().is_dir() {
-                    if let Some(v) = e.file_name().to_str().and_then(|s| s.parse::<i64>().ok()) {
-                        if v > 0 {
-                            found.push(v);
-                        }
-                    }
-                }
+        for (v, n) in version_names(dir) {
+            if dir.path().join(&n).is_dir() {
+                found.push(v);
             }
         }
     }

@@ -30,6 +30,9 @@ use std::time::{Duration, Instant};
 #[derive(Clone)]
 pub struct ServerOptions {
     pub repository: Option<PathBuf>,
+    /// Symbolic links in the repository (or an application's model folder) may lead out
+    /// of it. Off by default: every path a model names stays inside.
+    pub trusted_repository: bool,
     pub explicit_model_control: bool,
     pub gpu: GpuMode,
     pub log: Logger,
@@ -42,6 +45,7 @@ impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
             repository: None,
+            trusted_repository: false,
             explicit_model_control: false,
             gpu: GpuMode::Auto,
             log: Logger::default(),

@@ -211,6 +211,13 @@ public:
         return *this;
     }
 
+    /// true: symbolic links in the repository (or a folder given to load_model) may lead
+    /// out of it; false (default): every path a model names stays inside.
+    ServerOptions &trusted_repository(bool on = true) {
+        detail::check(infer_server_options_set_trusted_repository(handle(), on));
+        return *this;
+    }
+
     /// With explicit model control, a repository model the server loads at start-up.
     ServerOptions &startup_model(const std::string &name) {
         detail::check(infer_server_options_add_startup_model(handle(), name.c_str()));

@@ -1,0 +1,292 @@
+//! Hardening: what a careless or hostile caller or config can do must end in a clear
+//! error, never in a file read from outside the repository, an abort or a hang.
+
+mod common;
+use common::*;
+use infer::ffi::server::*;
+use infer::ffi::*;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A server on `repo` (explicit model control: nothing loads at start) or the error of
+/// its creation (with every model loaded at start when `explicit` is false).
+fn server_on(repo: &Path, explicit: bool, trusted: bool) -> Result<Server, (infer_status, String)> {
+    let mut opts = std::ptr::null_mut();
+    ok(unsafe { infer_server_options_new(&mut opts) });
+    ok(unsafe {
+        infer_server_options_set_model_repository(opts, cs(repo.to_str().unwrap()).as_ptr())
+    });
+    ok(unsafe { infer_server_options_set_model_control_explicit(opts, explicit) });
+    ok(unsafe { infer_server_options_set_trusted_repository(opts, trusted) });
+    let mut s = std::ptr::null_mut();
+    let st = unsafe { infer_server_new(opts, &mut s) };
+    unsafe { infer_server_options_free(opts) };
+    if st != INFER_STATUS_OK {
+        return Err((st, last_error()));
+    }
+    Ok(Server(s))
+}
+
+/// Loads `name` from the repository (no config text, no folder).
+fn load_from_repo(s: &Server, name: &str) -> infer_status {
+    unsafe { infer_server_load_model(s.0, cs(name).as_ptr(), std::ptr::null(), std::ptr::null()) }
+}
+
+/// The ONNX add_sub model's config without its name (the folder names the model).
+fn add_sub_onnx_config() -> String {
+    std::fs::read_to_string(root().join("models/add_sub/config.pbtxt"))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("name:"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `<tmp>/repo/add_sub` (the ONNX add_sub model), `<tmp>/outside/add_sub` (the same,
+/// outside the repository) and `<tmp>/secret.txt`.
+fn layout(tag: &str) -> PathBuf {
+    let t = temp_dir(tag);
+    for at in ["repo/add_sub/1", "outside/add_sub/1"] {
+        std::fs::create_dir_all(t.join(at)).unwrap();
+        std::fs::copy(
+            root().join("models/add_sub/1/model.onnx"),
+            t.join(at).join("model.onnx"),
+        )
+        .unwrap();
+        let cfg = t.join(at).parent().unwrap().join("config.pbtxt");
+        std::fs::write(cfg, add_sub_onnx_config()).unwrap();
+    }
+    std::fs::write(t.join("secret.txt"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    t
+}
+
+#[test]
+fn model_names_cannot_leave_the_repository() {
+    let t = layout("names");
+    let s = server_on(&t.join("repo"), true, false).unwrap();
+    ok(load_from_repo(&s, "add_sub"));
+    let outside = t.join("outside/add_sub");
+    for name in [
+        "../outside/add_sub",
+        "..",
+        ".",
+        "add_sub/1",
+        outside.to_str().unwrap(),
+    ] {
+        let msg = expect_status(load_from_repo(&s, name), INFER_STATUS_INVALID_ARGUMENT);
+        assert!(msg.contains("not a folder name"), "{name}: {msg}");
+    }
+    // At start-up too.
+    for name in ["../outside/add_sub", outside.to_str().unwrap()] {
+        let mut opts = std::ptr::null_mut();
+        ok(unsafe { infer_server_options_new(&mut opts) });
+        let repo = cs(t.join("repo").to_str().unwrap());
+        ok(unsafe { infer_server_options_set_model_repository(opts, repo.as_ptr()) });
+        ok(unsafe { infer_server_options_set_model_control_explicit(opts, true) });
+        ok(unsafe { infer_server_options_add_startup_model(opts, cs(name).as_ptr()) });
+        let mut p = std::ptr::null_mut();
+        let st = unsafe { infer_server_new(opts, &mut p) };
+        unsafe { infer_server_options_free(opts) };
+        let msg = expect_status(st, INFER_STATUS_INVALID_ARGUMENT);
+        assert!(msg.contains("not a folder name"), "{name}: {msg}");
+    }
+    let _ = std::fs::remove_dir_all(&t);
+}
+
+#[test]
+fn model_names_have_a_length_limit() {
+    let s = Server::new();
+    let long = "m".repeat(1 << 20);
+    let msg = expect_status(
+        s.try_load(&long, &add_sub_config(&long, "")),
+        INFER_STATUS_INVALID_ARGUMENT,
+    );
+    assert!(msg.contains("longer than the limit of 255"), "{msg}");
+    let ok_name = "m".repeat(255);
+    ok(s.try_load(&ok_name, &add_sub_config(&ok_name, "")));
+}
+
+#[test]
+fn links_out_of_the_repository_are_refused_unless_it_is_trusted() {
+    let t = layout("links");
+    let repo = t.join("repo");
+    // A model folder, a version folder, a model file and a config that lead out.
+    symlink(t.join("outside/add_sub"), repo.join("linked_folder")).unwrap();
+    std::fs::create_dir_all(repo.join("linked_version")).unwrap();
+    std::fs::write(
+        repo.join("linked_version/config.pbtxt"),
+        add_sub_onnx_config(),
+    )
+    .unwrap();
+    symlink(t.join("outside/add_sub/1"), repo.join("linked_version/1")).unwrap();
+    std::fs::create_dir_all(repo.join("linked_file/1")).unwrap();
+    std::fs::write(repo.join("linked_file/config.pbtxt"), add_sub_onnx_config()).unwrap();
+    symlink(
+        t.join("outside/add_sub/1/model.onnx"),
+        repo.join("linked_file/1/model.onnx"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(repo.join("linked_config/1")).unwrap();
+    std::fs::copy(
+        root().join("models/add_sub/1/model.onnx"),
+        repo.join("linked_config/1/model.onnx"),
+    )
+    .unwrap();
+    symlink(
+        t.join("outside/add_sub/config.pbtxt"),
+        repo.join("linked_config/config.pbtxt"),
+    )
+    .unwrap();
+    // A link inside the repository is fine.
+    symlink(repo.join("add_sub"), repo.join("alias")).unwrap();
+
+    let s = server_on(&repo, true, false).unwrap();
+    for name in [
+        "linked_folder",
+        "linked_version",
+        "linked_file",
+        "linked_config",
+    ] {
+        let msg = expect_status(load_from_repo(&s, name), INFER_STATUS_INVALID_ARGUMENT);
+        assert!(
+            msg.contains("outside") && msg.contains(name),
+            "{name}: {msg}"
+        );
+    }
+    ok(load_from_repo(&s, "alias"));
+    // Every model at start-up: the first link out fails the start.
+    let (st, msg) = match server_on(&repo, false, false) {
+        Ok(_) => panic!("the server started with links out of its repository"),
+        Err(e) => e,
+    };
+    assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{msg}");
+    assert!(msg.contains("outside"), "{msg}");
+    // A trusted repository follows them.
+    let s = server_on(&repo, false, true).unwrap();
+    for name in [
+        "linked_folder",
+        "linked_version",
+        "linked_file",
+        "linked_config",
+    ] {
+        let r = s.infer(add_sub_onnx_request(&s, name));
+        assert_eq!(r.status(), 0, "{name}: {}", r.error());
+    }
+    let _ = std::fs::remove_dir_all(&t);
+}
+
+/// A request of add_sub (FP32 [1,16] twice).
+fn add_sub_onnx_request(s: &Server, model: &str) -> Req {
+    s.request(model)
+        .input_f32("INPUT0", &[1, 16], &[1.0; 16])
+        .input_f32("INPUT1", &[1, 16], &[2.0; 16])
+}
+
+#[test]
+fn default_model_filename_stays_in_the_version_folder() {
+    let t = layout("filename");
+    let s = server_on(&t.join("repo"), true, false).unwrap();
+    let secret = t.join("secret.txt");
+    for file in ["../../../secret.txt", secret.to_str().unwrap()] {
+        let cfg = add_sub_onnx_config() + &format!("default_model_filename: \"{file}\"\n");
+        let dir = cs(t.join("repo/add_sub").to_str().unwrap());
+        let st = unsafe {
+            infer_server_load_model(s.0, cs("add_sub").as_ptr(), cs(&cfg).as_ptr(), dir.as_ptr())
+        };
+        let msg = expect_status(st, INFER_STATUS_INVALID_ARGUMENT);
+        assert!(msg.contains("default_model_filename"), "{file}: {msg}");
+        assert!(!msg.contains("root:x"), "{msg}");
+    }
+    let _ = std::fs::remove_dir_all(&t);
+}
+
+#[test]
+fn special_files_are_refused_without_hanging() {
+    let t = layout("fifo");
+    let dir = t.join("repo/acc");
+    std::fs::create_dir_all(dir.join("initial_state")).unwrap();
+    let fifo = cs(dir.join("initial_state/init.bin").to_str().unwrap());
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let cfg = r#"
+name: "acc" backend: "accumulator" max_batch_size: 1
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  direct { }
+  state [ { input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_INT32 dims: [ 1 ]
+            initial_state: { data_type: TYPE_INT32 dims: [ 1 ] data_file: "init.bin" name: "f" } } ]
+}
+"#;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = dir.clone();
+    std::thread::spawn(move || {
+        let s = Server::new();
+        let st = s.try_load_dir("acc", cfg, &d);
+        let _ = tx.send((st, last_error()));
+    });
+    let (st, msg) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("loading a FIFO as initial state hangs");
+    assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{msg}");
+    assert!(msg.contains("FIFO"), "{msg}");
+    // A model file that is a FIFO too.
+    std::fs::remove_file(t.join("repo/add_sub/1/model.onnx")).unwrap();
+    let model = cs(t.join("repo/add_sub/1/model.onnx").to_str().unwrap());
+    assert_eq!(unsafe { libc::mkfifo(model.as_ptr(), 0o600) }, 0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let repo = t.join("repo");
+    std::thread::spawn(move || {
+        let s = server_on(&repo, true, false).unwrap();
+        let st = load_from_repo(&s, "add_sub");
+        let _ = tx.send((st, last_error()));
+    });
+    let (st, msg) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("loading a FIFO as model file hangs");
+    assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{msg}");
+    assert!(msg.contains("FIFO"), "{msg}");
+    let _ = std::fs::remove_dir_all(&t);
+}
+
+#[test]
+fn generative_files_stay_in_the_repository() {
+    let t = temp_dir("gpt2links");
+    let repo = t.join("repo");
+    std::fs::create_dir_all(repo.join("g/1")).unwrap();
+    std::fs::copy(
+        root().join("models/tiny_gpt2/config.pbtxt"),
+        repo.join("g/config.pbtxt"),
+    )
+    .unwrap();
+    std::fs::write(
+        repo.join("g/config.pbtxt"),
+        std::fs::read_to_string(repo.join("g/config.pbtxt"))
+            .unwrap()
+            .replace("name: \"tiny_gpt2\"", "name: \"g\""),
+    )
+    .unwrap();
+    symlink(
+        root().join("models/tiny_gpt2/1/config.json"),
+        repo.join("g/1/config.json"),
+    )
+    .unwrap();
+    symlink(
+        root().join("models/tiny_gpt2/1/model.safetensors"),
+        repo.join("g/1/model.safetensors"),
+    )
+    .unwrap();
+    let s = server_on(&repo, true, false).unwrap();
+    let msg = expect_status(load_from_repo(&s, "g"), INFER_STATUS_INVALID_ARGUMENT);
+    assert!(
+        msg.contains("config.json") && msg.contains("outside"),
+        "{msg}"
+    );
+    let s = server_on(&repo, true, true).unwrap();
+    ok(load_from_repo(&s, "g"));
+    let _ = std::fs::remove_dir_all(&t);
+}
