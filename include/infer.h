@@ -50,9 +50,14 @@
 #define INFER_MAX_CORRELATION_ID_BYTES 128
 
 /**
- * Longest model name, in bytes (a file name's limit on common file systems).
+ * Most dimensions a tensor shape may have.
  */
-#define MAX_MODEL_NAME_BYTES 255
+#define INFER_MAX_DIMS 64
+
+/**
+ * Longest model name, in bytes.
+ */
+#define INFER_MAX_MODEL_NAME_BYTES 255
 
 /**
  * One execution's worth of requests, their batched inputs and the outputs the backend

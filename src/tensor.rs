@@ -155,6 +155,27 @@ pub fn bytes_element_offsets(data: &[u8]) -> Vec<usize> {
     offs
 }
 
+/// Most dimensions a tensor may have (a shape with more is refused before it is read).
+pub const MAX_DIMS: usize = 64;
+
+/// A zeroed buffer of `n` bytes, or None when the allocator refuses. Like `vec![0; n]`
+/// the pages are zeroed by the system as they are first touched, but a refusal is an
+/// answer instead of an abort of the whole process.
+pub fn try_zeroed(n: usize) -> Option<Vec<u8>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(n).ok()?;
+    // SAFETY: the layout's size is not zero (checked above).
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: `p` comes from the global allocator with the layout of `n` bytes (align 1),
+    // which is what a Vec<u8> of capacity `n` holds; all `n` bytes are initialised (0).
+    Some(unsafe { Vec::from_raw_parts(p, n, n) })
+}
+
 /// Called once when the library no longer reads a borrowed input buffer (the
 /// application's release callback, see `ffi`).
 pub type Release = crate::callback::InlineFn<()>;

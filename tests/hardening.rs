@@ -3,6 +3,7 @@
 
 mod common;
 use common::*;
+use infer::backend::Batch;
 use infer::ffi::server::*;
 use infer::ffi::*;
 use std::os::unix::fs::symlink;
@@ -289,4 +290,147 @@ fn generative_files_stay_in_the_repository() {
     let s = server_on(&repo, true, true).unwrap();
     ok(load_from_repo(&s, "g"));
     let _ = std::fs::remove_dir_all(&t);
+}
+
+/// What `greedy_execute` saw: (what it asked for, status, message).
+static GREEDY: std::sync::Mutex<Vec<(&'static str, infer_status, String)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Asks for outputs no host can give or the config does not allow, then a valid one.
+unsafe extern "C" fn greedy_execute(_state: *mut std::ffi::c_void, b: *mut Batch) -> u32 {
+    use infer::ffi::backend::infer_batch_output;
+    let mut out: *mut std::ffi::c_void = std::ptr::null_mut();
+    let asks: [(&'static str, Vec<i64>, usize); 4] = [
+        ("12 TiB", vec![1, 1 << 40, 3], 3),
+        ("2^40 dims", vec![1, 2, 3], 1 << 40),
+        ("wrong rank", vec![1, 2, 3, 4], 4),
+        ("wrong dim", vec![1, 2, 4], 3),
+    ];
+    for (what, shape, ndim) in asks {
+        let st = unsafe { infer_batch_output(b, c"OUT".as_ptr(), shape.as_ptr(), ndim, &mut out) };
+        GREEDY.lock().unwrap().push((what, st, last_error()));
+    }
+    let shape = [1i64, 2, 3];
+    unsafe { infer_batch_output(b, c"OUT".as_ptr(), shape.as_ptr(), 3, &mut out) }
+}
+
+#[test]
+fn impossible_outputs_fail_the_call_not_the_process() {
+    use infer::ffi::custom::infer_backend;
+    let s = Server::new();
+    let vt = infer_backend {
+        struct_size: std::mem::size_of::<infer_backend>() as u32,
+        instance_init: None,
+        execute: Some(greedy_execute),
+        instance_fini: None,
+        finalize: None,
+    };
+    ok(unsafe {
+        infer_server_register_backend(s.0, c"greedy".as_ptr(), &vt, std::ptr::null_mut())
+    });
+    s.load(
+        "greedy",
+        r#"name: "greedy" backend: "greedy" max_batch_size: 1
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1, 3 ] } ]"#,
+    );
+    let r = s.infer(s.request("greedy").input_f32("IN", &[1, 1], &[1.0]));
+    assert_eq!(r.status(), 0, "{}", r.error());
+    let seen = GREEDY.lock().unwrap().clone();
+    let want = [
+        ("12 TiB", INFER_STATUS_RESOURCE_EXHAUSTED, "cannot allocate"),
+        (
+            "2^40 dims",
+            INFER_STATUS_INVALID_ARGUMENT,
+            "the most a tensor may have is 64",
+        ),
+        (
+            "wrong rank",
+            INFER_STATUS_INVALID_ARGUMENT,
+            "does not match the config's dims",
+        ),
+        (
+            "wrong dim",
+            INFER_STATUS_INVALID_ARGUMENT,
+            "does not match the config's dims",
+        ),
+    ];
+    assert_eq!(seen.len(), want.len(), "{seen:?}");
+    for ((what, st, msg), (w, code, text)) in seen.iter().zip(want) {
+        assert_eq!(*what, w);
+        assert_eq!(*st, code, "{what}: {msg}");
+        assert!(msg.contains(text), "{what}: {msg}");
+    }
+}
+
+#[test]
+fn config_numbers_that_would_exhaust_the_host_are_refused() {
+    let s = Server::new();
+    let base = |extra: &str, mbs: i64| {
+        format!(
+            r#"name: "big" backend: "identity" max_batch_size: {mbs}
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+{extra}"#
+        )
+    };
+    let cases = [
+        (base("", 2_147_483_647), "max_batch_size"),
+        (
+            base("dynamic_batching { priority_levels: 4000000000 }", 4),
+            "priority_levels",
+        ),
+        (base("instance_group [ { count: 100000 kind: KIND_CPU } ]", 4), "instance_group"),
+        (
+            base(
+                "instance_group [ { count: 200 kind: KIND_CPU }, { count: 100 kind: KIND_CPU } ]",
+                4,
+            ),
+            "instance_group",
+        ),
+        (
+            base(
+                "sequence_batching { oldest { max_candidate_sequences: 1000000000 } }",
+                4,
+            ),
+            "max_candidate_sequences",
+        ),
+        (
+            r#"name: "big" backend: "accumulator" max_batch_size: 1
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching { direct { }
+  state [ { input_name: "S" output_name: "S_OUT" data_type: TYPE_INT32 dims: [ 100000, 100000 ] } ] }"#
+                .to_owned(),
+            "larger than the limit",
+        ),
+    ];
+    for (cfg, field) in cases {
+        let msg = expect_status(s.try_load("big", &cfg), INFER_STATUS_INVALID_ARGUMENT);
+        assert!(msg.contains(field), "{field}: {msg}");
+    }
+    let gpt2 = std::fs::read_to_string(root().join("models/tiny_gpt2/config.pbtxt")).unwrap();
+    for (key, value) in [
+        ("intra_op_thread_count", "100000"),
+        ("max_num_sequences", "100000000"),
+        ("tokens_per_block", "100000000"),
+    ] {
+        let cfg = gpt2
+            .lines()
+            .filter(|l| !l.contains(&format!("\"{key}\"")))
+            .collect::<Vec<_>>()
+            .join("\n")
+            + &format!("\nparameters {{ key: \"{key}\" value {{ string_value: \"{value}\" }} }}\n");
+        let dir = cs(root().join("models/tiny_gpt2").to_str().unwrap());
+        let st = unsafe {
+            infer_server_load_model(
+                s.0,
+                cs("tiny_gpt2").as_ptr(),
+                cs(&cfg).as_ptr(),
+                dir.as_ptr(),
+            )
+        };
+        let msg = expect_status(st, INFER_STATUS_INVALID_ARGUMENT);
+        assert!(msg.contains(key) && msg.contains("at most"), "{key}: {msg}");
+    }
 }

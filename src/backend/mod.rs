@@ -406,11 +406,17 @@ impl Batch {
         byte_size: Option<usize>,
     ) -> Result<&mut [u8]> {
         let (tname, dtype, bytes) = self.output_spec(name, shape, byte_size)?;
+        let data = crate::tensor::try_zeroed(bytes).ok_or_else(|| {
+            Error::exhausted(format!(
+                "output '{name}' of model '{}': cannot allocate {bytes} bytes",
+                self.config.name
+            ))
+        })?;
         self.outputs.push(BatchOutput {
             name: tname,
             dtype,
             shape: Shape::from_slice(shape),
-            data: vec![0u8; bytes],
+            data,
             device: None,
         });
         let last = self.outputs.len() - 1;
@@ -428,14 +434,19 @@ impl Batch {
     ) -> Result<(Arc<str>, DataType, usize)> {
         let cfg = &self.config;
         // A model output, or the output of an implicit state (sequence batching).
-        let (tname, dtype): (Arc<str>, DataType) = match cfg.output(name) {
-            Some(tc) => (tc.name.clone(), tc.data_type),
+        let (tname, dtype, dims): (Arc<str>, DataType, &[i64]) = match cfg.output(name) {
+            // The model computes in `reshape` when it has one.
+            Some(tc) => (
+                tc.name.clone(),
+                tc.data_type,
+                tc.reshape.as_deref().unwrap_or(&tc.dims),
+            ),
             None => match cfg
                 .sequence_batching
                 .as_ref()
                 .and_then(|q| q.state_by_output(name))
             {
-                Some(st) => (st.output_name.clone(), st.data_type),
+                Some(st) => (st.output_name.clone(), st.data_type, &st.dims),
                 None => {
                     return Err(Error::invalid(format!(
                         "model '{}' has no output '{name}'",
@@ -463,6 +474,25 @@ impl Batch {
                 cfg.name,
                 shape_string(shape),
                 self.size
+            )));
+        }
+        let own = &shape[usize::from(cfg.max_batch_size > 0)..];
+        let fits = own.len() == dims.len()
+            && own
+                .iter()
+                .zip(dims)
+                .all(|(&got, &want)| want == -1 || got == want);
+        if !fits {
+            return Err(Error::invalid(format!(
+                "output '{name}' of model '{}': shape {} does not match the config's dims {}{}",
+                cfg.name,
+                shape_string(shape),
+                shape_string(dims),
+                if cfg.max_batch_size > 0 {
+                    " after the batch dim"
+                } else {
+                    ""
+                }
             )));
         }
         let bytes = if dtype == DataType::Bytes {

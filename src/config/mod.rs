@@ -7,6 +7,7 @@
 mod parse;
 pub(crate) mod schema;
 mod validate;
+pub use validate::limits;
 
 pub use parse::{parse_config, parse_config_named, parse_raw, RawConfig};
 pub(crate) use schema as pb;

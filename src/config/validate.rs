@@ -15,6 +15,22 @@ use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::sync::Arc;
 
+/// The limits a config stays within (README, "Security and limits"): each number drives
+/// memory or threads at load, so a larger one is refused (INVALID_ARGUMENT naming the
+/// field) instead of exhausting the host.
+pub mod limits {
+    /// `max_batch_size`.
+    pub const MAX_BATCH_SIZE: u32 = 1 << 16;
+    /// `dynamic_batching.priority_levels`.
+    pub const MAX_PRIORITY_LEVELS: u32 = 1 << 16;
+    /// `sequence_batching.oldest.max_candidate_sequences`.
+    pub const MAX_CANDIDATE_SEQUENCES: u32 = 1 << 16;
+    /// Instances of one version, over all instance groups (`count` times the GPUs listed).
+    pub const MAX_INSTANCES: u64 = 256;
+    /// Bytes of one implicit state tensor (its fixed dims, or its `initial_state` dims).
+    pub const MAX_STATE_BYTES: usize = 1 << 30;
+}
+
 /// The name the model is known by: the config's own, or `given` when the config has none.
 pub(super) fn resolve_name(config_name: &str, given: Option<&str>) -> Result<String> {
     let given = given.filter(|g| !g.is_empty());
@@ -42,6 +58,15 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
             format!("{} is negative", config.max_batch_size),
         )
     })?;
+    if max_batch_size > limits::MAX_BATCH_SIZE {
+        return Err(ck.err(
+            "max_batch_size",
+            format!(
+                "{max_batch_size} exceeds the limit of {}",
+                limits::MAX_BATCH_SIZE
+            ),
+        ));
+    }
 
     let inputs = ck.tensors("input", config.input.iter().map(TensorView::input))?;
     let outputs = ck.tensors("output", config.output.iter().map(TensorView::output))?;
@@ -305,6 +330,19 @@ impl Checker<'_> {
                 cpus,
             });
         }
+        let total: u64 = out
+            .iter()
+            .map(|g| u64::from(g.count) * g.gpus.len().max(1) as u64)
+            .sum();
+        if total > limits::MAX_INSTANCES {
+            return Err(self.err(
+                "instance_group",
+                format!(
+                    "{total} instances (count times the GPUs listed, over all groups) exceed the limit of {}",
+                    limits::MAX_INSTANCES
+                ),
+            ));
+        }
         Ok(out)
     }
 
@@ -372,6 +410,15 @@ impl Checker<'_> {
                 format!("{} is too large", d.priority_levels),
             )
         })?;
+        if levels > limits::MAX_PRIORITY_LEVELS {
+            return Err(self.err(
+                "dynamic_batching.priority_levels",
+                format!(
+                    "{levels} exceeds the limit of {}",
+                    limits::MAX_PRIORITY_LEVELS
+                ),
+            ));
+        }
         let default_level = d.default_priority_level;
         let level_range = format!("1..={levels}");
         let in_levels = |l: u64| l >= 1 && l <= u64::from(levels);
@@ -462,6 +509,15 @@ impl Checker<'_> {
                 let candidates = match o.max_candidate_sequences {
                     0 => max_batch_size.max(1),
                     n if n < 0 => return Err(self.err(path, format!("{n} is negative"))),
+                    n if n as u64 > u64::from(limits::MAX_CANDIDATE_SEQUENCES) => {
+                        return Err(self.err(
+                            path,
+                            format!(
+                                "{n} exceeds the limit of {}",
+                                limits::MAX_CANDIDATE_SEQUENCES
+                            ),
+                        ))
+                    }
                     n => n as u32,
                 };
                 let mut preferred: Vec<u32> = Vec::new();
@@ -878,6 +934,7 @@ impl Checker<'_> {
             ));
         }
         self.dims(&format!("{path}.dims"), &st.dims, tensor)?;
+        self.state_size(&format!("{path}.dims"), &st.dims, data_type, tensor)?;
         if let Some(out) = outputs.iter().find(|t| *t.name == *st.output_name) {
             if out.data_type != data_type || out.dims != st.dims {
                 return Err(self.err(
@@ -924,6 +981,7 @@ impl Checker<'_> {
                         ),
                     ));
                 }
+                self.state_size(&format!("{ipath}.dims"), &init.dims, data_type, tensor)?;
                 let dims = init.dims.clone();
                 match &init.state_data {
                     Some(StateData::ZeroData(true)) => InitialState::Zero { dims },
@@ -968,6 +1026,24 @@ impl Checker<'_> {
             dims: st.dims.clone(),
             initial,
         })
+    }
+
+    /// A state's fixed size (wildcards count as 1) within [`limits::MAX_STATE_BYTES`].
+    fn state_size(&self, path: &str, dims: &[i64], dt: DataType, tensor: &str) -> Result<()> {
+        let fixed: Vec<i64> = dims.iter().map(|&d| d.max(1)).collect();
+        let bytes = element_count(&fixed).and_then(|n| n.checked_mul(dt.byte_size()));
+        match bytes {
+            Some(b) if b <= limits::MAX_STATE_BYTES => Ok(()),
+            _ => Err(self.err(
+                path,
+                format!(
+                    "state '{tensor}' of {} {} is larger than the limit of {} bytes",
+                    dt.as_str(),
+                    shape_string(dims),
+                    limits::MAX_STATE_BYTES
+                ),
+            )),
+        }
     }
 
     fn queue_policy(&self, path: &str, p: Option<&pb::ModelQueuePolicy>) -> Result<QueuePolicy> {

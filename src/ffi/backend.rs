@@ -146,7 +146,7 @@ unsafe fn batch_output(
     // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
     let n = unsafe { arg_str(name, "name") }?;
     // SAFETY: `shape`: NULL with a count of 0, or that many readable elements.
-    let shape = unsafe { arg_slice(shape, ndim, "shape") }?;
+    let shape = unsafe { arg_shape(shape, ndim, "shape") }?;
     if data_out.is_null() {
         return Err(Error::invalid("argument 'data_out' must not be NULL"));
     }

@@ -155,7 +155,7 @@ pub unsafe extern "C" fn infer_batch_output_device(
         // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
         let n = unsafe { arg_str(name, "name") }?;
         // SAFETY: `shape`: NULL with a count of 0, or that many readable elements.
-        let shape = unsafe { arg_slice(shape, ndim, "shape") }?;
+        let shape = unsafe { arg_shape(shape, ndim, "shape") }?;
         if device_ptr.is_null() {
             return Err(Error::invalid("argument 'device_ptr' must not be NULL"));
         }

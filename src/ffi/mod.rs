@@ -203,6 +203,22 @@ pub(crate) unsafe fn arg_slice<'a, T>(p: *const T, n: usize, what: &str) -> Resu
     Ok(unsafe { std::slice::from_raw_parts(p, n) })
 }
 
+/// A shape argument: at most [`crate::tensor::MAX_DIMS`] dims (checked before any is
+/// read).
+///
+/// # Safety
+/// As [`arg_slice`]: `p` is NULL with `ndim` 0, or points to `ndim` readable values.
+pub(crate) unsafe fn arg_shape<'a>(p: *const i64, ndim: usize, what: &str) -> Result<&'a [i64]> {
+    if ndim > crate::tensor::MAX_DIMS {
+        return Err(Error::invalid(format!(
+            "argument '{what}' has {ndim} dims; the most a tensor may have is {}",
+            crate::tensor::MAX_DIMS
+        )));
+    }
+    // SAFETY: this function's contract.
+    unsafe { arg_slice(p, ndim, what) }
+}
+
 /// Out-pointers describing a tensor (`infer_response_output`, `infer_batch_input`); each
 /// may be NULL when the caller does not want it.
 pub(crate) struct TensorOut {

@@ -15,6 +15,12 @@ use std::sync::Arc;
 pub const INFER_MAX_CORRELATION_ID_BYTES: usize = 128;
 // The header's copy of the limit the core applies.
 const _: () = assert!(INFER_MAX_CORRELATION_ID_BYTES == crate::request::MAX_CORRELATION_ID_BYTES);
+/// Most dimensions a tensor shape may have.
+pub const INFER_MAX_DIMS: usize = 64;
+const _: () = assert!(INFER_MAX_DIMS == crate::tensor::MAX_DIMS);
+/// Longest model name, in bytes.
+pub const INFER_MAX_MODEL_NAME_BYTES: usize = 255;
+const _: () = assert!(INFER_MAX_MODEL_NAME_BYTES == crate::folder::MAX_MODEL_NAME_BYTES);
 const MAX_DIMS: usize = 64;
 
 /// Creates a request for `version` (-1 = latest) of a loaded model. The caller owns
@@ -187,7 +193,7 @@ unsafe fn add_input(
         )));
     }
     // SAFETY: `shape`: NULL with a count of 0, or that many readable elements.
-    let shape: Shape = unsafe { arg_slice(shape, ndim, "shape") }?
+    let shape: Shape = unsafe { arg_shape(shape, ndim, "shape") }?
         .iter()
         .copied()
         .collect();

@@ -59,7 +59,7 @@ impl Runner {
                 .thread_name(|i| format!("infer-gpt2-{i}"))
                 .build()
                 .map_err(|e| {
-                    Error::internal(format!("cannot start {threads} GPT-2 threads: {e}"))
+                    Error::exhausted(format!("cannot start {threads} GPT-2 threads: {e}"))
                 })?;
             Some(pool)
         } else {

@@ -214,8 +214,9 @@ impl Scheduler {
                     // The workers already started drain nothing and exit.
                     sched.close();
                     sched.join();
-                    return Err(Error::internal(format!(
-                        "cannot start a worker thread: {e}"
+                    return Err(Error::exhausted(format!(
+                        "model '{}': cannot start worker thread {i}: {e}",
+                        sched.model.name_str()
                     )));
                 }
             };
@@ -283,8 +284,9 @@ impl Scheduler {
                 Err(e) => {
                     sched.close();
                     sched.join();
-                    return Err(Error::internal(format!(
-                        "cannot start a generation loop thread: {e}"
+                    return Err(Error::exhausted(format!(
+                        "model '{}': cannot start generation loop thread {i}: {e}",
+                        sched.model.name_str()
                     )));
                 }
             }

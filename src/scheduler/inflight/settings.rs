@@ -68,6 +68,11 @@ pub const KNOWN_PARAMETERS: &[&str] = &[
 ];
 
 const DEFAULT_MAX_SEQUENCES: usize = 64;
+/// Limits of the parameters that size threads and per-iteration buffers.
+pub const MAX_SEQUENCES: usize = 1 << 16;
+pub const MAX_TOKENS: usize = 1 << 20;
+pub const MAX_TOKENS_PER_BLOCK: usize = 1 << 16;
+pub const MAX_THREADS: usize = 256;
 const DEFAULT_MAX_TOKENS_PER_ITERATION: usize = 8192;
 const DEFAULT_TOKENS_PER_BLOCK: usize = 16;
 const DEFAULT_REQUEST_MAX_TOKENS: usize = 16;
@@ -102,6 +107,14 @@ impl Settings {
         let positive = |key: &str| -> Result<Option<usize>> {
             match uint(key)? {
                 Some(0) => Err(bad(key, "0", "at least 1")),
+                v => Ok(v),
+            }
+        };
+        // Numbers that size threads or per-iteration buffers have limits (README,
+        // "Security and limits").
+        let at_most = |key: &str, v: Option<usize>, max: usize| -> Result<Option<usize>> {
+            match v {
+                Some(n) if n > max => Err(bad(key, &n.to_string(), &format!("at most {max}"))),
                 v => Ok(v),
             }
         };
@@ -151,15 +164,25 @@ impl Settings {
                 }
             }
         }
-        let max_num_sequences = positive("max_num_sequences")?.unwrap_or(DEFAULT_MAX_SEQUENCES);
-        let max_num_tokens = positive("max_num_tokens")?
+        let max_num_sequences = at_most(
+            "max_num_sequences",
+            positive("max_num_sequences")?,
+            MAX_SEQUENCES,
+        )?
+        .unwrap_or(DEFAULT_MAX_SEQUENCES);
+        let max_num_tokens = at_most("max_num_tokens", positive("max_num_tokens")?, MAX_TOKENS)?
             .unwrap_or(DEFAULT_MAX_TOKENS_PER_ITERATION.max(max_num_sequences));
         if max_num_tokens < max_num_sequences {
             return Err(Error::invalid(format!(
                 "model '{m}': max_num_tokens ({max_num_tokens}) must be at least max_num_sequences ({max_num_sequences}): every running request needs a token per iteration"
             )));
         }
-        let tokens_per_block = positive("tokens_per_block")?.unwrap_or(DEFAULT_TOKENS_PER_BLOCK);
+        let tokens_per_block = at_most(
+            "tokens_per_block",
+            positive("tokens_per_block")?,
+            MAX_TOKENS_PER_BLOCK,
+        )?
+        .unwrap_or(DEFAULT_TOKENS_PER_BLOCK);
         let per_block = bytes_per_block(tokens_per_block).max(1);
         let blocks_for = |tokens: usize| tokens.div_ceil(tokens_per_block);
         let mut sizes: Vec<(usize, &str)> = Vec::new();
@@ -195,7 +218,12 @@ impl Settings {
             kv_blocks,
             chunked_context: flag("enable_chunked_context")?.unwrap_or(false),
             prefix_reuse: flag("enable_kv_cache_reuse")?.unwrap_or(false),
-            threads: uint("intra_op_thread_count")?.unwrap_or(0),
+            threads: at_most(
+                "intra_op_thread_count",
+                uint("intra_op_thread_count")?,
+                MAX_THREADS,
+            )?
+            .unwrap_or(0),
             default_max_tokens: positive("default_max_tokens")?
                 .unwrap_or(DEFAULT_REQUEST_MAX_TOKENS),
         };
