@@ -434,3 +434,82 @@ sequence_batching { direct { }
         assert!(msg.contains(key) && msg.contains("at most"), "{key}: {msg}");
     }
 }
+
+#[test]
+fn queue_timeouts_fire_while_every_instance_is_busy() {
+    let s = Server::new();
+    s.load(
+        "slow",
+        &add_sub_config(
+            "slow",
+            r#"instance_group [ { count: 1 kind: KIND_CPU } ]
+dynamic_batching { max_queue_delay_microseconds: 0 default_queue_policy { default_timeout_microseconds: 100000 } }
+parameters { key: "execute_delay_us" value { string_value: "2000000" } }"#,
+        ),
+    );
+    let busy = Collector::new();
+    s.enqueue(add_sub_request(&s, "slow", [1.; 4], [1.; 4]), &busy)
+        .unwrap();
+    // Let the worker take the first request into its 2 s batch.
+    std::thread::sleep(Duration::from_millis(100));
+    let waiting = Collector::new();
+    let start = std::time::Instant::now();
+    s.enqueue(add_sub_request(&s, "slow", [2.; 4], [2.; 4]), &waiting)
+        .unwrap();
+    assert!(
+        waiting.wait_for(1, Duration::from_millis(1500)),
+        "a 100 ms queue timeout did not fire while the instance was busy"
+    );
+    let took = start.elapsed();
+    let r = waiting.take().remove(0);
+    assert_eq!(r.status(), INFER_STATUS_DEADLINE_EXCEEDED, "{}", r.error());
+    assert!(
+        r.error().contains("timed out in the queue"),
+        "{}",
+        r.error()
+    );
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    busy.wait(1);
+    assert_eq!(busy.take().remove(0).status(), 0);
+}
+
+#[test]
+fn backlogged_sequences_time_out_while_every_slot_is_busy() {
+    let s = Server::new();
+    s.load(
+        "seq",
+        r#"name: "seq" backend: "accumulator" max_batch_size: 1
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  direct { }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] }
+  ]
+}
+parameters { key: "execute_delay_us" value { string_value: "2000000" } }"#,
+    );
+    let seq_req = |corr: u64| {
+        s.request("seq")
+            .input_i32("INPUT", &[1, 1], &[1])
+            .correlation_id(corr)
+            .flags(INFER_REQUEST_FLAG_SEQUENCE_START)
+    };
+    let busy = Collector::new();
+    s.enqueue(seq_req(1), &busy).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let waiting = Collector::new();
+    let start = std::time::Instant::now();
+    s.enqueue(seq_req(2).timeout_us(100_000), &waiting).unwrap();
+    assert!(
+        waiting.wait_for(1, Duration::from_millis(1500)),
+        "a backlogged sequence's 100 ms timeout did not fire while the slot was busy"
+    );
+    let r = waiting.take().remove(0);
+    assert_eq!(r.status(), INFER_STATUS_DEADLINE_EXCEEDED, "{}", r.error());
+    assert!(start.elapsed() < Duration::from_millis(1500));
+    busy.wait(1);
+}

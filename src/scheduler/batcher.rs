@@ -26,6 +26,8 @@ struct State {
     /// Batches taken from the queue and not yet answered.
     executing: usize,
     next_batch_seq: u64,
+    /// The deadline the timer is armed for (None: not armed).
+    armed: Option<Instant>,
 }
 
 pub struct DynamicBatcher {
@@ -57,6 +59,7 @@ impl DynamicBatcher {
                 closed: false,
                 executing: 0,
                 next_batch_seq: 0,
+                armed: None,
             }),
             cv: Condvar::new(),
             pending: AtomicUsize::new(0),
@@ -206,8 +209,16 @@ impl Kind for DynamicBatcher {
             return Err((q.req, e.context(format!("model '{}'", s.model.name_str()))));
         }
         self.pending.fetch_add(1, Ordering::Release);
+        // The timer answers it on time even when no worker is free.
+        let arm = deadline.filter(|d| st.armed.is_none_or(|a| *d < a));
+        if arm.is_some() {
+            st.armed = arm;
+        }
         drop(st);
         self.cv.notify_one();
+        if let Some(d) = arm {
+            s.arm(d);
+        }
         Ok(())
     }
 
@@ -262,6 +273,28 @@ impl Kind for DynamicBatcher {
             return CancelOutcome::Running;
         }
         CancelOutcome::NotFound
+    }
+
+    fn expire(&self, s: &Scheduler, now: Instant) {
+        let mut expired = Vec::new();
+        let mut st = self.state.lock();
+        st.queue.expire(now, &mut expired);
+        self.pending.fetch_sub(expired.len(), Ordering::Release);
+        st.armed = st.queue.next_deadline();
+        let next = st.armed;
+        drop(st);
+        if let Some(d) = next {
+            s.arm(d);
+        }
+        for q in expired {
+            let msg = format!(
+                "request {} for model '{}' timed out in the queue",
+                q.req.id,
+                s.model.name_str()
+            );
+            s.stats.failure_count.fetch_add(1, Ordering::Relaxed);
+            q.req.fail(&s.model, Error::deadline(msg));
+        }
     }
 
     fn stats_json(&self, out: &mut String) {

@@ -21,6 +21,7 @@ mod execute;
 pub mod inflight;
 pub mod queue;
 pub mod sequence;
+pub mod timer;
 mod worker;
 
 pub use ensemble::Router;
@@ -37,8 +38,10 @@ use sequence::SequenceBatcher;
 use std::any::Any;
 use std::ffi::CString;
 use std::sync::Arc;
+use std::sync::Weak;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use timer::Timer;
 
 /// How long an idle worker spins before it sleeps: a request that arrives meanwhile
 /// starts without a thread wake-up, which dominates latency for small models.
@@ -82,6 +85,9 @@ pub trait Kind: Send + Sync + 'static {
     fn stats_json(&self, _out: &mut String) {}
     /// Appends the kind's own Prometheus samples.
     fn stats_prometheus(&self, _out: &mut crate::stats::PromText, _labels: &str) {}
+    /// Answers the queued requests whose deadline is `now` or earlier (the timer calls it
+    /// at a deadline the kind armed with [`Scheduler::arm`]).
+    fn expire(&self, _s: &Scheduler, _now: Instant) {}
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -96,6 +102,9 @@ pub struct Scheduler {
     kind: Arc<dyn Kind>,
     workers: Mutex<Vec<JoinHandle<()>>>,
     log: crate::log::Logger,
+    /// The server's timer (queue deadlines), and this scheduler for it.
+    timer: Option<Arc<Timer>>,
+    me: Weak<Scheduler>,
 }
 
 pub(crate) fn c_name(s: &str) -> Arc<CString> {
@@ -118,7 +127,21 @@ impl Scheduler {
             kind,
             workers: Mutex::new(Vec::new()),
             log,
+            timer: None,
+            me: Weak::new(),
         }
+    }
+
+    /// Asks the timer to call [`Kind::expire`] at `at`.
+    pub(crate) fn arm(&self, at: Instant) {
+        if let Some(t) = &self.timer {
+            t.arm(at, self.me.clone());
+        }
+    }
+
+    /// Answers what is due at `now` (called by the timer).
+    pub(crate) fn expire(&self, now: Instant) {
+        self.kind.expire(self, now)
     }
 
     /// Starts one worker thread per instance: a sequence batcher for models with
@@ -127,7 +150,7 @@ impl Scheduler {
     /// are the CPU cores instance `i`'s worker thread is pinned to
     /// (`instance_group.cpus`); an empty or missing entry leaves the thread unpinned. A
     /// pin that fails fails the start (INVALID_ARGUMENT) after the started workers have
-    /// exited.
+    /// exited. `timer` answers queue timeouts on time while every instance is busy.
     pub fn start(
         model: ModelIdentity,
         config: Arc<ModelConfig>,
@@ -135,6 +158,7 @@ impl Scheduler {
         log: crate::log::Logger,
         initial_states: Vec<sequence::StateValue>,
         cpus: Vec<Vec<u32>>,
+        timer: Arc<Timer>,
     ) -> Result<Arc<Scheduler>> {
         let model_name = model.name_str().to_owned();
         let pin_error = |i: usize, list: &[u32], e: Error| {
@@ -185,9 +209,13 @@ impl Scheduler {
                     (kind, loops, on_gpu)
                 }
             };
-        let mut sched = Scheduler::new(model, config, stats, log, kind);
-        sched.takes_device_inputs = takes_device_inputs;
-        let sched = Arc::new(sched);
+        let sched = Scheduler::new(model, config, stats, log, kind);
+        let sched = Arc::new_cyclic(|me| Scheduler {
+            takes_device_inputs,
+            timer: Some(timer),
+            me: me.clone(),
+            ..sched
+        });
         // Pinned workers report their pin result here before they start working.
         let (pinned_tx, pinned_rx) = std::sync::mpsc::channel::<(usize, Result<()>)>();
         let mut pinned = 0usize;

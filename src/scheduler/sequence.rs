@@ -139,6 +139,8 @@ struct SeqState {
     next_idle_check: Option<Instant>,
     /// Earliest request deadline in the backlog.
     backlog_deadline: Option<Instant>,
+    /// The deadline the timer is armed for (None: not armed).
+    armed: Option<Instant>,
 }
 
 /// One request's row in a formed batch.
@@ -158,6 +160,13 @@ pub(super) struct Formed {
     pub size: u32,
     pub requests: Vec<Box<Request>>,
     pub rows: Vec<RowInfo>,
+}
+
+/// A request the sequence batcher took: a warning to log, and a deadline to arm the
+/// timer for.
+pub(super) struct Enqueued {
+    warning: Option<String>,
+    arm: Option<Instant>,
 }
 
 pub(super) enum Work {
@@ -247,6 +256,7 @@ impl Sequencer {
                 next_batch_seq: 0,
                 next_idle_check: None,
                 backlog_deadline: None,
+                armed: None,
             }),
             cvs: (0..instances).map(|_| Condvar::new()).collect(),
             cfg: cfg.clone(),
@@ -318,7 +328,7 @@ impl Sequencer {
         &self,
         req: Box<Request>,
         key: Option<ShapeKey>,
-    ) -> std::result::Result<Option<String>, (Box<Request>, Error)> {
+    ) -> std::result::Result<Enqueued, (Box<Request>, Error)> {
         if let Err(e) = self.check(&req) {
             return Err((req, e));
         }
@@ -391,6 +401,7 @@ impl Sequencer {
             }
         };
         st.queued += 1;
+        let mut arm = None;
         match place {
             Some((i, _)) => {
                 self.cvs[i].notify_one();
@@ -398,12 +409,17 @@ impl Sequencer {
             None => {
                 if let Some(d) = deadline {
                     st.backlog_deadline = Some(st.backlog_deadline.map_or(d, |b| b.min(d)));
-                    // A worker must wake for the deadline.
+                    // The timer answers it on time even when every worker is busy; a
+                    // free worker wakes for it too.
+                    if st.armed.is_none_or(|a| d < a) {
+                        st.armed = Some(d);
+                        arm = Some(d);
+                    }
                     self.wake_all();
                 }
             }
         }
-        Ok(warning)
+        Ok(Enqueued { warning, arm })
     }
 
     pub(super) fn queued(&self) -> usize {
@@ -521,6 +537,16 @@ impl Sequencer {
                 None => self.cvs[index].wait(&mut st),
             }
         }
+    }
+
+    /// For the timer: the requests of backlogged sequences whose deadline passed (and
+    /// any other request waiting for its error FINAL), and the next deadline to arm.
+    fn expire(&self, now: Instant) -> (Vec<(Box<Request>, Error)>, Option<Instant>) {
+        let mut st = self.st.lock();
+        self.expire_backlog(&mut st, now);
+        st.armed = st.backlog_deadline;
+        let ending = std::mem::take(&mut st.ending);
+        (ending, st.armed)
     }
 
     /// Backlogged sequences with an expired request deadline end: every queued request
@@ -1033,8 +1059,12 @@ impl Kind for SequenceBatcher {
         req: Box<Request>,
         shape_key: Option<ShapeKey>,
     ) -> std::result::Result<(), (Box<Request>, Error)> {
-        if let Some(warning) = self.seq.enqueue(req, shape_key)? {
+        let Enqueued { warning, arm } = self.seq.enqueue(req, shape_key)?;
+        if let Some(warning) = warning {
             s.log.warn(&warning);
+        }
+        if let Some(d) = arm {
+            s.arm(d);
         }
         Ok(())
     }
@@ -1057,6 +1087,19 @@ impl Kind for SequenceBatcher {
 
     fn cancel_all(&self, why: &str) {
         self.seq.cancel_all(why)
+    }
+
+    fn expire(&self, s: &Scheduler, now: Instant) {
+        let (ending, next) = self.seq.expire(now);
+        if let Some(d) = next {
+            s.arm(d);
+        }
+        for (req, err) in ending {
+            s.stats
+                .failure_count
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            req.fail(&s.model, err);
+        }
     }
 
     fn cancel(&self, _s: &Scheduler, request_id: u64) -> CancelOutcome {

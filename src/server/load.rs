@@ -396,6 +396,7 @@ impl Server {
             self.log.clone(),
             initial_states.to_vec(),
             cpus,
+            self.timer.clone(),
         )
     }
 

@@ -98,6 +98,8 @@ pub struct Server {
     /// By device id: what copies host outputs to the GPU a request asked for (made on
     /// the first such request).
     output_placers: Mutex<Vec<Option<Arc<crate::server::outputs::OutputPlacer>>>>,
+    /// Answers queue timeouts on time (a thread started on first use).
+    timer: Arc<crate::scheduler::timer::Timer>,
 }
 
 /// Servers alive in this process; the object pools are emptied when it drops to zero.
@@ -147,6 +149,7 @@ impl Server {
             accepting: AtomicBool::new(true),
             stats_callbacks: Mutex::new(HashMap::new()),
             output_placers: Mutex::new(Vec::new()),
+            timer: Arc::new(crate::scheduler::timer::Timer::new()),
             opts,
         });
         if let Some(repo) = &server.opts.repository {
