@@ -637,7 +637,10 @@ void infer_server_free(struct infer_server *s);
 infer_status infer_server_load_model(struct infer_server *s, const char *name, const char *config_text, const char *model_dir);
 
 /**
- * Unloads a model after its queued and running requests finish.
+ * Unloads a model after its queued and running requests finish. Called on a library
+ * thread (from a response callback or a backend's execute), it returns once the model
+ * takes no new requests, and the model drains on its own threads: waiting there could
+ * deadlock (two models whose callbacks unload each other).
  */
 infer_status infer_server_unload_model(struct infer_server *s, const char *name);
 
@@ -702,7 +705,8 @@ infer_status infer_server_enqueue(struct infer_server *s, struct infer_request *
  * Runs a request and waits for its FINAL response (convenience for one-response
  * models). Takes ownership of `r`. Returns OK with `*response_out` set (check
  * `infer_response_status` for the model's result), or an error if the request was not
- * accepted. Never call it from a response callback (INVALID_ARGUMENT).
+ * accepted. Never call it from a response callback, nor from a backend's execute for
+ * the model that backend runs (both INVALID_ARGUMENT: they would wait for themselves).
  */
 infer_status infer_server_infer(struct infer_server *s, struct infer_request *r, struct infer_response **response_out);
 

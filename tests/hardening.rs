@@ -513,3 +513,176 @@ parameters { key: "execute_delay_us" value { string_value: "2000000" } }"#,
     assert!(start.elapsed() < Duration::from_millis(1500));
     busy.wait(1);
 }
+
+#[test]
+fn requests_belong_to_the_server_that_made_them() {
+    let a = Server::new();
+    let b = Server::new();
+    a.load("m", &add_sub_config("m", ""));
+    b.load("m", &add_sub_config("m", ""));
+    let c = Collector::new();
+    let (st, msg) = b
+        .enqueue(add_sub_request(&a, "m", [1.; 4], [1.; 4]), &c)
+        .unwrap_err();
+    assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{msg}");
+    assert!(msg.contains("another server"), "{msg}");
+    // A server that lacks the model refuses it too.
+    let empty = Server::new();
+    let (st, msg) = empty
+        .enqueue(add_sub_request(&a, "m", [1.; 4], [1.; 4]), &c)
+        .unwrap_err();
+    assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{msg}");
+    // Its own server runs it.
+    let r = a.infer(add_sub_request(&a, "m", [1.; 4], [2.; 4]));
+    assert_eq!(r.status(), 0, "{}", r.error());
+}
+
+#[test]
+fn versions_follow_one_rule() {
+    let s = Server::new();
+    s.load("m", &add_sub_config("m", ""));
+    for v in [-7i64, 0, i64::MIN] {
+        let mut ready = true;
+        let st = unsafe { infer_server_model_ready(s.0, c"m".as_ptr(), v, &mut ready) };
+        let msg = expect_status(st, INFER_STATUS_INVALID_ARGUMENT);
+        assert!(msg.contains("is invalid"), "{v}: {msg}");
+        let mut r = std::ptr::null_mut();
+        let st = unsafe { infer::ffi::request::infer_request_new(s.0, c"m".as_ptr(), v, &mut r) };
+        expect_status(st, INFER_STATUS_INVALID_ARGUMENT);
+    }
+    let mut ready = false;
+    ok(unsafe { infer_server_model_ready(s.0, c"m".as_ptr(), -1, &mut ready) });
+    assert!(ready);
+}
+
+/// The server the `selfish` backend calls back into.
+static SELFISH_SERVER: std::sync::atomic::AtomicPtr<ServerHandle> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+static SELFISH_SEEN: std::sync::Mutex<Vec<(infer_status, String)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Calls infer_server_infer for its own model from inside execute, then answers.
+unsafe extern "C" fn selfish_execute(_state: *mut std::ffi::c_void, b: *mut Batch) -> u32 {
+    use infer::ffi::backend::infer_batch_output;
+    use infer::ffi::request::{infer_request_add_input, infer_request_new};
+    let s = SELFISH_SERVER.load(std::sync::atomic::Ordering::Acquire);
+    let mut r = std::ptr::null_mut();
+    ok(unsafe { infer_request_new(s, c"selfish".as_ptr(), -1, &mut r) });
+    let v = [1.0f32];
+    let shape = [1i64, 1];
+    ok(unsafe {
+        infer_request_add_input(
+            r,
+            c"IN".as_ptr(),
+            INFER_DATATYPE_FP32,
+            shape.as_ptr(),
+            2,
+            v.as_ptr().cast(),
+            4,
+        )
+    });
+    let mut resp = std::ptr::null_mut();
+    let st = unsafe { infer_server_infer(s, r, &mut resp) };
+    SELFISH_SEEN.lock().unwrap().push((st, last_error()));
+    let mut out: *mut std::ffi::c_void = std::ptr::null_mut();
+    unsafe { infer_batch_output(b, c"OUT".as_ptr(), shape.as_ptr(), 2, &mut out) }
+}
+
+#[test]
+fn blocking_infer_from_a_models_own_execute_is_refused() {
+    use infer::ffi::custom::infer_backend;
+    let s = Server::new();
+    SELFISH_SERVER.store(s.0, std::sync::atomic::Ordering::Release);
+    let vt = infer_backend {
+        struct_size: std::mem::size_of::<infer_backend>() as u32,
+        instance_init: None,
+        execute: Some(selfish_execute),
+        instance_fini: None,
+        finalize: None,
+    };
+    ok(unsafe {
+        infer_server_register_backend(s.0, c"selfish".as_ptr(), &vt, std::ptr::null_mut())
+    });
+    s.load(
+        "selfish",
+        r#"name: "selfish" backend: "selfish" max_batch_size: 1
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]"#,
+    );
+    let c = Collector::new();
+    s.enqueue(s.request("selfish").input_f32("IN", &[1, 1], &[1.0]), &c)
+        .unwrap();
+    assert!(
+        c.wait_for(1, Duration::from_secs(10)),
+        "infer_server_infer from the model's own execute hangs"
+    );
+    let seen = SELFISH_SEEN.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].0, INFER_STATUS_INVALID_ARGUMENT, "{}", seen[0].1);
+    assert!(seen[0].1.contains("would wait for itself"), "{}", seen[0].1);
+    assert_eq!(c.take().remove(0).status(), 0);
+}
+
+/// Two models whose response callbacks unload each other, both at once.
+struct Crossed {
+    server: *mut ServerHandle,
+    other: std::ffi::CString,
+    both_in: std::sync::Arc<std::sync::Barrier>,
+    status: std::sync::atomic::AtomicU32,
+    done: std::sync::mpsc::SyncSender<()>,
+}
+
+unsafe extern "C" fn unload_other(ud: *mut std::ffi::c_void, resp: *mut Response, flags: u32) {
+    unsafe { infer::ffi::response::infer_response_free(resp) };
+    if flags & INFER_RESPONSE_FLAG_FINAL == 0 {
+        return;
+    }
+    let c = unsafe { &*(ud as *const Crossed) };
+    c.both_in.wait();
+    let st = unsafe { infer_server_unload_model(c.server, c.other.as_ptr()) };
+    c.status.store(st, std::sync::atomic::Ordering::Release);
+    let _ = c.done.send(());
+}
+
+#[test]
+fn callbacks_that_unload_each_others_models_do_not_deadlock() {
+    let s = Server::new();
+    s.load("a", &add_sub_config("a", ""));
+    s.load("b", &add_sub_config("b", ""));
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let (tx, rx) = std::sync::mpsc::sync_channel(2);
+    let make = |other: &str| {
+        Box::new(Crossed {
+            server: s.0,
+            other: cs(other),
+            both_in: barrier.clone(),
+            status: std::sync::atomic::AtomicU32::new(u32::MAX),
+            done: tx.clone(),
+        })
+    };
+    let (ca, cb) = (make("b"), make("a"));
+    for (model, ud) in [("a", &ca), ("b", &cb)] {
+        let r = add_sub_request(&s, model, [1.; 4], [1.; 4]);
+        let mut id = 0;
+        ok(unsafe {
+            infer_server_enqueue(
+                s.0,
+                r.take(),
+                Some(unload_other),
+                &**ud as *const Crossed as *mut std::ffi::c_void,
+                &mut id,
+            )
+        });
+    }
+    for _ in 0..2 {
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("two callbacks unloading each other's models deadlock");
+    }
+    assert_eq!(ca.status.load(std::sync::atomic::Ordering::Acquire), 0);
+    assert_eq!(cb.status.load(std::sync::atomic::Ordering::Acquire), 0);
+    let mut ready = true;
+    ok(unsafe { infer_server_model_ready(s.0, c"a".as_ptr(), -1, &mut ready) });
+    assert!(!ready);
+    drop(s);
+}

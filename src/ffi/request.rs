@@ -41,9 +41,7 @@ pub unsafe extern "C" fn infer_request_new(
         if out.is_null() {
             return Err(Error::invalid("argument 'out' must not be NULL"));
         }
-        if version == 0 || version < -1 {
-            return Err(Error::invalid(format!("model '{model}': version {version} is invalid (use -1 for the latest, or a version >= 1)")));
-        }
+        crate::request::checks::check_version(model, version)?;
         if !s.server.is_accepting() {
             return Err(Error::unavailable("the server is shutting down"));
         }
@@ -61,6 +59,7 @@ pub unsafe extern "C" fn infer_request_new(
             Err(e) => return Err(e),
         };
         req.gpu = *s.server.gpu();
+        req.origin = s.server.id();
         // SAFETY: `out`: NULL (refused) or writable for one value.
         unsafe { write_out(out, "out", Box::into_raw(req)) }
     })

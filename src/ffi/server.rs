@@ -354,7 +354,10 @@ pub unsafe extern "C" fn infer_server_load_model(
     })
 }
 
-/// Unloads a model after its queued and running requests finish.
+/// Unloads a model after its queued and running requests finish. Called on a library
+/// thread (from a response callback or a backend's execute), it returns once the model
+/// takes no new requests, and the model drains on its own threads: waiting there could
+/// deadlock (two models whose callbacks unload each other).
 #[no_mangle]
 pub unsafe extern "C" fn infer_server_unload_model(
     s: *mut ServerHandle,
@@ -382,7 +385,7 @@ pub unsafe extern "C" fn infer_server_model_ready(
         // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
         let name = unsafe { arg_str(name, "name") }?;
         // SAFETY: `ready`: NULL (refused) or writable for one value.
-        unsafe { write_out(ready, "ready", s.server.model_ready(name, version)) }
+        unsafe { write_out(ready, "ready", s.server.model_ready(name, version)?) }
     })
 }
 
@@ -612,7 +615,8 @@ unsafe extern "C" fn infer_wake(user_data: *mut c_void, resp: *mut Response, fla
 /// Runs a request and waits for its FINAL response (convenience for one-response
 /// models). Takes ownership of `r`. Returns OK with `*response_out` set (check
 /// `infer_response_status` for the model's result), or an error if the request was not
-/// accepted. Never call it from a response callback (INVALID_ARGUMENT).
+/// accepted. Never call it from a response callback, nor from a backend's execute for
+/// the model that backend runs (both INVALID_ARGUMENT: they would wait for themselves).
 #[no_mangle]
 pub unsafe extern "C" fn infer_server_infer(
     s: *mut ServerHandle,
@@ -631,6 +635,12 @@ pub unsafe extern "C" fn infer_server_infer(
             return Err(Error::invalid(
                 "infer_server_infer must not be called from a response callback",
             ));
+        }
+        if s.server.would_wait_for_itself(&req) {
+            return Err(Error::invalid(format!(
+                "infer_server_infer for model '{}' must not be called from that model's own execute: it would wait for itself (use infer_server_enqueue)",
+                req.model
+            )));
         }
         let waiter = Arc::new(Waiter::default());
         let ud = Arc::into_raw(waiter.clone()) as *mut c_void;

@@ -33,6 +33,16 @@ impl<'a> InputBytes<'a> {
     }
 }
 
+/// The one rule for a version number a caller names: -1 (the latest) or a version >= 1.
+pub fn check_version(model: &str, version: i64) -> Result<()> {
+    if version == 0 || version < -1 {
+        return Err(Error::invalid(format!(
+            "model '{model}': version {version} is invalid (use -1 for the latest, or a version >= 1)"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks one input against the config; returns the config's shared name for it.
 pub fn check_input(
     config: &ModelConfig,

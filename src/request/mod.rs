@@ -73,6 +73,9 @@ pub struct Request {
     /// What the server resolved the model version to when the request was created, if
     /// it did: opaque here (the server reads it back at enqueue, saving a lookup).
     pub target: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// The server that made this request (0: none, e.g. an ensemble step); another server
+    /// refuses it.
+    pub origin: u64,
     /// Rows this request contributes to a batch (its dim 0 when the model batches).
     pub batch_size: u32,
     pub enqueued_at: Instant,
@@ -101,6 +104,7 @@ impl Request {
             parameters: Vec::new(),
             checked_against,
             target: None,
+            origin: 0,
             batch_size: 1,
             enqueued_at: Instant::now(),
             sink: None,
@@ -160,6 +164,7 @@ impl Request {
         self.parameters.clear();
         self.checked_against = None;
         self.target = None;
+        self.origin = 0;
         self.batch_size = 1;
         self.sink = None;
         self.gpu = crate::cuda::GpuState::Off;

@@ -107,6 +107,25 @@ pub struct Scheduler {
     me: Weak<Scheduler>,
 }
 
+thread_local! {
+    /// What the current thread serves: a scheduler's address for its workers and loops,
+    /// [`TIMER_THREAD`] for a timer, 0 for threads that are not the library's.
+    static SERVING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+const TIMER_THREAD: usize = 1;
+
+/// True on the library's own threads (workers, generation loops, timers): where response
+/// callbacks and backends run. A call that waits for a model to drain must not wait
+/// there (that model's callbacks may be waiting for this thread's model in turn).
+pub fn on_library_thread() -> bool {
+    SERVING.with(|c| c.get() != 0)
+}
+
+fn mark_thread(s: &Scheduler) {
+    SERVING.with(|c| c.set(s as *const Scheduler as usize));
+}
+
 pub(crate) fn c_name(s: &str) -> Arc<CString> {
     Arc::new(CString::new(s.replace('\0', "")).unwrap_or_default())
 }
@@ -130,6 +149,11 @@ impl Scheduler {
             timer: None,
             me: Weak::new(),
         }
+    }
+
+    /// True on this scheduler's own threads (its workers, its generation loops).
+    pub fn runs_on_current_thread(&self) -> bool {
+        SERVING.with(|c| c.get() == self as *const Scheduler as usize)
     }
 
     /// Asks the timer to call [`Kind::expire`] at `at`.
@@ -234,6 +258,7 @@ impl Scheduler {
                             return;
                         }
                     }
+                    mark_thread(&s);
                     work(&s)
                 });
             let handle = match handle {
@@ -306,7 +331,10 @@ impl Scheduler {
             let (s, e) = (sched.clone(), engine.clone());
             let handle = std::thread::Builder::new()
                 .name(format!("infer-{}-{i}", s.model.name_str()))
-                .spawn(move || inflight::run(&s, &e, i, exec));
+                .spawn(move || {
+                    mark_thread(&s);
+                    inflight::run(&s, &e, i, exec)
+                });
             match handle {
                 Ok(h) => sched.workers.lock().push(h),
                 Err(e) => {

@@ -113,6 +113,7 @@ impl Drop for Timer {
 }
 
 fn run(shared: &Shared) {
+    super::SERVING.with(|c| c.set(super::TIMER_THREAD));
     let mut st = shared.st.lock();
     loop {
         if st.closed {

@@ -408,6 +408,12 @@ impl Server {
             s.set_paused(false);
             s.close();
         }
+        // On a library thread (a response callback, a backend) waiting could close a
+        // cycle: two models whose callbacks unload each other. The versions drain on
+        // their own threads then, and shutdown waits for them.
+        if crate::scheduler::on_library_thread() {
+            return;
+        }
         for s in &versions {
             s.join();
         }

@@ -81,6 +81,8 @@ impl ModelEntry {
 pub struct Server {
     /// This server (ensembles send their steps through it).
     me: std::sync::Weak<Server>,
+    /// Unique in the process; the requests this server makes carry it.
+    id: u64,
     opts: ServerOptions,
     log: Logger,
     /// What this server may use of the GPUs (fixed at start).
@@ -137,8 +139,10 @@ impl Server {
             backends.insert(name.clone(), b.clone());
         }
         LIVE_SERVERS.fetch_add(1, Ordering::AcqRel);
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let server = Arc::new_cyclic(|me| Server {
             me: me.clone(),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             log,
             gpu,
             backends: RwLock::new(backends),
@@ -257,11 +261,27 @@ impl Server {
         self.models.read().get(name).map(|e| e.config.clone())
     }
 
-    pub fn model_ready(&self, name: &str, version: i64) -> bool {
-        self.models
+    /// Whether `version` (-1: the latest) of the model is loaded and serving; a version
+    /// no request could name is INVALID_ARGUMENT, as it is for a request.
+    pub fn model_ready(&self, name: &str, version: i64) -> Result<bool> {
+        crate::request::checks::check_version(name, version)?;
+        Ok(self
+            .models
             .read()
             .get(name)
-            .is_some_and(|e| e.version(name, version).is_ok())
+            .is_some_and(|e| e.version(name, version).is_ok()))
+    }
+
+    /// This server's id (requests it makes carry it).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether a blocking call for `req` made on this thread would wait for this very
+    /// thread: it is a worker of the model `req` names.
+    pub fn would_wait_for_itself(&self, req: &Request) -> bool {
+        self.resolve(&req.model, req.version)
+            .is_ok_and(|s| s.runs_on_current_thread())
     }
 
     pub fn model_config_json(&self, name: &str, version: i64) -> Result<String> {
@@ -285,6 +305,12 @@ impl Server {
     pub fn enqueue(&self, mut req: Box<Request>) -> Result<u64> {
         if !self.accepting.load(Ordering::Acquire) {
             return Err(Error::unavailable("the server is shutting down"));
+        }
+        if req.origin != 0 && req.origin != self.id {
+            return Err(Error::invalid(format!(
+                "the request for model '{}' was made on another server: make requests with the server that runs them",
+                req.model
+            )));
         }
         if let Some(device) = req.output_device {
             // Outputs wanted on a GPU: host outputs will be copied there at delivery.
