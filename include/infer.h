@@ -616,13 +616,16 @@ infer_status infer_server_new(const struct infer_server_options *opts, struct in
 /**
  * Stops accepting requests (enqueue -> UNAVAILABLE), lets queued and running requests
  * finish, and after `timeout_ms` cancels what remains (each gets a FINAL CANCELLED).
- * Returns when every worker thread has stopped. Idempotent. Must not be called from a
- * response callback (INVALID_ARGUMENT).
+ * Returns when every worker thread has stopped, or, for a worker stuck in a backend,
+ * shortly after the timeout: the requests it holds are answered CANCELLED, and the thread
+ * is left running, detached, with what it uses kept alive (its late answers are dropped).
+ * Idempotent. Must not be called from a response callback (INVALID_ARGUMENT).
  */
 infer_status infer_server_shutdown(struct infer_server *s, uint64_t timeout_ms);
 
 /**
- * Shuts down (30 s drain) and releases the server. NULL is ignored. Calling it from a
+ * Shuts down (30 s drain, then as `infer_server_shutdown` after its timeout) and releases
+ * the server. NULL is ignored. Calling it from a
  * response callback is refused: the error is logged and set as this thread's last error,
  * and the server stays alive.
  */
@@ -637,7 +640,9 @@ void infer_server_free(struct infer_server *s);
 infer_status infer_server_load_model(struct infer_server *s, const char *name, const char *config_text, const char *model_dir);
 
 /**
- * Unloads a model after its queued and running requests finish. Called on a library
+ * Unloads a model after its queued and running requests finish; a version that answers
+ * nothing for 30 s has a stuck backend, and what it holds is answered CANCELLED (its
+ * stuck threads are left detached, as at shutdown). Called on a library
  * thread (from a response callback or a backend's execute), it returns once the model
  * takes no new requests, and the model drains on its own threads: waiting there could
  * deadlock (two models whose callbacks unload each other).

@@ -686,3 +686,67 @@ fn callbacks_that_unload_each_others_models_do_not_deadlock() {
     assert!(!ready);
     drop(s);
 }
+
+/// Released at the end of `shutdown_gives_up_on_a_stuck_backend`.
+static UNSTUCK: (std::sync::Mutex<bool>, std::sync::Condvar) =
+    (std::sync::Mutex::new(false), std::sync::Condvar::new());
+
+/// Blocks until UNSTUCK, then answers.
+unsafe extern "C" fn stuck_execute(_state: *mut std::ffi::c_void, b: *mut Batch) -> u32 {
+    use infer::ffi::backend::{infer_batch_output, infer_batch_size};
+    let mut go = UNSTUCK.0.lock().unwrap();
+    while !*go {
+        go = UNSTUCK.1.wait(go).unwrap();
+    }
+    drop(go);
+    let shape = [unsafe { infer_batch_size(b) } as i64, 1];
+    let mut out: *mut std::ffi::c_void = std::ptr::null_mut();
+    unsafe { infer_batch_output(b, c"OUT".as_ptr(), shape.as_ptr(), 2, &mut out) }
+}
+
+#[test]
+fn shutdown_gives_up_on_a_stuck_backend() {
+    use infer::ffi::custom::infer_backend;
+    let s = Server::new();
+    let vt = infer_backend {
+        struct_size: std::mem::size_of::<infer_backend>() as u32,
+        instance_init: None,
+        execute: Some(stuck_execute),
+        instance_fini: None,
+        finalize: None,
+    };
+    ok(unsafe { infer_server_register_backend(s.0, c"stuck".as_ptr(), &vt, std::ptr::null_mut()) });
+    s.load(
+        "stuck",
+        r#"name: "stuck" backend: "stuck" max_batch_size: 1
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]"#,
+    );
+    let c = Collector::new();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(
+            s.enqueue(s.request("stuck").input_f32("IN", &[1, 1], &[1.0]), &c)
+                .unwrap(),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let start = std::time::Instant::now();
+    ok(unsafe { infer_server_shutdown(s.0, 100) });
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
+    assert!(
+        c.wait_for(3, Duration::from_secs(5)),
+        "not every request was answered"
+    );
+    for (r, _) in c.0.state.lock().unwrap().responses.iter() {
+        assert_eq!(r.status(), INFER_STATUS_CANCELLED, "{}", r.error());
+    }
+    // The stuck call returns later: its answers are dropped, nothing is answered twice.
+    *UNSTUCK.0.lock().unwrap() = true;
+    UNSTUCK.1.notify_all();
+    std::thread::sleep(Duration::from_millis(100));
+    drop(s);
+    c.assert_exactly_once(&ids);
+}

@@ -285,8 +285,10 @@ pub unsafe extern "C" fn infer_server_new(
 
 /// Stops accepting requests (enqueue -> UNAVAILABLE), lets queued and running requests
 /// finish, and after `timeout_ms` cancels what remains (each gets a FINAL CANCELLED).
-/// Returns when every worker thread has stopped. Idempotent. Must not be called from a
-/// response callback (INVALID_ARGUMENT).
+/// Returns when every worker thread has stopped, or, for a worker stuck in a backend,
+/// shortly after the timeout: the requests it holds are answered CANCELLED, and the thread
+/// is left running, detached, with what it uses kept alive (its late answers are dropped).
+/// Idempotent. Must not be called from a response callback (INVALID_ARGUMENT).
 #[no_mangle]
 pub unsafe extern "C" fn infer_server_shutdown(
     s: *mut ServerHandle,
@@ -307,7 +309,8 @@ pub unsafe extern "C" fn infer_server_shutdown(
     })
 }
 
-/// Shuts down (30 s drain) and releases the server. NULL is ignored. Calling it from a
+/// Shuts down (30 s drain, then as `infer_server_shutdown` after its timeout) and releases
+/// the server. NULL is ignored. Calling it from a
 /// response callback is refused: the error is logged and set as this thread's last error,
 /// and the server stays alive.
 #[no_mangle]
@@ -354,7 +357,9 @@ pub unsafe extern "C" fn infer_server_load_model(
     })
 }
 
-/// Unloads a model after its queued and running requests finish. Called on a library
+/// Unloads a model after its queued and running requests finish; a version that answers
+/// nothing for 30 s has a stuck backend, and what it holds is answered CANCELLED (its
+/// stuck threads are left detached, as at shutdown). Called on a library
 /// thread (from a response callback or a backend's execute), it returns once the model
 /// takes no new requests, and the model drains on its own threads: waiting there could
 /// deadlock (two models whose callbacks unload each other).

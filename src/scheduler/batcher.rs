@@ -151,7 +151,10 @@ impl DynamicBatcher {
                     // whose ids stay until it is delivered.)
                     self.batches.running[worker]
                         .lock()
-                        .extend(taken.iter().map(|q| q.req.id));
+                        .extend(taken.iter_mut().map(|q| super::execute::Running {
+                            id: q.req.id,
+                            sink: q.req.sink.take(),
+                        }));
                     st.executing += 1;
                     let seq = st.next_batch_seq;
                     st.next_batch_seq += 1;
@@ -273,6 +276,29 @@ impl Kind for DynamicBatcher {
             return CancelOutcome::Running;
         }
         CancelOutcome::NotFound
+    }
+
+    fn abandon(&self, why: &str) -> Vec<super::Abandoned> {
+        let mut st = self.state.lock();
+        let queued = st.queue.drain();
+        self.pending.store(0, Ordering::Release);
+        let mut out: Vec<super::Abandoned> = std::mem::take(&mut st.ending)
+            .into_iter()
+            .map(|(req, e)| super::Abandoned::Queued(req, e))
+            .collect();
+        out.extend(
+            queued
+                .into_iter()
+                .map(|q| super::Abandoned::Queued(q.req, Error::cancelled(why.to_owned()))),
+        );
+        drop(st);
+        out.extend(
+            self.batches
+                .abandon_running()
+                .into_iter()
+                .map(|(id, sink)| super::Abandoned::Executing(id, sink)),
+        );
+        out
     }
 
     fn expire(&self, s: &Scheduler, now: Instant) {

@@ -24,14 +24,23 @@ struct Reorder {
     delivering: bool,
 }
 
+/// A request a worker executes.
+pub(super) struct Running {
+    pub(super) id: u64,
+    /// Taken back by the worker to answer, or by an abandoning shutdown.
+    pub(super) sink: Option<ResponseSink>,
+}
+
 /// The execution bookkeeping of a batch-forming kind.
 pub(super) struct Batches {
     pub(super) in_names: Vec<Arc<CString>>,
     out_names: Vec<Arc<CString>>,
     preserve_ordering: bool,
     reorder: Mutex<Reorder>,
-    /// Request ids each worker is executing now (for cancel).
-    pub(super) running: Vec<Mutex<Vec<u64>>>,
+    /// What each worker is executing now: the request ids (for cancel) and, while the
+    /// backend runs, their response sinks, so that a shutdown that gives up on a stuck
+    /// backend can answer them (the worker then finds the sink gone).
+    pub(super) running: Vec<Mutex<Vec<Running>>>,
     /// The data-path statistics of the instances on a GPU: (instance index, counters).
     gpu_stats: Vec<(usize, Arc<crate::stats::GpuInstanceStats>)>,
 }
@@ -67,7 +76,23 @@ impl Batches {
 
     /// True when a worker is executing request `id`.
     pub(super) fn is_running(&self, id: u64) -> bool {
-        self.running.iter().any(|r| r.lock().contains(&id))
+        self.running
+            .iter()
+            .any(|r| r.lock().iter().any(|x| x.id == id))
+    }
+
+    /// Takes the sinks of every executing request (a shutdown that stopped waiting for
+    /// a stuck backend answers them).
+    pub(super) fn abandon_running(&self) -> Vec<(u64, ResponseSink)> {
+        let mut out = Vec::new();
+        for r in &self.running {
+            for x in r.lock().iter_mut() {
+                if let Some(sink) = x.sink.take() {
+                    out.push((x.id, sink));
+                }
+            }
+        }
+        out
     }
 
     /// The "gpu" member of the statistics JSON (with its leading comma), if any instance
@@ -106,7 +131,38 @@ impl Worker<'_> {
     pub(super) fn set_running(&self, reqs: &[Box<Request>]) {
         let mut running = self.b.running[self.index].lock();
         running.clear();
-        running.extend(reqs.iter().map(|r| r.id));
+        running.extend(reqs.iter().map(|r| Running {
+            id: r.id,
+            sink: None,
+        }));
+    }
+
+    /// Moves the sinks of requests about to execute into the running list.
+    pub(super) fn hold_sinks(&self, reqs: &mut [Box<Request>]) {
+        let mut running = self.b.running[self.index].lock();
+        let mut at = 0;
+        for r in reqs.iter_mut() {
+            if let Some(i) = running[at..].iter().position(|x| x.id == r.id) {
+                at += i;
+                running[at].sink = r.sink.take();
+            }
+        }
+    }
+
+    /// Gives the requests their sinks back from the running list (those an abandoning
+    /// shutdown took stay without: they were answered).
+    fn reclaim_sinks(&self, reqs: &mut [Box<Request>]) {
+        if reqs.iter().all(|r| r.sink.is_some()) {
+            return;
+        }
+        let mut running = self.b.running[self.index].lock();
+        let mut at = 0;
+        for r in reqs.iter_mut().filter(|r| r.sink.is_none()) {
+            if let Some(i) = running[at..].iter().position(|x| x.id == r.id) {
+                at += i;
+                r.sink = running[at].sink.take();
+            }
+        }
     }
 
     pub(super) fn clear_running(&self) {
@@ -117,7 +173,7 @@ impl Worker<'_> {
     pub(super) fn forget_running(&self, ids: &[u64]) {
         self.b.running[self.index]
             .lock()
-            .retain(|id| !ids.contains(id));
+            .retain(|x| !ids.contains(&x.id));
     }
 
     pub(super) fn panic_error(&self, panic: Box<dyn std::any::Any + Send>) -> Error {
@@ -140,9 +196,10 @@ impl Worker<'_> {
     /// Every request ends with `e` (nothing ran).
     pub(super) fn fail_all(
         &self,
-        requests: Vec<Box<Request>>,
+        mut requests: Vec<Box<Request>>,
         e: Error,
     ) -> Vec<(ResponseSink, Box<Response>)> {
+        self.reclaim_sinks(&mut requests);
         let e = e.context(format!("model '{}'", self.s.model.name_str()));
         requests
             .into_iter()
@@ -203,7 +260,7 @@ impl Worker<'_> {
         result: Result<()>,
     ) -> Vec<(ResponseSink, Box<Response>)> {
         let Batch {
-            requests,
+            mut requests,
             first_rows,
             size,
             outputs,
@@ -211,6 +268,7 @@ impl Worker<'_> {
             config,
             ..
         } = batch;
+        self.reclaim_sinks(&mut requests);
         let mut answers = Vec::with_capacity(requests.len());
         let outputs_checked: Result<Vec<SplitOutput>> = match &result {
             Ok(()) => outputs

@@ -59,6 +59,14 @@ pub enum CancelOutcome {
     NotFound,
 }
 
+/// A request a shutdown answers itself ([`Kind::abandon`]).
+pub enum Abandoned {
+    /// Taken from a queue, with its error.
+    Queued(Box<Request>, Error),
+    /// Executing in a batch that did not finish: its id and sink.
+    Executing(u64, crate::request::ResponseSink),
+}
+
 /// What every scheduling kind does. `s` is the scheduler the kind serves (its model,
 /// configuration, statistics and log).
 pub trait Kind: Send + Sync + 'static {
@@ -88,6 +96,12 @@ pub trait Kind: Send + Sync + 'static {
     /// Answers the queued requests whose deadline is `now` or earlier (the timer calls it
     /// at a deadline the kind armed with [`Scheduler::arm`]).
     fn expire(&self, _s: &Scheduler, _now: Instant) {}
+    /// A shutdown stopped waiting (a backend is stuck): hands over every request the kind
+    /// still holds, queued or executing, to be answered now. What a stuck backend returns
+    /// later is dropped.
+    fn abandon(&self, _why: &str) -> Vec<Abandoned> {
+        Vec::new()
+    }
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -417,6 +431,80 @@ impl Scheduler {
 
     pub fn cancel(&self, request_id: u64) -> CancelOutcome {
         self.kind.cancel(self, request_id)
+    }
+
+    /// Takes every request the kind still holds (after `close` and a wait that timed
+    /// out) and answers it with CANCELLED on a library thread; returns how many.
+    pub fn abandon(&self, why: &str) -> usize {
+        let list = self.kind.abandon(why);
+        let n = list.len();
+        if n == 0 {
+            return 0;
+        }
+        // Callbacks run on library threads, never on the caller's: a short-lived one
+        // answers, and this call waits for it.
+        let shared = Arc::new(Mutex::new(Some(list)));
+        if let Some(me) = self.me.upgrade() {
+            let (list, why) = (shared.clone(), why.to_owned());
+            let spawned = std::thread::Builder::new()
+                .name(format!("infer-{}-end", self.model.name_str()))
+                .spawn(move || {
+                    if let Some(list) = list.lock().take() {
+                        me.answer_abandoned(list, &why);
+                    }
+                });
+            if let Ok(h) = spawned {
+                let _ = h.join();
+            }
+        }
+        // No thread to be had: answer here rather than not at all.
+        let left = shared.lock().take();
+        if let Some(list) = left {
+            self.answer_abandoned(list, why);
+        }
+        n
+    }
+
+    fn answer_abandoned(&self, list: Vec<Abandoned>, why: &str) {
+        for a in list {
+            self.stats
+                .failure_count
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            match a {
+                Abandoned::Queued(req, e) => req.fail(&self.model, e),
+                Abandoned::Executing(id, sink) => sink.send_final(crate::request::Response::error(
+                    id,
+                    &self.model,
+                    &crate::request::CorrelationId::None,
+                    Error::cancelled(why.to_owned()),
+                )),
+            }
+        }
+    }
+
+    /// Waits for the worker threads to exit until `deadline`; threads still running then
+    /// (stuck in a backend) are left detached, keeping what they use alive. Returns how
+    /// many were left.
+    pub fn join_until(&self, deadline: Instant) -> usize {
+        let me = std::thread::current().id();
+        let handles: Vec<_> = {
+            let mut w = self.workers.lock();
+            let (mine, others): (Vec<_>, Vec<_>) = w.drain(..).partition(|h| h.thread().id() == me);
+            *w = mine;
+            others
+        };
+        let mut left = 0;
+        for h in handles {
+            while !h.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            } else {
+                left += 1;
+            }
+        }
+        left
     }
 
     /// Waits for the worker threads to exit (after `close`). A worker of this model that

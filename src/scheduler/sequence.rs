@@ -539,6 +539,11 @@ impl Sequencer {
         }
     }
 
+    /// The requests waiting for their error FINAL.
+    fn take_ending(&self) -> Vec<(Box<Request>, Error)> {
+        std::mem::take(&mut self.st.lock().ending)
+    }
+
     /// For the timer: the requests of backlogged sequences whose deadline passed (and
     /// any other request waiting for its error FINAL), and the next deadline to arm.
     fn expire(&self, now: Instant) -> (Vec<(Box<Request>, Error)>, Option<Instant>) {
@@ -1087,6 +1092,23 @@ impl Kind for SequenceBatcher {
 
     fn cancel_all(&self, why: &str) {
         self.seq.cancel_all(why)
+    }
+
+    fn abandon(&self, why: &str) -> Vec<super::Abandoned> {
+        self.seq.cancel_all(why);
+        let mut out: Vec<super::Abandoned> = self
+            .seq
+            .take_ending()
+            .into_iter()
+            .map(|(req, e)| super::Abandoned::Queued(req, e))
+            .collect();
+        out.extend(
+            self.batches
+                .abandon_running()
+                .into_iter()
+                .map(|(id, sink)| super::Abandoned::Executing(id, sink)),
+        );
+        out
     }
 
     fn expire(&self, s: &Scheduler, now: Instant) {

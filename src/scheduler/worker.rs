@@ -178,9 +178,10 @@ impl SequenceBatcher {
             let sequence::Formed {
                 seq_no,
                 size,
-                requests,
+                mut requests,
                 rows,
             } = formed;
+            w.hold_sinks(&mut requests);
             let start = Instant::now();
             w.record_queue_times(&requests, start);
             let nreq = requests.len() as u64;

@@ -17,6 +17,10 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// How long an unload waits for a version that answers nothing before it gives up on
+/// its backend.
+const UNLOAD_STALL: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl Server {
     /// The model's folder: the one the application names (the root its files are
     /// confined to), else `<repository>/<name>` (confined to the repository). None when
@@ -413,6 +417,34 @@ impl Server {
         // their own threads then, and shutdown waits for them.
         if crate::scheduler::on_library_thread() {
             return;
+        }
+        // Wait while they make progress; a version that answers nothing for
+        // UNLOAD_STALL has a stuck backend: what it holds is answered CANCELLED.
+        let answered = || -> u64 {
+            versions
+                .iter()
+                .map(|s| {
+                    s.stats.success_count.load(Ordering::Relaxed)
+                        + s.stats.failure_count.load(Ordering::Relaxed)
+                })
+                .sum()
+        };
+        let (mut last, mut since) = (answered(), std::time::Instant::now());
+        while !versions.iter().all(|s| s.is_idle()) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            let now = answered();
+            if now != last {
+                (last, since) = (now, std::time::Instant::now());
+            } else if since.elapsed() > UNLOAD_STALL {
+                for s in &versions {
+                    s.cancel_all("the model was unloaded while its backend was stuck");
+                }
+                self.end_versions(
+                    &versions,
+                    "the model was unloaded while its backend was stuck",
+                );
+                break;
+            }
         }
         for s in &versions {
             s.join();

@@ -115,6 +115,10 @@ impl Drop for Server {
     }
 }
 
+/// After a shutdown's timeout: how long the workers get to deliver the cancellations and
+/// exit before the requests they hold are answered without them.
+const END_GRACE: Duration = Duration::from_millis(200);
+
 /// How long enqueue retries when it meets a version that is being replaced.
 const REPLACE_RETRIES: usize = 8;
 
@@ -473,12 +477,41 @@ impl Server {
         for s in &scheds {
             s.cancel_all("the server shut down before the request ran");
         }
-        for s in &scheds {
-            s.join();
-        }
+        self.end_versions(&scheds, "the server shut down before the request finished");
         self.retired
             .lock()
             .retain(|r| !scheds.iter().any(|v| Arc::ptr_eq(r, v)));
+    }
+
+    /// Waits briefly for closed versions' workers to deliver what they hold and exit.
+    /// Workers stuck in a backend are given up on: every request still held is answered
+    /// CANCELLED (`why`), and the stuck threads are left detached (what they use stays
+    /// alive; a late answer of theirs is dropped).
+    pub(crate) fn end_versions(&self, versions: &[Arc<Scheduler>], why: &str) {
+        let grace = Instant::now() + END_GRACE;
+        while Instant::now() < grace && !versions.iter().all(|s| s.is_idle()) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for s in versions {
+            if !s.is_idle() {
+                let n = s.abandon(why);
+                if n > 0 {
+                    self.log.warn(&format!(
+                        "model '{}' version {}: {n} request(s) answered CANCELLED without waiting for the backend any longer",
+                        s.model.name_str(),
+                        s.model.version
+                    ));
+                }
+            }
+            let left = s.join_until(Instant::now() + END_GRACE);
+            if left > 0 {
+                self.log.warn(&format!(
+                    "model '{}' version {}: {left} worker thread(s) stuck in the backend were left running, detached",
+                    s.model.name_str(),
+                    s.model.version
+                ));
+            }
+        }
     }
 }
 
