@@ -137,7 +137,7 @@ fn faults_cancels_timeouts_and_reloads_lose_no_request() {
             while !done.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(20));
                 k += 1;
-                if k % 3 == 0 {
+                if k.is_multiple_of(3) {
                     let _ = unsafe { infer_server_unload_model(s.0, c"soak".as_ptr()) };
                 }
                 let _ = s.try_load("soak", CONFIG);
@@ -171,7 +171,11 @@ fn faults_cancels_timeouts_and_reloads_lose_no_request() {
                         continue;
                     }
                     let r = Req(r).input_f32("IN", &[1, 1], &[value]);
-                    let r = if rng % 10 == 0 { r.timeout_us(100) } else { r };
+                    let r = if rng.is_multiple_of(10) {
+                        r.timeout_us(100)
+                    } else {
+                        r
+                    };
                     let mut id = 0u64;
                     tally.outstanding.fetch_add(1, Ordering::AcqRel);
                     let ud = Arc::as_ptr(tally) as *mut c_void;
