@@ -2108,10 +2108,78 @@ struct Config {
     ensemble_instances: Vec<[u32; 3]>,
 }
 
+// cancel: infer_server_cancel with a long queue (the model paused).
+
+/// Counts FINAL responses (`ud` is an AtomicUsize).
+unsafe extern "C" fn count_cb(ud: *mut c_void, resp: *mut Response, flags: u32) {
+    unsafe { infer_response_free(resp) };
+    if flags & INFER_RESPONSE_FLAG_FINAL != 0 {
+        // SAFETY: the counter outlives the server (the scenario frees the server first).
+        unsafe { &*(ud as *const AtomicUsize) }.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn cancel(_cfg: &Config) -> String {
+    const QUEUED: usize = 1_000_000;
+    const CANCELS: usize = 10_000;
+    let finals = Box::new(AtomicUsize::new(0));
+    let ud = &*finals as *const AtomicUsize as *mut c_void;
+    let s = Server::new();
+    s.load("identity", &identity_batched("identity"));
+    let model = CString::new("identity").unwrap_or_default();
+    check(
+        unsafe { infer_server_pause_model(s.0, model.as_ptr()) },
+        "pause",
+    );
+    let spec = RequestSpec::new("identity", &["INPUT0"], &[1, 16]);
+    let mut ids = Vec::with_capacity(QUEUED);
+    for _ in 0..QUEUED {
+        let mut id = 0u64;
+        check(
+            unsafe { infer_server_enqueue(s.0, spec.build(s.0), Some(count_cb), ud, &mut id) },
+            "infer_server_enqueue",
+        );
+        ids.push(id);
+    }
+    // Half of the cancels find a queued request, half an id that is not queued.
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut found = Vec::with_capacity(CANCELS);
+    let mut missing = Vec::with_capacity(CANCELS);
+    for k in 0..CANCELS {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let (id, into) = if k % 2 == 0 {
+            (ids[(rng % QUEUED as u64) as usize], &mut found)
+        } else {
+            (u64::MAX - k as u64, &mut missing)
+        };
+        let t = Instant::now();
+        let _ = unsafe { infer_server_cancel(s.0, id) };
+        into.push(t.elapsed().as_nanos() as f64 / 1000.0);
+    }
+    check(
+        unsafe { infer_server_resume_model(s.0, model.as_ptr()) },
+        "resume",
+    );
+    drop(s);
+    let p50 = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        (v[v.len() / 2], v[v.len() * 99 / 100])
+    };
+    let (f50, f99) = p50(&mut found);
+    let (m50, m99) = p50(&mut missing);
+    let answered = finals.load(Ordering::Relaxed);
+    format!(
+        "cancel: {QUEUED} requests queued (model paused); {CANCELS} cancels: of a queued request p50={f50:.1}us p99={f99:.1}us, of an id not queued p50={m50:.1}us p99={m99:.1}us; {answered} FINALs for {QUEUED} requests | target p99<=100us: {}",
+        if f99 <= 100.0 && m99 <= 100.0 && answered == QUEUED { "MET" } else { "NOT MET" }
+    )
+}
+
 /// A scenario runs with the configuration and returns its result line.
 type Scenario = fn(&Config) -> String;
 
-const SCENARIOS: [(&str, Scenario); 7] = [
+const SCENARIOS: [(&str, Scenario); 8] = [
     ("latency", latency),
     ("closed_loop", closed_loop),
     ("pipelined", pipelined),
@@ -2119,10 +2187,11 @@ const SCENARIOS: [(&str, Scenario); 7] = [
     ("memory", memory),
     ("sequences", sequences),
     ("ensemble", ensemble),
+    ("cancel", cancel),
 ];
 
 const USAGE: &str = "usage: cargo bench --bench perf -- [options] [scenario...]
-scenarios: latency closed_loop pipelined batching_efficiency memory sequences ensemble
+scenarios: latency closed_loop pipelined batching_efficiency memory sequences ensemble cancel
            (default: all)
 options:
   --warmup-secs F     warm-up per scenario (default 1)

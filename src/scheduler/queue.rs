@@ -6,7 +6,8 @@ use super::dynamic::Candidate;
 use crate::config::{DynamicBatching, QueuePolicy, TimeoutAction};
 use crate::request::Request;
 use crate::status::{Error, Result};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 use std::time::{Duration, Instant};
 
 /// A queued request and what the scheduler derived from it at enqueue.
@@ -27,11 +28,97 @@ impl Queued {
     }
 }
 
+/// A FIFO from whose middle an entry can be taken in O(1): it leaves a hole that the
+/// ends skip. Every entry has a position number (they only grow) that finds it.
+#[derive(Default)]
+struct Fifo {
+    slots: VecDeque<Option<Queued>>,
+    /// The position number of `slots[0]`.
+    head: u64,
+    /// Entries that are not holes.
+    live: usize,
+}
+
+impl Fifo {
+    /// Adds `q` at the back; its position number.
+    fn push(&mut self, q: Queued) -> u64 {
+        let pos = self.head + self.slots.len() as u64;
+        self.slots.push_back(Some(q));
+        self.live += 1;
+        pos
+    }
+
+    fn pop(&mut self) -> Option<Queued> {
+        while let Some(slot) = self.slots.pop_front() {
+            self.head += 1;
+            if let Some(q) = slot {
+                self.live -= 1;
+                return Some(q);
+            }
+        }
+        None
+    }
+
+    /// Takes the entry at position `pos` out.
+    fn take(&mut self, pos: u64) -> Option<Queued> {
+        let i = usize::try_from(pos.checked_sub(self.head)?).ok()?;
+        let q = self.slots.get_mut(i)?.take()?;
+        self.live -= 1;
+        while matches!(self.slots.front(), Some(None)) {
+            self.slots.pop_front();
+            self.head += 1;
+        }
+        while matches!(self.slots.back(), Some(None)) {
+            self.slots.pop_back();
+        }
+        Some(q)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Queued> {
+        self.slots.iter().flatten()
+    }
+
+    /// Takes every entry out, in order.
+    fn take_all(&mut self) -> impl Iterator<Item = Queued> + '_ {
+        self.head += self.slots.len() as u64;
+        self.live = 0;
+        self.slots.drain(..).flatten()
+    }
+}
+
 struct Level {
     policy: QueuePolicy,
-    main: VecDeque<Queued>,
-    delayed: VecDeque<Queued>,
+    main: Fifo,
+    delayed: Fifo,
 }
+
+/// Where a queued request is: its level, which FIFO (delayed or not) and its position.
+#[derive(Clone, Copy)]
+struct Place {
+    level: u32,
+    delayed: bool,
+    pos: u64,
+}
+
+/// Hashes request ids (unique integers) with one multiplication.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type IdMap = HashMap<u64, Place, BuildHasherDefault<IdHasher>>;
 
 pub struct PriorityQueue {
     levels: Vec<Level>,
@@ -41,7 +128,14 @@ pub struct PriorityQueue {
     /// No request has a deadline before this (None: none has one), so most scans for
     /// expired requests are skipped.
     earliest_deadline: Option<Instant>,
+    /// Every queued request by id, kept while the queue is long and requests are being
+    /// cancelled: a cancel then finds its request without a scan. Short queues are
+    /// scanned, and the enqueue/dequeue path pays nothing for an index.
+    index: Option<IdMap>,
 }
+
+/// Queue length from which a cancel builds the index.
+const INDEX_FROM: usize = 4096;
 
 impl PriorityQueue {
     pub fn new(batching: Option<&DynamicBatching>) -> PriorityQueue {
@@ -55,8 +149,8 @@ impl PriorityQueue {
                         } else {
                             db.policy(i as u32 + 1)
                         },
-                        main: VecDeque::new(),
-                        delayed: VecDeque::new(),
+                        main: Fifo::default(),
+                        delayed: Fifo::default(),
                     })
                     .collect();
                 (levels, db.default_priority_level.saturating_sub(1) as usize)
@@ -64,8 +158,8 @@ impl PriorityQueue {
             None => (
                 vec![Level {
                     policy: QueuePolicy::default(),
-                    main: VecDeque::new(),
-                    delayed: VecDeque::new(),
+                    main: Fifo::default(),
+                    delayed: Fifo::default(),
                 }],
                 0,
             ),
@@ -75,6 +169,7 @@ impl PriorityQueue {
             default_level,
             len: 0,
             earliest_deadline: None,
+            index: None,
         }
     }
 
@@ -122,7 +217,7 @@ impl PriorityQueue {
     pub fn push(&mut self, level: usize, q: Queued) -> std::result::Result<(), (Queued, Error)> {
         let l = &mut self.levels[level];
         let max = l.policy.max_queue_size as usize;
-        if max > 0 && l.main.len() + l.delayed.len() >= max {
+        if max > 0 && l.main.live + l.delayed.live >= max {
             let err = Error::exhausted(format!(
                 "queue is full: {max} requests queued at priority level {}",
                 level + 1
@@ -132,40 +227,72 @@ impl PriorityQueue {
         if let Some(d) = q.deadline {
             self.earliest_deadline = Some(self.earliest_deadline.map_or(d, |e| e.min(d)));
         }
-        l.main.push_back(q);
+        let id = q.req.id;
+        let pos = l.main.push(q);
+        if let Some(index) = &mut self.index {
+            index.insert(
+                id,
+                Place {
+                    level: level as u32,
+                    delayed: false,
+                    pos,
+                },
+            );
+        }
         self.len += 1;
         Ok(())
     }
 
     /// Applies timeouts: expired REJECT requests are removed into `rejected`, expired
-    /// DELAY requests move behind the other requests of their level.
+    /// DELAY requests move behind the others of their level (without a deadline).
     pub fn expire(&mut self, now: Instant, rejected: &mut Vec<Queued>) {
         match self.earliest_deadline {
             Some(d) if d <= now => {}
             _ => return,
         }
         let mut earliest: Option<Instant> = None;
-        for l in &mut self.levels {
-            let mut keep = VecDeque::with_capacity(l.main.len());
-            for q in l.main.drain(..) {
-                match q.deadline {
+        let before = rejected.len();
+        for (li, l) in self.levels.iter_mut().enumerate() {
+            let mut old = std::mem::take(&mut l.main);
+            l.main.head = old.head + old.slots.len() as u64;
+            for q in old.take_all() {
+                let id = q.req.id;
+                let (delayed, pos) = match q.deadline {
                     Some(d) if d <= now => match l.policy.timeout_action {
-                        TimeoutAction::Reject => rejected.push(q),
-                        TimeoutAction::Delay => l.delayed.push_back(Queued {
-                            deadline: None,
-                            ..q
-                        }),
+                        TimeoutAction::Reject => {
+                            if let Some(index) = &mut self.index {
+                                index.remove(&id);
+                            }
+                            rejected.push(q);
+                            continue;
+                        }
+                        TimeoutAction::Delay => (
+                            true,
+                            l.delayed.push(Queued {
+                                deadline: None,
+                                ..q
+                            }),
+                        ),
                     },
                     Some(d) => {
                         earliest = Some(earliest.map_or(d, |e| e.min(d)));
-                        keep.push_back(q);
+                        (false, l.main.push(q))
                     }
-                    None => keep.push_back(q),
+                    None => (false, l.main.push(q)),
+                };
+                if let Some(index) = &mut self.index {
+                    index.insert(
+                        id,
+                        Place {
+                            level: li as u32,
+                            delayed,
+                            pos,
+                        },
+                    );
                 }
             }
-            l.main = keep;
         }
-        self.len -= rejected.len();
+        self.len -= rejected.len() - before;
         self.earliest_deadline = earliest;
     }
 
@@ -185,36 +312,84 @@ impl PriorityQueue {
         let mut left = n;
         for l in &mut self.levels {
             while left > 0 {
-                let Some(q) = l.main.pop_front().or_else(|| l.delayed.pop_front()) else {
+                let Some(q) = l.main.pop().or_else(|| l.delayed.pop()) else {
                     break;
                 };
+                if let Some(index) = &mut self.index {
+                    index.remove(&q.req.id);
+                }
                 out.push(q);
                 left -= 1;
             }
         }
         self.len -= n - left;
+        if self.len < INDEX_FROM / 4 {
+            self.index = None;
+        }
     }
 
+    /// Takes a queued request out by id: a scan of a short queue, a look-up in a long
+    /// one (the index is built at the first cancel).
     pub fn remove(&mut self, request_id: u64) -> Option<Queued> {
-        for l in &mut self.levels {
-            for dq in [&mut l.main, &mut l.delayed] {
-                if let Some(i) = dq.iter().position(|q| q.req.id == request_id) {
-                    self.len -= 1;
-                    return dq.remove(i);
-                }
-            }
+        if self.index.is_none() && self.len >= INDEX_FROM {
+            self.index = Some(self.build_index());
         }
-        None
+        let place = match &mut self.index {
+            Some(index) => index.remove(&request_id)?,
+            None => self.find(request_id)?,
+        };
+        let l = self.levels.get_mut(place.level as usize)?;
+        let fifo = if place.delayed {
+            &mut l.delayed
+        } else {
+            &mut l.main
+        };
+        let q = fifo.take(place.pos)?;
+        self.len -= 1;
+        Some(q)
+    }
+
+    /// Where request `id` is, by a scan.
+    fn find(&self, id: u64) -> Option<Place> {
+        self.places().find(|(qid, _)| *qid == id).map(|(_, p)| p)
+    }
+
+    fn build_index(&self) -> IdMap {
+        let mut index = IdMap::with_capacity_and_hasher(self.len, Default::default());
+        index.extend(self.places());
+        index
+    }
+
+    /// Every queued request's id and place.
+    fn places(&self) -> impl Iterator<Item = (u64, Place)> + '_ {
+        self.levels.iter().enumerate().flat_map(|(li, l)| {
+            [(false, &l.main), (true, &l.delayed)]
+                .into_iter()
+                .flat_map(move |(delayed, f)| {
+                    f.slots.iter().enumerate().filter_map(move |(i, slot)| {
+                        let q = slot.as_ref()?;
+                        Some((
+                            q.req.id,
+                            Place {
+                                level: li as u32,
+                                delayed,
+                                pos: f.head + i as u64,
+                            },
+                        ))
+                    })
+                })
+        })
     }
 
     pub fn drain(&mut self) -> Vec<Queued> {
         let mut out = Vec::with_capacity(self.len);
         for l in &mut self.levels {
-            out.extend(l.main.drain(..));
-            out.extend(l.delayed.drain(..));
+            out.extend(l.main.take_all());
+            out.extend(l.delayed.take_all());
         }
         self.len = 0;
         self.earliest_deadline = None;
+        self.index = None;
         out
     }
 }
@@ -347,5 +522,134 @@ mod tests {
         assert!(q.remove(2).is_none());
         assert_eq!(q.drain().len(), 2);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn removal_leaves_holes_that_pops_and_scans_skip() {
+        let mut q = PriorityQueue::new(None);
+        for i in 1..=6 {
+            q.push(0, queued(i, None)).ok().unwrap();
+        }
+        // The middle, the front and the back.
+        for id in [3, 1, 6] {
+            assert_eq!(q.remove(id).map(|q| q.req.id), Some(id));
+        }
+        assert_eq!(ids(&q), vec![2, 4, 5]);
+        assert_eq!(q.len(), 3);
+        q.push(0, queued(7, None)).ok().unwrap();
+        let mut out = Vec::new();
+        q.pop_front(2, &mut out);
+        assert_eq!(out.iter().map(|q| q.req.id).collect::<Vec<_>>(), vec![2, 4]);
+        assert!(q.remove(2).is_none(), "a popped request is not found");
+        assert_eq!(q.remove(7).map(|q| q.req.id), Some(7));
+        assert_eq!(ids(&q), vec![5]);
+    }
+
+    /// Random pushes, pops, removals and expiries against a plain list, on a short queue
+    /// (cancels scan) and on a long one (cancels use the index).
+    #[test]
+    fn behaves_like_a_list_scanned_in_order() {
+        like_a_list(0, 20_000);
+        like_a_list(INDEX_FROM + 500, 3_000);
+    }
+
+    fn like_a_list(prefill: usize, steps: usize) {
+        let t0 = Instant::now();
+        let db = batching(2, 1);
+        let mut q = PriorityQueue::new(Some(&db));
+        // (id, level, deadline, delayed) in scan order within a level.
+        let mut model: Vec<(u64, usize, Option<Instant>, bool)> = Vec::new();
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next_id = 1u64;
+        let mut now = t0;
+        for _ in 0..prefill {
+            q.push(0, queued(next_id, None)).ok().unwrap();
+            model.push((next_id, 0, None, false));
+            next_id += 1;
+        }
+        for _ in 0..steps {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            match rng % 10 {
+                0..=3 => {
+                    let level = (rng >> 8) as usize % 2;
+                    let deadline = (rng >> 16)
+                        .is_multiple_of(3)
+                        .then(|| now + Duration::from_micros((rng >> 20) % 50));
+                    let id = next_id;
+                    next_id += 1;
+                    let full = level == 1 && model.iter().filter(|m| m.1 == 1).count() >= 2;
+                    let pushed = q.push(level, queued(id, deadline)).is_ok();
+                    assert_eq!(pushed, !full);
+                    if pushed {
+                        model.push((id, level, deadline, false));
+                    }
+                }
+                4..=6 if next_id > 1 => {
+                    let id = 1 + (rng >> 8) % (next_id - 1);
+                    let want = model.iter().position(|m| m.0 == id);
+                    assert_eq!(
+                        q.remove(id).map(|q| q.req.id),
+                        want.map(|i| model.remove(i).0)
+                    );
+                }
+                7 => {
+                    let n = ((rng >> 8) % 4) as usize;
+                    let mut out = Vec::new();
+                    q.pop_front(n, &mut out);
+                    let order = scan_order(&model);
+                    let want: Vec<u64> = order.iter().take(n).copied().collect();
+                    assert_eq!(out.iter().map(|q| q.req.id).collect::<Vec<_>>(), want);
+                    model.retain(|m| !want.contains(&m.0));
+                }
+                _ => {
+                    now += Duration::from_micros((rng >> 8) % 20);
+                    let mut rejected = Vec::new();
+                    q.expire(now, &mut rejected);
+                    // Level 1 rejects; level 2 delays (its policy in `batching`).
+                    let mut want_rejected = Vec::new();
+                    let mut newly_delayed = Vec::new();
+                    for m in model.iter_mut() {
+                        if m.2.is_some_and(|d| d <= now) {
+                            if m.1 == 0 {
+                                want_rejected.push(m.0);
+                            } else {
+                                m.2 = None;
+                                m.3 = true;
+                                newly_delayed.push(m.0);
+                            }
+                        }
+                    }
+                    // Newly delayed requests go behind those delayed before, in order.
+                    model.retain(|m| !want_rejected.contains(&m.0));
+                    let (mut rest, mut moved): (Vec<_>, Vec<_>) =
+                        model.drain(..).partition(|m| !newly_delayed.contains(&m.0));
+                    rest.append(&mut moved);
+                    model = rest;
+                    let mut got: Vec<u64> = rejected.iter().map(|q| q.req.id).collect();
+                    got.sort_unstable();
+                    want_rejected.sort_unstable();
+                    assert_eq!(got, want_rejected);
+                }
+            }
+            assert_eq!(ids(&q), scan_order(&model));
+            assert_eq!(q.len(), model.len());
+        }
+    }
+
+    fn scan_order(model: &[(u64, usize, Option<Instant>, bool)]) -> Vec<u64> {
+        let mut out = Vec::new();
+        for level in 0..2 {
+            for delayed in [false, true] {
+                out.extend(
+                    model
+                        .iter()
+                        .filter(|m| m.1 == level && m.3 == delayed)
+                        .map(|m| m.0),
+                );
+            }
+        }
+        out
     }
 }
