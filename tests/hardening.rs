@@ -750,3 +750,71 @@ instance_group [ { count: 1 kind: KIND_CPU } ]"#,
     drop(s);
     c.assert_exactly_once(&ids);
 }
+
+#[test]
+fn an_input_the_host_cannot_copy_is_resource_exhausted() {
+    // In a forked child: a 2 GiB input (zero pages, mapped but never backed) under an
+    // address-space limit that leaves room for less than its copy.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        const SIZE: usize = 2 << 30;
+        // SAFETY: plain system calls and library calls in the child, which then exits.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                SIZE,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                libc::_exit(100);
+            }
+            let s = Server::new();
+            s.load(
+                "big",
+                r#"name: "big" backend: "identity" max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]"#,
+            );
+            let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+            let pages: u64 = statm
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let limit = pages * 4096 + (1 << 30);
+            let rl = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            libc::setrlimit(libc::RLIMIT_AS, &rl);
+            let r = s.request("big");
+            let shape = [(SIZE / 4) as i64];
+            let st = infer::ffi::request::infer_request_add_input(
+                r.0,
+                c"IN".as_ptr(),
+                INFER_DATATYPE_FP32,
+                shape.as_ptr(),
+                1,
+                p,
+                SIZE,
+            );
+            libc::_exit(st as i32);
+        }
+    }
+    let mut status = 0;
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(
+        libc::WIFEXITED(status),
+        "the child died: status {status:#x}"
+    );
+    let code = libc::WEXITSTATUS(status);
+    assert_ne!(code, 100, "mmap of 2 GiB failed");
+    assert_eq!(
+        code as u32, INFER_STATUS_RESOURCE_EXHAUSTED,
+        "status {code}"
+    );
+}

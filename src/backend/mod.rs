@@ -272,7 +272,7 @@ impl Batch {
                 } else {
                     t0.data.len()
                 };
-                let mut buf = Vec::with_capacity(pad_len * size as usize);
+                let mut buf = try_buffer(pad_len.saturating_mul(size as usize), config, &tc.name)?;
                 let mut next = 0usize;
                 for row in 0..size {
                     match rows.get(next) {
@@ -307,7 +307,7 @@ impl Batch {
                     .iter()
                     .map(|r| r.input(&tc.name).map_or(0, |t| t.data.len()))
                     .sum();
-                let mut buf = Vec::with_capacity(total);
+                let mut buf = try_buffer(total, config, &tc.name)?;
                 for r in requests {
                     let t = r.input(&tc.name).ok_or_else(|| missing(r))?;
                     buf.extend_from_slice(t.data.as_slice());
@@ -573,4 +573,16 @@ pub fn simulate_compute(us: u64) {
     while start.elapsed() < total {
         std::hint::spin_loop();
     }
+}
+
+/// An empty buffer with room for `bytes` (a batched input), or RESOURCE_EXHAUSTED.
+fn try_buffer(bytes: usize, config: &ModelConfig, input: &str) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(bytes).map_err(|_| {
+        Error::exhausted(format!(
+            "model '{}': cannot allocate {bytes} bytes for batched input '{input}'",
+            config.name
+        ))
+    })?;
+    Ok(buf)
 }

@@ -21,7 +21,6 @@ const _: () = assert!(INFER_MAX_DIMS == crate::tensor::MAX_DIMS);
 /// Longest model name, in bytes.
 pub const INFER_MAX_MODEL_NAME_BYTES: usize = 255;
 const _: () = assert!(INFER_MAX_MODEL_NAME_BYTES == crate::folder::MAX_MODEL_NAME_BYTES);
-const MAX_DIMS: usize = 64;
 
 /// Creates a request for `version` (-1 = latest) of a loaded model. The caller owns
 /// `*out`: it passes it to `infer_server_enqueue` / `infer_server_infer` (which take
@@ -172,7 +171,7 @@ unsafe fn add_input(
     data: *const c_void,
     byte_size: usize,
     on_device: bool,
-    make: impl FnOnce(&mut Request, &[u8]) -> TensorData,
+    make: impl FnOnce(&mut Request, &[u8]) -> Result<TensorData>,
 ) -> Result<()> {
     // SAFETY: `r`: NULL (refused) or a live handle no other thread uses meanwhile.
     let r = unsafe { arg_mut(r, "r") }?;
@@ -186,9 +185,9 @@ unsafe fn add_input(
                 r.model
             ))
         })?;
-    if ndim > MAX_DIMS {
+    if ndim > INFER_MAX_DIMS {
         return Err(Error::invalid(format!(
-            "input '{name}': {ndim} dimensions is more than {MAX_DIMS}"
+            "input '{name}': {ndim} dimensions is more than {INFER_MAX_DIMS}"
         )));
     }
     // SAFETY: `shape`: NULL with a count of 0, or that many readable elements.
@@ -243,7 +242,7 @@ unsafe fn add_input(
             Arc::from(name)
         }
     };
-    let data = make(r, bytes);
+    let data = make(r, bytes)?;
     r.inputs.push(Tensor {
         name: shared_name,
         dtype,
@@ -271,7 +270,9 @@ pub unsafe extern "C" fn infer_request_add_input(
         // `data` readable until `release` runs (infer_request_add_input_borrowed).
         unsafe {
             add_input(r, name, dt, shape, ndim, data, byte_size, false, |r, b| {
-                TensorData::Owned(r.buffer_from(b))
+                r.try_buffer_from(b).map(TensorData::Owned).ok_or_else(|| {
+                    Error::exhausted(format!("cannot allocate {} bytes for an input", b.len()))
+                })
             })
         }
     })
@@ -328,7 +329,7 @@ pub unsafe extern "C" fn infer_request_add_input_borrowed(
                     add_input(r, name, dt, shape, ndim, data, byte_size, true, |_, _| {
                         let release =
                             release.map(|func| super::callbacks::release(func, release_user_data));
-                        TensorData::Device(DeviceData {
+                        Ok(TensorData::Device(DeviceData {
                             ptr,
                             len: byte_size,
                             device: device_id as i32,
@@ -339,7 +340,7 @@ pub unsafe extern "C" fn infer_request_add_input_borrowed(
                                 0,
                                 release,
                             ))),
-                        })
+                        }))
                     })
                 };
             }
@@ -353,7 +354,11 @@ pub unsafe extern "C" fn infer_request_add_input_borrowed(
                     release.map(|func| super::callbacks::release(func, release_user_data));
                 // SAFETY: the caller keeps `data` readable until `release` runs (the C
                 // API's contract for infer_request_add_input_borrowed).
-                TensorData::Borrowed(Borrowed::new(b.as_ptr(), b.len(), release))
+                Ok(TensorData::Borrowed(Borrowed::new(
+                    b.as_ptr(),
+                    b.len(),
+                    release,
+                )))
             })
         }
     })

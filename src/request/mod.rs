@@ -132,6 +132,15 @@ impl Request {
     }
 
     /// Copies `bytes` into a buffer, reusing one kept from an earlier use.
+    /// Like [`Request::buffer_from`], or None when the allocator refuses.
+    pub fn try_buffer_from(&mut self, bytes: &[u8]) -> Option<Vec<u8>> {
+        let mut b = self.spare_buffers.pop().unwrap_or_default();
+        b.clear();
+        b.try_reserve_exact(bytes.len()).ok()?;
+        b.extend_from_slice(bytes);
+        Some(b)
+    }
+
     pub fn buffer_from(&mut self, bytes: &[u8]) -> Vec<u8> {
         match self.spare_buffers.pop() {
             Some(mut b) => {
