@@ -292,12 +292,7 @@ impl Kind for DynamicBatcher {
                 .map(|q| super::Abandoned::Queued(q.req, Error::cancelled(why.to_owned()))),
         );
         drop(st);
-        out.extend(
-            self.batches
-                .abandon_running()
-                .into_iter()
-                .map(|(id, sink)| super::Abandoned::Executing(id, sink)),
-        );
+        self.batches.abandon_running(&mut out);
         out
     }
 

@@ -83,16 +83,14 @@ impl Batches {
 
     /// Takes the sinks of every executing request (a shutdown that stopped waiting for
     /// a stuck backend answers them).
-    pub(super) fn abandon_running(&self) -> Vec<(u64, ResponseSink)> {
-        let mut out = Vec::new();
+    pub(super) fn abandon_running(&self, out: &mut Vec<super::Abandoned>) {
         for r in &self.running {
             for x in r.lock().iter_mut() {
                 if let Some(sink) = x.sink.take() {
-                    out.push((x.id, sink));
+                    out.push(super::Abandoned::Executing(x.id, sink));
                 }
             }
         }
-        out
     }
 
     /// The "gpu" member of the statistics JSON (with its leading comma), if any instance

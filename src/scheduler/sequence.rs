@@ -1102,12 +1102,7 @@ impl Kind for SequenceBatcher {
             .into_iter()
             .map(|(req, e)| super::Abandoned::Queued(req, e))
             .collect();
-        out.extend(
-            self.batches
-                .abandon_running()
-                .into_iter()
-                .map(|(id, sink)| super::Abandoned::Executing(id, sink)),
-        );
+        self.batches.abandon_running(&mut out);
         out
     }
 
