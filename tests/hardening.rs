@@ -753,68 +753,87 @@ instance_group [ { count: 1 kind: KIND_CPU } ]"#,
 
 #[test]
 fn an_input_the_host_cannot_copy_is_resource_exhausted() {
-    // In a forked child: a 2 GiB input (zero pages, mapped but never backed) under an
-    // address-space limit that leaves room for less than its copy.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0);
-    if pid == 0 {
-        const SIZE: usize = 2 << 30;
-        // SAFETY: plain system calls and library calls in the child, which then exits.
-        unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                SIZE,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            );
-            if p == libc::MAP_FAILED {
-                libc::_exit(100);
-            }
-            let s = Server::new();
-            s.load(
-                "big",
-                r#"name: "big" backend: "identity" max_batch_size: 0
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]"#,
-            );
-            let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-            let pages: u64 = statm
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            let limit = pages * 4096 + (1 << 30);
-            let rl = libc::rlimit {
-                rlim_cur: limit,
-                rlim_max: limit,
-            };
-            libc::setrlimit(libc::RLIMIT_AS, &rl);
-            let r = s.request("big");
-            let shape = [(SIZE / 4) as i64];
-            let st = infer::ffi::request::infer_request_add_input(
-                r.0,
-                c"IN".as_ptr(),
-                INFER_DATATYPE_FP32,
-                shape.as_ptr(),
-                1,
-                p,
-                SIZE,
-            );
-            libc::_exit(st as i32);
-        }
+    // The limit is set in a fresh process: this test binary run again for this test
+    // alone (a fork of this process could inherit a lock another test holds).
+    if std::env::var_os("INFER_HARDENING_CHILD").is_some() {
+        big_input_child();
     }
-    let mut status = 0;
-    unsafe { libc::waitpid(pid, &mut status, 0) };
-    assert!(
-        libc::WIFEXITED(status),
-        "the child died: status {status:#x}"
-    );
-    let code = libc::WEXITSTATUS(status);
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "an_input_the_host_cannot_copy_is_resource_exhausted",
+            "--test-threads=1",
+        ])
+        .env("INFER_HARDENING_CHILD", "1")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the child process hung");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let code = status.code().expect("the child process died of a signal");
     assert_ne!(code, 100, "mmap of 2 GiB failed");
     assert_eq!(
         code as u32, INFER_STATUS_RESOURCE_EXHAUSTED,
         "status {code}"
     );
+}
+
+/// In the child: a 2 GiB input (zero pages, mapped but never backed) under an
+/// address-space limit that leaves room for less than its copy; exits with the status.
+fn big_input_child() -> ! {
+    const SIZE: usize = 2 << 30;
+    // SAFETY: plain system calls and library calls; the process then exits.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            SIZE,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            libc::_exit(100);
+        }
+        let s = Server::new();
+        s.load(
+            "big",
+            r#"name: "big" backend: "identity" max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]"#,
+        );
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+        let pages: u64 = statm
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let limit = pages * 4096 + (1 << 30);
+        let rl = libc::rlimit {
+            rlim_cur: limit,
+            rlim_max: limit,
+        };
+        libc::setrlimit(libc::RLIMIT_AS, &rl);
+        let r = s.request("big");
+        let shape = [(SIZE / 4) as i64];
+        let st = infer::ffi::request::infer_request_add_input(
+            r.0,
+            c"IN".as_ptr(),
+            INFER_DATATYPE_FP32,
+            shape.as_ptr(),
+            1,
+            p,
+            SIZE,
+        );
+        libc::_exit(st as i32);
+    }
 }
