@@ -292,6 +292,22 @@ fn generative_files_stay_in_the_repository() {
     let _ = std::fs::remove_dir_all(&t);
 }
 
+/// Registers a custom C backend that has only `execute`.
+fn register(
+    s: &Server,
+    name: &std::ffi::CStr,
+    execute: unsafe extern "C" fn(*mut std::ffi::c_void, *mut Batch) -> u32,
+) {
+    let vt = infer::ffi::custom::infer_backend {
+        struct_size: std::mem::size_of::<infer::ffi::custom::infer_backend>() as u32,
+        instance_init: None,
+        execute: Some(execute),
+        instance_fini: None,
+        finalize: None,
+    };
+    ok(unsafe { infer_server_register_backend(s.0, name.as_ptr(), &vt, std::ptr::null_mut()) });
+}
+
 /// What `greedy_execute` saw: (what it asked for, status, message).
 static GREEDY: std::sync::Mutex<Vec<(&'static str, infer_status, String)>> =
     std::sync::Mutex::new(Vec::new());
@@ -316,18 +332,8 @@ unsafe extern "C" fn greedy_execute(_state: *mut std::ffi::c_void, b: *mut Batch
 
 #[test]
 fn impossible_outputs_fail_the_call_not_the_process() {
-    use infer::ffi::custom::infer_backend;
     let s = Server::new();
-    let vt = infer_backend {
-        struct_size: std::mem::size_of::<infer_backend>() as u32,
-        instance_init: None,
-        execute: Some(greedy_execute),
-        instance_fini: None,
-        finalize: None,
-    };
-    ok(unsafe {
-        infer_server_register_backend(s.0, c"greedy".as_ptr(), &vt, std::ptr::null_mut())
-    });
+    register(&s, c"greedy", greedy_execute);
     s.load(
         "greedy",
         r#"name: "greedy" backend: "greedy" max_batch_size: 1
@@ -590,19 +596,9 @@ unsafe extern "C" fn selfish_execute(_state: *mut std::ffi::c_void, b: *mut Batc
 
 #[test]
 fn blocking_infer_from_a_models_own_execute_is_refused() {
-    use infer::ffi::custom::infer_backend;
     let s = Server::new();
     SELFISH_SERVER.store(s.0, std::sync::atomic::Ordering::Release);
-    let vt = infer_backend {
-        struct_size: std::mem::size_of::<infer_backend>() as u32,
-        instance_init: None,
-        execute: Some(selfish_execute),
-        instance_fini: None,
-        finalize: None,
-    };
-    ok(unsafe {
-        infer_server_register_backend(s.0, c"selfish".as_ptr(), &vt, std::ptr::null_mut())
-    });
+    register(&s, c"selfish", selfish_execute);
     s.load(
         "selfish",
         r#"name: "selfish" backend: "selfish" max_batch_size: 1
@@ -706,16 +702,8 @@ unsafe extern "C" fn stuck_execute(_state: *mut std::ffi::c_void, b: *mut Batch)
 
 #[test]
 fn shutdown_gives_up_on_a_stuck_backend() {
-    use infer::ffi::custom::infer_backend;
     let s = Server::new();
-    let vt = infer_backend {
-        struct_size: std::mem::size_of::<infer_backend>() as u32,
-        instance_init: None,
-        execute: Some(stuck_execute),
-        instance_fini: None,
-        finalize: None,
-    };
-    ok(unsafe { infer_server_register_backend(s.0, c"stuck".as_ptr(), &vt, std::ptr::null_mut()) });
+    register(&s, c"stuck", stuck_execute);
     s.load(
         "stuck",
         r#"name: "stuck" backend: "stuck" max_batch_size: 1
