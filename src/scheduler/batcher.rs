@@ -30,12 +30,25 @@ struct State {
     armed: Option<Instant>,
 }
 
+/// A value alone on its cache line (128 bytes: two 64-byte lines, as adjacent-line
+/// prefetchers pair them).
+#[repr(align(128))]
+struct CacheLine<T>(T);
+
+impl<T> std::ops::Deref for CacheLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 pub struct DynamicBatcher {
     policy: BatchPolicy,
     state: Mutex<State>,
     cv: Condvar,
-    /// Mirror of the queue length for spinning workers.
-    pending: AtomicUsize,
+    /// Mirror of the queue length for spinning workers, on its own cache line: idle
+    /// workers spin reading it while enqueuers take the state lock.
+    pending: CacheLine<AtomicUsize>,
     pub(super) batches: Batches,
 }
 
@@ -62,7 +75,7 @@ impl DynamicBatcher {
                 armed: None,
             }),
             cv: Condvar::new(),
-            pending: AtomicUsize::new(0),
+            pending: CacheLine(AtomicUsize::new(0)),
             batches,
         }
     }

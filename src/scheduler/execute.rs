@@ -125,53 +125,43 @@ impl Worker<'_> {
         req.fail(&self.s.model, err);
     }
 
-    /// Sets the request ids this worker executes now (for cancel).
-    pub(super) fn set_running(&self, reqs: &[Box<Request>]) {
+    /// Sets what this worker executes now: the requests' ids (for cancel) and their
+    /// sinks (moved out of the requests until the batch is answered).
+    pub(super) fn set_running(&self, reqs: &mut [Box<Request>]) {
         let mut running = self.b.running[self.index].lock();
         running.clear();
-        running.extend(reqs.iter().map(|r| Running {
+        running.extend(reqs.iter_mut().map(|r| Running {
             id: r.id,
-            sink: None,
+            sink: r.sink.take(),
         }));
     }
 
-    /// Moves the sinks of requests about to execute into the running list.
-    pub(super) fn hold_sinks(&self, reqs: &mut [Box<Request>]) {
-        let mut running = self.b.running[self.index].lock();
-        let mut at = 0;
-        for r in reqs.iter_mut() {
-            if let Some(i) = running[at..].iter().position(|x| x.id == r.id) {
-                at += i;
-                running[at].sink = r.sink.take();
-            }
-        }
-    }
-
-    /// Gives the requests their sinks back from the running list (those an abandoning
-    /// shutdown took stay without: they were answered).
+    /// Gives the requests of a finished batch their sinks back and forgets them (those an
+    /// abandoning shutdown took stay without: they were answered). One lock per batch.
     fn reclaim_sinks(&self, reqs: &mut [Box<Request>]) {
-        if reqs.iter().all(|r| r.sink.is_some()) {
+        let mut running = self.b.running[self.index].lock();
+        let n = reqs.len();
+        let in_order = running.len() >= n
+            && running[..n]
+                .iter()
+                .zip(reqs.iter())
+                .all(|(x, r)| x.id == r.id);
+        if in_order {
+            // The batch's requests come first, in the order they were taken.
+            for (x, r) in running.drain(..n).zip(reqs.iter_mut()) {
+                if let Some(sink) = x.sink {
+                    r.sink = Some(sink);
+                }
+            }
             return;
         }
-        let mut running = self.b.running[self.index].lock();
-        let mut at = 0;
-        for r in reqs.iter_mut().filter(|r| r.sink.is_none()) {
-            if let Some(i) = running[at..].iter().position(|x| x.id == r.id) {
-                at += i;
-                r.sink = running[at].sink.take();
+        for r in reqs.iter_mut() {
+            if let Some(i) = running.iter().position(|x| x.id == r.id) {
+                if let Some(sink) = running.remove(i).sink {
+                    r.sink = Some(sink);
+                }
             }
         }
-    }
-
-    pub(super) fn clear_running(&self) {
-        self.b.running[self.index].lock().clear();
-    }
-
-    /// Forgets the ids of a delivered batch (a pipelined worker may hold two batches).
-    pub(super) fn forget_running(&self, ids: &[u64]) {
-        self.b.running[self.index]
-            .lock()
-            .retain(|x| !ids.contains(&x.id));
     }
 
     pub(super) fn panic_error(&self, panic: Box<dyn std::any::Any + Send>) -> Error {

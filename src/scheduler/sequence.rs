@@ -496,7 +496,7 @@ impl Sequencer {
     pub(super) fn next_work(
         &self,
         index: usize,
-        record: &dyn Fn(&[Box<Request>]),
+        record: &dyn Fn(&mut [Box<Request>]),
     ) -> (Work, Vec<(u32, String)>) {
         let mut st = self.st.lock();
         loop {
@@ -521,8 +521,8 @@ impl Sequencer {
                 .min();
             if !st.paused {
                 match self.form(&mut st, index, now) {
-                    Ok(f) => {
-                        record(&f.requests);
+                    Ok(mut f) => {
+                        record(&mut f.requests);
                         st.executing += 1;
                         return (Work::Batch(f), Vec::new());
                     }

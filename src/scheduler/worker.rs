@@ -31,7 +31,6 @@ impl DynamicBatcher {
             }
             let requests: Vec<Box<Request>> = taken.drain(..).map(|q| q.req).collect();
             let answers = w.execute(instance.as_mut(), requests);
-            w.clear_running();
             w.deliver(seq, answers);
             self.batch_done();
         }
@@ -73,7 +72,6 @@ impl DynamicBatcher {
                 continue;
             };
             let requests: Vec<Box<Request>> = taken.drain(..).map(|q| q.req).collect();
-            let ids: Vec<u64> = requests.iter().map(|r| r.id).collect();
             let start = Instant::now();
             w.record_queue_times(&requests, start);
             let nreq = requests.len() as u64;
@@ -100,12 +98,11 @@ impl DynamicBatcher {
                         done,
                         start,
                         nreq,
-                        ids,
                     })
                 }
                 Err((e, requests)) => {
                     let answers = w.fail_all(requests, e);
-                    self.end_batch(&w, seq, &ids, answers);
+                    self.end_batch(&w, seq, answers);
                     None
                 }
             };
@@ -125,7 +122,6 @@ impl DynamicBatcher {
             done,
             start,
             nreq,
-            ids,
         } = s;
         let result = done.and_then(|c| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| c.complete(&mut batch)))
@@ -134,18 +130,11 @@ impl DynamicBatcher {
         let compute = start.elapsed().as_micros() as u64;
         w.s.stats.record_execution(batch.size, nreq, compute);
         let answers = w.split(batch, result);
-        self.end_batch(w, seq, &ids, answers);
+        self.end_batch(w, seq, answers);
     }
 
-    /// Delivers a finished batch and forgets its requests.
-    fn end_batch(
-        &self,
-        w: &Worker,
-        seq: u64,
-        ids: &[u64],
-        answers: Vec<(ResponseSink, Box<Response>)>,
-    ) {
-        w.forget_running(ids);
+    /// Delivers a finished batch.
+    fn end_batch(&self, w: &Worker, seq: u64, answers: Vec<(ResponseSink, Box<Response>)>) {
         w.deliver(seq, answers);
         self.batch_done();
     }
@@ -159,7 +148,7 @@ impl SequenceBatcher {
             index,
         };
         let sq = &self.seq;
-        let record = |reqs: &[Box<Request>]| w.set_running(reqs);
+        let record = |reqs: &mut [Box<Request>]| w.set_running(reqs);
         loop {
             let (work, notes) = sq.next_work(index, &record);
             for (level, msg) in notes {
@@ -178,10 +167,9 @@ impl SequenceBatcher {
             let sequence::Formed {
                 seq_no,
                 size,
-                mut requests,
+                requests,
                 rows,
             } = formed;
-            w.hold_sinks(&mut requests);
             let start = Instant::now();
             w.record_queue_times(&requests, start);
             let nreq = requests.len() as u64;
@@ -224,7 +212,6 @@ impl SequenceBatcher {
                     }
                 }
             }
-            w.clear_running();
             sq.complete(rows, states);
             w.deliver(seq_no, answers);
             sq.done();
@@ -240,5 +227,4 @@ struct Started {
     done: Result<Box<dyn crate::backend::Completion>>,
     start: Instant,
     nreq: u64,
-    ids: Vec<u64>,
 }
