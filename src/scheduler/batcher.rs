@@ -134,14 +134,7 @@ impl DynamicBatcher {
             st.queue.expire(now, &mut expired);
             if !expired.is_empty() {
                 self.pending.fetch_sub(expired.len(), Ordering::Release);
-                ending.extend(expired.drain(..).map(|q| {
-                    let msg = format!(
-                        "request {} for model '{}' timed out in the queue",
-                        q.req.id,
-                        s.model.name_str()
-                    );
-                    (q.req, Error::deadline(msg))
-                }));
+                ending.extend(expired.drain(..).map(|q| timed_out(s, q)));
                 return Some(0);
             }
             if st.paused {
@@ -189,6 +182,16 @@ impl DynamicBatcher {
             }
         }
     }
+}
+
+/// A request whose queue timeout passed, with its DEADLINE_EXCEEDED error.
+fn timed_out(s: &Scheduler, q: Queued) -> (Box<Request>, Error) {
+    let msg = format!(
+        "request {} for model '{}' timed out in the queue",
+        q.req.id,
+        s.model.name_str()
+    );
+    (q.req, Error::deadline(msg))
 }
 
 impl Kind for DynamicBatcher {
@@ -321,13 +324,8 @@ impl Kind for DynamicBatcher {
             s.arm(d);
         }
         for q in expired {
-            let msg = format!(
-                "request {} for model '{}' timed out in the queue",
-                q.req.id,
-                s.model.name_str()
-            );
-            s.stats.failure_count.fetch_add(1, Ordering::Relaxed);
-            q.req.fail(&s.model, Error::deadline(msg));
+            let (req, e) = timed_out(s, q);
+            s.fail(req, e);
         }
     }
 

@@ -121,8 +121,7 @@ pub(super) struct Worker<'a> {
 
 impl Worker<'_> {
     pub(super) fn fail(&self, req: Box<Request>, err: Error) {
-        self.s.stats.failure_count.fetch_add(1, Ordering::Relaxed);
-        req.fail(&self.s.model, err);
+        self.s.fail(req, err);
     }
 
     /// Sets what this worker executes now: the requests' ids (for cancel) and their

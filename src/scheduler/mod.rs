@@ -467,19 +467,29 @@ impl Scheduler {
 
     fn answer_abandoned(&self, list: Vec<Abandoned>, why: &str) {
         for a in list {
-            self.stats
-                .failure_count
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             match a {
-                Abandoned::Queued(req, e) => req.fail(&self.model, e),
-                Abandoned::Executing(id, sink) => sink.send_final(crate::request::Response::error(
-                    id,
-                    &self.model,
-                    &crate::request::CorrelationId::None,
-                    Error::cancelled(why.to_owned()),
-                )),
+                Abandoned::Queued(req, e) => self.fail(req, e),
+                Abandoned::Executing(id, sink) => {
+                    self.stats
+                        .failure_count
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    sink.send_final(crate::request::Response::error(
+                        id,
+                        &self.model,
+                        &crate::request::CorrelationId::None,
+                        Error::cancelled(why.to_owned()),
+                    ))
+                }
             }
         }
+    }
+
+    /// Ends a request that did not run with `err`, counting the failure.
+    pub(crate) fn fail(&self, req: Box<Request>, err: Error) {
+        self.stats
+            .failure_count
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        req.fail(&self.model, err);
     }
 
     /// Waits for the worker threads to exit until `deadline`; threads still running then

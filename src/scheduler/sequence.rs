@@ -1112,10 +1112,7 @@ impl Kind for SequenceBatcher {
             s.arm(d);
         }
         for (req, err) in ending {
-            s.stats
-                .failure_count
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            req.fail(&s.model, err);
+            s.fail(req, err);
         }
     }
 
