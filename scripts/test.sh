@@ -111,6 +111,10 @@ nvrtc_check() {
 # reached, says so and skips.
 ORT_VERSION=1.32.0
 DDDDOCR_VERSION=1.6.1
+# The other wheels scripts/packaged_models.py takes its models from.
+RAPIDOCR_ORT_VERSION=1.4.4
+SILERO_VAD_VERSION=6.2.3
+MAGIKA_VERSION=1.0.3
 packaged_models() {
     local venv="$TARGET_DIR/onnx-venv" wheels="$TARGET_DIR/packaged/wheels"
     local out="$TARGET_DIR/packaged/models"
@@ -123,14 +127,21 @@ packaged_models() {
             return 0
         fi
     fi
-    if [[ ! -f "$wheels/ddddocr-$DDDDOCR_VERSION-py3-none-any.whl" ]]; then
-        echo "-- downloading ddddocr==$DDDDOCR_VERSION into $wheels"
+    # package==version and the wheel's file name (a glob: magika's wheels are per platform).
+    local pin spec file
+    for pin in "ddddocr==$DDDDOCR_VERSION|ddddocr-$DDDDOCR_VERSION-py3-none-any.whl" \
+        "rapidocr-onnxruntime==$RAPIDOCR_ORT_VERSION|rapidocr_onnxruntime-$RAPIDOCR_ORT_VERSION-py3-none-any.whl" \
+        "silero-vad==$SILERO_VAD_VERSION|silero_vad-$SILERO_VAD_VERSION-py3-none-any.whl" \
+        "magika==$MAGIKA_VERSION|magika-$MAGIKA_VERSION-*.whl"; do
+        spec="${pin%%|*}" file="${pin#*|}"
+        compgen -G "$wheels/$file" >/dev/null && continue
+        echo "-- downloading $spec into $wheels"
         if ! "$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
-            -d "$wheels" "ddddocr==$DDDDOCR_VERSION"; then
-            echo "SKIP: ddddocr could not be downloaded from PyPI; the packaged models were not run"
+            --only-binary=:all: -d "$wheels" "$spec"; then
+            echo "SKIP: $spec could not be downloaded from PyPI; the packaged models were not run"
             return 0
         fi
-    fi
+    done
     "$venv/bin/python" scripts/packaged_models.py "$wheels" "$out"
     INFER_PACKAGED_MODELS_DIR="$out" cargo test --release --test onnx_packaged -- --nocapture
 }

@@ -2003,8 +2003,9 @@ fn a_model_tract_panics_on_is_unsupported() {
         tensor("Y_h", T::Float, &["1", "batch", "5"]),
     ];
     let dir = model_dir("onnx-tract-panics", &m);
+    // tract only: ONNX Runtime serves this model.
     let config = format!(
-        r#"name: "lp" {PLATFORM} max_batch_size: 0
+        r#"name: "lp" backend: "tract" max_batch_size: 0
 input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1, -1, 3 ] }} ]
 output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 1, -1, 5 ] }},
          {{ name: "Y_h" data_type: TYPE_FP32 dims: [ 1, -1, 5 ] }} ]"#

@@ -44,6 +44,13 @@ pub trait Backend: Send + Sync {
     fn auto_prefers_gpu(&self) -> bool {
         false
     }
+
+    /// Whether its GPU instances manage the device themselves (ONNX Runtime's CUDA
+    /// provider): they take host inputs and give host outputs, and the library neither
+    /// binds a context for them nor moves their data.
+    fn manages_device(&self) -> bool {
+        false
+    }
 }
 
 /// Where an instance runs and what it serves.

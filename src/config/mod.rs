@@ -35,6 +35,9 @@ pub struct ModelConfig {
     pub parameters: BTreeMap<String, String>,
     pub version_policy: VersionPolicy,
     pub default_model_filename: String,
+    /// `optimization`, as written: the ONNX Runtime engine reads `graph` and
+    /// `execution_accelerators` from it.
+    pub(crate) optimization: Option<pb::ModelOptimizationPolicy>,
     /// The whole configuration as JSON with Triton's field names (for
     /// `infer_server_model_config_json` and custom backends' `instance_init`).
     pub json: String,

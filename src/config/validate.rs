@@ -124,6 +124,7 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
         parameters,
         version_policy,
         default_model_filename: config.default_model_filename.clone(),
+        optimization: config.optimization.clone(),
         json,
         name,
     })

@@ -109,6 +109,63 @@ pub unsafe extern "C" fn infer_server_options_set_model_control_explicit(
     })
 }
 
+/// The ONNX Runtime library file (`libonnxruntime.so...`) for ONNX models; searched first,
+/// before the `INFER_ONNXRUNTIME_LIBRARY` environment variable, the directory of
+/// libinfer and the loader's paths. NULL or "" clears it. ONNX Runtime is loaded once per
+/// process: the first server that loads an ONNX model decides which file.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_options_set_onnxruntime_library(
+    opts: *mut ServerOptions,
+    path: *const c_char,
+) -> infer_status {
+    status_boundary(|| {
+        // SAFETY: `opts`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let o = unsafe { arg_mut(opts, "opts") }?;
+        // SAFETY: `path`: NULL or a NUL-terminated string alive for the call.
+        let p = unsafe { opt_str(path, "path") }?;
+        o.onnxruntime.library = p.filter(|p| !p.is_empty()).map(std::path::PathBuf::from);
+        Ok(())
+    })
+}
+
+/// true: ONNX models must run on ONNX Runtime; where it cannot be loaded, loading an
+/// ONNX model fails with UNAVAILABLE saying why, instead of running it on tract.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_options_set_onnxruntime_required(
+    opts: *mut ServerOptions,
+    required: bool,
+) -> infer_status {
+    status_boundary(|| {
+        // SAFETY: `opts`: NULL (refused) or a live handle no other thread uses meanwhile.
+        unsafe { arg_mut(opts, "opts") }?.onnxruntime.required = required;
+        Ok(())
+    })
+}
+
+/// Caps ONNX Runtime's compute threads: every ONNX Runtime session that does not set its
+/// own `intra_op_thread_count` / `inter_op_thread_count` shares one pool of `intra_op`
+/// threads (and `inter_op` for parallel execution), so many models do not oversubscribe
+/// the host's cores. 0 lets ONNX Runtime choose (one per core). The pools are
+/// process-wide: they are made by the first server that loads an ONNX model.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_options_set_onnxruntime_threads(
+    opts: *mut ServerOptions,
+    intra_op: u32,
+    inter_op: u32,
+) -> infer_status {
+    status_boundary(|| {
+        // SAFETY: `opts`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let o = unsafe { arg_mut(opts, "opts") }?;
+        if intra_op > 4096 || inter_op > 4096 {
+            return Err(Error::invalid(format!(
+                "onnxruntime threads: {intra_op} / {inter_op} exceeds the limit of 4096"
+            )));
+        }
+        o.onnxruntime.global_threads = Some((intra_op, inter_op));
+        Ok(())
+    })
+}
+
 /// With explicit model control, names a model of the repository that `infer_server_new`
 /// loads (like Triton's `--load-model`); call once per model. `infer_server_new` fails
 /// with the first such model's error. Without explicit control every model is loaded

@@ -23,21 +23,50 @@ use tract_onnx::tract_hir::infer::Factoid;
 /// The batch size Triton's auto-complete gives a model that can batch.
 const DEFAULT_MAX_BATCH_SIZE: i32 = 4;
 
-/// Whether a config's backend (or platform) name selects this backend.
+/// Whether a config's backend (or platform) name selects an ONNX engine: Triton's names
+/// for ONNX Runtime, or `tract`.
 pub fn is_onnx(key: &str) -> bool {
-    key == "onnxruntime_onnx" || key == "onnxruntime"
+    key == "onnxruntime_onnx" || key == "onnxruntime" || key == TRACT
 }
 
-pub struct OnnxBackend;
+/// The backend name that asks for tract.
+pub const TRACT: &str = "tract";
+
+/// Which engine computes a model's CPU instances.
+#[derive(Clone, Copy)]
+pub enum Engine {
+    OnnxRuntime(&'static crate::onnx::onnxruntime::Runtime),
+    Tract,
+}
+
+/// ONNX models: on ONNX Runtime when it is loaded (CPU instances, and GPU instances when
+/// it has the CUDA provider), else on tract; GPU instances without ONNX Runtime's CUDA
+/// provider run on the library's own GPU executor (`onnx::gpu`).
+pub struct OnnxBackend {
+    pub engine: Engine,
+}
+
+impl OnnxBackend {
+    fn ort_gpu(&self) -> Option<&'static crate::onnx::onnxruntime::Runtime> {
+        match self.engine {
+            Engine::OnnxRuntime(rt) if rt.cuda => Some(rt),
+            _ => None,
+        }
+    }
+}
 
 impl Backend for OnnxBackend {
-    /// On KIND_GPU instances the GPU executor runs the graph (`onnx::gpu`).
+    /// On KIND_GPU instances ONNX Runtime's CUDA provider, or the GPU executor.
     fn runs_on_gpu(&self) -> bool {
         true
     }
 
     fn auto_prefers_gpu(&self) -> bool {
         true
+    }
+
+    fn manages_device(&self) -> bool {
+        self.ort_gpu().is_some()
     }
 
     fn create_instance(
@@ -57,6 +86,7 @@ impl Backend for OnnxBackend {
         config: &Arc<ModelConfig>,
         at: &InstancePlace<'_>,
     ) -> Result<Box<dyn ModelInstance>> {
+        use crate::onnx::onnxruntime::{OrtInstance, Place};
         let dir = at.model_dir.ok_or_else(|| {
             Error::invalid(format!(
                 "model '{}': an ONNX model needs a model folder (give model_dir or a model repository)",
@@ -66,11 +96,30 @@ impl Backend for OnnxBackend {
         let what = format!("model '{}' version {}", config.name, at.version);
         let file = model_file(dir, at.version, &config.default_model_filename, &what)?;
         if at.gpu >= 0 {
+            if let Some(rt) = self.ort_gpu() {
+                return Ok(Box::new(OrtInstance::new(
+                    rt,
+                    config,
+                    &file,
+                    Place::Gpu(at.gpu),
+                    &what,
+                )?));
+            }
             // On a GPU instance: the GPU executor (the context is bound by the caller).
             return Ok(Box::new(crate::onnx::gpu::OnnxGpuInstance::new(
                 config, &file, at.gpu, &what,
             )?));
         }
+        if let Engine::OnnxRuntime(rt) = self.engine {
+            return Ok(Box::new(OrtInstance::new(
+                rt,
+                config,
+                &file,
+                Place::Cpu,
+                &what,
+            )?));
+        }
+        refuse_cpu_accelerators(config, &what)?;
         let plan = Plan::build(config, &file, &what)?;
         let state =
             RunState::new(&plan.runnable).map_err(|e| Error::internal(format!("{what}: {e:#}")))?;
@@ -78,9 +127,30 @@ impl Backend for OnnxBackend {
     }
 }
 
+/// A CPU accelerator (OpenVINO) is ONNX Runtime's: refused, naming the field, where tract
+/// runs the model.
+fn refuse_cpu_accelerators(config: &ModelConfig, what: &str) -> Result<()> {
+    let asked = config
+        .optimization
+        .as_ref()
+        .and_then(|o| o.execution_accelerators.as_ref())
+        .is_some_and(|a| !a.cpu_execution_accelerator.is_empty());
+    if asked {
+        return Err(Error::unsupported(format!(
+            "{what}: optimization.execution_accelerators.cpu_execution_accelerator: runs on ONNX Runtime only, and this model runs on tract (ONNX Runtime is not loaded, or backend is \"tract\")"
+        )));
+    }
+    Ok(())
+}
+
 /// The model file of a version: `<version>/<default_model_filename or model.onnx>`,
 /// a regular file inside the model folder's root.
-fn model_file(dir: &Folder, version: i64, default_filename: &str, what: &str) -> Result<PathBuf> {
+pub(super) fn model_file(
+    dir: &Folder,
+    version: i64,
+    default_filename: &str,
+    what: &str,
+) -> Result<PathBuf> {
     let file = if default_filename.is_empty() {
         "model.onnx"
     } else {
@@ -135,7 +205,7 @@ fn pb_data_type(dt: DataType) -> i32 {
 
 /// A dimension as the model declares it.
 #[derive(Clone, Debug, PartialEq)]
-enum Dim {
+pub(super) enum Dim {
     Fixed(i64),
     /// A named symbol (ONNX `dim_param`) or an unknown size.
     Any(Option<TDim>),
@@ -172,12 +242,12 @@ fn dims_string(dims: &[Dim]) -> String {
 
 /// A tensor as the model declares it: datatype and dims when known.
 #[derive(Clone, Debug)]
-struct Declared {
-    name: String,
+pub(super) struct Declared {
+    pub(super) name: String,
     /// Err: a type the library cannot carry (its name).
-    dtype: Option<std::result::Result<DataType, String>>,
+    pub(super) dtype: Option<std::result::Result<DataType, String>>,
     /// None: the rank is unknown.
-    dims: Option<Vec<Dim>>,
+    pub(super) dims: Option<Vec<Dim>>,
 }
 
 fn declared_inference(name: &str, fact: &InferenceFact) -> Declared {
@@ -208,7 +278,10 @@ fn carried(dt: DatumType) -> std::result::Result<DataType, String> {
 
 /// The inputs and outputs a model declares, read without tract (for files tract cannot
 /// read, such as BFLOAT16 models that only the GPU executor runs).
-fn declared_from_graph(file: &Path, what: &str) -> Result<(Vec<Declared>, Vec<Declared>)> {
+pub(super) fn declared_from_graph(
+    file: &Path,
+    what: &str,
+) -> Result<(Vec<Declared>, Vec<Declared>)> {
     let g = crate::onnx::gpu::load_graph(file, what)?;
     let of = |io: &crate::onnx::graph::Io| Declared {
         name: io.name.clone(),
@@ -311,7 +384,7 @@ fn tract_internal(e: TractError) -> Error {
 /// symbolic first dimension. Sequence state and control tensors are not inputs or
 /// outputs. A config that is already complete is left alone, and the model is read only
 /// when something is missing.
-pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Folder>) -> Result<()> {
+pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Folder>, engine: Engine) -> Result<()> {
     let c = &raw.pb;
     let tensor_incomplete = |dt: i32, dims: &[i64]| dt == 0 || dims.is_empty();
     let needed = c.input.is_empty()
@@ -358,6 +431,37 @@ pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Folder>) -> Result<()> {
     };
     let what = format!("model '{name}' version {version}");
     let file = model_file(dir, version, &c.default_model_filename, &what)?;
+    if let Engine::OnnxRuntime(rt) = engine {
+        let settings = crate::onnx::onnxruntime::Settings::for_metadata();
+        let session = crate::onnx::onnxruntime::open(
+            rt,
+            &file,
+            &settings,
+            crate::onnx::onnxruntime::Place::Cpu,
+            &what,
+        )?;
+        let (inputs, mut outputs) = crate::onnx::onnxruntime::metadata(&session, &file, &what);
+        drop(session);
+        let outputs_missing = raw.pb.output.is_empty()
+            || (raw.pb.output.iter()).any(|t| tensor_incomplete(t.data_type, &t.dims));
+        if outputs_missing {
+            // A file may declare an output shape its graph does not compute (ONNX
+            // Runtime serves the declaration); tract's analysis of the graph, where it
+            // succeeds, says what is computed.
+            if let Some(analysed) = analysed_outputs(&file, &what) {
+                for d in &mut outputs {
+                    if let Some(a) = analysed.iter().find(|a| a.name == d.name) {
+                        let same_rank =
+                            (a.dims.as_ref().map(Vec::len)) == (d.dims.as_ref().map(Vec::len));
+                        if !same_rank || a.dtype != d.dtype {
+                            *d = a.clone();
+                        }
+                    }
+                }
+            }
+        }
+        return complete_config(raw, &what, &inputs, &outputs);
+    }
     let model = match load(&file, &what, true) {
         Ok(m) => m,
         Err(e) if e.code == crate::status::Code::Unsupported => {
@@ -426,8 +530,26 @@ pub fn autocomplete(raw: &mut RawConfig, dir: Option<&Folder>) -> Result<()> {
     complete_config(raw, &what, &inputs, &outputs)
 }
 
+/// The outputs tract's analysis of the graph finds (the file's own output declarations
+/// ignored); None where tract cannot read or analyse the model.
+fn analysed_outputs(file: &Path, what: &str) -> Option<Vec<Declared>> {
+    let model = load(file, what, false).ok()?;
+    let typed = tract_stage(what, "analyse", || model.into_typed()).ok()?;
+    let outlets = typed.output_outlets().ok()?.to_vec();
+    outlets
+        .iter()
+        .map(|&o| {
+            let fact = typed.outlet_fact(o).ok()?;
+            Some(declared_typed(
+                &output_name(typed.outlet_label(o), &typed.node(o.node).name),
+                fact,
+            ))
+        })
+        .collect()
+}
+
 /// Fills in what the config leaves out from the model's declared inputs and outputs.
-fn complete_config(
+pub(super) fn complete_config(
     raw: &mut RawConfig,
     what: &str,
     inputs: &[Declared],
@@ -490,6 +612,20 @@ fn complete_config(
         })?;
         Ok(dims.iter().skip(skip).map(Dim::config).collect())
     };
+    // A scalar (per batch item) is served as dims [1] reshaped to [], as Triton does.
+    let scalar_reshape = |dims: &[i64]| {
+        dims.is_empty()
+            .then(|| pb::ModelTensorReshape { shape: Vec::new() })
+    };
+    let shape_of = |d: &Declared| -> Result<(Vec<i64>, Option<pb::ModelTensorReshape>)> {
+        let dims = dims_of(d)?;
+        let reshape = scalar_reshape(&dims);
+        Ok(if reshape.is_some() {
+            (vec![1], reshape)
+        } else {
+            (dims, None)
+        })
+    };
     let dtype_of = |d: &Declared| -> Result<i32> {
         let dt = d.dtype.as_ref().ok_or_else(|| {
             Error::invalid(format!(
@@ -506,10 +642,12 @@ fn complete_config(
     };
     if c.input.is_empty() {
         for d in &io_inputs {
+            let (dims, reshape) = shape_of(d)?;
             c.input.push(pb::ModelInput {
                 name: d.name.clone(),
                 data_type: dtype_of(d)?,
-                dims: dims_of(d)?,
+                dims,
+                reshape,
                 ..Default::default()
             });
         }
@@ -519,18 +657,20 @@ fn complete_config(
                 if t.data_type == 0 {
                     t.data_type = dtype_of(d)?;
                 }
-                if t.dims.is_empty() {
-                    t.dims = dims_of(d)?;
+                if t.dims.is_empty() && t.reshape.is_none() {
+                    (t.dims, t.reshape) = shape_of(d)?;
                 }
             }
         }
     }
     if c.output.is_empty() {
         for d in &io_outputs {
+            let (dims, reshape) = shape_of(d)?;
             c.output.push(pb::ModelOutput {
                 name: d.name.clone(),
                 data_type: dtype_of(d)?,
-                dims: dims_of(d)?,
+                dims,
+                reshape,
                 ..Default::default()
             });
         }
@@ -540,8 +680,8 @@ fn complete_config(
                 if t.data_type == 0 {
                     t.data_type = dtype_of(d)?;
                 }
-                if t.dims.is_empty() {
-                    t.dims = dims_of(d)?;
+                if t.dims.is_empty() && t.reshape.is_none() {
+                    (t.dims, t.reshape) = shape_of(d)?;
                 }
             }
         }
@@ -551,7 +691,7 @@ fn complete_config(
 
 /// The version auto-complete reads: the highest-numbered version folder holding the
 /// model file among those the version policy serves.
-fn served_version(dir: &Folder, c: &pb::ModelConfig) -> Option<i64> {
+pub(super) fn served_version(dir: &Folder, c: &pb::ModelConfig) -> Option<i64> {
     use pb::model_version_policy::PolicyChoice;
     let specific = match c
         .version_policy
@@ -588,11 +728,11 @@ struct Plan {
 
 /// What the config (or the sequence batcher) says a tensor is: datatype and full dims
 /// as the model sees them (batch dim first when batching; -1 = any size).
-struct Expected {
-    dtype: DataType,
-    dims: Vec<i64>,
+pub(super) struct Expected {
+    pub(super) dtype: DataType,
+    pub(super) dims: Vec<i64>,
     /// Which part of the config it comes from, for messages.
-    role: &'static str,
+    pub(super) role: &'static str,
 }
 
 impl Plan {
@@ -601,7 +741,6 @@ impl Plan {
         let declared = model_inputs(&model)?;
         let batching = config.max_batch_size > 0;
         let batch = model.symbols.sym("batch_size");
-        let seq = config.sequence_batching.as_ref();
 
         // Every config input must be a model input.
         for tc in &config.inputs {
@@ -616,38 +755,7 @@ impl Plan {
         }
         let mut inputs = Vec::with_capacity(declared.len());
         for (ix, d) in declared.iter().enumerate() {
-            let lead: &[i64] = if batching { &[-1] } else { &[] };
-            let exp = if let Some(tc) = config.input(&d.name) {
-                let dims = tc.reshape.as_deref().unwrap_or(&tc.dims);
-                Expected {
-                    dtype: tc.data_type,
-                    dims: [lead, dims].concat(),
-                    role: "input",
-                }
-            } else if let Some(st) =
-                seq.and_then(|q| q.states.iter().find(|s| *s.input_name == *d.name))
-            {
-                Expected {
-                    dtype: st.data_type,
-                    dims: [lead, &st.dims[..]].concat(),
-                    role: "state input",
-                }
-            } else if let Some(ci) =
-                seq.and_then(|q| q.controls.iter().find(|c| *c.name == *d.name))
-            {
-                Expected {
-                    dtype: ci.data_type,
-                    dims: [lead, &[1][..]].concat(),
-                    role: "control input",
-                }
-            } else {
-                let have: Vec<&str> = config.inputs.iter().map(|t| &*t.name).collect();
-                return Err(Error::invalid(format!(
-                    "{what}: the ONNX model has input '{}', which the config does not list (config inputs: {})",
-                    d.name,
-                    have.join(", ")
-                )));
-            };
+            let exp = expected_input(config, d, what)?;
             let dt = check_tensor(what, exp.role, d, &exp, config.max_batch_size)?;
             // The plan's input fact: the batch symbol, fixed sizes, and for -1 the
             // model's own dim (or a symbol of its own).
@@ -690,34 +798,7 @@ impl Plan {
                 )
             })
             .collect();
-        let mut wanted: Vec<(String, Expected)> = config
-            .outputs
-            .iter()
-            .map(|tc| {
-                let lead: &[i64] = if batching { &[-1] } else { &[] };
-                (
-                    tc.name.to_string(),
-                    Expected {
-                        dtype: tc.data_type,
-                        dims: [lead, &tc.dims[..]].concat(),
-                        role: "output",
-                    },
-                )
-            })
-            .collect();
-        if let Some(q) = seq {
-            for st in &q.states {
-                let lead: &[i64] = if batching { &[-1] } else { &[] };
-                wanted.push((
-                    st.output_name.to_string(),
-                    Expected {
-                        dtype: st.data_type,
-                        dims: [lead, &st.dims[..]].concat(),
-                        role: "state output",
-                    },
-                ));
-            }
-        }
+        let wanted = expected_outputs(config);
         let mut outlets = Vec::with_capacity(wanted.len());
         let mut outputs = Vec::with_capacity(wanted.len());
         for (name, exp) in &wanted {
@@ -752,6 +833,79 @@ impl Plan {
     }
 }
 
+/// What the config (or the sequence batcher) says the model input `d` is: a config
+/// input, a state input or a control input; INVALID_ARGUMENT when the config does not
+/// account for it.
+pub(super) fn expected_input(config: &ModelConfig, d: &Declared, what: &str) -> Result<Expected> {
+    let batching = config.max_batch_size > 0;
+    let seq = config.sequence_batching.as_ref();
+    let lead: &[i64] = if batching { &[-1] } else { &[] };
+    let exp = if let Some(tc) = config.input(&d.name) {
+        let dims = tc.reshape.as_deref().unwrap_or(&tc.dims);
+        Expected {
+            dtype: tc.data_type,
+            dims: [lead, dims].concat(),
+            role: "input",
+        }
+    } else if let Some(st) = seq.and_then(|q| q.states.iter().find(|s| *s.input_name == *d.name)) {
+        Expected {
+            dtype: st.data_type,
+            dims: [lead, &st.dims[..]].concat(),
+            role: "state input",
+        }
+    } else if let Some(ci) = seq.and_then(|q| q.controls.iter().find(|c| *c.name == *d.name)) {
+        Expected {
+            dtype: ci.data_type,
+            dims: [lead, &[1][..]].concat(),
+            role: "control input",
+        }
+    } else {
+        let have: Vec<&str> = config.inputs.iter().map(|t| &*t.name).collect();
+        return Err(Error::invalid(format!(
+                    "{what}: the ONNX model has input '{}', which the config does not list (config inputs: {})",
+                    d.name,
+                    have.join(", ")
+                )));
+    };
+    Ok(exp)
+}
+
+/// The outputs the config asks for, then the state outputs, with what each should be.
+pub(super) fn expected_outputs(config: &ModelConfig) -> Vec<(String, Expected)> {
+    let lead: &[i64] = if config.max_batch_size > 0 {
+        &[-1]
+    } else {
+        &[]
+    };
+    let mut wanted: Vec<(String, Expected)> = config
+        .outputs
+        .iter()
+        .map(|tc| {
+            (
+                tc.name.to_string(),
+                Expected {
+                    dtype: tc.data_type,
+                    dims: [lead, tc.reshape.as_deref().unwrap_or(&tc.dims)].concat(),
+                    role: "output",
+                },
+            )
+        })
+        .collect();
+    if let Some(q) = &config.sequence_batching {
+        for st in &q.states {
+            wanted.push((
+                st.output_name.to_string(),
+                Expected {
+                    dtype: st.data_type,
+                    dims: [lead, &st.dims[..]].concat(),
+                    role: "state output",
+                },
+            ));
+        }
+    }
+    wanted
+}
+
 /// One of tract's stages on a model, its failure UNSUPPORTED naming the stage. tract
 /// panics on some models it does not expect (an LSTM without an initial state over a
 /// symbolic batch, for one): that too refuses the model rather than failing the load as
@@ -776,14 +930,28 @@ fn check_tensor(
     exp: &Expected,
     max_batch_size: u32,
 ) -> Result<DatumType> {
-    let name = &d.name;
-    let batching = max_batch_size > 0;
     let dt = datum_type(exp.dtype).ok_or_else(|| {
         Error::unsupported(format!(
-            "{what}: {role} '{name}' is {}, a datatype the ONNX backend cannot run",
+            "{what}: {role} '{}' is {}, a datatype the ONNX backend cannot run",
+            d.name,
             exp.dtype.as_str()
         ))
     })?;
+    check_declared(what, role, d, exp, max_batch_size)?;
+    Ok(dt)
+}
+
+/// Checks a tensor the model declares against what the config says: datatype, rank,
+/// fixed sizes, and a batch dimension the model can vary.
+pub(super) fn check_declared(
+    what: &str,
+    role: &str,
+    d: &Declared,
+    exp: &Expected,
+    max_batch_size: u32,
+) -> Result<()> {
+    let name = &d.name;
+    let batching = max_batch_size > 0;
     if let Some(model_dt) = &d.dtype {
         // (tract's TDim, its INT64 shapes, is carried as INT64.)
         if model_dt.as_ref().ok() != Some(&exp.dtype) {
@@ -835,7 +1003,7 @@ fn check_tensor(
             }
         }
     }
-    Ok(dt)
+    Ok(())
 }
 
 /// An instance's tract run state, as good as new at the start of every run.

@@ -73,7 +73,11 @@ impl Server {
         // Built-in ONNX models complete their config from the model file, as Triton does;
         // a custom backend registered under the same name keeps the config as written.
         if onnx::is_onnx(&key) && !self.backends.read().contains_key(&key) {
-            onnx::autocomplete(&mut raw, dir.as_ref())?;
+            let params: std::collections::BTreeMap<String, String> = (raw.pb.parameters.iter())
+                .map(|(k, v)| (k.clone(), v.string_value.clone()))
+                .collect();
+            let engine = self.onnx_engine(name, &key, &params)?;
+            onnx::autocomplete(&mut raw, dir.as_ref(), engine)?;
         }
         let generative = inflight::is_generative(&key) && !self.backends.read().contains_key(&key);
         if generative {
@@ -271,6 +275,9 @@ impl Server {
         backend: &Arc<dyn Backend>,
         at: &InstancePlace<'_>,
     ) -> Result<Box<dyn crate::backend::ModelInstance>> {
+        if backend.manages_device() {
+            return backend.clone().create_version_instance(config, at);
+        }
         let ctx = crate::cuda::context(at.gpu).map_err(|e| {
             e.context(format!(
                 "model '{}': instance {} on GPU {}",

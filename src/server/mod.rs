@@ -39,6 +39,8 @@ pub struct ServerOptions {
     pub backends: Vec<(String, Arc<dyn Backend>)>,
     /// With explicit model control: the repository's models loaded at start-up.
     pub startup_models: Vec<String>,
+    /// Where ONNX Runtime comes from, whether it is required, its global thread pools.
+    pub onnxruntime: onnx::onnxruntime::RuntimeOptions,
 }
 
 impl Default for ServerOptions {
@@ -51,6 +53,7 @@ impl Default for ServerOptions {
             log: Logger::default(),
             backends: Vec::new(),
             startup_models: Vec::new(),
+            onnxruntime: Default::default(),
         }
     }
 }
@@ -102,6 +105,8 @@ pub struct Server {
     output_placers: Mutex<Vec<Option<Arc<crate::server::outputs::OutputPlacer>>>>,
     /// Answers queue timeouts on time (a thread started on first use).
     timer: Arc<crate::scheduler::timer::Timer>,
+    /// This server has said in its log that ONNX models run on tract (once).
+    said_tract: AtomicBool,
 }
 
 /// Servers alive in this process; the object pools are emptied when it drops to zero.
@@ -158,6 +163,7 @@ impl Server {
             stats_callbacks: Mutex::new(HashMap::new()),
             output_placers: Mutex::new(Vec::new()),
             timer: Arc::new(crate::scheduler::timer::Timer::new()),
+            said_tract: AtomicBool::new(false),
             opts,
         });
         if let Some(repo) = &server.opts.repository {
@@ -231,12 +237,55 @@ impl Server {
             return Ok(b);
         }
         if onnx::is_onnx(key) {
-            return Ok(Arc::new(onnx::OnnxBackend));
+            return Ok(Arc::new(onnx::OnnxBackend {
+                engine: self.onnx_engine(config.name.as_str(), key, &config.parameters)?,
+            }));
         }
         Err(Error::unsupported(format!(
-            "model '{}': no backend '{key}' (built in: onnxruntime_onnx / onnxruntime, gpt2, identity, add_sub, accumulator; register custom backends before loading)",
+            "model '{}': no backend '{key}' (built in: onnxruntime_onnx / onnxruntime, tract, gpt2, identity, add_sub, accumulator; register custom backends before loading)",
             config.name
         )))
+    }
+
+    /// The engine of an ONNX model: ONNX Runtime for Triton's names when it loads, tract
+    /// for `backend: "tract"` and when ONNX Runtime cannot be loaded (said once in the
+    /// log), UNAVAILABLE when the server option or the model's `onnxruntime_required`
+    /// parameter requires ONNX Runtime.
+    pub(crate) fn onnx_engine(
+        &self,
+        model: &str,
+        key: &str,
+        parameters: &std::collections::BTreeMap<String, String>,
+    ) -> Result<onnx::Engine> {
+        if key == onnx::TRACT {
+            return Ok(onnx::Engine::Tract);
+        }
+        let param = onnx::onnxruntime::settings::REQUIRED_PARAMETER;
+        let by_model = parameters
+            .get(param)
+            .is_some_and(|v| matches!(v.trim(), "1" | "true" | "TRUE" | "True"));
+        match onnx::onnxruntime::runtime(&self.opts.onnxruntime, &self.log) {
+            Ok(rt) => Ok(onnx::Engine::OnnxRuntime(rt)),
+            Err(why) if self.opts.onnxruntime.required || by_model => {
+                let by = if by_model {
+                    format!("parameters.{param}")
+                } else {
+                    "the server option".to_owned()
+                };
+                Err(Error::unavailable(format!(
+                    "model '{model}': ONNX Runtime is required ({by}): {why}"
+                )))
+            }
+            Err(why) => {
+                if !self.said_tract.swap(true, Ordering::AcqRel) {
+                    self.log.info(&format!(
+                        "ONNX models run on tract: {why} (set {} or infer_server_options_set_onnxruntime_library)",
+                        onnx::onnxruntime::LIBRARY_ENV
+                    ));
+                }
+                Ok(onnx::Engine::Tract)
+            }
+        }
     }
 
     fn with_model<T>(&self, name: &str, f: impl FnOnce(&ModelEntry) -> Result<T>) -> Result<T> {

@@ -1,0 +1,582 @@
+//! ONNX models on ONNX Runtime, as Triton serves them: one ONNX Runtime session per
+//! instance, on the CPU provider, or on the CUDA provider (with TensorRT first when the
+//! config names it) for KIND_GPU instances when the loaded ONNX Runtime has it.
+//!
+//! The library is loaded at run time ([`library`]); the config's ONNX Runtime settings
+//! are read by [`settings`]. A batch's inputs go to ONNX Runtime without a copy where
+//! their memory allows (aligned host memory), and its outputs are copied once into the
+//! batch's outputs.
+
+pub mod library;
+pub mod settings;
+
+pub use library::{runtime, Runtime, RuntimeOptions, LIBRARY_ENV};
+pub use settings::{Accelerator, GraphLevel, Settings};
+
+use super::cpu::{check_declared, expected_input, expected_outputs, Declared, Dim};
+use crate::backend::{Batch, ModelInstance};
+use crate::config::ModelConfig;
+use crate::status::{Error, Result};
+use crate::tensor::{shape_string, DataType};
+use ort::ep::ArbitrarilyConfigurableExecutionProvider;
+use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
+use ort::session::{Session, SessionInputValue};
+use ort::value::{Tensor, TensorElementType, TensorRef, ValueType};
+use std::borrow::Cow;
+use std::path::Path;
+
+/// The library datatype of an ONNX Runtime element type; Err: its name.
+fn data_type(t: TensorElementType) -> std::result::Result<DataType, String> {
+    Ok(match t {
+        TensorElementType::Float32 => DataType::Fp32,
+        TensorElementType::Float64 => DataType::Fp64,
+        TensorElementType::Float16 => DataType::Fp16,
+        TensorElementType::Bfloat16 => DataType::Bf16,
+        TensorElementType::Int8 => DataType::Int8,
+        TensorElementType::Int16 => DataType::Int16,
+        TensorElementType::Int32 => DataType::Int32,
+        TensorElementType::Int64 => DataType::Int64,
+        TensorElementType::Uint8 => DataType::Uint8,
+        TensorElementType::Uint16 => DataType::Uint16,
+        TensorElementType::Uint32 => DataType::Uint32,
+        TensorElementType::Uint64 => DataType::Uint64,
+        TensorElementType::Bool => DataType::Bool,
+        other => return Err(format!("{other:?}")),
+    })
+}
+
+/// A tensor as ONNX Runtime says the model declares it.
+fn declared(name: &str, t: &ValueType) -> Declared {
+    match t {
+        ValueType::Tensor { ty, shape, .. } => Declared {
+            name: name.to_owned(),
+            dtype: Some(data_type(*ty)),
+            dims: Some(
+                shape
+                    .iter()
+                    .map(|&d| {
+                        if d >= 0 {
+                            Dim::Fixed(d)
+                        } else {
+                            Dim::Any(None)
+                        }
+                    })
+                    .collect(),
+            ),
+        },
+        other => Declared {
+            name: name.to_owned(),
+            dtype: Some(Err(format!("{other:?}"))),
+            dims: None,
+        },
+    }
+}
+
+/// The model's inputs and outputs, from ONNX Runtime's own metadata (symbolic and
+/// unknown sizes are any size).
+///
+/// ONNX Runtime gives a tensor of unknown rank no dims, as it does a scalar; where it
+/// gives none, the file's own declaration says which it is.
+pub(super) fn metadata(
+    session: &Session,
+    file: &Path,
+    what: &str,
+) -> (Vec<Declared>, Vec<Declared>) {
+    let mut inputs: Vec<Declared> = session
+        .inputs()
+        .iter()
+        .map(|o| declared(o.name(), o.dtype()))
+        .collect();
+    let mut outputs: Vec<Declared> = session
+        .outputs()
+        .iter()
+        .map(|o| declared(o.name(), o.dtype()))
+        .collect();
+    let rankless = |d: &Declared| d.dims.as_ref().is_some_and(Vec::is_empty);
+    if inputs.iter().chain(outputs.iter()).any(rankless) {
+        if let Ok((fi, fo)) = super::cpu::declared_from_graph(file, what) {
+            for (list, from_file) in [(&mut inputs, &fi), (&mut outputs, &fo)] {
+                for d in list.iter_mut().filter(|d| rankless(d)) {
+                    if let Some(f) = from_file.iter().find(|f| f.name == d.name) {
+                        if f.dims.is_none() {
+                            d.dims = None;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (inputs, outputs)
+}
+
+fn ort_error<'a>(what: &'a str, doing: &'a str) -> impl Fn(ort::Error) -> Error + 'a {
+    move |e| Error::internal(format!("{what}: ONNX Runtime: {doing}: {e}"))
+}
+
+/// Where a session runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    Cpu,
+    /// The CUDA provider on this device (TensorRT first when the config asks).
+    Gpu(i32),
+}
+
+/// Opens a session of `file` with the model's settings. Load errors (a file ONNX Runtime
+/// cannot read, an operator it lacks) are INVALID_ARGUMENT with ONNX Runtime's message;
+/// a provider that is not there is UNAVAILABLE naming it.
+pub fn open(rt: &Runtime, file: &Path, s: &Settings, place: Place, what: &str) -> Result<Session> {
+    let b = builder(rt, s, place, what)?;
+    commit(b, file, what)
+}
+
+fn commit(mut b: SessionBuilder, file: &Path, what: &str) -> Result<Session> {
+    use ort::ErrorCode as C;
+    b.commit_from_file(file).map_err(|e| {
+        let file = file.display();
+        let msg = e.to_string();
+        match e.code() {
+            C::InvalidProtobuf => Error::invalid(format!(
+                "{what}: '{file}' is not an ONNX model (ONNX Runtime: {msg})"
+            )),
+            C::NoSuchFile => Error::not_found(format!("{what}: model file '{file}': {msg}")),
+            // An operator, a type or an opset this ONNX Runtime does not implement.
+            C::NotImplemented => Error::unsupported(format!(
+                "{what}: ONNX Runtime does not support '{file}': {msg}"
+            )),
+            _ if msg.contains("No Op registered")
+                || msg.contains("is not a registered function/op") =>
+            {
+                Error::unsupported(format!(
+                    "{what}: ONNX Runtime does not support '{file}': {msg}"
+                ))
+            }
+            C::ExecutionProviderFailure => Error::unavailable(format!(
+                "{what}: ONNX Runtime's execution provider failed to load '{file}': {msg}"
+            )),
+            _ => Error::invalid(format!("{what}: ONNX Runtime cannot load '{file}': {msg}")),
+        }
+    })
+}
+
+fn builder(rt: &Runtime, s: &Settings, place: Place, what: &str) -> Result<SessionBuilder> {
+    let err = ort_error(what, "session options");
+    let recover = |e: ort::Error<SessionBuilder>| {
+        Error::internal(format!("{what}: ONNX Runtime: session options: {e}"))
+    };
+    let mut b = Session::builder(&rt.env).map_err(&err)?;
+    b = b
+        .with_optimization_level(match s.graph_level {
+            GraphLevel::All => GraphOptimizationLevel::All,
+            GraphLevel::Extended => GraphOptimizationLevel::Level2,
+            GraphLevel::Basic => GraphOptimizationLevel::Level1,
+            GraphLevel::Disabled => GraphOptimizationLevel::Disable,
+        })
+        .map_err(recover)?;
+    // A model that sets its own thread counts gets its own pools; the others share the
+    // process's global pools when the server set them.
+    let own_threads = s.intra_op_threads.is_some() || s.inter_op_threads.is_some();
+    if own_threads || rt.global_threads.is_none() {
+        if rt.global_threads.is_some() {
+            b = b.with_independent_thread_pool().map_err(recover)?;
+        }
+        if let Some(n) = s.intra_op_threads {
+            b = b.with_intra_threads(n).map_err(recover)?;
+        }
+        if let Some(n) = s.inter_op_threads {
+            b = b.with_inter_threads(n).map_err(recover)?;
+        }
+    }
+    if s.parallel_execution {
+        b = b.with_parallel_execution(true).map_err(recover)?;
+    }
+    if let Some(p) = s.mem_pattern {
+        b = b.with_memory_pattern(p).map_err(recover)?;
+    }
+    for (k, v) in &s.session_entries {
+        b = b.with_config_entry(k, v).map_err(|e| {
+            Error::invalid(format!(
+                "{what}: parameters.{k}: ONNX Runtime refuses '{v}': {e}"
+            ))
+        })?;
+    }
+    let mut eps = Vec::new();
+    match place {
+        Place::Cpu => {
+            for a in &s.cpu_accelerators {
+                let Accelerator::OpenVino(opts) = a else {
+                    continue;
+                };
+                require_provider(rt, "OpenVINOExecutionProvider", "openvino", what)?;
+                let mut ep = ort::ep::OpenVINO::default();
+                for (k, v) in opts {
+                    ep = ep.with_arbitrary_config(k, v);
+                }
+                eps.push(ep.build().error_on_failure());
+            }
+        }
+        Place::Gpu(device) => {
+            let mut cuda_opts = s.cuda_options.clone();
+            for a in &s.gpu_accelerators {
+                match a {
+                    Accelerator::TensorRt(opts) => {
+                        require_provider(rt, "TensorrtExecutionProvider", "tensorrt", what)?;
+                        let mut ep = ort::ep::TensorRT::default().with_device_id(device);
+                        for (k, v) in opts {
+                            ep = ep.with_arbitrary_config(k, v);
+                        }
+                        eps.push(ep.build().error_on_failure());
+                    }
+                    Accelerator::Cuda(opts) => cuda_opts.extend(opts.iter().cloned()),
+                    Accelerator::OpenVino(_) => {}
+                }
+            }
+            require_provider(rt, "CUDAExecutionProvider", "cuda", what)?;
+            let mut ep = ort::ep::CUDA::default().with_device_id(device);
+            for (k, v) in &cuda_opts {
+                ep = ep.with_arbitrary_config(k, v);
+            }
+            eps.push(ep.build().error_on_failure());
+        }
+    }
+    // The CPU provider last: its arena setting, and the nodes no other provider takes.
+    let mut cpu = ort::ep::CPU::default();
+    if let Some(a) = s.mem_arena {
+        cpu = cpu.with_arena_allocator(a);
+    } else {
+        cpu = cpu.with_arena_allocator(true);
+    }
+    eps.push(cpu.build().error_on_failure());
+    b = b.with_execution_providers(eps).map_err(|e| {
+        Error::unavailable(format!(
+            "{what}: ONNX Runtime cannot use the execution providers: {e}"
+        ))
+    })?;
+    Ok(b)
+}
+
+fn require_provider(rt: &Runtime, provider: &str, name: &str, what: &str) -> Result<()> {
+    if rt.providers.iter().any(|p| p == provider) {
+        return Ok(());
+    }
+    Err(Error::unavailable(format!(
+        "{what}: the '{name}' execution provider is not in the loaded ONNX Runtime ('{}', version {}; it has {})",
+        rt.path.display(),
+        rt.version,
+        rt.providers.join(", ")
+    )))
+}
+
+/// One model input as the session takes it.
+struct SessionInput {
+    name: String,
+    dtype: DataType,
+    /// The model's dims for this input when the config reshapes it (without the batch
+    /// dimension).
+    reshape: Option<Vec<i64>>,
+}
+
+struct SessionOutput {
+    name: String,
+    dtype: DataType,
+    /// The config's dims when it reshapes the output (without the batch dimension).
+    config_dims: Option<Vec<i64>>,
+}
+
+/// An instance: one ONNX Runtime session.
+pub struct OrtInstance {
+    session: Session,
+    inputs: Vec<SessionInput>,
+    outputs: Vec<SessionOutput>,
+    run_options: Option<ort::session::RunOptions>,
+    batching: bool,
+    what: String,
+}
+
+impl OrtInstance {
+    pub fn new(
+        rt: &Runtime,
+        config: &ModelConfig,
+        file: &Path,
+        place: Place,
+        what: &str,
+    ) -> Result<OrtInstance> {
+        let settings = Settings::of(config)?;
+        let session = open(rt, file, &settings, place, what)?;
+        let (model_inputs, model_outputs) = metadata(&session, file, what);
+        for tc in &config.inputs {
+            if !model_inputs.iter().any(|d| *d.name == *tc.name) {
+                let have: Vec<&str> = model_inputs.iter().map(|d| d.name.as_str()).collect();
+                return Err(Error::invalid(format!(
+                    "{what}: config input '{}' is not an input of the ONNX model (its inputs: {})",
+                    tc.name,
+                    have.join(", ")
+                )));
+            }
+        }
+        let mut inputs = Vec::with_capacity(model_inputs.len());
+        for d in &model_inputs {
+            let exp = expected_input(config, d, what)?;
+            check_carried(what, exp.role, &d.name, exp.dtype)?;
+            check_declared(what, exp.role, d, &exp, config.max_batch_size)?;
+            let reshape = config.input(&d.name).and_then(|tc| tc.reshape.clone());
+            inputs.push(SessionInput {
+                name: d.name.clone(),
+                dtype: exp.dtype,
+                reshape,
+            });
+        }
+        let mut outputs = Vec::new();
+        for (name, exp) in expected_outputs(config) {
+            let Some(d) = model_outputs.iter().find(|d| d.name == name) else {
+                let have: Vec<&str> = model_outputs.iter().map(|d| d.name.as_str()).collect();
+                return Err(Error::invalid(format!(
+                    "{what}: {} '{name}' is not an output of the ONNX model (its outputs: {})",
+                    exp.role,
+                    have.join(", ")
+                )));
+            };
+            check_carried(what, exp.role, &name, exp.dtype)?;
+            check_declared(what, exp.role, d, &exp, config.max_batch_size)?;
+            let config_dims = config
+                .outputs
+                .iter()
+                .find(|t| *t.name == *name && t.reshape.is_some())
+                .map(|t| t.dims.clone());
+            outputs.push(SessionOutput {
+                name,
+                dtype: exp.dtype,
+                config_dims,
+            });
+        }
+        let run_options = match &settings.arena_shrinkage {
+            Some(v) => {
+                let mut o =
+                    ort::session::RunOptions::new().map_err(ort_error(what, "run options"))?;
+                o.set("memory.enable_memory_arena_shrinkage", v).map_err(|e| {
+                    Error::invalid(format!(
+                        "{what}: parameters.memory.enable_memory_arena_shrinkage: ONNX Runtime refuses '{v}': {e}"
+                    ))
+                })?;
+                Some(o)
+            }
+            None => None,
+        };
+        Ok(OrtInstance {
+            session,
+            inputs,
+            outputs,
+            run_options,
+            batching: config.max_batch_size > 0,
+            what: what.to_owned(),
+        })
+    }
+}
+
+/// BYTES tensors are not carried to ONNX Runtime (its strings are not Triton's
+/// length-prefixed elements).
+fn check_carried(what: &str, role: &str, name: &str, dt: DataType) -> Result<()> {
+    if matches!(dt, DataType::Bytes | DataType::Invalid) {
+        return Err(Error::unsupported(format!(
+            "{what}: {role} '{name}' is {}, a datatype the ONNX Runtime engine does not carry",
+            dt.as_str()
+        )));
+    }
+    Ok(())
+}
+
+/// A session input over `data`: borrowed when the bytes are aligned for the element
+/// type, else copied.
+fn input_value<'a>(
+    dt: DataType,
+    shape: Vec<i64>,
+    data: &'a [u8],
+) -> ort::Result<SessionInputValue<'a>> {
+    macro_rules! typed {
+        ($t:ty) => {
+            match bytemuck::try_cast_slice::<u8, $t>(data) {
+                Ok(v) => TensorRef::<$t>::from_array_view((shape, v))?.into(),
+                Err(_) => {
+                    Tensor::<$t>::from_array((shape, bytemuck::pod_collect_to_vec::<u8, $t>(data)))?
+                        .into()
+                }
+            }
+        };
+    }
+    Ok(match dt {
+        DataType::Fp32 => typed!(f32),
+        DataType::Fp64 => typed!(f64),
+        DataType::Fp16 => typed!(half::f16),
+        DataType::Bf16 => typed!(half::bf16),
+        DataType::Int8 => typed!(i8),
+        DataType::Int16 => typed!(i16),
+        DataType::Int32 => typed!(i32),
+        DataType::Int64 => typed!(i64),
+        DataType::Uint8 => typed!(u8),
+        DataType::Uint16 => typed!(u16),
+        DataType::Uint32 => typed!(u32),
+        DataType::Uint64 => typed!(u64),
+        DataType::Bool => {
+            // Any non-zero byte is true.
+            let v: Vec<bool> = data.iter().map(|&b| b != 0).collect();
+            Tensor::<bool>::from_array((shape, v))?.into()
+        }
+        DataType::Bytes | DataType::Invalid => {
+            return Err(ort::Error::new("BYTES tensors are not carried"))
+        }
+    })
+}
+
+/// An output's shape and bytes.
+fn output_bytes(v: &ort::value::DynValue, dt: DataType) -> ort::Result<(Vec<i64>, Cow<'_, [u8]>)> {
+    macro_rules! typed {
+        ($t:ty) => {{
+            let (shape, data) = v.try_extract_tensor::<$t>()?;
+            (
+                shape.to_vec(),
+                Cow::Borrowed(bytemuck::cast_slice::<$t, u8>(data)),
+            )
+        }};
+    }
+    Ok(match dt {
+        DataType::Fp32 => typed!(f32),
+        DataType::Fp64 => typed!(f64),
+        DataType::Fp16 => typed!(half::f16),
+        DataType::Bf16 => typed!(half::bf16),
+        DataType::Int8 => typed!(i8),
+        DataType::Int16 => typed!(i16),
+        DataType::Int32 => typed!(i32),
+        DataType::Int64 => typed!(i64),
+        DataType::Uint8 => typed!(u8),
+        DataType::Uint16 => typed!(u16),
+        DataType::Uint32 => typed!(u32),
+        DataType::Uint64 => typed!(u64),
+        DataType::Bool => {
+            let (shape, data) = v.try_extract_tensor::<bool>()?;
+            (
+                shape.to_vec(),
+                Cow::Owned(data.iter().map(|&b| u8::from(b)).collect()),
+            )
+        }
+        DataType::Bytes | DataType::Invalid => {
+            return Err(ort::Error::new("BYTES tensors are not carried"))
+        }
+    })
+}
+
+impl ModelInstance for OrtInstance {
+    fn execute(&mut self, batch: &mut Batch) -> Result<()> {
+        let what = &self.what;
+        let mut feeds: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
+            Vec::with_capacity(self.inputs.len());
+        for si in &self.inputs {
+            let (bi, data) = batch.input(&si.name).ok_or_else(|| {
+                Error::invalid(format!(
+                    "{what}: input '{}' is missing from the batch",
+                    si.name
+                ))
+            })?;
+            let shape: Vec<i64> = match &si.reshape {
+                Some(r) => {
+                    let lead = if self.batching {
+                        bi.shape.first().copied()
+                    } else {
+                        None
+                    };
+                    let mut s: Vec<i64> = lead.into_iter().collect();
+                    s.extend_from_slice(r);
+                    s
+                }
+                None => bi.shape.to_vec(),
+            };
+            let value = input_value(si.dtype, shape, data)
+                .map_err(|e| Error::invalid(format!("{what}: input '{}': {e}", si.name)))?;
+            feeds.push((Cow::Borrowed(si.name.as_str()), value));
+        }
+        let outputs = match &self.run_options {
+            Some(o) => self.session.run_with_options(feeds, o),
+            None => self.session.run(feeds),
+        }
+        .map_err(|e| Error::internal(format!("{what}: execution failed: {e}")))?;
+        for so in &self.outputs {
+            let v = outputs.get(&so.name).ok_or_else(|| {
+                Error::internal(format!(
+                    "{what}: ONNX Runtime did not return output '{}'",
+                    so.name
+                ))
+            })?;
+            if let ValueType::Tensor { ty, .. } = v.dtype() {
+                let got = data_type(*ty);
+                if got.as_ref().ok() != Some(&so.dtype) {
+                    return Err(Error::internal(format!(
+                        "{what}: output '{}' is {} where the config says {}",
+                        so.name,
+                        got.map_or_else(|n| n, |d| d.as_str().to_owned()),
+                        so.dtype.as_str()
+                    )));
+                }
+            }
+            let (mut shape, bytes) = output_bytes(v, so.dtype)
+                .map_err(|e| Error::internal(format!("{what}: output '{}': {e}", so.name)))?;
+            if let Some(dims) = &so.config_dims {
+                shape = reshaped(&shape, dims, self.batching).ok_or_else(|| {
+                    Error::internal(format!(
+                        "{what}: output '{}' has shape {}, which does not reshape to the config's dims {}",
+                        so.name,
+                        shape_string(&shape),
+                        shape_string(dims)
+                    ))
+                })?;
+            }
+            let out = batch.alloc_output(&so.name, &shape, None)?;
+            if out.len() != bytes.len() {
+                return Err(Error::internal(format!(
+                    "{what}: output '{}' has {} bytes for shape {}, expected {}",
+                    so.name,
+                    bytes.len(),
+                    shape_string(&shape),
+                    out.len()
+                )));
+            }
+            out.copy_from_slice(&bytes);
+        }
+        Ok(())
+    }
+}
+
+/// The shape `dims` (with the batch dimension of `shape` first when batching) when it
+/// has as many elements as `shape`; a -1 in `dims` takes what is left.
+fn reshaped(shape: &[i64], dims: &[i64], batching: bool) -> Option<Vec<i64>> {
+    let total: i64 = shape.iter().product();
+    let mut out: Vec<i64> = Vec::with_capacity(dims.len() + 1);
+    if batching {
+        out.push(*shape.first()?);
+    }
+    out.extend_from_slice(dims);
+    let known: i64 = out.iter().filter(|&&d| d >= 0).product();
+    let free = out.iter().filter(|&&d| d < 0).count();
+    match free {
+        0 => (known == total).then_some(out),
+        1 if known > 0 && total % known == 0 => {
+            for d in &mut out {
+                if *d < 0 {
+                    *d = total / known;
+                }
+            }
+            Some(out)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reshaped;
+
+    #[test]
+    fn outputs_reshape_to_the_config() {
+        assert_eq!(reshaped(&[], &[1], false), Some(vec![1]));
+        assert_eq!(reshaped(&[4], &[1], true), Some(vec![4, 1]));
+        assert_eq!(reshaped(&[2, 6], &[3, -1], true), Some(vec![2, 3, 2]));
+        assert_eq!(reshaped(&[2, 6], &[5], true), None);
+    }
+}
