@@ -60,6 +60,11 @@
 #define INFER_MAX_MODEL_NAME_BYTES 255
 
 /**
+ * The oldest ONNX Runtime whose C API the engine uses (API version 20).
+ */
+#define MIN_MINOR_VERSION 20
+
+/**
  * One execution's worth of requests, their batched inputs and the outputs the backend
  * writes.
  */
@@ -571,6 +576,29 @@ infer_status infer_server_options_set_trusted_repository(struct infer_server_opt
  * true: only models loaded with `infer_server_load_model`.
  */
 infer_status infer_server_options_set_model_control_explicit(struct infer_server_options *opts, bool explicit_);
+
+/**
+ * The ONNX Runtime library file (`libonnxruntime.so...`) for ONNX models; searched first,
+ * before the `INFER_ONNXRUNTIME_LIBRARY` environment variable, the directory of
+ * libinfer and the loader's paths. NULL or "" clears it. ONNX Runtime is loaded once per
+ * process: the first server that loads an ONNX model decides which file.
+ */
+infer_status infer_server_options_set_onnxruntime_library(struct infer_server_options *opts, const char *path);
+
+/**
+ * true: ONNX models must run on ONNX Runtime; where it cannot be loaded, loading an
+ * ONNX model fails with UNAVAILABLE saying why, instead of running it on tract.
+ */
+infer_status infer_server_options_set_onnxruntime_required(struct infer_server_options *opts, bool required);
+
+/**
+ * Caps ONNX Runtime's compute threads: every ONNX Runtime session that does not set its
+ * own `intra_op_thread_count` / `inter_op_thread_count` shares one pool of `intra_op`
+ * threads (and `inter_op` for parallel execution), so many models do not oversubscribe
+ * the host's cores. 0 lets ONNX Runtime choose (one per core). The pools are
+ * process-wide: they are made by the first server that loads an ONNX model.
+ */
+infer_status infer_server_options_set_onnxruntime_threads(struct infer_server_options *opts, uint32_t intra_op, uint32_t inter_op);
 
 /**
  * With explicit model control, names a model of the repository that `infer_server_new`

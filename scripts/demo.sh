@@ -3,7 +3,8 @@
 # repository models/ (ONNX models, a sequence model and an ensemble), streams tokens from
 # its generative tiny_gpt2, and runs the quickstarts (C and C++), the concurrent client,
 # the dynamic batching, sequence and pipeline demos and the C++ custom backend. Installs
-# gcc, g++, cmake and ninja with apt-get only when they are missing.
+# gcc, g++, cmake and ninja with apt-get only when they are missing, and ONNX Runtime's
+# library from its PyPI wheel (pinned, cached in target/onnxruntime).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -12,6 +13,12 @@ ensure_build_tools
 
 echo "== cargo build --release"
 cargo build --release
+
+# ONNX models run on ONNX Runtime (the pinned wheel's library); without PyPI they run on
+# tract, and the log says so.
+if ensure_onnxruntime target/onnxruntime; then
+    export INFER_ONNXRUNTIME_LIBRARY="$ORT_LIB"
+fi
 
 echo "== cpp_examples (CMake)"
 build_cpp_examples

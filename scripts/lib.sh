@@ -63,3 +63,42 @@ build_cpp_examples() {
         -DINFER_LIB_DIR="$LIB_DIR" -DINFER_INCLUDE_DIR="$PWD/include"
     cmake --build "$dir"
 }
+
+# The ONNX Runtime release the demo and the tests load (the `onnxruntime` wheel from PyPI
+# ships libonnxruntime.so.$ORT_VERSION; nothing of it is needed to build libinfer).
+ORT_VERSION=1.32.0
+
+# ensure_onnxruntime DIR: extracts libonnxruntime.so.$ORT_VERSION from the pinned wheel
+# into DIR (once; the wheel is kept in DIR/wheel) and sets ORT_LIB to its path. Returns 1,
+# with a line saying so, where PyPI cannot be reached.
+ensure_onnxruntime() {
+    local dir="$1"
+    case "$dir" in /*) ;; *) dir="$PWD/$dir" ;; esac
+    ORT_LIB="$dir/libonnxruntime.so.$ORT_VERSION"
+    [[ -f "$ORT_LIB" ]] && return 0
+    ensure_tool python3 python3
+    local py=python3
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+        # Debian and Ubuntu ship pip separately: a venv brings its own.
+        [[ -x "$dir/venv/bin/python" ]] || python3 -m venv "$dir/venv" >/dev/null 2>&1 ||
+            { apt_install python3-venv && python3 -m venv "$dir/venv"; }
+        py="$dir/venv/bin/python"
+    fi
+    echo "-- downloading onnxruntime==$ORT_VERSION (its libonnxruntime.so) into $dir"
+    mkdir -p "$dir/wheel"
+    if ! "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+        -d "$dir/wheel" "onnxruntime==$ORT_VERSION"; then
+        echo "onnxruntime==$ORT_VERSION could not be downloaded from PyPI"
+        ORT_LIB=""
+        return 1
+    fi
+    "$py" - "$dir" "$ORT_VERSION" <<'PY'
+import glob, os, sys, zipfile
+dir, version = sys.argv[1], sys.argv[2]
+wheel = sorted(glob.glob(os.path.join(dir, "wheel", f"onnxruntime-{version}-*.whl")))[-1]
+member = f"onnxruntime/capi/libonnxruntime.so.{version}"
+with zipfile.ZipFile(wheel) as z, open(os.path.join(dir, f"libonnxruntime.so.{version}.tmp"), "wb") as out:
+    out.write(z.read(member))
+os.replace(os.path.join(dir, f"libonnxruntime.so.{version}.tmp"), os.path.join(dir, f"libonnxruntime.so.{version}"))
+PY
+}

@@ -76,7 +76,16 @@ onnx_conformance() {
     case "$out" in /*) ;; *) out="$PWD/$out" ;; esac
     onnx_python "$venv"
     "$venv/bin/python" scripts/onnx_conformance.py "$out"
-    INFER_ONNX_CONFORMANCE_DIR="$out" cargo test --release --test onnx_conformance -- --nocapture
+    # On tract (`backend: "tract"`).
+    env -u INFER_ONNXRUNTIME_LIBRARY INFER_ONNX_CONFORMANCE_DIR="$out" \
+        cargo test --release --test onnx_conformance -- --nocapture
+    # On ONNX Runtime (required: a run that cannot load it fails).
+    if ensure_onnxruntime "$TARGET_DIR/onnxruntime"; then
+        INFER_ONNXRUNTIME_LIBRARY="$ORT_LIB" INFER_ONNX_CONFORMANCE_ENGINE=onnxruntime \
+            INFER_ONNX_CONFORMANCE_DIR="$out" cargo test --release --test onnx_conformance -- --nocapture
+    else
+        echo "SKIP: the ONNX Runtime conformance run (no ONNX Runtime)"
+    fi
     # The same cases on the GPU executor, against the stand-in CUDA libraries (the
     # kernels built for the host): the planner and the kernels' semantics, without a GPU.
     local fakes="$TARGET_DIR/fake-cuda"
@@ -109,7 +118,6 @@ nvrtc_check() {
 # onnxruntime's outputs: the pinned wheels are downloaded once into $TARGET_DIR/packaged,
 # onnxruntime goes into the onnx venv to compute the references. Where PyPI cannot be
 # reached, says so and skips.
-ORT_VERSION=1.32.0
 DDDDOCR_VERSION=1.6.1
 # The other wheels scripts/packaged_models.py takes its models from.
 RAPIDOCR_ORT_VERSION=1.4.4
@@ -143,7 +151,22 @@ packaged_models() {
         fi
     done
     "$venv/bin/python" scripts/packaged_models.py "$wheels" "$out"
-    INFER_PACKAGED_MODELS_DIR="$out" cargo test --release --test onnx_packaged -- --nocapture
+    if ! ensure_onnxruntime "$TARGET_DIR/onnxruntime"; then
+        echo "SKIP: no ONNX Runtime; the packaged models were not run"
+        return 0
+    fi
+    INFER_ONNXRUNTIME_LIBRARY="$ORT_LIB" INFER_PACKAGED_MODELS_DIR="$out" \
+        cargo test --release --test onnx_packaged -- --nocapture
+}
+
+# The ONNX backend's behaviour tests again, with ONNX Runtime as the engine (the main
+# cargo test run has none: ONNX models run on tract there).
+onnxruntime_tests() {
+    if ! ensure_onnxruntime "$TARGET_DIR/onnxruntime"; then
+        echo "SKIP: no ONNX Runtime; the ONNX backend tests ran on tract only"
+        return 0
+    fi
+    INFER_ONNXRUNTIME_LIBRARY="$ORT_LIB" cargo test --release --test onnx_backend --test onnxruntime
 }
 
 summary() {
@@ -208,7 +231,8 @@ ensure_rust_component clippy
 
 step fmt cargo fmt --check
 step clippy cargo clippy --all-targets -- -D warnings
-step cargo-test cargo test --release
+step cargo-test env -u INFER_ONNXRUNTIME_LIBRARY cargo test --release
+step onnxruntime onnxruntime_tests
 step onnx-conformance onnx_conformance
 step packaged-models packaged_models
 step nvrtc nvrtc_check

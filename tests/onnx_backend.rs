@@ -2004,12 +2004,10 @@ fn a_model_tract_panics_on_is_unsupported() {
     ];
     let dir = model_dir("onnx-tract-panics", &m);
     // tract only: ONNX Runtime serves this model.
-    let config = format!(
-        r#"name: "lp" backend: "tract" max_batch_size: 0
-input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1, -1, 3 ] }} ]
-output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1, 1, -1, 5 ] }},
-         {{ name: "Y_h" data_type: TYPE_FP32 dims: [ 1, -1, 5 ] }} ]"#
-    );
-    let msg = load_fails(&s, "lp", &config, &dir, INFER_STATUS_UNSUPPORTED);
+    let config = r#"name: "lp" backend: "tract" max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1, -1, 3 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1, 1, -1, 5 ] },
+         { name: "Y_h" data_type: TYPE_FP32 dims: [ 1, -1, 5 ] } ]"#;
+    let msg = load_fails(&s, "lp", config, &dir, INFER_STATUS_UNSUPPORTED);
     assert_mentions(&msg, &["'lp'", "tract", "analyse", "tract failed"]);
 }

@@ -60,11 +60,34 @@ const KNOWN_GPU: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/onnx_conformance_gpu_known.txt"
 );
+const KNOWN_ORT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/onnx_conformance_ort_known.txt"
+);
 const GPU_ENV: &str = "INFER_ONNX_CONFORMANCE_GPU";
+const ENGINE_ENV: &str = "INFER_ONNX_CONFORMANCE_ENGINE";
 
 /// Whether the cases run on the GPU executor.
 fn on_gpu() -> bool {
     std::env::var_os(GPU_ENV).is_some_and(|v| v == "1")
+}
+
+/// Whether the cases run on ONNX Runtime (`INFER_ONNX_CONFORMANCE_ENGINE=onnxruntime`,
+/// with the library from `INFER_ONNXRUNTIME_LIBRARY`; required, so a run that cannot
+/// load it fails); otherwise the CPU cases run on tract (`backend: "tract"`).
+fn on_ort() -> bool {
+    !on_gpu() && std::env::var_os(ENGINE_ENV).is_some_and(|v| v == "onnxruntime")
+}
+
+/// Which engine the run is about, for the report and the summary line.
+fn engine_tag() -> &'static str {
+    if on_gpu() {
+        " (GPU)"
+    } else if on_ort() {
+        " (ONNX Runtime)"
+    } else {
+        ""
+    }
 }
 /// With every case of onnx [`MIN_PASSED_ONNX`] (the version scripts/test.sh pins) run, at
 /// least this many must pass: a backend that starts refusing models it used to run
@@ -73,6 +96,8 @@ const MIN_PASSED: usize = 969;
 const MIN_PASSED_ONNX: &str = "1.19.1";
 /// The same floor for the GPU executor (against the stand-in libraries).
 const MIN_PASSED_GPU: usize = 1130;
+/// The same floor for ONNX Runtime (CPU provider).
+const MIN_PASSED_ORT: usize = 1360;
 /// How a first run refused with UNSUPPORTED reads (see [`Outcome::Unsupported`]).
 const RUN_UNSUPPORTED: &str = "run failed: UNSUPPORTED: ";
 /// After this many timed-out cases the server is not trusted any more: the rest is not run.
@@ -157,6 +182,8 @@ fn run_case(server: &Server, name: &str, dir: &Path, stage: &Stage) -> Outcome {
             .map_err(|e| format!("config.pbtxt: {e}"))?;
         if on_gpu() {
             config.push_str("\ninstance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]\n");
+        } else if !on_ort() {
+            config = config.replace("platform: \"onnxruntime_onnx\"", "backend: \"tract\"");
         }
         let text = std::fs::read_to_string(dir.join("data.json"))
             .map_err(|e| format!("data.json: {e}"))?;
@@ -256,7 +283,10 @@ fn infer_checked(
     let req = Req(r);
     for (t, bytes) in inputs {
         let dt = unsafe { infer_datatype_from_string(cs(&t.datatype).as_ptr()) };
-        let st = req.try_input(&t.name, dt, &t.shape, bytes);
+        // A scalar is served as dims [1] reshaped to [] (the config auto-complete makes,
+        // as Triton's does).
+        let served: &[i64] = if t.shape.is_empty() { &[1] } else { &t.shape };
+        let st = req.try_input(&t.name, dt, served, bytes);
         if st != INFER_STATUS_OK {
             return Err(format!(
                 "input '{}' ({} {:?}): {}: {}",
@@ -338,7 +368,8 @@ fn compare_output(resp: &Resp, want: &Tensor, want_bytes: &[u8]) -> Result<(), S
     if got_dt != want.datatype {
         return Err(format!("datatype {got_dt}, expected {}", want.datatype));
     }
-    if got_shape != want.shape {
+    let scalar_as_one = want.shape.is_empty() && got_shape == [1];
+    if got_shape != want.shape && !scalar_as_one {
         return Err(format!("shape {got_shape:?}, expected {:?}", want.shape));
     }
     compare_values(&want.datatype, &want.shape, &got, want_bytes)
@@ -493,7 +524,13 @@ fn compare_values(datatype: &str, shape: &[i64], got: &[u8], want: &[u8]) -> Res
 /// `case # reason` lines of the known-failures list.
 fn known_failures() -> BTreeMap<String, String> {
     #[allow(non_snake_case)]
-    let KNOWN = if on_gpu() { KNOWN_GPU } else { KNOWN_CPU };
+    let KNOWN = if on_gpu() {
+        KNOWN_GPU
+    } else if on_ort() {
+        KNOWN_ORT
+    } else {
+        KNOWN_CPU
+    };
     let text = std::fs::read_to_string(KNOWN).unwrap_or_else(|e| panic!("{KNOWN}: {e}"));
     let mut known = BTreeMap::new();
     for (n, line) in text.lines().enumerate() {
@@ -593,6 +630,11 @@ fn onnx_node_test_cases() {
     ok(unsafe { infer_server_options_set_model_control_explicit(opts, true) });
     if on_gpu() {
         ok(unsafe { infer_server_options_set_gpu(opts, INFER_GPU_REQUIRED) });
+    }
+    if on_ort() {
+        ok(unsafe { infer_server_options_set_onnxruntime_required(opts, true) });
+        // As in a direct call: one session thread each.
+        ok(unsafe { infer_server_options_set_onnxruntime_threads(opts, 1, 1) });
     }
     ok(unsafe {
         infer_server_options_set_log_callback(opts, 2, Some(log_line), std::ptr::null_mut())
@@ -722,6 +764,8 @@ fn onnx_node_test_cases() {
     }
     let report_file = if on_gpu() {
         "report_gpu.tsv"
+    } else if on_ort() {
+        "report_ort.tsv"
     } else {
         "report.tsv"
     };
@@ -800,7 +844,7 @@ fn onnx_node_test_cases() {
         "\nonnx conformance{}: passed {passed}, failed {}, known failures {}, \
          skipped (unsupported) {n_unsupported}, skipped (not representable) {} in {:.0}s; \
          details in {}/{report_file}",
-        if on_gpu() { " (GPU)" } else { "" },
+        engine_tag(),
         unexpected.len(),
         known_failing.len(),
         not_representable.len(),
@@ -813,7 +857,13 @@ fn onnx_node_test_cases() {
         std::mem::forget(server);
     }
     let floor = filters.is_empty() && index["onnx_version"].as_str() == Some(MIN_PASSED_ONNX);
-    let min_passed = if on_gpu() { MIN_PASSED_GPU } else { MIN_PASSED };
+    let min_passed = if on_gpu() {
+        MIN_PASSED_GPU
+    } else if on_ort() {
+        MIN_PASSED_ORT
+    } else {
+        MIN_PASSED
+    };
     if floor && passed < min_passed {
         println!(
             "\nonly {passed} cases passed, expected at least {min_passed}: compare {}/{report_file} \

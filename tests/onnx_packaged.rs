@@ -21,8 +21,50 @@ const DIR_ENV: &str = "INFER_PACKAGED_MODELS_DIR";
 
 struct Tensor {
     name: String,
+    datatype: String,
     shape: Vec<i64>,
-    data: Vec<f32>,
+    bytes: Vec<u8>,
+}
+
+impl Tensor {
+    /// The values as f64, for comparing (integers exactly, floats within the tolerance).
+    fn values(&self) -> Vec<f64> {
+        values(&self.datatype, &self.bytes)
+    }
+}
+
+fn values(datatype: &str, b: &[u8]) -> Vec<f64> {
+    match datatype {
+        "FP32" => bytemuck::pod_collect_to_vec::<u8, f32>(b)
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect(),
+        "FP64" => bytemuck::pod_collect_to_vec::<u8, f64>(b),
+        "INT64" => bytemuck::pod_collect_to_vec::<u8, i64>(b)
+            .iter()
+            .map(|&v| v as f64)
+            .collect(),
+        "INT32" => bytemuck::pod_collect_to_vec::<u8, i32>(b)
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect(),
+        "UINT8" | "BOOL" => b.iter().map(|&v| f64::from(v)).collect(),
+        "INT8" => b.iter().map(|&v| f64::from(v as i8)).collect(),
+        other => panic!("datatype {other} is not compared by this test"),
+    }
+}
+
+fn datatype(name: &str) -> infer_datatype {
+    match name {
+        "FP32" => INFER_DATATYPE_FP32,
+        "FP64" => INFER_DATATYPE_FP64,
+        "INT64" => INFER_DATATYPE_INT64,
+        "INT32" => INFER_DATATYPE_INT32,
+        "UINT8" => INFER_DATATYPE_UINT8,
+        "INT8" => INFER_DATATYPE_INT8,
+        "BOOL" => INFER_DATATYPE_BOOL,
+        other => panic!("datatype {other} is not sent by this test"),
+    }
 }
 
 struct Case {
@@ -30,44 +72,69 @@ struct Case {
     outputs: Vec<Tensor>,
 }
 
+/// |got - want| <= atol + rtol |want| (the script may loosen it for a quantized model).
+struct Tolerance {
+    atol: f64,
+    rtol: f64,
+}
+
 fn tensors(dir: &Path, v: &serde_json::Value) -> Vec<Tensor> {
     v.as_array()
         .expect("a tensor list")
         .iter()
         .map(|t| {
-            assert_eq!(t["datatype"], "FP32", "{t}");
             let file = dir.join(t["file"].as_str().expect("file"));
             let bytes = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
             Tensor {
                 name: t["name"].as_str().expect("name").to_owned(),
+                datatype: t["datatype"].as_str().expect("datatype").to_owned(),
                 shape: (t["shape"].as_array().expect("shape").iter())
                     .map(|d| d.as_i64().expect("a dim"))
                     .collect(),
-                data: bytemuck::pod_collect_to_vec(&bytes),
+                bytes,
             }
         })
         .collect()
 }
 
-fn cases(dir: &Path) -> Vec<Case> {
+fn cases(dir: &Path) -> (Vec<Case>, Tolerance) {
     let text = std::fs::read_to_string(dir.join("cases.json")).expect("cases.json");
     let v: serde_json::Value = serde_json::from_str(&text).expect("cases.json is JSON");
-    (v["cases"].as_array().expect("cases").iter())
+    let cases = (v["cases"].as_array().expect("cases").iter())
         .map(|c| Case {
             inputs: tensors(dir, &c["inputs"]),
             outputs: tensors(dir, &c["outputs"]),
         })
-        .collect()
+        .collect();
+    let tol = Tolerance {
+        atol: v["tolerance"]["atol"].as_f64().unwrap_or(1e-4),
+        rtol: v["tolerance"]["rtol"].as_f64().unwrap_or(1e-3),
+    };
+    (cases, tol)
 }
 
 /// A response's outputs: shape and bytes of each.
 type Answer = Vec<(Vec<i64>, Vec<u8>)>;
 
+/// A scalar is served as dims [1] (reshaped to [] for the model), as Triton does.
+fn served_shape(shape: &[i64]) -> Vec<i64> {
+    if shape.is_empty() {
+        vec![1]
+    } else {
+        shape.to_vec()
+    }
+}
+
 /// Runs `case`; its outputs' shapes and values, checked against onnxruntime's.
-fn run(s: &Server, model: &str, case: &Case, worst: &mut f32) -> Answer {
-    let mut r = s.request(model);
+fn run(s: &Server, model: &str, case: &Case, tol: &Tolerance, worst: &mut f64) -> Answer {
+    let r = s.request(model);
     for t in &case.inputs {
-        r = r.input_f32(&t.name, &t.shape, &t.data);
+        ok(r.try_input(
+            &t.name,
+            datatype(&t.datatype),
+            &served_shape(&t.shape),
+            &t.bytes,
+        ));
     }
     let resp = s.infer(r);
     assert_eq!(resp.status(), INFER_STATUS_OK, "{model}: {}", resp.error());
@@ -77,12 +144,19 @@ fn run(s: &Server, model: &str, case: &Case, worst: &mut f32) -> Answer {
             let (shape, bytes) = resp
                 .output(&want.name)
                 .unwrap_or_else(|| panic!("{model}: no output '{}'", want.name));
-            assert_eq!(shape, want.shape, "{model}: output '{}'", want.name);
-            let got: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
-            for (i, (g, w)) in got.iter().zip(&want.data).enumerate() {
+            assert_eq!(
+                shape,
+                served_shape(&want.shape),
+                "{model}: output '{}'",
+                want.name
+            );
+            let got = values(&want.datatype, &bytes);
+            let expected = want.values();
+            assert_eq!(got.len(), expected.len(), "{model}: output '{}'", want.name);
+            for (i, (g, w)) in got.iter().zip(&expected).enumerate() {
                 let d = (g - w).abs();
                 assert!(
-                    d <= 1e-4 + 1e-3 * w.abs(),
+                    d <= tol.atol + tol.rtol * w.abs(),
                     "{model}: output '{}' element {i}: {g}, onnxruntime {w}",
                     want.name
                 );
@@ -113,7 +187,7 @@ fn packaged_models_match_onnxruntime_on_every_request() {
         let config = std::fs::read_to_string(dir.join("config.pbtxt")).expect("config.pbtxt");
         let st = s.try_load_dir(&model, &config, dir);
         assert_eq!(st, INFER_STATUS_OK, "{model}: {}", last_error());
-        let cases = cases(dir);
+        let (cases, tol) = cases(dir);
         // The first case twice, then every case again after the others: 0, 0, 1, 0, 1, 0...
         let n = cases.len();
         let order: Vec<usize> = [0, 0]
@@ -121,9 +195,9 @@ fn packaged_models_match_onnxruntime_on_every_request() {
             .chain((0..3).flat_map(|_| (1..n).chain([0])))
             .collect();
         let mut first: Vec<Option<Answer>> = vec![None; n];
-        let mut worst = 0f32;
+        let mut worst = 0f64;
         for (k, &c) in order.iter().enumerate() {
-            let got = run(&s, &model, &cases[c], &mut worst);
+            let got = run(&s, &model, &cases[c], &tol, &mut worst);
             match &first[c] {
                 None => first[c] = Some(got),
                 Some(f) => assert!(

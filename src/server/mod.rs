@@ -105,8 +105,8 @@ pub struct Server {
     output_placers: Mutex<Vec<Option<Arc<crate::server::outputs::OutputPlacer>>>>,
     /// Answers queue timeouts on time (a thread started on first use).
     timer: Arc<crate::scheduler::timer::Timer>,
-    /// This server has said in its log that ONNX models run on tract (once).
-    said_tract: AtomicBool,
+    /// This server has said in its log which engine runs its ONNX models (once).
+    said_engine: AtomicBool,
 }
 
 /// Servers alive in this process; the object pools are emptied when it drops to zero.
@@ -163,7 +163,7 @@ impl Server {
             stats_callbacks: Mutex::new(HashMap::new()),
             output_placers: Mutex::new(Vec::new()),
             timer: Arc::new(crate::scheduler::timer::Timer::new()),
-            said_tract: AtomicBool::new(false),
+            said_engine: AtomicBool::new(false),
             opts,
         });
         if let Some(repo) = &server.opts.repository {
@@ -265,7 +265,17 @@ impl Server {
             .get(param)
             .is_some_and(|v| matches!(v.trim(), "1" | "true" | "TRUE" | "True"));
         match onnx::onnxruntime::runtime(&self.opts.onnxruntime, &self.log) {
-            Ok(rt) => Ok(onnx::Engine::OnnxRuntime(rt)),
+            Ok(rt) => {
+                if !self.said_engine.swap(true, Ordering::AcqRel) {
+                    self.log.info(&format!(
+                        "ONNX models run on ONNX Runtime {} ('{}'; execution providers: {})",
+                        rt.version,
+                        rt.path.display(),
+                        rt.providers.join(", ")
+                    ));
+                }
+                Ok(onnx::Engine::OnnxRuntime(rt))
+            }
             Err(why) if self.opts.onnxruntime.required || by_model => {
                 let by = if by_model {
                     format!("parameters.{param}")
@@ -277,7 +287,7 @@ impl Server {
                 )))
             }
             Err(why) => {
-                if !self.said_tract.swap(true, Ordering::AcqRel) {
+                if !self.said_engine.swap(true, Ordering::AcqRel) {
                     self.log.info(&format!(
                         "ONNX models run on tract: {why} (set {} or infer_server_options_set_onnxruntime_library)",
                         onnx::onnxruntime::LIBRARY_ENV

@@ -57,9 +57,8 @@ static RUNTIME: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new()
 static LOADING: Mutex<()> = Mutex::new(());
 
 /// ONNX Runtime for a server with `opts`, loading it on first use; Err says why it is not
-/// available (every place searched, and what failed). `log` hears, once per process,
-/// which file and version loaded, and when this server's options differ from what the
-/// process already has.
+/// available (every place searched, and what failed). `log` hears when this server's
+/// options differ from what the process already has.
 pub fn runtime(
     opts: &RuntimeOptions,
     log: &Logger,
@@ -69,14 +68,7 @@ pub fn runtime(
     let r = RUNTIME.get_or_init(|| load(opts));
     match r {
         Ok(rt) => {
-            if first {
-                log.info(&format!(
-                    "ONNX Runtime {} loaded from '{}' (execution providers: {})",
-                    rt.version,
-                    rt.path.display(),
-                    rt.providers.join(", ")
-                ));
-            } else {
+            if !first {
                 if let Some(want) = &opts.library {
                     if !same_file(want, &rt.path) {
                         log.warn(&format!(
@@ -185,11 +177,9 @@ fn load(opts: &RuntimeOptions) -> std::result::Result<Runtime, String> {
     for (path, from) in candidates(opts) {
         // A file named by an option or the environment must exist; the loader's own
         // search is tried by name.
-        if path.is_absolute() || path.components().count() > 1 {
-            if !path.is_file() {
-                tried.push(format!("'{}' ({from}): no such file", path.display()));
-                continue;
-            }
+        if (path.is_absolute() || path.components().count() > 1) && !path.is_file() {
+            tried.push(format!("'{}' ({from}): no such file", path.display()));
+            continue;
         }
         let version = match probe(&path) {
             Ok(v) => v,

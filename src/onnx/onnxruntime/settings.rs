@@ -204,9 +204,11 @@ impl Settings {
                     );
                     s.cpu_accelerators.push(match a.name.as_str() {
                         "openvino" => Accelerator::OpenVino(sorted(&a.parameters)),
-                        n => return Err(Error::unsupported(format!(
+                        n => {
+                            return Err(Error::unsupported(format!(
                             "{what}: {at}.name: '{n}' (the ONNX Runtime engine has \"openvino\")"
-                        ))),
+                        )))
+                        }
                     });
                 }
             }

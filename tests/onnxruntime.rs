@@ -1,0 +1,389 @@
+//! The ONNX Runtime engine through the C API: the shipped ONNX models of `models/` on ONNX
+//! Runtime against the same models on tract (`backend: "tract"`, an independent engine),
+//! dynamic batching into one run, sequence batching with implicit state, the config's ONNX
+//! Runtime settings, and the log line naming the library.
+//!
+//! Needs ONNX Runtime: scripts/test.sh runs it with `INFER_ONNXRUNTIME_LIBRARY` set to the
+//! pinned wheel's library; without it each test passes with a skip notice.
+//!
+//! Run: `INFER_ONNXRUNTIME_LIBRARY=.../libonnxruntime.so.1.32.0 cargo test --release --test onnxruntime`.
+
+mod common;
+use common::*;
+use infer::ffi::server::*;
+use infer::ffi::*;
+use std::ffi::{c_char, c_void, CStr};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+fn have_ort() -> bool {
+    let set = std::env::var_os("INFER_ONNXRUNTIME_LIBRARY").is_some_and(|p| !p.is_empty());
+    if !set {
+        eprintln!(
+            "onnxruntime: SKIPPED, INFER_ONNXRUNTIME_LIBRARY is not set (scripts/test.sh sets it)"
+        );
+    }
+    set
+}
+
+fn model_dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("models")
+        .join(name)
+}
+
+/// The shipped config of `model`, served as `as_name`, with `replace` applied.
+fn config(model: &str, as_name: &str, replace: &[(&str, &str)]) -> String {
+    let mut c = std::fs::read_to_string(model_dir(model).join("config.pbtxt")).unwrap();
+    c = c.replace(
+        &format!("name: \"{model}\""),
+        &format!("name: \"{as_name}\""),
+    );
+    for (a, b) in replace {
+        assert!(c.contains(a), "{model}: {a} not in the config");
+        c = c.replace(a, b);
+    }
+    c
+}
+
+const TRACT: (&str, &str) = ("platform: \"onnxruntime_onnx\"", "backend: \"tract\"");
+
+static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn log_line(_: *mut c_void, _level: u32, msg: *const c_char) {
+    let msg = unsafe { CStr::from_ptr(msg) }
+        .to_string_lossy()
+        .into_owned();
+    LOG.lock().unwrap().push(msg);
+}
+
+fn server_with(threads: Option<(u32, u32)>) -> Server {
+    let mut opts = std::ptr::null_mut();
+    ok(unsafe { infer_server_options_new(&mut opts) });
+    ok(unsafe { infer_server_options_set_onnxruntime_required(opts, true) });
+    if let Some((a, b)) = threads {
+        ok(unsafe { infer_server_options_set_onnxruntime_threads(opts, a, b) });
+    }
+    ok(unsafe {
+        infer_server_options_set_log_callback(
+            opts,
+            INFER_LOG_INFO,
+            Some(log_line),
+            std::ptr::null_mut(),
+        )
+    });
+    Server::with_options(opts)
+}
+
+fn features(seed: u32, rows: usize) -> Vec<f32> {
+    (0..rows * 64)
+        .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0)
+        .collect()
+}
+
+fn close(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-4 + 1e-4 * y.abs(),
+            "{what}: element {i}: {x} vs {y}"
+        );
+    }
+}
+
+#[test]
+fn mlp_on_onnxruntime_matches_tract_and_the_log_names_the_library() {
+    if !have_ort() {
+        return;
+    }
+    let s = server_with(None);
+    let dir = model_dir("mlp");
+    assert_eq!(
+        s.try_load_dir("mlp", &config("mlp", "mlp", &[]), &dir),
+        INFER_STATUS_OK,
+        "{}",
+        last_error()
+    );
+    let tract = config("mlp", "mlp_tract", &[TRACT]);
+    assert_eq!(
+        s.try_load_dir("mlp_tract", &tract, &dir),
+        INFER_STATUS_OK,
+        "{}",
+        last_error()
+    );
+    for rows in [1usize, 3, 8] {
+        let x = features(rows as u32, rows);
+        let a = s.infer(
+            s.request("mlp")
+                .input_f32("FEATURES", &[rows as i64, 64], &x),
+        );
+        let b = s.infer(
+            s.request("mlp_tract")
+                .input_f32("FEATURES", &[rows as i64, 64], &x),
+        );
+        assert_eq!(a.status(), INFER_STATUS_OK, "{}", a.error());
+        assert_eq!(b.status(), INFER_STATUS_OK, "{}", b.error());
+        close(
+            &a.output_f32("LOGITS"),
+            &b.output_f32("LOGITS"),
+            "mlp LOGITS",
+        );
+    }
+    let log = LOG.lock().unwrap().join("\n");
+    assert!(log.contains("ONNX models run on ONNX Runtime 1."), "{log}");
+    assert!(log.contains("libonnxruntime.so"), "{log}");
+}
+
+#[test]
+fn dynamic_batching_runs_many_requests_in_one_session_run() {
+    if !have_ort() {
+        return;
+    }
+    let s = server_with(Some((1, 1)));
+    let dir = model_dir("mlp");
+    assert_eq!(
+        s.try_load_dir("mlpb", &config("mlp", "mlpb", &[]), &dir),
+        INFER_STATUS_OK,
+        "{}",
+        last_error()
+    );
+    // Each request alone first, then all of them queued while paused: one batch.
+    let singles: Vec<Vec<f32>> = (0..16)
+        .map(|i| {
+            s.infer(
+                s.request("mlpb")
+                    .input_f32("FEATURES", &[1, 64], &features(i, 1)),
+            )
+            .output_f32("LOGITS")
+        })
+        .collect();
+    s.pause("mlpb");
+    let c = Collector::new();
+    for i in 0..16u32 {
+        s.enqueue(
+            s.request("mlpb")
+                .input_f32("FEATURES", &[1, 64], &features(i, 1)),
+            &c,
+        )
+        .unwrap();
+    }
+    s.resume("mlpb");
+    c.wait(16);
+    let mut got = c.take();
+    got.sort_by_key(|r| r.id());
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(r.status(), INFER_STATUS_OK, "{}", r.error());
+        close(&r.output_f32("LOGITS"), &singles[i], "batched LOGITS");
+    }
+    let sizes = batch_sizes(&s.stats("mlpb"));
+    assert!(
+        sizes.iter().any(|&(size, _)| size >= 8),
+        "no batch of 8 or more: {sizes:?}"
+    );
+}
+
+#[test]
+fn sequences_with_implicit_state_match_tract() {
+    if !have_ort() {
+        return;
+    }
+    let s = server_with(None);
+    let dir = model_dir("accumulator_onnx");
+    let ort = config("accumulator_onnx", "acc", &[]);
+    let tract = config("accumulator_onnx", "acc_tract", &[TRACT]);
+    assert_eq!(
+        s.try_load_dir("acc", &ort, &dir),
+        INFER_STATUS_OK,
+        "{}",
+        last_error()
+    );
+    assert_eq!(
+        s.try_load_dir("acc_tract", &tract, &dir),
+        INFER_STATUS_OK,
+        "{}",
+        last_error()
+    );
+    for model in ["acc", "acc_tract"] {
+        let mut outs = Vec::new();
+        for (k, v) in [1.0f32, 2.0, 3.5, -1.0].iter().enumerate() {
+            let flags = if k == 0 {
+                INFER_REQUEST_FLAG_SEQUENCE_START
+            } else {
+                0
+            };
+            let r =
+                s.request(model)
+                    .correlation_id(7)
+                    .flags(flags)
+                    .input_f32("INPUT", &[1, 1], &[*v]);
+            let resp = s.infer(r);
+            assert_eq!(resp.status(), INFER_STATUS_OK, "{model}: {}", resp.error());
+            outs.push(resp.output_f32("OUTPUT")[0]);
+        }
+        LOG.lock().unwrap().push(format!("{model}: {outs:?}"));
+    }
+    let log = LOG.lock().unwrap().clone();
+    let of = |m: &str| {
+        log.iter()
+            .rev()
+            .find(|l| l.starts_with(&format!("{m}: ")))
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(
+        of("acc")["acc".len()..],
+        of("acc_tract")["acc_tract".len()..]
+    );
+    // The state carries: the outputs are not just the inputs.
+    assert!(
+        !of("acc").ends_with("[1.0, 2.0, 3.5, -1.0]"),
+        "{}",
+        of("acc")
+    );
+}
+
+#[test]
+fn the_configs_onnxruntime_settings_apply_or_are_refused_by_name() {
+    if !have_ort() {
+        return;
+    }
+    let s = server_with(None);
+    let dir = model_dir("mlp");
+    let with = |name: &str, extra: &str| {
+        let c = format!("{}\n{extra}\n", config("mlp", name, &[]));
+        let st = s.try_load_dir(name, &c, &dir);
+        (
+            st,
+            if st == INFER_STATUS_OK {
+                String::new()
+            } else {
+                last_error()
+            },
+        )
+    };
+    let (st, e) = with(
+        "set",
+        r#"parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
+parameters { key: "inter_op_thread_count" value: { string_value: "1" } }
+parameters { key: "execution_mode" value: { string_value: "1" } }
+parameters { key: "enable_mem_arena" value: { string_value: "1" } }
+parameters { key: "enable_mem_pattern" value: { string_value: "1" } }
+parameters { key: "memory.enable_memory_arena_shrinkage" value: { string_value: "cpu:0" } }
+parameters { key: "session.intra_op.allow_spinning" value: { string_value: "0" } }
+optimization { graph { level: -1 } }"#,
+    );
+    assert_eq!(st, INFER_STATUS_OK, "{e}");
+    let x = features(5, 2);
+    let r = s.infer(s.request("set").input_f32("FEATURES", &[2, 64], &x));
+    assert_eq!(r.status(), INFER_STATUS_OK, "{}", r.error());
+
+    let (st, e) = with(
+        "bad_key",
+        r#"parameters { key: "num_threads" value: { string_value: "2" } }"#,
+    );
+    assert_eq!(st, INFER_STATUS_UNSUPPORTED, "{e}");
+    assert!(e.contains("parameters.num_threads"), "{e}");
+    let (st, e) = with("bad_level", "optimization { graph { level: 5 } }");
+    assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{e}");
+    assert!(e.contains("optimization.graph.level: 5"), "{e}");
+    // The CPU wheel has no OpenVINO provider: UNAVAILABLE naming it.
+    let (st, e) = with(
+        "ov",
+        r#"optimization { execution_accelerators { cpu_execution_accelerator [ { name: "openvino" } ] } }"#,
+    );
+    assert_eq!(st, INFER_STATUS_UNAVAILABLE, "{e}");
+    assert!(
+        e.contains("'openvino'") && e.contains("libonnxruntime"),
+        "{e}"
+    );
+    // On tract the OpenVINO accelerator is refused naming the field.
+    let c = format!(
+        "{}\noptimization {{ execution_accelerators {{ cpu_execution_accelerator [ {{ name: \"openvino\" }} ] }} }}\n",
+        config("mlp", "ov_tract", &[TRACT])
+    );
+    assert_eq!(
+        s.try_load_dir("ov_tract", &c, &dir),
+        INFER_STATUS_UNSUPPORTED
+    );
+    assert!(
+        last_error().contains("cpu_execution_accelerator"),
+        "{}",
+        last_error()
+    );
+}
+
+/// Without ONNX Runtime (the main test run): ONNX models run on tract, said once in the
+/// log, unless ONNX Runtime is required, which fails the load with UNAVAILABLE saying
+/// where it looked.
+#[test]
+fn without_onnxruntime_models_fall_back_to_tract_unless_required() {
+    if std::env::var_os("INFER_ONNXRUNTIME_LIBRARY").is_some() {
+        eprintln!("onnxruntime: the fallback is tested where ONNX Runtime is not set");
+        return;
+    }
+    let dir = model_dir("mlp");
+    let mut opts = std::ptr::null_mut();
+    ok(unsafe { infer_server_options_new(&mut opts) });
+    let missing = cs("/nonexistent/libonnxruntime.so.1.32.0");
+    ok(unsafe { infer_server_options_set_onnxruntime_library(opts, missing.as_ptr()) });
+    ok(unsafe {
+        infer_server_options_set_log_callback(
+            opts,
+            INFER_LOG_INFO,
+            Some(log_line),
+            std::ptr::null_mut(),
+        )
+    });
+    let s = Server::with_options(opts);
+    assert_eq!(
+        s.try_load_dir("fb", &config("mlp", "fb", &[]), &dir),
+        INFER_STATUS_OK,
+        "{}",
+        last_error()
+    );
+    let r = s.infer(
+        s.request("fb")
+            .input_f32("FEATURES", &[1, 64], &features(1, 1)),
+    );
+    assert_eq!(r.status(), INFER_STATUS_OK, "{}", r.error());
+    let log = LOG.lock().unwrap().join("\n");
+    assert!(log.contains("ONNX models run on tract"), "{log}");
+    assert!(
+        log.contains("/nonexistent/libonnxruntime.so.1.32.0"),
+        "{log}"
+    );
+
+    // Required by the model's parameter.
+    let c = format!(
+        "{}\nparameters {{ key: \"onnxruntime_required\" value: {{ string_value: \"true\" }} }}\n",
+        config("mlp", "req", &[])
+    );
+    assert_eq!(s.try_load_dir("req", &c, &dir), INFER_STATUS_UNAVAILABLE);
+    let e = last_error();
+    assert!(
+        e.contains("parameters.onnxruntime_required") && e.contains("could not be loaded"),
+        "{e}"
+    );
+
+    // Required by the server option.
+    let mut opts = std::ptr::null_mut();
+    ok(unsafe { infer_server_options_new(&mut opts) });
+    ok(unsafe { infer_server_options_set_onnxruntime_required(opts, true) });
+    let s2 = Server::with_options(opts);
+    assert_eq!(
+        s2.try_load_dir("mlp", &config("mlp", "mlp", &[]), &dir),
+        INFER_STATUS_UNAVAILABLE
+    );
+    assert!(
+        last_error().contains("the server option"),
+        "{}",
+        last_error()
+    );
+    // backend: "tract" never needs it.
+    assert_eq!(
+        s2.try_load_dir("t", &config("mlp", "t", &[TRACT]), &dir),
+        INFER_STATUS_OK,
+        "{}",
+        last_error()
+    );
+}
