@@ -3,6 +3,8 @@
 #   make                                  # cargo build --release
 #   make install [PREFIX=/usr/local] [DESTDIR=/staging] [NO_BUILD=1]
 #   make install-strip                    # the same, without the debug information
+#   make install ORT_LIBRARY=/path/libonnxruntime.so.1.32.0   # also places ONNX Runtime
+#                                         # beside libinfer.so (where it is looked for)
 #   make uninstall [PREFIX=...] [DESTDIR=...]
 #   make test-package                     # scripts/test_package.sh
 #   make memcheck                         # scripts/test_memcheck.sh
@@ -118,6 +120,10 @@ install:
 	ln -sf libinfer.so.$(VERSION) '$(DESTDIR)$(LIBDIR)/libinfer.so.$(SOVERSION)'
 	ln -sf libinfer.so.$(SOVERSION) '$(DESTDIR)$(LIBDIR)/libinfer.so'
 	$(INSTALL) -m 0644 $(LIB_A) '$(DESTDIR)$(LIBDIR)/libinfer.a'
+	@if [ -n '$(ORT_LIBRARY)' ]; then \
+	    echo "$(INSTALL) -m 0755 $(ORT_LIBRARY) $(DESTDIR)$(LIBDIR)/$$(basename '$(ORT_LIBRARY)')"; \
+	    $(INSTALL) -m 0755 '$(ORT_LIBRARY)' "$(DESTDIR)$(LIBDIR)/$$(basename '$(ORT_LIBRARY)')" || exit 1; \
+	fi
 	$(INSTALL) -m 0644 include/infer.h '$(DESTDIR)$(INCLUDEDIR)/infer.h'
 	@if [ -d $(CPP_INCLUDE)/infer ]; then \
 	    cd $(CPP_INCLUDE) && find infer -type f \( -name '*.hpp' -o -name '*.h' \) | sort | \

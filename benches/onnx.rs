@@ -1,8 +1,8 @@
 //! ONNX models on the CPU: what the library adds over tract called directly, and what
 //! dynamic batching gains on the CNN.
 //!
-//! Run with `cargo bench --bench onnx -- [--secs S] [overhead] [batching]`; without a
-//! scenario both run. Models: the shipped `models/mlp` and `models/cnn`, and `mlp_wide`
+//! Run with `cargo bench --bench onnx -- [--secs S] [overhead] [batching] [ort]`; without a
+//! scenario all run (`ort` needs `INFER_ONNXRUNTIME_LIBRARY`; see [`ort_vs_direct`]). Models: the shipped `models/mlp` and `models/cnn`, and `mlp_wide`
 //! (4 layers of 512, random weights with a fixed seed) written by this program to
 //! `target/onnx-bench/` so that `benches/onnx_ort.py` can time onnxruntime on the same
 //! files. See docs/PERFORMANCE.md.
@@ -722,6 +722,94 @@ fn batching(cnn: &BenchModel, secs: f64) {
     }
 }
 
+/// `ort`: the ONNX Runtime engine through the C API against ONNX Runtime called directly
+/// (the same library, the same model file, one intra-op thread each), batch 1, one request
+/// in flight, interleaved: per round the mean call time of each side, then the median of
+/// the per-round ratios with their range. Needs `INFER_ONNXRUNTIME_LIBRARY`.
+fn ort_vs_direct(models: &[BenchModel], secs: f64) {
+    use infer::onnx::onnxruntime::{runtime, RuntimeOptions};
+    let log = infer::log::Logger::default();
+    let rt = match runtime(&RuntimeOptions::default(), &log) {
+        Ok(rt) => rt,
+        Err(e) => {
+            println!("ort: SKIPPED: {e}");
+            return;
+        }
+    };
+    println!(
+        "\n== ort: libinfer's ONNX Runtime engine vs ONNX Runtime {} called directly (1 intra-op thread each, batch 1, {ROUNDS} interleaved rounds)",
+        rt.version
+    );
+    println!(
+        "{:<10} {:>12} {:>12} {:>8} {:>16}",
+        "model", "direct µs", "libinfer µs", "ratio", "ratio range"
+    );
+    let s = Server::new();
+    for m in models {
+        let file = m.dir.join("1").join("model.onnx");
+        let name = format!("{}_ort", m.name);
+        let config = m.config(None).replacen(
+            &format!("name: \"{}\"", m.name),
+            &format!("name: \"{name}\""),
+            1,
+        )
+            + "parameters { key: \"intra_op_thread_count\" value: { string_value: \"1\" } }\n\
+             parameters { key: \"onnxruntime_required\" value: { string_value: \"1\" } }\n";
+        s.load(&name, &config, &m.dir);
+        let mut direct = match ort::session::Session::builder(&rt.env)
+            .and_then(|b| Ok(b.with_intra_threads(1)?))
+            .and_then(|mut b| b.commit_from_file(&file))
+        {
+            Ok(d) => d,
+            Err(e) => {
+                println!("{}: direct session: {e}", m.name);
+                continue;
+            }
+        };
+        let input_name = direct.inputs()[0].name().to_owned();
+        let x = inputs(m, 1);
+        let shape: Vec<i64> = std::iter::once(1).chain(m.row.iter().copied()).collect();
+        let mn = CString::new(name.as_str()).unwrap();
+        let inp = CString::new(m.input).unwrap();
+        let out = CString::new(m.output).unwrap();
+        let (mut d_us, mut l_us, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            let d = time_mean(secs / ROUNDS as f64, || {
+                let t = ort::value::TensorRef::<f32>::from_array_view((shape.clone(), &x[..]))
+                    .expect("input");
+                let o = direct
+                    .run(vec![(input_name.as_str(), t)])
+                    .expect("direct run");
+                std::hint::black_box(&o);
+            });
+            let l = time_mean(secs / ROUNDS as f64, || {
+                let r = build_request(&s, &mn, &inp, &shape, &x);
+                let mut resp = std::ptr::null_mut();
+                check(
+                    unsafe { infer_server_infer(s.0, r, &mut resp) },
+                    "infer_server_infer",
+                );
+                std::hint::black_box(first_output(resp, &out));
+            });
+            d_us.push(d);
+            l_us.push(l);
+            ratios.push(l / d);
+        }
+        let (lo, hi) = ratios
+            .iter()
+            .fold((f64::MAX, 0f64), |(a, b), &r| (a.min(r), b.max(r)));
+        println!(
+            "{:<10} {:>12.1} {:>12.1} {:>8.3} {:>7.3} – {:<7.3}",
+            m.name,
+            median(&mut d_us),
+            median(&mut l_us),
+            median(&mut ratios),
+            lo,
+            hi
+        );
+    }
+}
+
 fn main() {
     let mut secs = 3.0;
     let mut blocking = false;
@@ -736,7 +824,7 @@ fn main() {
             "--spin-us" => spin_us = args.next().and_then(|v| v.parse().ok()).unwrap_or(spin_us),
             "-h" | "--help" => {
                 println!(
-                    "cargo bench --bench onnx -- [--secs S] [--blocking] [--spin-us N] [overhead] [batching]"
+                    "cargo bench --bench onnx -- [--secs S] [--blocking] [--spin-us N] [overhead] [batching] [ort]"
                 );
                 return;
             }
@@ -791,5 +879,8 @@ fn main() {
     }
     if all || scenarios.iter().any(|s| s == "batching") {
         batching(&models[1], secs);
+    }
+    if all || scenarios.iter().any(|s| s == "ort") {
+        ort_vs_direct(&models[..3], secs);
     }
 }

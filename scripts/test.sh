@@ -166,7 +166,7 @@ onnxruntime_tests() {
         echo "SKIP: no ONNX Runtime; the ONNX backend tests ran on tract only"
         return 0
     fi
-    INFER_ONNXRUNTIME_LIBRARY="$ORT_LIB" cargo test --release --test onnx_backend --test onnxruntime
+    INFER_ONNXRUNTIME_LIBRARY="$ORT_LIB" cargo test --release --test onnx_backend --test onnx_models --test onnxruntime
 }
 
 summary() {

@@ -8,11 +8,15 @@
 //! - `gpu`: libinfer's own CUDA executor, for GPU instances when ONNX Runtime has no CUDA
 //!   provider.
 //!
-//! `graph` is the file reader the GPU executor uses.
+//! `backend` picks the engine; `model` is what the engines share about a model and its
+//! config (auto-complete, checks); `graph` is the file reader the GPU executor uses.
 
+pub mod backend;
 pub mod cpu;
 pub mod gpu;
 pub mod graph;
+pub mod model;
 pub mod onnxruntime;
 
-pub use cpu::{autocomplete, is_onnx, Engine, OnnxBackend, TRACT};
+pub use backend::{autocomplete, Engine, OnnxBackend};
+pub use model::{is_onnx, TRACT};

@@ -13,7 +13,7 @@ pub mod settings;
 pub use library::{runtime, Runtime, RuntimeOptions, LIBRARY_ENV};
 pub use settings::{Accelerator, GraphLevel, Settings};
 
-use super::cpu::{check_declared, expected_input, expected_outputs, Declared, Dim};
+use super::model::{check_declared, expected_input, expected_outputs, Declared, Dim};
 use crate::backend::{Batch, ModelInstance};
 use crate::config::ModelConfig;
 use crate::status::{Error, Result};
@@ -94,7 +94,7 @@ pub(super) fn metadata(
         .collect();
     let rankless = |d: &Declared| d.dims.as_ref().is_some_and(Vec::is_empty);
     if inputs.iter().chain(outputs.iter()).any(rankless) {
-        if let Ok((fi, fo)) = super::cpu::declared_from_graph(file, what) {
+        if let Ok((fi, fo)) = super::model::declared_from_graph(file, what) {
             for (list, from_file) in [(&mut inputs, &fi), (&mut outputs, &fo)] {
                 for d in list.iter_mut().filter(|d| rankless(d)) {
                     if let Some(f) = from_file.iter().find(|f| f.name == d.name) {
@@ -336,11 +336,13 @@ impl OrtInstance {
                 )));
             };
             check_carried(what, exp.role, &name, exp.dtype)?;
-            // Only the datatype: files may declare output shapes their graph does not
-            // compute (ONNX Runtime itself only warns), and each batch's outputs are
-            // checked against the config as they are computed.
+            // Shapes only where the file declares them all fixed: files declare symbolic
+            // output shapes their graph does not compute (ONNX Runtime itself only warns
+            // at run time), and each batch's outputs are checked against the config as
+            // they are computed.
+            let all_fixed = (d.dims.iter().flatten()).all(|x| matches!(x, Dim::Fixed(_)));
             let d = Declared {
-                dims: None,
+                dims: if all_fixed { d.dims.clone() } else { None },
                 ..d.clone()
             };
             check_declared(what, exp.role, &d, &exp, config.max_batch_size)?;
