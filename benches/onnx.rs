@@ -722,10 +722,76 @@ fn batching(cnn: &BenchModel, secs: f64) {
     }
 }
 
+/// A model the `ort` scenario times: its folder, config, one input and one output.
+struct OrtCase {
+    name: String,
+    dir: PathBuf,
+    config: String,
+    input: String,
+    shape: Vec<i64>,
+    output: String,
+}
+
+/// The bench models at batch 1, then the real models of `INFER_PACKAGED_MODELS_DIR`
+/// (scripts/packaged_models.py) with one FP32 input, at their first case's shape.
+fn ort_cases(models: &[BenchModel]) -> Vec<OrtCase> {
+    let mut cases: Vec<OrtCase> = models
+        .iter()
+        .map(|m| OrtCase {
+            name: m.name.to_owned(),
+            dir: m.dir.clone(),
+            config: m.config(None),
+            input: m.input.to_owned(),
+            shape: std::iter::once(1).chain(m.row.iter().copied()).collect(),
+            output: m.output.to_owned(),
+        })
+        .collect();
+    let Some(root) = std::env::var_os("INFER_PACKAGED_MODELS_DIR").map(PathBuf::from) else {
+        return cases;
+    };
+    for name in [
+        "ppocr_cls",
+        "ppocr_det",
+        "ppocr_rec",
+        "ddddocr_common",
+        "ddddocr_det",
+    ] {
+        let dir = root.join(name);
+        let (Ok(config), Ok(text)) = (
+            std::fs::read_to_string(dir.join("config.pbtxt")),
+            std::fs::read_to_string(dir.join("cases.json")),
+        ) else {
+            continue;
+        };
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        let case = &v["cases"][0];
+        let (Some(input), Some(output)) = (
+            case["inputs"][0].as_object(),
+            case["outputs"][0].as_object(),
+        ) else {
+            continue;
+        };
+        let shape: Vec<i64> = input["shape"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|d| d.as_i64()).collect())
+            .unwrap_or_default();
+        cases.push(OrtCase {
+            name: name.to_owned(),
+            dir,
+            config,
+            input: input["name"].as_str().unwrap_or_default().to_owned(),
+            shape,
+            output: output["name"].as_str().unwrap_or_default().to_owned(),
+        });
+    }
+    cases
+}
+
 /// `ort`: the ONNX Runtime engine through the C API against ONNX Runtime called directly
 /// (the same library, the same model file, one intra-op thread each), batch 1, one request
 /// in flight, interleaved: per round the mean call time of each side, then the median of
-/// the per-round ratios with their range. Needs `INFER_ONNXRUNTIME_LIBRARY`.
+/// the per-round ratios with their range. Needs `INFER_ONNXRUNTIME_LIBRARY`; with
+/// `INFER_PACKAGED_MODELS_DIR`, also the real models of scripts/packaged_models.py.
 fn ort_vs_direct(models: &[BenchModel], secs: f64) {
     use infer::onnx::onnxruntime::{runtime, RuntimeOptions};
     let log = infer::log::Logger::default();
@@ -741,19 +807,19 @@ fn ort_vs_direct(models: &[BenchModel], secs: f64) {
         rt.version
     );
     println!(
-        "{:<10} {:>12} {:>12} {:>8} {:>16}",
+        "{:<15} {:>12} {:>12} {:>8} {:>16}",
         "model", "direct µs", "libinfer µs", "ratio", "ratio range"
     );
     let s = Server::new();
-    for m in models {
+    for m in ort_cases(models) {
         let file = m.dir.join("1").join("model.onnx");
         let name = format!("{}_ort", m.name);
-        let config = m.config(None).replacen(
+        let config = m.config.replacen(
             &format!("name: \"{}\"", m.name),
             &format!("name: \"{name}\""),
             1,
         )
-            + "parameters { key: \"intra_op_thread_count\" value: { string_value: \"1\" } }\n\
+            + "\nparameters { key: \"intra_op_thread_count\" value: { string_value: \"1\" } }\n\
              parameters { key: \"onnxruntime_required\" value: { string_value: \"1\" } }\n";
         s.load(&name, &config, &m.dir);
         let mut direct = match ort::session::Session::builder(&rt.env)
@@ -766,20 +832,19 @@ fn ort_vs_direct(models: &[BenchModel], secs: f64) {
                 continue;
             }
         };
-        let input_name = direct.inputs()[0].name().to_owned();
-        let x = inputs(m, 1);
-        let shape: Vec<i64> = std::iter::once(1).chain(m.row.iter().copied()).collect();
+        let n: i64 = m.shape.iter().product();
+        let mut rng = XorShift(0x1234_5678);
+        let x: Vec<f32> = (0..n).map(|_| rng.next_f32()).collect();
+        let shape = m.shape.clone();
         let mn = CString::new(name.as_str()).unwrap();
-        let inp = CString::new(m.input).unwrap();
-        let out = CString::new(m.output).unwrap();
+        let inp = CString::new(m.input.as_str()).unwrap();
+        let out = CString::new(m.output.as_str()).unwrap();
         let (mut d_us, mut l_us, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..ROUNDS {
             let d = time_mean(secs / ROUNDS as f64, || {
                 let t = ort::value::TensorRef::<f32>::from_array_view((shape.clone(), &x[..]))
                     .expect("input");
-                let o = direct
-                    .run(vec![(input_name.as_str(), t)])
-                    .expect("direct run");
+                let o = direct.run(vec![(m.input.as_str(), t)]).expect("direct run");
                 std::hint::black_box(&o);
             });
             let l = time_mean(secs / ROUNDS as f64, || {
@@ -799,7 +864,7 @@ fn ort_vs_direct(models: &[BenchModel], secs: f64) {
             .iter()
             .fold((f64::MAX, 0f64), |(a, b), &r| (a.min(r), b.max(r)));
         println!(
-            "{:<10} {:>12.1} {:>12.1} {:>8.3} {:>7.3} – {:<7.3}",
+            "{:<15} {:>12.1} {:>12.1} {:>8.3} {:>7.3} – {:<7.3}",
             m.name,
             median(&mut d_us),
             median(&mut l_us),
