@@ -185,7 +185,7 @@ summary() {
     fi
     if [[ -f "$LOGS/onnx-conformance.log" ]]; then
         echo "ONNX node test cases (onnx $ONNX_VERSION):"
-        grep -E '^onnx conformance( \(GPU\))?: passed' "$LOGS/onnx-conformance.log" | sed 's/^/  /' || true
+        grep -E '^onnx conformance( \([A-Za-z ]+\))?: passed' "$LOGS/onnx-conformance.log" | sed 's/^/  /' || true
     fi
     if [[ -f "$LOGS/packaged-models.log" ]]; then
         echo "ONNX models from PyPI packages, against onnxruntime $ORT_VERSION:"

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -223,5 +224,34 @@ func TestONNXCompletedConfigAndSequence(t *testing.T) {
 		if i != len(sq.Steps) {
 			t.Errorf("sequence %d: %d responses, want %d", sq.CorrelationID, i, len(sq.Steps))
 		}
+	}
+}
+
+// Where ONNX Runtime cannot be loaded, a server that requires it refuses ONNX models with
+// Unavailable naming the file it tried; backend "tract" still serves them.
+func TestONNXRuntimeRequiredWhereItCannotLoad(t *testing.T) {
+	if os.Getenv("INFER_ONNXRUNTIME_LIBRARY") != "" {
+		t.Skip("INFER_ONNXRUNTIME_LIBRARY is set: ONNX Runtime loads here")
+	}
+	opts := &ServerOptions{
+		ModelRepository:      repository,
+		ExplicitModelControl: true,
+		ONNXRuntimeLibrary:   "/nonexistent/libonnxruntime.so.1.32.0",
+		ONNXRuntimeRequired:  true,
+	}
+	opts.ONNXRuntimeThreads.IntraOp = 1
+	s, err := NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	wantCode(t, s.LoadModel("mlp", "", ""), Unavailable, "/nonexistent/libonnxruntime.so.1.32.0")
+	raw, err := os.ReadFile(repository + "/mlp/config.pbtxt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	config := strings.Replace(string(raw), `platform: "onnxruntime_onnx"`, `backend: "tract"`, 1)
+	if err := s.LoadModel("mlp", config, repository+"/mlp"); err != nil {
+		t.Fatalf("backend tract: %v", err)
 	}
 }

@@ -46,6 +46,16 @@ type ServerOptions struct {
 	TrustedRepository bool
 	// StartupModels are the repository models NewServer loads under explicit control.
 	StartupModels []string
+	// ONNXRuntimeLibrary is the ONNX Runtime library file for ONNX models, searched before
+	// INFER_ONNXRUNTIME_LIBRARY, libinfer's directory and the loader's paths. One ONNX
+	// Runtime per process: the first server that loads an ONNX model decides.
+	ONNXRuntimeLibrary string
+	// ONNXRuntimeRequired makes ONNX models fail to load (Unavailable) where ONNX Runtime
+	// cannot be loaded, instead of running on tract.
+	ONNXRuntimeRequired bool
+	// ONNXRuntimeThreads, when IntraOp or InterOp is set, is one process-wide pool shared
+	// by every ONNX Runtime session that does not set its own thread counts.
+	ONNXRuntimeThreads struct{ IntraOp, InterOp uint32 }
 	GPU           GPUMode
 	// Log, when set, receives the library's messages of LogLevel and more severe (LogWarn
 	// when LogLevel is 0). It is called on library threads, concurrently, and must
@@ -123,6 +133,31 @@ func (s *Server) apply(copts *C.infer_server_options, opts *ServerOptions) error
 	if opts.TrustedRepository {
 		if err := call(func() C.infer_status {
 			return C.infer_server_options_set_trusted_repository(copts, true)
+		}); err != nil {
+			return err
+		}
+	}
+	if opts.ONNXRuntimeLibrary != "" {
+		path, err := cString("ONNX Runtime library", opts.ONNXRuntimeLibrary)
+		if err != nil {
+			return err
+		}
+		err = call(func() C.infer_status { return C.infer_server_options_set_onnxruntime_library(copts, path) })
+		freeCString(path)
+		if err != nil {
+			return err
+		}
+	}
+	if opts.ONNXRuntimeRequired {
+		if err := call(func() C.infer_status {
+			return C.infer_server_options_set_onnxruntime_required(copts, true)
+		}); err != nil {
+			return err
+		}
+	}
+	if t := opts.ONNXRuntimeThreads; t.IntraOp != 0 || t.InterOp != 0 {
+		if err := call(func() C.infer_status {
+			return C.infer_server_options_set_onnxruntime_threads(copts, C.uint32_t(t.IntraOp), C.uint32_t(t.InterOp))
 		}); err != nil {
 			return err
 		}

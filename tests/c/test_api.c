@@ -182,7 +182,16 @@ static void test_null_arguments(void) {
     CHECK_STATUS(infer_server_options_register_backend(o, "b", NULL, NULL), INFER_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(infer_server_options_register_backend(o, "b", &be, NULL), INFER_STATUS_INVALID_ARGUMENT); /* execute NULL */
     CHECK_STATUS(infer_server_options_set_gpu(o, 7), INFER_STATUS_INVALID_ARGUMENT);
+    /* ONNX Runtime: a path (NULL or "" clears it), required, global thread pools (at most 4096). */
+    CHECK_OK(infer_server_options_set_onnxruntime_library(o, "/opt/ort/libonnxruntime.so.1.32.0"));
+    CHECK_OK(infer_server_options_set_onnxruntime_library(o, NULL));
+    CHECK_OK(infer_server_options_set_onnxruntime_required(o, false));
+    CHECK_OK(infer_server_options_set_onnxruntime_threads(o, 2, 1));
+    CHECK_STATUS(infer_server_options_set_onnxruntime_threads(o, 5000, 1), INFER_STATUS_INVALID_ARGUMENT);
     infer_server_options_free(o);
+    CHECK_STATUS(infer_server_options_set_onnxruntime_library(NULL, "x"), INFER_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(infer_server_options_set_onnxruntime_required(NULL, true), INFER_STATUS_INVALID_ARGUMENT);
+    CHECK_STATUS(infer_server_options_set_onnxruntime_threads(NULL, 1, 1), INFER_STATUS_INVALID_ARGUMENT);
 
     CHECK_STATUS(infer_server_register_backend(NULL, "b", &be, NULL), INFER_STATUS_INVALID_ARGUMENT);
     CHECK_STATUS(infer_server_shutdown(NULL, 0), INFER_STATUS_INVALID_ARGUMENT);

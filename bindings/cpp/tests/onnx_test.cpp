@@ -144,3 +144,26 @@ TEST(Onnx, AccumulatorSequenceThroughCallbacks) {
         EXPECT_NEAR(got[i], expected[i], 1e-4) << "step " << i;
     }
 }
+
+// Where ONNX Runtime cannot be loaded, a server that requires it refuses ONNX models with
+// UNAVAILABLE naming the file it tried.
+TEST(Onnx, OnnxRuntimeRequiredWhereItCannotLoad) {
+    if (std::getenv("INFER_ONNXRUNTIME_LIBRARY") != nullptr) {
+        GTEST_SKIP() << "INFER_ONNXRUNTIME_LIBRARY is set: ONNX Runtime loads here";
+    }
+    infer::Server server(infer::ServerOptions()
+                             .model_repository(support::repo_dir() + "/models")
+                             .explicit_model_control()
+                             .onnxruntime_library("/nonexistent/libonnxruntime.so.1.32.0")
+                             .onnxruntime_required()
+                             .onnxruntime_threads(1, 1)
+                             .gpu(infer::GpuMode::Off));
+    try {
+        server.load_model("mlp");
+        FAIL() << "mlp loaded without ONNX Runtime";
+    } catch (const infer::Error &e) {
+        EXPECT_EQ(e.code(), INFER_STATUS_UNAVAILABLE) << e.what();
+        EXPECT_NE(e.message().find("/nonexistent/libonnxruntime.so.1.32.0"), std::string::npos)
+            << e.what();
+    }
+}

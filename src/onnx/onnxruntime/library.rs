@@ -51,13 +51,15 @@ pub struct Runtime {
     pub providers: Vec<String>,
 }
 
-/// The outcome of the one attempt this process makes: the runtime, or why none loaded.
-static RUNTIME: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
+/// ONNX Runtime once it has loaded (a failed attempt is not kept: a later server may name
+/// a library that loads).
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 /// Serialises the attempt (the ort crate's own loader is not meant to race).
 static LOADING: Mutex<()> = Mutex::new(());
 
-/// ONNX Runtime for a server with `opts`, loading it on first use; Err says why it is not
-/// available (every place searched, and what failed). `log` hears when this server's
+/// ONNX Runtime for a server with `opts`, loading it on first use (tried again at each
+/// call until it loads); Err says why it is not available (every place searched, and what
+/// failed). `log` hears when this server's
 /// options differ from what the process already has.
 pub fn runtime(
     opts: &RuntimeOptions,
@@ -65,9 +67,12 @@ pub fn runtime(
 ) -> std::result::Result<&'static Runtime, String> {
     let _g = LOADING.lock();
     let first = RUNTIME.get().is_none();
-    let r = RUNTIME.get_or_init(|| load(opts));
-    match r {
-        Ok(rt) => {
+    if first {
+        let rt = load(opts)?;
+        let _ = RUNTIME.set(rt);
+    }
+    match RUNTIME.get() {
+        Some(rt) => {
             if !first {
                 if let Some(want) = &opts.library {
                     if !same_file(want, &rt.path) {
@@ -91,7 +96,7 @@ pub fn runtime(
             }
             Ok(rt)
         }
-        Err(why) => Err(why.clone()),
+        None => Err("ONNX Runtime could not be loaded".to_owned()),
     }
 }
 

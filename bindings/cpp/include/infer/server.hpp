@@ -218,6 +218,29 @@ public:
         return *this;
     }
 
+    /// The ONNX Runtime library file for ONNX models (searched before the
+    /// INFER_ONNXRUNTIME_LIBRARY environment variable, libinfer's directory and the
+    /// loader's paths); "" clears it. One ONNX Runtime per process: the first server
+    /// that loads an ONNX model decides.
+    ServerOptions &onnxruntime_library(const std::string &path) {
+        detail::check(infer_server_options_set_onnxruntime_library(handle(), path.c_str()));
+        return *this;
+    }
+
+    /// true: ONNX models fail to load (UNAVAILABLE) where ONNX Runtime cannot be loaded,
+    /// instead of running on tract.
+    ServerOptions &onnxruntime_required(bool on = true) {
+        detail::check(infer_server_options_set_onnxruntime_required(handle(), on));
+        return *this;
+    }
+
+    /// One process-wide pool of `intra_op` (and `inter_op`) threads shared by every ONNX
+    /// Runtime session that does not set its own counts; 0: one per core.
+    ServerOptions &onnxruntime_threads(uint32_t intra_op, uint32_t inter_op = 1) {
+        detail::check(infer_server_options_set_onnxruntime_threads(handle(), intra_op, inter_op));
+        return *this;
+    }
+
     /// With explicit model control, a repository model the server loads at start-up.
     ServerOptions &startup_model(const std::string &name) {
         detail::check(infer_server_options_add_startup_model(handle(), name.c_str()));
