@@ -56,7 +56,7 @@ type ServerOptions struct {
 	// ONNXRuntimeThreads, when IntraOp or InterOp is set, is one process-wide pool shared
 	// by every ONNX Runtime session that does not set its own thread counts.
 	ONNXRuntimeThreads struct{ IntraOp, InterOp uint32 }
-	GPU           GPUMode
+	GPU                GPUMode
 	// Log, when set, receives the library's messages of LogLevel and more severe (LogWarn
 	// when LogLevel is 0). It is called on library threads, concurrently, and must
 	// neither block nor call Server.Close, Server.Shutdown or Server.Infer.
