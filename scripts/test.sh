@@ -157,6 +157,9 @@ packaged_models() {
     fi
     INFER_ONNXRUNTIME_LIBRARY="$ORT_LIB" INFER_PACKAGED_MODELS_DIR="$out" \
         cargo test --release --test onnx_packaged -- --nocapture
+    # The same models on tract: each matches or is refused at load (UNSUPPORTED).
+    env -u INFER_ONNXRUNTIME_LIBRARY INFER_PACKAGED_ENGINE=tract INFER_PACKAGED_MODELS_DIR="$out" \
+        cargo test --release --test onnx_packaged -- --nocapture
 }
 
 # The ONNX backend's behaviour tests again, with ONNX Runtime as the engine (the main
@@ -189,7 +192,7 @@ summary() {
     fi
     if [[ -f "$LOGS/packaged-models.log" ]]; then
         echo "ONNX models from PyPI packages, against onnxruntime $ORT_VERSION:"
-        grep -E '^[a-z_]+: [0-9]+ requests over|^SKIP' "$LOGS/packaged-models.log" | sed 's/^/  /' || true
+        grep -E '^[a-z_]+( \(tract\))?: ([0-9]+ requests over|refused)|^SKIP' "$LOGS/packaged-models.log" | cut -c1-160 | sed 's/^/  /' || true
     fi
     if [[ -f "$LOGS/nvrtc.log" ]]; then
         echo "kernels through NVRTC $NVRTC_VERSION:"

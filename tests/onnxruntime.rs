@@ -387,3 +387,51 @@ fn without_onnxruntime_models_fall_back_to_tract_unless_required() {
         last_error()
     );
 }
+
+/// tract takes `intra_op_thread_count` as ONNX Runtime does: the instance's matrix
+/// products run on a pool of that many threads, with the same answers.
+#[test]
+fn tract_with_a_thread_pool_answers_as_without() {
+    let s = Server::new();
+    let dir = model_dir("mlp");
+    let one = config("mlp", "t1", &[TRACT]);
+    let two = format!(
+        "{}\nparameters {{ key: \"intra_op_thread_count\" value: {{ string_value: \"2\" }} }}\n",
+        config("mlp", "t2", &[TRACT])
+    );
+    assert_eq!(
+        s.try_load_dir("t1", &one, &dir),
+        INFER_STATUS_OK,
+        "{}",
+        last_error()
+    );
+    assert_eq!(
+        s.try_load_dir("t2", &two, &dir),
+        INFER_STATUS_OK,
+        "{}",
+        last_error()
+    );
+    let x = features(9, 64);
+    let a = s.infer(s.request("t1").input_f32("FEATURES", &[64, 64], &x));
+    let b = s.infer(s.request("t2").input_f32("FEATURES", &[64, 64], &x));
+    assert_eq!(b.status(), INFER_STATUS_OK, "{}", b.error());
+    close(
+        &b.output_f32("LOGITS"),
+        &a.output_f32("LOGITS"),
+        "tract with 2 threads",
+    );
+    // A bad count is refused naming the parameter.
+    let bad = format!(
+        "{}\nparameters {{ key: \"intra_op_thread_count\" value: {{ string_value: \"-2\" }} }}\n",
+        config("mlp", "t3", &[TRACT])
+    );
+    assert_eq!(
+        s.try_load_dir("t3", &bad, &dir),
+        INFER_STATUS_INVALID_ARGUMENT
+    );
+    assert!(
+        last_error().contains("parameters.intra_op_thread_count"),
+        "{}",
+        last_error()
+    );
+}

@@ -18,20 +18,49 @@ use tract_onnx::prelude::*;
 use tract_onnx::tract_core::plan::SessionId;
 use tract_onnx::tract_hir::infer::Factoid;
 
-/// An instance of `file` on tract.
+/// An instance of `file` on tract. The config's ONNX Runtime settings are read (and
+/// refused by name where wrong) as on ONNX Runtime; of them tract uses
+/// `intra_op_thread_count`: its matrix products then run on a pool of that many threads
+/// (0: one per core) owned by the instance; without it, on the instance's worker thread.
 pub(super) fn instance(
     config: &ModelConfig,
     file: &Path,
     what: &str,
 ) -> Result<Box<dyn ModelInstance>> {
+    let settings = super::onnxruntime::Settings::of(config)?;
+    let executor = match settings.intra_op_threads {
+        None | Some(1) => None,
+        Some(n) => Some(thread_pool(n, &config.name, what)?),
+    };
     let plan = Plan::build(config, file, what)?;
     let state =
         RunState::new(&plan.runnable).map_err(|e| Error::internal(format!("{what}: {e:#}")))?;
     Ok(Box::new(OnnxInstance {
         plan,
         state,
+        executor,
         what: what.to_owned(),
     }))
+}
+
+/// A pool of `n` threads (0: one per core) for tract's matrix products.
+fn thread_pool(n: usize, model: &str, what: &str) -> Result<multithread::Executor> {
+    let n = if n == 0 {
+        std::thread::available_parallelism().map_or(1, |p| p.get())
+    } else {
+        n
+    };
+    let name = format!("infer-tract-{model}");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(move |i| format!("{name}-{i}"))
+        .build()
+        .map_err(|e| {
+            Error::exhausted(format!(
+                "{what}: cannot start {n} threads (parameters.intra_op_thread_count): {e}"
+            ))
+        })?;
+    Ok(multithread::Executor::MultiThread(Arc::new(pool)))
 }
 
 /// The tract datum type of a library datatype; None for those tract cannot run.
@@ -115,7 +144,12 @@ fn load(file: &Path, what: &str, output_shapes: bool) -> Result<InferenceModel> 
             file.display()
         )));
     }
-    let onnx = tract_onnx::onnx().with_ignore_output_shapes(!output_shapes);
+    // The file's `value_info` (intermediate shapes) is not read: exporters write symbolic
+    // shapes there that fail to unify with the sizes the graph computes; tract's own
+    // analysis finds them.
+    let onnx = tract_onnx::onnx()
+        .with_ignore_output_shapes(!output_shapes)
+        .with_ignore_value_info(true);
     let proto = onnx.proto_model_for_path(file).map_err(|e| {
         Error::invalid(format!(
             "{what}: '{}' is not an ONNX model: {e:#}",
@@ -191,8 +225,12 @@ pub(super) fn declared(file: &Path, what: &str) -> Result<(Vec<Declared>, Vec<De
         Err(e) => return Err(e),
     };
     let inputs = model_inputs(&model)?;
-    // Output facts come from analysis when it succeeds (the model's own declarations
-    // may be partial), else from what the file declares.
+    // Output facts come from analysis of the graph, the file's output declarations
+    // ignored, when it succeeds (a file may declare an output shape or type its graph
+    // does not compute); else from analysis with the declarations, else from them.
+    if let Some(outputs) = analysed_outputs(file, what) {
+        return Ok((inputs, outputs));
+    }
     let outputs: Vec<Declared> = {
         let outlets = model.output_outlets().map_err(tract_internal)?.to_vec();
         let declared: Vec<Declared> = outlets
@@ -482,6 +520,8 @@ impl RunState {
 struct OnnxInstance {
     plan: Plan,
     state: RunState,
+    /// The instance's thread pool for tract's matrix products, if it has one.
+    executor: Option<multithread::Executor>,
     what: String,
 }
 
@@ -508,7 +548,12 @@ impl ModelInstance for OnnxInstance {
             .map_err(|e| Error::invalid(format!("{}: input '{}': {e:#}", self.what, pi.name)))?;
             inputs.push(tensor.into_tvalue());
         }
-        let outs = self.state.run(inputs).map_err(|e| {
+        let state = &mut self.state;
+        let outs = match &self.executor {
+            Some(pool) => multithread::multithread_tract_scope(pool.clone(), || state.run(inputs)),
+            None => state.run(inputs),
+        }
+        .map_err(|e| {
             Error::new(
                 Code::Internal,
                 format!("{}: execution failed: {e:#}", self.what),
