@@ -659,42 +659,93 @@ fn batching_needs_a_symbolic_first_dim() {
     assert_eq!(out_f32(&r, "Y"), (vec![2, 3], vec![1., 2., 3., 4., 5., 6.]));
 }
 
+/// BYTES on tract (`backend: "tract"`): UNSUPPORTED naming the tensor. (On ONNX Runtime
+/// BYTES are its strings: `bytes_tensors_round_trip_on_onnxruntime`.)
 #[test]
-fn bytes_tensors_are_unsupported() {
+fn bytes_tensors_are_unsupported_on_tract() {
     let s = Server::new();
     // The config says BYTES for an FP32 model input.
     let dir = model_dir("onnx-bytes", &add_const(1.0, &["3"]));
-    let cfg = format!(
-        r#"name: "s" {PLATFORM}
-input [ {{ name: "X" data_type: TYPE_STRING dims: [ 3 ] }} ]
-output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 3 ] }} ]"#
+    let cfg = r#"name: "s" backend: "tract"
+input [ { name: "X" data_type: TYPE_STRING dims: [ 3 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 3 ] } ]"#;
+    let msg = load_fails(&s, "s", cfg, &dir, INFER_STATUS_UNSUPPORTED);
+    assert_mentions(&msg, &["'X'", "BYTES"]);
+    // On either engine a BYTES config for an FP32 model input is refused.
+    let cfg = cfg.replace("backend: \"tract\"", PLATFORM);
+    let (st, msg) = load_dir(&s, "s", &cfg, &dir);
+    assert!(
+        st == INFER_STATUS_UNSUPPORTED || st == INFER_STATUS_INVALID_ARGUMENT,
+        "{st}: {msg}"
     );
-    let msg = load_fails(&s, "s", &cfg, &dir, INFER_STATUS_UNSUPPORTED);
     assert_mentions(&msg, &["'X'", "BYTES"]);
 
     // A model with a string input, configured as BYTES or completed from the model.
-    let m = model(
-        vec![tensor("S", T::String, &["2"])],
-        vec![tensor("O", T::String, &["2"])],
-        vec![node("Identity", "id", &["S"], &["O"])],
-        vec![],
-    );
-    let dir = model_dir("onnx-string", &m);
-    let cfg = format!(
-        r#"name: "s" {PLATFORM}
-input [ {{ name: "S" data_type: TYPE_STRING dims: [ 2 ] }} ]
-output [ {{ name: "O" data_type: TYPE_STRING dims: [ 2 ] }} ]"#
-    );
-    let msg = load_fails(&s, "s", &cfg, &dir, INFER_STATUS_UNSUPPORTED);
+    let dir = model_dir("onnx-string", &string_identity());
+    let cfg = r#"name: "s" backend: "tract"
+input [ { name: "S" data_type: TYPE_STRING dims: [ 2 ] } ]
+output [ { name: "O" data_type: TYPE_STRING dims: [ 2 ] } ]"#;
+    let msg = load_fails(&s, "s", cfg, &dir, INFER_STATUS_UNSUPPORTED);
     assert_mentions(&msg, &["'S'", "BYTES"]);
     let msg = load_fails(
         &s,
         "s",
-        &format!("name: \"s\" {PLATFORM}"),
+        "name: \"s\" backend: \"tract\"",
         &dir,
         INFER_STATUS_UNSUPPORTED,
     );
     assert_mentions(&msg, &["'S'"]);
+}
+
+fn string_identity() -> pb::ModelProto {
+    model(
+        vec![tensor("S", T::String, &["2"])],
+        vec![tensor("O", T::String, &["2"])],
+        vec![node("Identity", "id", &["S"], &["O"])],
+        vec![],
+    )
+}
+
+/// Triton's BYTES elements (4-byte length, then the bytes).
+fn bytes_elements(items: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for i in items {
+        out.extend_from_slice(&(i.len() as u32).to_le_bytes());
+        out.extend_from_slice(i);
+    }
+    out
+}
+
+/// On ONNX Runtime (run by scripts/test.sh with INFER_ONNXRUNTIME_LIBRARY), BYTES are its
+/// strings: completed from the model as TYPE_STRING, carried both ways; elements ONNX
+/// Runtime's strings cannot hold (not UTF-8, a NUL) are refused naming the tensor.
+#[test]
+fn bytes_tensors_round_trip_on_onnxruntime() {
+    if std::env::var_os("INFER_ONNXRUNTIME_LIBRARY").is_none() {
+        return;
+    }
+    let s = Server::new();
+    let dir = model_dir("onnx-string-ort", &string_identity());
+    load_ok(&s, "s", &format!("name: \"s\" {PLATFORM}"), &dir);
+    let cfg = config_json(&s, "s");
+    assert_eq!(tensors_of(&cfg, "input"), vec![t("S", "TYPE_STRING", &[2])]);
+    let input = |items: &[&[u8]]| In {
+        name: "S",
+        dt: INFER_DATATYPE_BYTES,
+        shape: vec![2],
+        bytes: bytes_elements(items),
+    };
+    let r = run(&s, "s", -1, &[input(&[b"h\xc3\xa9llo", b""])]);
+    let (shape, got) = r.output("O").expect("output O");
+    assert_eq!(shape, vec![2]);
+    assert_eq!(got, bytes_elements(&[b"h\xc3\xa9llo", b""]));
+    for bad in [&b"\xff\xfe"[..], &b"a\0b"[..]] {
+        let Err((st, msg)) = call(&s, "s", -1, &[input(&[bad, b"x"])], &[]) else {
+            panic!("{bad:?} was accepted");
+        };
+        assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{msg}");
+        assert_mentions(&msg, &["'S'", "BYTES element 0"]);
+    }
 }
 
 /// A config dim of -1 where the model fixes the size: the model's size is the only one

@@ -97,7 +97,7 @@ const MIN_PASSED_ONNX: &str = "1.19.1";
 /// The same floor for the GPU executor (against the stand-in libraries).
 const MIN_PASSED_GPU: usize = 1130;
 /// The same floor for ONNX Runtime (CPU provider).
-const MIN_PASSED_ORT: usize = 1360;
+const MIN_PASSED_ORT: usize = 1382;
 /// How a first run refused with UNSUPPORTED reads (see [`Outcome::Unsupported`]).
 const RUN_UNSUPPORTED: &str = "run failed: UNSUPPORTED: ";
 /// After this many timed-out cases the server is not trusted any more: the rest is not run.

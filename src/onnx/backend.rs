@@ -204,7 +204,9 @@ fn ort_declared(
                     if let Some(a) = analysed.iter().find(|a| a.name == d.name) {
                         let same_rank =
                             (a.dims.as_ref().map(Vec::len)) == (d.dims.as_ref().map(Vec::len));
-                        if !same_rank || a.dtype != d.dtype {
+                        // (Only where tract can name the datatype: tract has no strings.)
+                        let carried = matches!(a.dtype, Some(Ok(_)));
+                        if carried && (!same_rank || a.dtype != d.dtype) {
                             *d = a.clone();
                         }
                     }

@@ -39,7 +39,12 @@ pub(super) fn model_file(
 
 /// The `TYPE_*` value of the config schema for a datatype.
 fn pb_data_type(dt: DataType) -> i32 {
-    pb::DataType::from_str_name(&format!("TYPE_{}", dt.as_str())).map_or(0, |t| t as i32)
+    // BYTES is TYPE_STRING in the config schema.
+    let name = match dt {
+        DataType::Bytes => "STRING",
+        other => other.as_str(),
+    };
+    pb::DataType::from_str_name(&format!("TYPE_{name}")).map_or(0, |t| t as i32)
 }
 
 /// A dimension as the model declares it.

@@ -41,6 +41,7 @@ fn data_type(t: TensorElementType) -> std::result::Result<DataType, String> {
         TensorElementType::Uint32 => DataType::Uint32,
         TensorElementType::Uint64 => DataType::Uint64,
         TensorElementType::Bool => DataType::Bool,
+        TensorElementType::String => DataType::Bytes,
         other => return Err(format!("{other:?}")),
     })
 }
@@ -375,10 +376,9 @@ impl OrtInstance {
     }
 }
 
-/// BYTES tensors are not carried to ONNX Runtime (its strings are not Triton's
-/// length-prefixed elements).
+/// Every datatype of the config is carried (BYTES as ONNX Runtime's strings).
 fn check_carried(what: &str, role: &str, name: &str, dt: DataType) -> Result<()> {
-    if matches!(dt, DataType::Bytes | DataType::Invalid) {
+    if matches!(dt, DataType::Invalid) {
         return Err(Error::unsupported(format!(
             "{what}: {role} '{name}' is {}, a datatype the ONNX Runtime engine does not carry",
             dt.as_str()
@@ -423,10 +423,61 @@ fn input_value<'a>(
             let v: Vec<bool> = data.iter().map(|&b| b != 0).collect();
             Tensor::<bool>::from_array((shape, v))?.into()
         }
-        DataType::Bytes | DataType::Invalid => {
-            return Err(ort::Error::new("BYTES tensors are not carried"))
+        DataType::Bytes => {
+            // Triton's elements (a 4-byte little-endian length, then the bytes) as
+            // ONNX Runtime's strings, which are UTF-8 without NUL.
+            let texts: Vec<String> = bytes_elements(data)?
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+            Tensor::from_string_array((shape, &texts[..]))?.into()
         }
+        DataType::Invalid => return Err(ort::Error::new("INVALID tensors are not carried")),
     })
+}
+
+/// The elements of a BYTES buffer as text.
+fn bytes_elements(data: &[u8]) -> ort::Result<Vec<&str>> {
+    let mut out = Vec::new();
+    let mut rest = data;
+    while !rest.is_empty() {
+        let (len, tail) = rest.split_first_chunk::<4>().ok_or_else(|| {
+            ort::Error::new(format!("BYTES element {}: truncated length", out.len()))
+        })?;
+        let len = u32::from_le_bytes(*len) as usize;
+        if tail.len() < len {
+            return Err(ort::Error::new(format!(
+                "BYTES element {}: length {len} runs past the end",
+                out.len()
+            )));
+        }
+        let (bytes, tail) = tail.split_at(len);
+        let text = std::str::from_utf8(bytes).map_err(|_| {
+            ort::Error::new(format!(
+                "BYTES element {} is not UTF-8 (ONNX Runtime's strings are)",
+                out.len()
+            ))
+        })?;
+        if text.contains('\0') {
+            return Err(ort::Error::new(format!(
+                "BYTES element {} holds a NUL byte (ONNX Runtime's strings cannot)",
+                out.len()
+            )));
+        }
+        out.push(text);
+        rest = tail;
+    }
+    Ok(out)
+}
+
+/// Strings as Triton's BYTES elements.
+fn bytes_of(texts: &[String]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(texts.iter().map(|t| t.len() + 4).sum());
+    for t in texts {
+        out.extend_from_slice(&(t.len() as u32).to_le_bytes());
+        out.extend_from_slice(t.as_bytes());
+    }
+    out
 }
 
 /// An output's shape and bytes.
@@ -460,9 +511,11 @@ fn output_bytes(v: &ort::value::DynValue, dt: DataType) -> ort::Result<(Vec<i64>
                 Cow::Owned(data.iter().map(|&b| u8::from(b)).collect()),
             )
         }
-        DataType::Bytes | DataType::Invalid => {
-            return Err(ort::Error::new("BYTES tensors are not carried"))
+        DataType::Bytes => {
+            let (shape, texts) = v.try_extract_strings()?;
+            (shape.to_vec(), Cow::Owned(bytes_of(&texts)))
         }
+        DataType::Invalid => return Err(ort::Error::new("INVALID tensors are not carried")),
     })
 }
 
@@ -520,7 +573,8 @@ impl ModelInstance for OrtInstance {
             }
             let (shape, bytes) = output_bytes(v, so.dtype)
                 .map_err(|e| Error::internal(format!("{what}: output '{}': {e}", so.name)))?;
-            let out = batch.alloc_output(&so.name, &shape, None)?;
+            let byte_size = (so.dtype == DataType::Bytes).then_some(bytes.len());
+            let out = batch.alloc_output(&so.name, &shape, byte_size)?;
             if out.len() != bytes.len() {
                 return Err(Error::internal(format!(
                     "{what}: output '{}' has {} bytes for shape {}, expected {}",
