@@ -2062,3 +2062,57 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1, 1, -1, 5 ] },
     let msg = load_fails(&s, "lp", config, &dir, INFER_STATUS_UNSUPPORTED);
     assert_mentions(&msg, &["'lp'", "tract", "analyse", "tract failed"]);
 }
+
+static ORT_LOG: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+unsafe extern "C" fn ort_log_line(
+    _: *mut std::ffi::c_void,
+    _level: u32,
+    msg: *const std::ffi::c_char,
+) {
+    let msg = unsafe { CStr::from_ptr(msg) }
+        .to_string_lossy()
+        .into_owned();
+    ORT_LOG.lock().unwrap().push(msg);
+}
+
+/// On ONNX Runtime: a file whose declared output shape the graph does not compute is
+/// served (the config states the output), and ONNX Runtime's warning about it reaches
+/// the server's log once, however many requests repeat it.
+#[test]
+fn onnxruntime_warnings_reach_the_log_once() {
+    if std::env::var_os("INFER_ONNXRUNTIME_LIBRARY").is_none() {
+        return;
+    }
+    let mut opts = std::ptr::null_mut();
+    ok(unsafe { infer_server_options_new(&mut opts) });
+    ok(unsafe {
+        infer_server_options_set_log_callback(
+            opts,
+            INFER_LOG_WARN,
+            Some(ort_log_line),
+            std::ptr::null_mut(),
+        )
+    });
+    let s = Server::with_options(opts);
+    // Declared [n, 7]; computes [3].
+    let m = model(
+        vec![tensor("X", T::Float, &["3"])],
+        vec![tensor("Y", T::Float, &["n", "7"])],
+        vec![node("Relu", "r", &["X"], &["Y"])],
+        vec![],
+    );
+    let dir = model_dir("onnx-ort-warning", &m);
+    load_ok(&s, "w", &xy_config("w", 0, "3", ""), &dir);
+    for _ in 0..5 {
+        let r = run(&s, "w", -1, &[f32_in("X", &[3], &[-1., 0., 2.])]);
+        assert_eq!(out_f32(&r, "Y"), (vec![3], vec![0., 0., 2.]));
+    }
+    let log = ORT_LOG.lock().unwrap().clone();
+    let said: Vec<&String> = log
+        .iter()
+        .filter(|l| l.starts_with("ONNX Runtime: "))
+        .collect();
+    assert_eq!(said.len(), 1, "{log:#?}");
+    assert_mentions(said[0], &["Y"]);
+}

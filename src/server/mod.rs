@@ -114,6 +114,7 @@ static LIVE_SERVERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicU
 
 impl Drop for Server {
     fn drop(&mut self) {
+        onnx::onnxruntime::remove_log(self.id);
         if LIVE_SERVERS.fetch_sub(1, Ordering::AcqRel) == 1 {
             crate::request::pool::drain();
         }
@@ -266,6 +267,7 @@ impl Server {
             .is_some_and(|v| matches!(v.trim(), "1" | "true" | "TRUE" | "True"));
         match onnx::onnxruntime::runtime(&self.opts.onnxruntime, &self.log) {
             Ok(rt) => {
+                onnx::onnxruntime::add_log(self.id, &self.log);
                 if !self.said_engine.swap(true, Ordering::AcqRel) {
                     self.log.info(&format!(
                         "ONNX models run on ONNX Runtime {} ('{}'; execution providers: {})",

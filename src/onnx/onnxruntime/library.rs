@@ -16,6 +16,7 @@
 
 use crate::log::Logger;
 use parking_lot::Mutex;
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -36,6 +37,65 @@ pub struct RuntimeOptions {
     /// thread counts (`intra_op_thread_count` / `inter_op_thread_count`): (intra, inter);
     /// None: each session has its own pools, as ONNX Runtime does by default.
     pub global_threads: Option<(u32, u32)>,
+}
+
+/// A log ONNX Runtime's messages go to: one per server that uses it.
+struct Listener {
+    server: u64,
+    log: Logger,
+    /// The messages already said to it, digits left out (a warning ONNX Runtime repeats
+    /// at every run, with other sizes, is said once).
+    said: HashSet<String>,
+}
+
+static LOGS: Mutex<Vec<Listener>> = Mutex::new(Vec::new());
+/// How many distinct messages a server's log hears at most.
+const MAX_SAID: usize = 256;
+
+/// Server `id`'s log hears ONNX Runtime's warnings and errors from now on.
+pub fn add_log(id: u64, log: &Logger) {
+    let mut logs = LOGS.lock();
+    if !logs.iter().any(|l| l.server == id) {
+        logs.push(Listener {
+            server: id,
+            log: log.clone(),
+            said: HashSet::new(),
+        });
+    }
+}
+
+/// Server `id` is going away.
+pub fn remove_log(id: u64) {
+    LOGS.lock().retain(|l| l.server != id);
+}
+
+/// An ONNX Runtime message: warnings and errors, each distinct one once per server, to
+/// every registered log (a process-wide message cannot be told apart by server). No lock
+/// is held while the logs' callbacks run.
+fn forward(level: ort::logging::LogLevel, msg: &str) {
+    use ort::logging::LogLevel as L;
+    let error = match level {
+        L::Verbose | L::Info => return,
+        L::Warning => false,
+        L::Error | L::Fatal => true,
+    };
+    let key: String = msg.chars().filter(|c| !c.is_ascii_digit()).collect();
+    let logs: Vec<Logger> = LOGS
+        .lock()
+        .iter_mut()
+        .filter_map(|l| {
+            let new = l.said.len() < MAX_SAID && l.said.insert(key.clone());
+            new.then(|| l.log.clone())
+        })
+        .collect();
+    let line = format!("ONNX Runtime: {msg}");
+    for l in logs {
+        if error {
+            l.error(&line);
+        } else {
+            l.warn(&line);
+        }
+    }
 }
 
 /// ONNX Runtime, loaded.
@@ -261,11 +321,12 @@ fn start(
             .map_err(|e| format!("global thread pools: {e}"))?;
         builder = builder.with_global_thread_pool(pools);
     }
-    // ONNX Runtime's own messages: warnings and errors reach the process's log through
-    // the servers' loggers only where they fail a call (they come back as errors);
-    // the rest is not printed.
+    // ONNX Runtime's own warnings and errors go to the logs of the servers using it
+    // (`forward`); the rest is dropped.
     builder = builder.with_logger(std::sync::Arc::new(
-        |_level: ort::logging::LogLevel, _category: &str, _id: &str, _at: &str, _msg: &str| {},
+        |level: ort::logging::LogLevel, _category: &str, _id: &str, _at: &str, msg: &str| {
+            forward(level, msg)
+        },
     ));
     let env = builder.build().map_err(|e| e.to_string())?;
     let providers = available_providers();

@@ -10,7 +10,7 @@
 pub mod library;
 pub mod settings;
 
-pub use library::{runtime, Runtime, RuntimeOptions, LIBRARY_ENV};
+pub use library::{add_log, remove_log, runtime, Runtime, RuntimeOptions, LIBRARY_ENV};
 pub use settings::{Accelerator, GraphLevel, Settings};
 
 use super::model::{check_declared, expected_input, expected_outputs, Declared, Dim};
@@ -76,8 +76,9 @@ fn declared(name: &str, t: &ValueType) -> Declared {
 /// The model's inputs and outputs, from ONNX Runtime's own metadata (symbolic and
 /// unknown sizes are any size).
 ///
-/// ONNX Runtime gives a tensor of unknown rank no dims, as it does a scalar; where it
-/// gives none, the file's own declaration says which it is.
+/// ONNX Runtime gives a tensor of unknown rank no dims, as it does a scalar (and so it
+/// does an output whose declaration contradicts its inference); where it gives none, the
+/// file's own declaration says which it is.
 pub(super) fn metadata(
     session: &Session,
     file: &Path,
@@ -99,9 +100,9 @@ pub(super) fn metadata(
             for (list, from_file) in [(&mut inputs, &fi), (&mut outputs, &fo)] {
                 for d in list.iter_mut().filter(|d| rankless(d)) {
                     if let Some(f) = from_file.iter().find(|f| f.name == d.name) {
-                        if f.dims.is_none() {
-                            d.dims = None;
-                        }
+                        // Unknown rank, or a declaration ONNX Runtime gave up merging with
+                        // what it inferred: the file's own words.
+                        d.dims = f.dims.clone();
                     }
                 }
             }
@@ -165,6 +166,11 @@ fn builder(rt: &Runtime, s: &Settings, place: Place, what: &str) -> Result<Sessi
         Error::internal(format!("{what}: ONNX Runtime: session options: {e}"))
     };
     let mut b = Session::builder(&rt.env).map_err(&err)?;
+    // The environment's logger takes every level; a session formats only warnings and
+    // errors.
+    b = b
+        .with_log_level(ort::logging::LogLevel::Warning)
+        .map_err(recover)?;
     b = b
         .with_optimization_level(match s.graph_level {
             GraphLevel::All => GraphOptimizationLevel::All,
