@@ -42,7 +42,7 @@
  */
 #define INFER_API_VERSION_MAJOR 0
 
-#define INFER_API_VERSION_MINOR 4
+#define INFER_API_VERSION_MINOR 5
 
 /**
  * Longest string correlation ID, in bytes.

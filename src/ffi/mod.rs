@@ -88,7 +88,7 @@ pub const INFER_RESPONSE_FLAG_FINAL: u32 = 1;
 /// The C API version this library implements. A client built against MAJOR.MINOR works
 /// with a library of the same MAJOR and a MINOR at least as high.
 pub const INFER_API_VERSION_MAJOR: u32 = 0;
-pub const INFER_API_VERSION_MINOR: u32 = 4;
+pub const INFER_API_VERSION_MINOR: u32 = 5;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
