@@ -558,7 +558,16 @@ impl ModelInstance for OrtInstance {
             Some(o) => self.session.run_with_options(feeds, o),
             None => self.session.run(feeds),
         }
-        .map_err(|e| Error::internal(format!("{what}: execution failed: {e}")))?;
+        .map_err(|e| {
+            // ONNX Runtime refuses inputs the model cannot take (a size the graph does not
+            // accept, a value out of range) as invalid arguments: the request's fault.
+            let msg = format!("{what}: execution failed: {e}");
+            if e.code() == ort::ErrorCode::InvalidArgument {
+                Error::invalid(msg)
+            } else {
+                Error::internal(msg)
+            }
+        })?;
         for so in &self.outputs {
             let v = outputs.get(&so.name).ok_or_else(|| {
                 Error::internal(format!(
