@@ -123,9 +123,10 @@ pub enum Place {
     Gpu(i32),
 }
 
-/// Opens a session of `file` with the model's settings. Load errors (a file ONNX Runtime
-/// cannot read, an operator it lacks) are INVALID_ARGUMENT with ONNX Runtime's message;
-/// a provider that is not there is UNAVAILABLE naming it.
+/// Opens a session of `file` with the model's settings. Load errors carry ONNX Runtime's
+/// message: a file that is not ONNX is INVALID_ARGUMENT, a missing one NOT_FOUND, an
+/// operator or type ONNX Runtime lacks UNSUPPORTED, a provider that is not there or fails
+/// UNAVAILABLE naming it, anything else INVALID_ARGUMENT.
 pub fn open(rt: &Runtime, file: &Path, s: &Settings, place: Place, what: &str) -> Result<Session> {
     let b = builder(rt, s, place, what)?;
     commit(b, file, what)
