@@ -394,6 +394,28 @@ fn check_carried(what: &str, role: &str, name: &str, dt: DataType) -> Result<()>
     Ok(())
 }
 
+/// `match $dt` with an arm `$m!(T)` for each numeric datatype (T its Rust type), then
+/// the arms given for the others.
+macro_rules! numeric {
+    ($dt:expr, $m:ident, $($rest:tt)*) => {
+        match $dt {
+            DataType::Fp32 => $m!(f32),
+            DataType::Fp64 => $m!(f64),
+            DataType::Fp16 => $m!(half::f16),
+            DataType::Bf16 => $m!(half::bf16),
+            DataType::Int8 => $m!(i8),
+            DataType::Int16 => $m!(i16),
+            DataType::Int32 => $m!(i32),
+            DataType::Int64 => $m!(i64),
+            DataType::Uint8 => $m!(u8),
+            DataType::Uint16 => $m!(u16),
+            DataType::Uint32 => $m!(u32),
+            DataType::Uint64 => $m!(u64),
+            $($rest)*
+        }
+    };
+}
+
 /// A session input over `data`: borrowed when the bytes are aligned for the element
 /// type, else copied.
 fn input_value<'a>(
@@ -412,19 +434,7 @@ fn input_value<'a>(
             }
         };
     }
-    Ok(match dt {
-        DataType::Fp32 => typed!(f32),
-        DataType::Fp64 => typed!(f64),
-        DataType::Fp16 => typed!(half::f16),
-        DataType::Bf16 => typed!(half::bf16),
-        DataType::Int8 => typed!(i8),
-        DataType::Int16 => typed!(i16),
-        DataType::Int32 => typed!(i32),
-        DataType::Int64 => typed!(i64),
-        DataType::Uint8 => typed!(u8),
-        DataType::Uint16 => typed!(u16),
-        DataType::Uint32 => typed!(u32),
-        DataType::Uint64 => typed!(u64),
+    Ok(numeric!(dt, typed,
         DataType::Bool => {
             // Any non-zero byte is true.
             let v: Vec<bool> = data.iter().map(|&b| b != 0).collect();
@@ -440,41 +450,28 @@ fn input_value<'a>(
             Tensor::from_string_array((shape, &texts[..]))?.into()
         }
         DataType::Invalid => return Err(ort::Error::new("INVALID tensors are not carried")),
-    })
+    ))
 }
 
 /// The elements of a BYTES buffer as text.
 fn bytes_elements(data: &[u8]) -> ort::Result<Vec<&str>> {
-    let mut out = Vec::new();
-    let mut rest = data;
-    while !rest.is_empty() {
-        let (len, tail) = rest.split_first_chunk::<4>().ok_or_else(|| {
-            ort::Error::new(format!("BYTES element {}: truncated length", out.len()))
-        })?;
-        let len = u32::from_le_bytes(*len) as usize;
-        if tail.len() < len {
-            return Err(ort::Error::new(format!(
-                "BYTES element {}: length {len} runs past the end",
-                out.len()
-            )));
-        }
-        let (bytes, tail) = tail.split_at(len);
-        let text = std::str::from_utf8(bytes).map_err(|_| {
-            ort::Error::new(format!(
-                "BYTES element {} is not UTF-8 (ONNX Runtime's strings are)",
-                out.len()
-            ))
-        })?;
-        if text.contains('\0') {
-            return Err(ort::Error::new(format!(
-                "BYTES element {} holds a NUL byte (ONNX Runtime's strings cannot)",
-                out.len()
-            )));
-        }
-        out.push(text);
-        rest = tail;
-    }
-    Ok(out)
+    crate::tensor::count_bytes_elements(data).map_err(|e| ort::Error::new(e.message))?;
+    let offsets = crate::tensor::bytes_element_offsets(data);
+    (offsets.windows(2).enumerate())
+        .map(|(i, w)| {
+            let text = std::str::from_utf8(&data[w[0] + 4..w[1]]).map_err(|_| {
+                ort::Error::new(format!(
+                    "BYTES element {i} is not UTF-8 (ONNX Runtime's strings are)"
+                ))
+            })?;
+            if text.contains('\0') {
+                return Err(ort::Error::new(format!(
+                    "BYTES element {i} holds a NUL byte (ONNX Runtime's strings cannot)"
+                )));
+            }
+            Ok(text)
+        })
+        .collect()
 }
 
 /// Strings as Triton's BYTES elements.
@@ -498,19 +495,7 @@ fn output_bytes(v: &ort::value::DynValue, dt: DataType) -> ort::Result<(Vec<i64>
             )
         }};
     }
-    Ok(match dt {
-        DataType::Fp32 => typed!(f32),
-        DataType::Fp64 => typed!(f64),
-        DataType::Fp16 => typed!(half::f16),
-        DataType::Bf16 => typed!(half::bf16),
-        DataType::Int8 => typed!(i8),
-        DataType::Int16 => typed!(i16),
-        DataType::Int32 => typed!(i32),
-        DataType::Int64 => typed!(i64),
-        DataType::Uint8 => typed!(u8),
-        DataType::Uint16 => typed!(u16),
-        DataType::Uint32 => typed!(u32),
-        DataType::Uint64 => typed!(u64),
+    Ok(numeric!(dt, typed,
         DataType::Bool => {
             let (shape, data) = v.try_extract_tensor::<bool>()?;
             (
@@ -523,7 +508,7 @@ fn output_bytes(v: &ort::value::DynValue, dt: DataType) -> ort::Result<(Vec<i64>
             (shape.to_vec(), Cow::Owned(bytes_of(&texts)))
         }
         DataType::Invalid => return Err(ort::Error::new("INVALID tensors are not carried")),
-    })
+    ))
 }
 
 impl ModelInstance for OrtInstance {
