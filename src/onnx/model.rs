@@ -210,52 +210,37 @@ pub(super) fn complete_config(
             ))
         })
     };
-    if c.input.is_empty() {
-        for d in &io_inputs {
-            let (dims, reshape) = shape_of(d)?;
-            c.input.push(pb::ModelInput {
-                name: d.name.clone(),
-                data_type: dtype_of(d)?,
-                dims,
-                reshape,
-                ..Default::default()
-            });
-        }
-    } else {
-        for t in &mut c.input {
-            if let Some(d) = io_inputs.iter().find(|d| d.name == t.name) {
-                if t.data_type == 0 {
-                    t.data_type = dtype_of(d)?;
+    // Inputs and outputs alike: all of the model's when the config lists none, else what
+    // a listed tensor leaves out.
+    macro_rules! complete {
+        ($list:expr, $declared:expr, $ty:ident) => {
+            if $list.is_empty() {
+                for d in $declared {
+                    let (dims, reshape) = shape_of(d)?;
+                    $list.push(pb::$ty {
+                        name: d.name.clone(),
+                        data_type: dtype_of(d)?,
+                        dims,
+                        reshape,
+                        ..Default::default()
+                    });
                 }
-                if t.dims.is_empty() && t.reshape.is_none() {
-                    (t.dims, t.reshape) = shape_of(d)?;
-                }
-            }
-        }
-    }
-    if c.output.is_empty() {
-        for d in &io_outputs {
-            let (dims, reshape) = shape_of(d)?;
-            c.output.push(pb::ModelOutput {
-                name: d.name.clone(),
-                data_type: dtype_of(d)?,
-                dims,
-                reshape,
-                ..Default::default()
-            });
-        }
-    } else {
-        for t in &mut c.output {
-            if let Some(d) = io_outputs.iter().find(|d| d.name == t.name) {
-                if t.data_type == 0 {
-                    t.data_type = dtype_of(d)?;
-                }
-                if t.dims.is_empty() && t.reshape.is_none() {
-                    (t.dims, t.reshape) = shape_of(d)?;
+            } else {
+                for t in &mut $list {
+                    if let Some(d) = $declared.iter().find(|d| d.name == t.name) {
+                        if t.data_type == 0 {
+                            t.data_type = dtype_of(d)?;
+                        }
+                        if t.dims.is_empty() && t.reshape.is_none() {
+                            (t.dims, t.reshape) = shape_of(d)?;
+                        }
+                    }
                 }
             }
-        }
+        };
     }
+    complete!(c.input, &io_inputs, ModelInput);
+    complete!(c.output, &io_outputs, ModelOutput);
     Ok(())
 }
 
