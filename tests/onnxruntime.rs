@@ -46,6 +46,17 @@ fn config(model: &str, as_name: &str, replace: &[(&str, &str)]) -> String {
     c
 }
 
+/// Loads `config` from `dir` as `name`; it must succeed.
+#[track_caller]
+fn load_ok(s: &Server, name: &str, config: &str, dir: &std::path::Path) {
+    assert_eq!(
+        s.try_load_dir(name, config, dir),
+        INFER_STATUS_OK,
+        "{name}: {}",
+        last_error()
+    );
+}
+
 const TRACT: (&str, &str) = ("platform: \"onnxruntime_onnx\"", "backend: \"tract\"");
 
 static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -98,19 +109,9 @@ fn mlp_on_onnxruntime_matches_tract_and_the_log_names_the_library() {
     }
     let s = server_with(None);
     let dir = model_dir("mlp");
-    assert_eq!(
-        s.try_load_dir("mlp", &config("mlp", "mlp", &[]), &dir),
-        INFER_STATUS_OK,
-        "{}",
-        last_error()
-    );
+    load_ok(&s, "mlp", &config("mlp", "mlp", &[]), &dir);
     let tract = config("mlp", "mlp_tract", &[TRACT]);
-    assert_eq!(
-        s.try_load_dir("mlp_tract", &tract, &dir),
-        INFER_STATUS_OK,
-        "{}",
-        last_error()
-    );
+    load_ok(&s, "mlp_tract", &tract, &dir);
     for rows in [1usize, 3, 8] {
         let x = features(rows as u32, rows);
         let a = s.infer(
@@ -141,12 +142,7 @@ fn dynamic_batching_runs_many_requests_in_one_session_run() {
     }
     let s = server_with(Some((1, 1)));
     let dir = model_dir("mlp");
-    assert_eq!(
-        s.try_load_dir("mlpb", &config("mlp", "mlpb", &[]), &dir),
-        INFER_STATUS_OK,
-        "{}",
-        last_error()
-    );
+    load_ok(&s, "mlpb", &config("mlp", "mlpb", &[]), &dir);
     // Each request alone first, then all of them queued while paused: one batch.
     let singles: Vec<Vec<f32>> = (0..16)
         .map(|i| {
@@ -191,18 +187,8 @@ fn sequences_with_implicit_state_match_tract() {
     let dir = model_dir("accumulator_onnx");
     let ort = config("accumulator_onnx", "acc", &[]);
     let tract = config("accumulator_onnx", "acc_tract", &[TRACT]);
-    assert_eq!(
-        s.try_load_dir("acc", &ort, &dir),
-        INFER_STATUS_OK,
-        "{}",
-        last_error()
-    );
-    assert_eq!(
-        s.try_load_dir("acc_tract", &tract, &dir),
-        INFER_STATUS_OK,
-        "{}",
-        last_error()
-    );
+    load_ok(&s, "acc", &ort, &dir);
+    load_ok(&s, "acc_tract", &tract, &dir);
     for model in ["acc", "acc_tract"] {
         let mut outs = Vec::new();
         for (k, v) in [1.0f32, 2.0, 3.5, -1.0].iter().enumerate() {
@@ -335,12 +321,7 @@ fn without_onnxruntime_models_fall_back_to_tract_unless_required() {
         )
     });
     let s = Server::with_options(opts);
-    assert_eq!(
-        s.try_load_dir("fb", &config("mlp", "fb", &[]), &dir),
-        INFER_STATUS_OK,
-        "{}",
-        last_error()
-    );
+    load_ok(&s, "fb", &config("mlp", "fb", &[]), &dir);
     let r = s.infer(
         s.request("fb")
             .input_f32("FEATURES", &[1, 64], &features(1, 1)),
@@ -380,12 +361,7 @@ fn without_onnxruntime_models_fall_back_to_tract_unless_required() {
         last_error()
     );
     // backend: "tract" never needs it.
-    assert_eq!(
-        s2.try_load_dir("t", &config("mlp", "t", &[TRACT]), &dir),
-        INFER_STATUS_OK,
-        "{}",
-        last_error()
-    );
+    load_ok(&s2, "t", &config("mlp", "t", &[TRACT]), &dir);
 }
 
 /// tract takes `intra_op_thread_count` as ONNX Runtime does: the instance's matrix
@@ -399,18 +375,8 @@ fn tract_with_a_thread_pool_answers_as_without() {
         "{}\nparameters {{ key: \"intra_op_thread_count\" value: {{ string_value: \"2\" }} }}\n",
         config("mlp", "t2", &[TRACT])
     );
-    assert_eq!(
-        s.try_load_dir("t1", &one, &dir),
-        INFER_STATUS_OK,
-        "{}",
-        last_error()
-    );
-    assert_eq!(
-        s.try_load_dir("t2", &two, &dir),
-        INFER_STATUS_OK,
-        "{}",
-        last_error()
-    );
+    load_ok(&s, "t1", &one, &dir);
+    load_ok(&s, "t2", &two, &dir);
     let x = features(9, 64);
     let a = s.infer(s.request("t1").input_f32("FEATURES", &[64, 64], &x));
     let b = s.infer(s.request("t2").input_f32("FEATURES", &[64, 64], &x));

@@ -328,17 +328,7 @@ impl Plan {
         let batching = config.max_batch_size > 0;
         let batch = model.symbols.sym("batch_size");
 
-        // Every config input must be a model input.
-        for tc in &config.inputs {
-            if !declared.iter().any(|d| *d.name == *tc.name) {
-                let have: Vec<&str> = declared.iter().map(|d| d.name.as_str()).collect();
-                return Err(Error::invalid(format!(
-                    "{what}: config input '{}' is not an input of the ONNX model (its inputs: {})",
-                    tc.name,
-                    have.join(", ")
-                )));
-            }
-        }
+        check_config_inputs(config, &declared, what)?;
         let mut inputs = Vec::with_capacity(declared.len());
         for (ix, d) in declared.iter().enumerate() {
             let exp = expected_input(config, d, what)?;

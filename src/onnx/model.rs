@@ -273,6 +273,26 @@ pub(super) struct Expected {
     pub(super) role: &'static str,
 }
 
+/// Every config input must be an input of the model (INVALID_ARGUMENT naming it and the
+/// model's inputs).
+pub(super) fn check_config_inputs(
+    config: &ModelConfig,
+    model: &[Declared],
+    what: &str,
+) -> Result<()> {
+    for tc in &config.inputs {
+        if !model.iter().any(|d| *d.name == *tc.name) {
+            let have: Vec<&str> = model.iter().map(|d| d.name.as_str()).collect();
+            return Err(Error::invalid(format!(
+                "{what}: config input '{}' is not an input of the ONNX model (its inputs: {})",
+                tc.name,
+                have.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// What the config (or the sequence batcher) says the model input `d` is: a config
 /// input, a state input or a control input; INVALID_ARGUMENT when the config does not
 /// account for it.

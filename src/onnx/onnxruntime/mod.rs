@@ -13,7 +13,9 @@ pub mod settings;
 pub use library::{add_log, remove_log, runtime, Runtime, RuntimeOptions, LIBRARY_ENV};
 pub use settings::{Accelerator, GraphLevel, Settings};
 
-use super::model::{check_declared, expected_input, expected_outputs, Declared, Dim};
+use super::model::{
+    check_config_inputs, check_declared, expected_input, expected_outputs, Declared, Dim,
+};
 use crate::backend::{Batch, ModelInstance};
 use crate::config::ModelConfig;
 use crate::status::{Error, Result};
@@ -311,16 +313,7 @@ impl OrtInstance {
         let settings = Settings::of(config)?;
         let session = open(rt, file, &settings, place, what)?;
         let (model_inputs, model_outputs) = metadata(&session, file, what);
-        for tc in &config.inputs {
-            if !model_inputs.iter().any(|d| *d.name == *tc.name) {
-                let have: Vec<&str> = model_inputs.iter().map(|d| d.name.as_str()).collect();
-                return Err(Error::invalid(format!(
-                    "{what}: config input '{}' is not an input of the ONNX model (its inputs: {})",
-                    tc.name,
-                    have.join(", ")
-                )));
-            }
-        }
+        check_config_inputs(config, &model_inputs, what)?;
         let mut inputs = Vec::with_capacity(model_inputs.len());
         for d in &model_inputs {
             let exp = expected_input(config, d, what)?;
