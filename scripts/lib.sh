@@ -102,3 +102,28 @@ with zipfile.ZipFile(wheel) as z, open(os.path.join(dir, f"libonnxruntime.so.{ve
 os.replace(os.path.join(dir, f"libonnxruntime.so.{version}.tmp"), os.path.join(dir, f"libonnxruntime.so.{version}"))
 PY
 }
+
+# The onnx release whose node test cases tests/onnx_conformance.rs runs (its wheel ships
+# them); tests/onnx_conformance_known.txt is true for this version.
+ONNX_VERSION=1.19.1
+
+# onnx_python VENV: makes VENV (once) with the pinned onnx in it, installing Debian's
+# python3 / python3-venv when they are missing.
+onnx_python() {
+    local venv="$1"
+    if "$venv/bin/python" -c "import onnx, sys; sys.exit(onnx.__version__ != '$ONNX_VERSION')" 2>/dev/null; then
+        return 0
+    fi
+    ensure_tool python3 python3
+    if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+        rm -rf "$venv"
+        if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+            # Debian and Ubuntu ship venv's pip bootstrap separately.
+            rm -rf "$venv"
+            apt_install python3-venv
+            python3 -m venv "$venv"
+        fi
+    fi
+    echo "-- installing onnx==$ONNX_VERSION into $venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "onnx==$ONNX_VERSION"
+}

@@ -44,31 +44,6 @@ build_c_tests() {
     echo "built $C_TESTS/c_api_tests"
 }
 
-# The onnx release whose node test cases tests/onnx_conformance.rs runs (its wheel ships
-# them); tests/onnx_conformance_known.txt is true for this version.
-ONNX_VERSION=1.19.1
-
-# onnx_python VENV: makes VENV (once) with the pinned onnx in it, installing Debian's
-# python3 / python3-venv when they are missing.
-onnx_python() {
-    local venv="$1"
-    if "$venv/bin/python" -c "import onnx, sys; sys.exit(onnx.__version__ != '$ONNX_VERSION')" 2>/dev/null; then
-        return 0
-    fi
-    ensure_tool python3 python3
-    if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
-        rm -rf "$venv"
-        if ! python3 -m venv "$venv" >/dev/null 2>&1; then
-            # Debian and Ubuntu ship venv's pip bootstrap separately.
-            rm -rf "$venv"
-            apt_install python3-venv
-            python3 -m venv "$venv"
-        fi
-    fi
-    echo "-- installing onnx==$ONNX_VERSION into $venv"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check "onnx==$ONNX_VERSION"
-}
-
 # ONNX's node test cases on the ONNX backend: prepares them into $TARGET_DIR/onnx-conformance
 # (again only when onnx or the script changed) and runs tests/onnx_conformance.rs on them.
 onnx_conformance() {
@@ -93,6 +68,16 @@ onnx_conformance() {
     sh tests/fixtures/build_fakes.sh "$fakes"
     LD_LIBRARY_PATH="$fakes" INFER_FAKE_CUDA=one INFER_ONNX_CONFORMANCE_GPU=1 \
         INFER_ONNX_CONFORMANCE_DIR="$out" cargo test --release --test onnx_conformance -- --nocapture
+}
+
+# Every suite as a machine with one GPU runs it: against the stand-in CUDA libraries,
+# KIND_AUTO places ONNX models on the GPU executor and tests/gpu.rs takes its GPU branches.
+standin_gpu_tests() {
+    local fakes="$TARGET_DIR/fake-cuda"
+    case "$fakes" in /*) ;; *) fakes="$PWD/$fakes" ;; esac
+    sh tests/fixtures/build_fakes.sh "$fakes"
+    env -u INFER_ONNXRUNTIME_LIBRARY LD_LIBRARY_PATH="$fakes" INFER_FAKE_CUDA=one \
+        cargo test --release
 }
 
 # The kernels of the GPU executor through the real NVRTC (from PyPI; no GPU needed), for
@@ -235,6 +220,7 @@ ensure_rust_component clippy
 step fmt cargo fmt --check
 step clippy cargo clippy --all-targets -- -D warnings
 step cargo-test env -u INFER_ONNXRUNTIME_LIBRARY cargo test --release
+step cargo-test-gpu-standin standin_gpu_tests
 step onnxruntime onnxruntime_tests
 step onnx-conformance onnx_conformance
 step packaged-models packaged_models

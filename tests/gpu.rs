@@ -177,14 +177,25 @@ fn kind_gpu_with_a_gpu_refuses_what_cannot_run_there() {
             "KIND_CPU or KIND_AUTO",
         ],
     );
-    register_copy_backend(&s);
+    // `backend: "tract"` names a CPU engine: refused on KIND_GPU, on the CPU under KIND_AUTO.
+    let tract = gpu_config_of("mlp").replace(
+        "platform: \"onnxruntime_onnx\"",
+        "backend: \"tract\"",
+    );
+    let dir = model_dir_of("mlp");
+    let load = |config: &str| unsafe {
+        infer_server_load_model(s.0, cs("mlp").as_ptr(), cs(config).as_ptr(), dir.as_ptr())
+    };
     expect_msg(
-        s.try_load(
-            "c",
-            &copy_config("c", "instance_group [ { kind: KIND_GPU } ]"),
-        ),
+        load(&tract),
         INFER_STATUS_UNSUPPORTED,
-        &["'c'", "not implemented yet"],
+        &["backend 'tract' cannot run on a GPU", "KIND_CPU or KIND_AUTO"],
+    );
+    ok(load(&tract.replace("KIND_GPU", "KIND_AUTO")));
+    let st = s.stats("mlp");
+    assert!(
+        st["models"][0].get("gpu").is_none(),
+        "a tract model under KIND_AUTO was placed on a GPU: {st}"
     );
 }
 

@@ -2,7 +2,7 @@
 //! executor for GPU instances) and the config auto-complete, read by that engine.
 
 use super::model::*;
-use super::{cpu, onnxruntime};
+use super::{cpu, gpu, onnxruntime};
 use crate::backend::{Backend, InstancePlace, ModelInstance};
 use crate::config::{ModelConfig, RawConfig};
 use crate::folder::{check_relative, Folder};
@@ -22,6 +22,9 @@ pub enum Engine {
 /// provider run on the library's own GPU executor (`onnx::gpu`).
 pub struct OnnxBackend {
     pub engine: Engine,
+    /// Whether instances may run on a GPU: not for `backend: "tract"`, which names a CPU
+    /// engine (KIND_AUTO places it on the CPU, KIND_GPU is refused).
+    pub gpu: bool,
 }
 
 impl OnnxBackend {
@@ -36,11 +39,11 @@ impl OnnxBackend {
 impl Backend for OnnxBackend {
     /// On KIND_GPU instances ONNX Runtime's CUDA provider, or the GPU executor.
     fn runs_on_gpu(&self) -> bool {
-        true
+        self.gpu
     }
 
     fn auto_prefers_gpu(&self) -> bool {
-        true
+        self.gpu
     }
 
     fn manages_device(&self) -> bool {
@@ -83,9 +86,16 @@ impl Backend for OnnxBackend {
                     &what,
                 )?));
             }
-            // On a GPU instance: the GPU executor (the context is bound by the caller).
-            return Ok(Box::new(crate::onnx::gpu::OnnxGpuInstance::new(
-                config, &file, at.gpu, &what,
+            // On a GPU instance: the GPU executor (the context is bound by the caller),
+            // with the config's ONNX Runtime settings read (and refused by name where
+            // wrong) and the config checked against the file as on the CPU engines, so
+            // that a config means the same wherever its instances run.
+            onnxruntime::Settings::of(config)?;
+            let graph = gpu::shared_graph(&file, &what)?;
+            let (inputs, outputs) = declared_of(&graph);
+            check_model_io(config, &inputs, &outputs, &what)?;
+            return Ok(Box::new(gpu::OnnxGpuInstance::new(
+                config, graph, at.gpu, &what,
             )?));
         }
         if let Engine::OnnxRuntime(rt) = self.engine {

@@ -94,7 +94,11 @@ pub(super) fn declared_from_graph(
     file: &Path,
     what: &str,
 ) -> Result<(Vec<Declared>, Vec<Declared>)> {
-    let g = crate::onnx::gpu::load_graph(file, what)?;
+    Ok(declared_of(&crate::onnx::gpu::load_graph(file, what)?))
+}
+
+/// The inputs and outputs a parsed graph declares.
+pub(super) fn declared_of(g: &crate::onnx::graph::Graph) -> (Vec<Declared>, Vec<Declared>) {
     let of = |io: &crate::onnx::graph::Io| Declared {
         name: io.name.clone(),
         dtype: io
@@ -112,10 +116,10 @@ pub(super) fn declared_from_graph(
                 .collect()
         }),
     };
-    Ok((
+    (
         g.inputs.iter().map(of).collect(),
         g.outputs.iter().map(of).collect(),
-    ))
+    )
 }
 
 /// Fills in what the config leaves out from the model's declared inputs and outputs.
@@ -364,6 +368,46 @@ pub(super) fn expected_outputs(config: &ModelConfig) -> Vec<(String, Expected)> 
         }
     }
     wanted
+}
+
+/// The config against the tensors the model declares: every config input is a model
+/// input; every model input is a config, state or control input of the declared datatype
+/// and dims; every output the config asks for (and every state output) is a model output
+/// of the declared datatype, and of the declared shape where the file fixes all of it
+/// (files declare symbolic output shapes their graph does not compute; each batch's
+/// outputs are checked as they are computed). Returns what each model input (in the
+/// model's order) and each wanted output should be.
+pub(super) fn check_model_io(
+    config: &ModelConfig,
+    inputs: &[Declared],
+    outputs: &[Declared],
+    what: &str,
+) -> Result<(Vec<Expected>, Vec<(String, Expected)>)> {
+    check_config_inputs(config, inputs, what)?;
+    let mut expected = Vec::with_capacity(inputs.len());
+    for d in inputs {
+        let exp = expected_input(config, d, what)?;
+        check_declared(what, exp.role, d, &exp, config.max_batch_size)?;
+        expected.push(exp);
+    }
+    let wanted = expected_outputs(config);
+    for (name, exp) in &wanted {
+        let Some(d) = outputs.iter().find(|d| d.name == *name) else {
+            let have: Vec<&str> = outputs.iter().map(|d| d.name.as_str()).collect();
+            return Err(Error::invalid(format!(
+                "{what}: {} '{name}' is not an output of the ONNX model (its outputs: {})",
+                exp.role,
+                have.join(", ")
+            )));
+        };
+        let all_fixed = (d.dims.iter().flatten()).all(|x| matches!(x, Dim::Fixed(_)));
+        let d = Declared {
+            dims: if all_fixed { d.dims.clone() } else { None },
+            ..d.clone()
+        };
+        check_declared(what, exp.role, &d, exp, config.max_batch_size)?;
+    }
+    Ok((expected, wanted))
 }
 
 /// Checks a tensor the model declares against what the config says: datatype, rank,

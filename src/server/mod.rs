@@ -240,6 +240,8 @@ impl Server {
         if onnx::is_onnx(key) {
             return Ok(Arc::new(onnx::OnnxBackend {
                 engine: self.onnx_engine(config.name.as_str(), key, &config.parameters)?,
+                // `backend: "tract"` names a CPU engine: its instances stay on the CPU.
+                gpu: key != onnx::TRACT,
             }));
         }
         Err(Error::unsupported(format!(

@@ -183,7 +183,7 @@ const HOST_ONLY: &[&str] = &["Constant", "ConstantOfShape", "Range", "Size"];
 /// The graph of `file`, read once for all the instances that load it while it is
 /// unchanged (same length and modification time): instances of a model share one copy of
 /// its host-side constants.
-fn shared_graph(file: &Path, what: &str) -> Result<Arc<Graph>> {
+pub fn shared_graph(file: &Path, what: &str) -> Result<Arc<Graph>> {
     type Key = (std::path::PathBuf, u64, Option<std::time::SystemTime>);
     static GRAPHS: std::sync::OnceLock<parking_lot::Mutex<HashMap<Key, std::sync::Weak<Graph>>>> =
         std::sync::OnceLock::new();
@@ -357,16 +357,16 @@ enum GraphEntry {
 }
 
 impl OnnxGpuInstance {
-    /// Loads the graph, compiles (or finds) the kernels for the device, and plans the
-    /// graph once for a batch of one so that anything it cannot run fails the load.
-    /// The device's context must be bound.
+    /// An instance of `graph` (from [`shared_graph`], checked against the config by the
+    /// caller): compiles (or finds) the kernels for the device, and plans the graph once
+    /// for a batch of one so that anything it cannot run fails the load. The device's
+    /// context must be bound.
     pub fn new(
         config: &Arc<ModelConfig>,
-        file: &Path,
+        graph: Arc<Graph>,
         device: i32,
         what: &str,
     ) -> Result<OnnxGpuInstance> {
-        let graph = shared_graph(file, what)?;
         let info = crate::cuda::GpuState::for_mode(crate::cuda::GpuMode::Auto)
             .runtime()
             .and_then(|r| r.devices.get(device as usize).cloned())
@@ -392,22 +392,6 @@ impl OnnxGpuInstance {
             graph_max_batch: opts.graph_max_batch,
             graphs: HashMap::new(),
         };
-        for tc in &config.inputs {
-            if !inst.graph.inputs.iter().any(|i| *i.name == *tc.name) {
-                return Err(Error::invalid(format!(
-                    "{what}: the config has input '{}', which the model does not",
-                    tc.name
-                )));
-            }
-        }
-        for tc in &config.outputs {
-            if !inst.graph.outputs.iter().any(|o| *o.name == *tc.name) {
-                return Err(Error::invalid(format!(
-                    "{what}: the config has output '{}', which the model does not",
-                    tc.name
-                )));
-            }
-        }
         inst.value_inputs = vec![false; inst.graph.inputs.len()];
         let probe = PlanKey {
             inputs: inst.sample_inputs()?,

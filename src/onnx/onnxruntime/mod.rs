@@ -13,9 +13,7 @@ pub mod settings;
 pub use library::{add_log, remove_log, runtime, Runtime, RuntimeOptions, LIBRARY_ENV};
 pub use settings::{Accelerator, GraphLevel, Settings};
 
-use super::model::{
-    check_config_inputs, check_declared, expected_input, expected_outputs, Declared, Dim,
-};
+use super::model::{check_model_io, Declared, Dim};
 use crate::backend::{Batch, ModelInstance};
 use crate::config::ModelConfig;
 use crate::status::{Error, Result};
@@ -313,12 +311,10 @@ impl OrtInstance {
         let settings = Settings::of(config)?;
         let session = open(rt, file, &settings, place, what)?;
         let (model_inputs, model_outputs) = metadata(&session, file, what);
-        check_config_inputs(config, &model_inputs, what)?;
+        let (expected, wanted) = check_model_io(config, &model_inputs, &model_outputs, what)?;
         let mut inputs = Vec::with_capacity(model_inputs.len());
-        for d in &model_inputs {
-            let exp = expected_input(config, d, what)?;
+        for (d, exp) in model_inputs.iter().zip(expected) {
             check_carried(what, exp.role, &d.name, exp.dtype)?;
-            check_declared(what, exp.role, d, &exp, config.max_batch_size)?;
             let reshape = config.input(&d.name).and_then(|tc| tc.reshape.clone());
             inputs.push(SessionInput {
                 name: d.name.clone(),
@@ -326,27 +322,9 @@ impl OrtInstance {
                 reshape,
             });
         }
-        let mut outputs = Vec::new();
-        for (name, exp) in expected_outputs(config) {
-            let Some(d) = model_outputs.iter().find(|d| d.name == name) else {
-                let have: Vec<&str> = model_outputs.iter().map(|d| d.name.as_str()).collect();
-                return Err(Error::invalid(format!(
-                    "{what}: {} '{name}' is not an output of the ONNX model (its outputs: {})",
-                    exp.role,
-                    have.join(", ")
-                )));
-            };
+        let mut outputs = Vec::with_capacity(wanted.len());
+        for (name, exp) in wanted {
             check_carried(what, exp.role, &name, exp.dtype)?;
-            // Shapes only where the file declares them all fixed: files declare symbolic
-            // output shapes their graph does not compute (ONNX Runtime itself only warns
-            // at run time), and each batch's outputs are checked against the config as
-            // they are computed.
-            let all_fixed = (d.dims.iter().flatten()).all(|x| matches!(x, Dim::Fixed(_)));
-            let d = Declared {
-                dims: if all_fixed { d.dims.clone() } else { None },
-                ..d.clone()
-            };
-            check_declared(what, exp.role, &d, &exp, config.max_batch_size)?;
             outputs.push(SessionOutput {
                 name,
                 dtype: exp.dtype,

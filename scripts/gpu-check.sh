@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Validates libinfer on a real NVIDIA GPU: the GPU test suite (tests/gpu.rs, which runs its
+# device checks only where a GPU is usable), ONNX's node test cases on the GPU executor, and
+# the ONNX suites a default server runs (GPU use AUTO) on a machine that has a GPU.
+#
+#   scripts/gpu-check.sh                       build here (cargo) and run here
+#   scripts/gpu-check.sh --pack DIR            build here, write to DIR what a GPU machine
+#                                              without Rust needs (stripped test binaries and
+#                                              the prepared ONNX cases, compressed)
+#   scripts/gpu-check.sh --prebuilt DIR        run what --pack wrote to DIR
+#
+# Options: --out DIR (logs and reports; default target/gpu-check), --quick (the GPU suite
+# and the conformance only). Needs on the GPU machine: the NVIDIA driver (CUDA 13 or newer),
+# NVRTC and cuBLAS (found by the loader, or in the CUDA toolkit's or the nvidia-* Python
+# wheels' folders, which this script adds), a C compiler for the stand-in checks.
+# Exit status 0 only when every step passed; the summary names each step's outcome.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+MODE=build PACK_DIR="" PREBUILT="" OUT="$ROOT/target/gpu-check" QUICK=0
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --pack) MODE=pack PACK_DIR=$2; shift 2 ;;
+        --prebuilt) MODE=prebuilt PREBUILT=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        --quick) QUICK=1; shift ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+SUITES=(gpu onnx_conformance onnx_backend onnx_models)
+
+# Builds the suites in release and prints "name path" for each test binary.
+build_suites() {
+    local args=() s
+    for s in "${SUITES[@]}"; do args+=(--test "$s"); done
+    cargo test --release --no-run --message-format=json "${args[@]}" 2>/dev/null |
+        python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"]:
+        print(m["target"]["name"], m["executable"])'
+}
+
+# The ONNX node cases, prepared as scripts/test.sh prepares them.
+prepare_conformance() {
+    # shellcheck source=scripts/lib.sh
+    source scripts/lib.sh
+    TARGET_DIR=${CARGO_TARGET_DIR:-target}
+    local venv="$TARGET_DIR/onnx-venv" out="$ROOT/$TARGET_DIR/onnx-conformance"
+    onnx_python "$venv" >&2
+    "$venv/bin/python" scripts/onnx_conformance.py "$out" >&2
+    echo "$out"
+}
+
+if [[ $MODE == pack ]]; then
+    mkdir -p "$PACK_DIR"
+    PACK_DIR=$(cd "$PACK_DIR" && pwd)
+    cargo build --release >/dev/null 2>&1 || true
+    build_suites | while read -r name exe; do
+        echo "-- $name: $exe"
+        strip -o "$PACK_DIR/$name" "$exe" && xz -T0 -f "$PACK_DIR/$name"
+    done
+    cases=$(prepare_conformance)
+    tar -C "$(dirname "$cases")" --exclude='report*.tsv' -cJf "$PACK_DIR/onnx-conformance.tar.xz" \
+        "$(basename "$cases")"
+    # The test binaries read fixtures and models from the checkout they were built in.
+    echo "$ROOT" >"$PACK_DIR/manifest_dir"
+    du -sh "$PACK_DIR"/*
+    exit 0
+fi
+
+mkdir -p "$OUT"
+declare -A BIN
+CASES=""
+if [[ $MODE == prebuilt ]]; then
+    PREBUILT=$(cd "$PREBUILT" && pwd)
+    work=$(mktemp -d)
+    for s in "${SUITES[@]}"; do
+        xz -dc "$PREBUILT/$s.xz" >"$work/$s" && chmod +x "$work/$s" && BIN[$s]=$work/$s
+    done
+    tar -C "$work" -xJf "$PREBUILT/onnx-conformance.tar.xz" && CASES=$work/onnx-conformance
+    built_in=$(cat "$PREBUILT/manifest_dir")
+    if [[ $built_in != "$ROOT" && ! -e $built_in ]]; then
+        mkdir -p "$(dirname "$built_in")" && ln -s "$ROOT" "$built_in" ||
+            echo "gpu-check: cannot link $built_in to $ROOT; suites that read fixtures will fail"
+    fi
+else
+    while read -r name exe; do BIN[$name]=$exe; done < <(build_suites)
+    CASES=$(prepare_conformance)
+fi
+
+# ---- the machine
+{
+    echo "== $(date -u +%FT%TZ) $(uname -srm)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>&1 ||
+        echo "nvidia-smi: not available"
+    echo "libcuda: $(ldconfig -p 2>/dev/null | grep -m1 'libcuda.so.1 ' || echo 'not in the loader cache')"
+} | tee "$OUT/machine.txt"
+
+# NVRTC and cuBLAS: where the loader finds them, else the toolkit's or the wheels' folders.
+have_lib() { ldconfig -p 2>/dev/null | grep -q "$1" || compgen -G "${LD_LIBRARY_PATH:-/nonexistent}/$1*" >/dev/null; }
+extra=()
+for d in ${CUDA_HOME:-} /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+    $(python3 -c 'import nvidia, os; [print(os.path.join(p, s)) for p in nvidia.__path__ for s in ("cu13/lib", "cuda_nvrtc/lib", "cublas/lib")]' 2>/dev/null); do
+    [[ -d $d ]] || continue
+    if compgen -G "$d/libnvrtc.so*" >/dev/null || compgen -G "$d/libcublas.so*" >/dev/null; then
+        extra+=("$d")
+    fi
+done
+if ! have_lib libnvrtc.so || ! have_lib libcublas.so; then
+    for d in "${extra[@]}"; do LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; done
+    export LD_LIBRARY_PATH
+fi
+NVRTC_DIR=""
+for d in "${extra[@]}"; do compgen -G "$d/libnvrtc.so*" >/dev/null && NVRTC_DIR=$d && break; done
+{
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+    for d in "${extra[@]}"; do echo "found in $d: $(cd "$d" && ls libnvrtc.so* libcublas.so* 2>/dev/null | tr '\n' ' ')"; done
+} | tee -a "$OUT/machine.txt"
+unset INFER_FAKE_CUDA INFER_ONNXRUNTIME_LIBRARY
+
+declare -A RESULT
+step() { # name timeout command...
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name ($(date -u +%T))"
+    local t0=$SECONDS
+    timeout -k 10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    RESULT[$name]="rc $rc, $((SECONDS - t0)) s"
+    [[ $rc == 124 || $rc == 137 ]] && RESULT[$name]+=" (timed out)"
+    grep -E '^test result|SKIP|passed|FAILED|panicked' "$OUT/$name.log" | tail -25
+    return 0
+}
+
+# kernels_compile_with_nvrtc compiles for every architecture through NVRTC_DIR's NVRTC.
+nvrtc_env=()
+[[ -n $NVRTC_DIR ]] && nvrtc_env=(INFER_NVRTC_LIB_DIR="$NVRTC_DIR")
+step gpu 200 env "${nvrtc_env[@]}" "${BIN[gpu]}" --test-threads=4 --nocapture
+if [[ -n $CASES ]]; then
+    step conformance_gpu 300 env INFER_ONNX_CONFORMANCE_GPU=1 INFER_ONNX_CONFORMANCE_DIR="$CASES" \
+        INFER_ONNX_CONFORMANCE_TIMEOUT_S=10 "${BIN[onnx_conformance]}" --nocapture
+    cp "$CASES/report_gpu.tsv" "$OUT/" 2>/dev/null
+fi
+if [[ $QUICK == 0 ]]; then
+    step onnx_backend 100 "${BIN[onnx_backend]}" --test-threads=4
+    step onnx_models 100 "${BIN[onnx_models]}" --test-threads=4
+fi
+
+echo "== summary"
+failed=0
+for k in "${!RESULT[@]}"; do
+    echo "$k: ${RESULT[$k]}"
+    [[ ${RESULT[$k]} == "rc 0,"* ]] || failed=1
+done | sort | tee "$OUT/summary.txt"
+grep -q -v 'rc 0,' "$OUT/summary.txt" && exit 1
+exit 0
