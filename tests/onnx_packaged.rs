@@ -14,6 +14,7 @@
 
 mod common;
 use common::*;
+use infer::ffi::server::*;
 use infer::ffi::*;
 use std::path::{Path, PathBuf};
 
@@ -181,10 +182,22 @@ fn packaged_models_match_onnxruntime_on_every_request() {
         .collect();
     models.sort();
     assert!(!models.is_empty(), "no model in {}", root.display());
-    // INFER_PACKAGED_ENGINE=tract: the same models with `backend: "tract"`; each either
-    // matches onnxruntime or is refused at load with UNSUPPORTED (never a wrong answer).
-    let tract = std::env::var("INFER_PACKAGED_ENGINE").is_ok_and(|e| e == "tract");
-    let s = Server::new();
+    // INFER_PACKAGED_ENGINE=tract: the same models with `backend: "tract"`;
+    // INFER_PACKAGED_ENGINE=gpu: on a KIND_GPU instance (the GPU executor, or ONNX
+    // Runtime's CUDA provider) of a server that requires a GPU. Each either matches
+    // onnxruntime or is refused at load with UNSUPPORTED (never a wrong answer).
+    let engine = std::env::var("INFER_PACKAGED_ENGINE").unwrap_or_default();
+    let (tract, gpu) = (engine == "tract", engine == "gpu");
+    let s = if gpu {
+        let mut opts = std::ptr::null_mut();
+        ok(unsafe { infer_server_options_new(&mut opts) });
+        ok(unsafe { infer_server_options_set_gpu(opts, INFER_GPU_REQUIRED) });
+        let s = Server::with_options(opts);
+        unsafe { infer_server_options_free(opts) };
+        s
+    } else {
+        Server::new()
+    };
     let mut refused = Vec::new();
     for dir in &models {
         let model = dir.file_name().unwrap().to_str().unwrap().to_owned();
@@ -192,10 +205,14 @@ fn packaged_models_match_onnxruntime_on_every_request() {
         if tract {
             config = config.replace("platform: \"onnxruntime_onnx\"", "backend: \"tract\"");
         }
+        if gpu {
+            assert!(!config.contains("instance_group"), "{model}: {config}");
+            config.push_str("\ninstance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]\n");
+        }
         let st = s.try_load_dir(&model, &config, dir);
-        if tract && st == INFER_STATUS_UNSUPPORTED {
+        if (tract || gpu) && st == INFER_STATUS_UNSUPPORTED {
             let why = last_error();
-            println!("{model} (tract): refused at load: {why}");
+            println!("{model} ({engine}): refused at load: {why}");
             refused.push(model);
             continue;
         }
@@ -222,7 +239,11 @@ fn packaged_models_match_onnxruntime_on_every_request() {
         println!(
             "{model}{}: {} requests over {n} inputs, each input answered bit for bit alike, \
              largest relative difference to onnxruntime {worst:.1e}",
-            if tract { " (tract)" } else { "" },
+            if engine.is_empty() {
+                String::new()
+            } else {
+                format!(" ({engine})")
+            },
             order.len()
         );
         s.unload(&model);

@@ -393,14 +393,20 @@ impl OnnxGpuInstance {
             graphs: HashMap::new(),
         };
         inst.value_inputs = vec![false; inst.graph.inputs.len()];
+        let (inputs, invented) = inst.sample_inputs()?;
         let probe = PlanKey {
-            inputs: inst.sample_inputs()?,
+            inputs,
             values: Vec::new(),
         };
         match inst.plan_for(probe) {
             Ok(_) => {}
             // Planning needs values that requests bring: the first batch plans the rest.
             Err((_, true)) => {}
+            // A shape the sample made up (1 for each variable dim) that the graph cannot
+            // take (a pooling window larger than the made-up image): the first batch
+            // plans with its real shapes. Unsupported operators were refused when the
+            // graph was read.
+            Err((e, false)) if invented && e.code == crate::status::Code::InvalidArgument => {}
             Err((e, false)) => return Err(e),
         }
         Ok(inst)
@@ -521,9 +527,13 @@ impl OnnxGpuInstance {
     }
 
     /// Input types and shapes of a batch of one (symbolic dims as 1).
-    fn sample_inputs(&self) -> Result<Vec<(Dt, Vec<i64>)>> {
+    /// Also says whether a dim other than the batch dimension was made up (a variable
+    /// dim given 1).
+    fn sample_inputs(&self) -> Result<(Vec<(Dt, Vec<i64>)>, bool)> {
         let batching = self.config.max_batch_size > 0;
-        self.graph
+        let mut invented = false;
+        let inputs = self
+            .graph
             .inputs
             .iter()
             .map(|io| {
@@ -545,14 +555,17 @@ impl OnnxGpuInstance {
                     }
                     None => io.dims.clone().unwrap_or_default(),
                 };
-                for d in &mut shape {
+                let skip = usize::from(batching && tc.is_some());
+                for (k, d) in shape.iter_mut().enumerate() {
                     if *d < 0 {
                         *d = 1;
+                        invented |= k >= skip;
                     }
                 }
                 Ok((dt, shape))
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        Ok((inputs, invented))
     }
 
     /// The plan for `key`, made on first use. On failure, the error and whether planning
