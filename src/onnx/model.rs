@@ -370,6 +370,9 @@ pub(super) fn expected_outputs(config: &ModelConfig) -> Vec<(String, Expected)> 
     wanted
 }
 
+/// An output's name and what it should be.
+pub(super) type NamedExpected = (String, Expected);
+
 /// The config against the tensors the model declares: every config input is a model
 /// input; every model input is a config, state or control input of the declared datatype
 /// and dims; every output the config asks for (and every state output) is a model output
@@ -382,7 +385,7 @@ pub(super) fn check_model_io(
     inputs: &[Declared],
     outputs: &[Declared],
     what: &str,
-) -> Result<(Vec<Expected>, Vec<(String, Expected)>)> {
+) -> Result<(Vec<Expected>, Vec<NamedExpected>)> {
     check_config_inputs(config, inputs, what)?;
     let mut expected = Vec::with_capacity(inputs.len());
     for d in inputs {

@@ -529,7 +529,7 @@ impl OnnxGpuInstance {
     /// Input types and shapes of a batch of one (symbolic dims as 1).
     /// Also says whether a dim other than the batch dimension was made up (a variable
     /// dim given 1).
-    fn sample_inputs(&self) -> Result<(Vec<(Dt, Vec<i64>)>, bool)> {
+    fn sample_inputs(&self) -> Result<(Vec<plan::InputKey>, bool)> {
         let batching = self.config.max_batch_size > 0;
         let mut invented = false;
         let inputs = self

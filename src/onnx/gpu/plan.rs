@@ -46,11 +46,14 @@ struct Temp {
     last: usize,
 }
 
+/// A graph input's type and shape.
+pub type InputKey = (Dt, Vec<i64>);
+
 /// What a plan is for: the type and shape of every graph input (graph input order), and
 /// the values of the inputs that the planner reads (see [`Planner::wanted`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PlanKey {
-    pub inputs: Vec<(Dt, Vec<i64>)>,
+    pub inputs: Vec<InputKey>,
     /// (graph input, its values as f64 bit patterns).
     pub values: Vec<(usize, Vec<u64>)>,
 }
