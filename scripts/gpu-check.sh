@@ -10,7 +10,9 @@
 #   scripts/gpu-check.sh --prebuilt DIR        run what --pack wrote to DIR
 #
 # Options: --out DIR (logs and reports; default target/gpu-check), --quick (the GPU suite
-# and the conformance only). Needs on the GPU machine: the NVIDIA driver (CUDA 13 or newer),
+# and the conformance only), --bench (also benches/gpu.rs and benches/torch_reference.py,
+# interleaved, two rounds; GPU_CHECK_TORCH=0 leaves PyTorch out), --bench-only (the
+# benchmarks alone). Needs on the GPU machine: the NVIDIA driver (CUDA 13 or newer),
 # NVRTC and cuBLAS (found by the loader, or in the CUDA toolkit's or the nvidia-* Python
 # wheels' folders, which this script adds), a C compiler for the stand-in checks.
 # Exit status 0 only when every step passed; the summary names each step's outcome.
@@ -18,14 +20,16 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-MODE=build PACK_DIR="" PREBUILT="" OUT="$ROOT/target/gpu-check" QUICK=0
+MODE=build PACK_DIR="" PREBUILT="" OUT="$ROOT/target/gpu-check" QUICK=0 BENCH=0 CHECKS=1
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --pack) MODE=pack PACK_DIR=$2; shift 2 ;;
         --prebuilt) MODE=prebuilt PREBUILT=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
         --quick) QUICK=1; shift ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        --bench) BENCH=1; shift ;;
+        --bench-only) BENCH=1 CHECKS=0; shift ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -49,6 +53,18 @@ for line in sys.stdin:
         print(m["target"]["name"], m["executable"])'
 }
 
+# The GPU benchmark's binary (benches/gpu.rs).
+build_bench() {
+    cargo bench --bench gpu --no-run --message-format=json 2>/dev/null |
+        python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "bench" in m["target"]["kind"]:
+        print(m["executable"])'
+}
+
 # The ONNX node cases, prepared as scripts/test.sh prepares them.
 prepare_conformance() {
     # shellcheck source=scripts/lib.sh
@@ -68,6 +84,8 @@ if [[ $MODE == pack ]]; then
         echo "-- $name: $exe"
         strip -o "$PACK_DIR/$name" "$exe" && xz -T0 -f "$PACK_DIR/$name"
     done
+    bench=$(build_bench)
+    [[ -n $bench ]] && strip -o "$PACK_DIR/bench_gpu" "$bench" && xz -T0 -f "$PACK_DIR/bench_gpu"
     cases=$(prepare_conformance)
     tar -C "$(dirname "$cases")" --exclude='report*.tsv' -cJf "$PACK_DIR/onnx-conformance.tar.xz" \
         "$(basename "$cases")"
@@ -93,6 +111,8 @@ if [[ $MODE == prebuilt ]]; then
     for s in "${SUITES[@]}"; do
         xz -dc "$PREBUILT/$s.xz" >"$work/$s" && chmod +x "$work/$s" && BIN[$s]=$work/$s
     done
+    [[ -f $PREBUILT/bench_gpu.xz ]] && xz -dc "$PREBUILT/bench_gpu.xz" >"$work/bench_gpu" &&
+        chmod +x "$work/bench_gpu" && BIN[bench_gpu]=$work/bench_gpu
     tar -C "$work" -xJf "$PREBUILT/onnx-conformance.tar.xz" && CASES=$work/onnx-conformance
     if [[ -f $PREBUILT/packaged.tar.xz ]]; then
         mkdir -p "$work/packaged" && tar -C "$work/packaged" -xJf "$PREBUILT/packaged.tar.xz" &&
@@ -105,6 +125,7 @@ if [[ $MODE == prebuilt ]]; then
     fi
 else
     while read -r name exe; do BIN[$name]=$exe; done < <(build_suites)
+    [[ $BENCH == 1 ]] && BIN[bench_gpu]=$(build_bench)
     CASES=$(prepare_conformance)
     [[ -d ${CARGO_TARGET_DIR:-target}/packaged/models ]] &&
         MODELS="$ROOT/${CARGO_TARGET_DIR:-target}/packaged/models"
@@ -154,6 +175,7 @@ step() { # name timeout command...
     return 0
 }
 
+if [[ $CHECKS == 1 ]]; then
 # kernels_compile_with_nvrtc compiles for every architecture through NVRTC_DIR's NVRTC.
 nvrtc_env=()
 [[ -n $NVRTC_DIR ]] && nvrtc_env=(INFER_NVRTC_LIB_DIR="$NVRTC_DIR")
@@ -184,6 +206,24 @@ fi
 if [[ $QUICK == 0 ]]; then
     step onnx_backend 100 "${BIN[onnx_backend]}" --test-threads=4
     step onnx_models 100 "${BIN[onnx_models]}" --test-threads=4
+fi
+
+fi # CHECKS
+
+if [[ $BENCH == 1 ]]; then
+    # libinfer's GPU executor and PyTorch eager on the same architectures, interleaved
+    # (A, B, A, B): docs/PERFORMANCE.md "GPU" says what each table means.
+    for round in 1 2; do
+        if [[ -n ${BIN[bench_gpu]:-} ]]; then
+            step "bench_libinfer_$round" 240 "${BIN[bench_gpu]}" --bench
+            cat "$OUT/bench_libinfer_$round.log"
+        fi
+        if [[ ${GPU_CHECK_TORCH:-1} == 1 ]] &&
+            python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+            step "bench_torch_$round" 240 python3 benches/torch_reference.py
+            cat "$OUT/bench_torch_$round.log"
+        fi
+    done
 fi
 
 echo "== summary"

@@ -481,7 +481,8 @@ fn io_from(v: &pb::ValueInfoProto) -> Io {
 pub struct Graph {
     pub inputs: Vec<Io>,
     pub outputs: Vec<Io>,
-    pub initializers: Vec<(String, HostTensor)>,
+    /// Shared with every plan made of the graph (planning clones none of them).
+    pub initializers: Vec<(String, std::sync::Arc<HostTensor>)>,
     pub nodes: Vec<Node>,
     /// The default-domain opset.
     pub opset: i64,
@@ -509,7 +510,10 @@ impl Graph {
             .map_or(17, |o| o.version);
         let mut initializers = Vec::with_capacity(g.initializer.len());
         for t in &g.initializer {
-            initializers.push((t.name.clone(), tensor_from_proto(t, what)?));
+            initializers.push((
+                t.name.clone(),
+                std::sync::Arc::new(tensor_from_proto(t, what)?),
+            ));
         }
         let inits: std::collections::HashSet<&str> =
             g.initializer.iter().map(|t| t.name.as_str()).collect();

@@ -36,7 +36,8 @@ impl Dev {
 
 #[derive(Clone)]
 pub enum Val {
-    Host(HostTensor),
+    /// Shared: the graph's initializers are not copied into each plan.
+    Host(Arc<HostTensor>),
     Dev(Dev),
 }
 
@@ -223,7 +224,7 @@ impl<'a> Planner<'a> {
     pub fn plan(&mut self, key: &PlanKey) -> Result<Plan> {
         let inputs = &key.inputs;
         for (name, t) in &self.graph.initializers {
-            self.vals.insert(name.clone(), Val::Host(t.clone()));
+            self.vals.insert(name.clone(), Val::Host(Arc::clone(t)));
         }
         for (k, (io, (dt, shape))) in self.graph.inputs.iter().zip(inputs).enumerate() {
             let x = Dev {
@@ -244,7 +245,7 @@ impl<'a> Planner<'a> {
             };
             match key.value(k) {
                 Some(t) => {
-                    self.vals.insert(io.name.clone(), Val::Host(t));
+                    self.vals.insert(io.name.clone(), Val::Host(Arc::new(t)));
                     self.input_devs.insert(io.name.clone(), x);
                 }
                 None => {
@@ -448,7 +449,11 @@ impl<'a> Planner<'a> {
                 let t = if dt == t.dt {
                     t
                 } else {
-                    converted = HostTensor { dt, ..t.clone() }.normalize();
+                    converted = HostTensor {
+                        dt,
+                        ..(**t).clone()
+                    }
+                    .normalize();
                     &converted
                 };
                 let mem = self.consts.get(name, t)?;
@@ -509,7 +514,7 @@ impl<'a> Planner<'a> {
         if all_host {
             if let Some(outs) = host::eval(node, &host_ins, self.graph.opset)? {
                 for (i, t) in outs.into_iter().enumerate() {
-                    self.set(node, i, Val::Host(t));
+                    self.set(node, i, Val::Host(Arc::new(t)));
                 }
                 return Ok(());
             }
@@ -529,14 +534,18 @@ impl<'a> Planner<'a> {
                     like
                 };
                 let y = HostTensor { dt, ..x.clone() }.normalize();
-                self.set(node, 0, Val::Host(y));
+                self.set(node, 0, Val::Host(Arc::new(y)));
                 return Ok(());
             }
         }
         // Shape and Size need no data.
         if node.op == "Size" {
             let x = self.dev(node.input(0).unwrap_or(""))?;
-            self.set(node, 0, Val::Host(HostTensor::scalar_i64(x.numel())));
+            self.set(
+                node,
+                0,
+                Val::Host(Arc::new(HostTensor::scalar_i64(x.numel()))),
+            );
             return Ok(());
         }
         if node.op == "Shape" {
@@ -548,7 +557,7 @@ impl<'a> Planner<'a> {
             };
             if let Some(outs) = host::eval(node, &[Some(&shape_only)], self.graph.opset)? {
                 for (i, t) in outs.into_iter().enumerate() {
-                    self.set(node, i, Val::Host(t));
+                    self.set(node, i, Val::Host(Arc::new(t)));
                 }
                 return Ok(());
             }
@@ -899,7 +908,7 @@ pub fn fold_bn(
 /// Folds every BatchNormalization whose input is a Conv with constant weights (and whose
 /// Conv output feeds nothing else) into the Conv's weights and bias.
 pub fn fold_batchnorm_into_conv(g: &mut Graph) {
-    let consts: HashMap<String, HostTensor> = g.initializers.iter().cloned().collect();
+    let consts: HashMap<String, Arc<HostTensor>> = g.initializers.iter().cloned().collect();
     let uses = |g: &Graph, name: &str| {
         g.nodes
             .iter()
@@ -908,7 +917,7 @@ pub fn fold_batchnorm_into_conv(g: &mut Graph) {
             .count()
             + g.outputs.iter().filter(|o| o.name == name).count()
     };
-    let mut added: Vec<(String, HostTensor)> = Vec::new();
+    let mut added: Vec<(String, Arc<HostTensor>)> = Vec::new();
     let mut remove = Vec::new();
     for bi in 0..g.nodes.len() {
         let bn = &g.nodes[bi];
@@ -927,7 +936,7 @@ pub fn fold_batchnorm_into_conv(g: &mut Graph) {
         };
         let conv = &g.nodes[ci];
         let params: Option<Vec<&HostTensor>> = (1..5)
-            .map(|i| bn.input(i).and_then(|n| consts.get(n)))
+            .map(|i| bn.input(i).and_then(|n| consts.get(n).map(|t| &**t)))
             .collect();
         let (Some(params), Some(w)) = (params, conv.input(1).and_then(|n| consts.get(n))) else {
             continue;
@@ -948,7 +957,7 @@ pub fn fold_batchnorm_into_conv(g: &mut Graph) {
             continue;
         }
         let per = w.data.len() / k.max(1);
-        let mut nw = w.clone();
+        let mut nw = HostTensor::clone(w);
         for (o, s) in scale.iter().enumerate() {
             for v in &mut nw.data[o * per..(o + 1) * per] {
                 *v *= s;
@@ -967,7 +976,7 @@ pub fn fold_batchnorm_into_conv(g: &mut Graph) {
             .collect();
         let base = format!("{}#folded", bn.outputs[0]);
         let (wn, bnm) = (format!("{base}_w"), format!("{base}_b"));
-        added.push((wn.clone(), nw.normalize()));
+        added.push((wn.clone(), nw.normalize().into()));
         added.push((
             bnm.clone(),
             HostTensor {
@@ -975,7 +984,8 @@ pub fn fold_batchnorm_into_conv(g: &mut Graph) {
                 shape: vec![k as i64],
                 data: nb,
             }
-            .normalize(),
+            .normalize()
+            .into(),
         ));
         let out = bn.outputs[0].clone();
         let conv = &mut g.nodes[ci];

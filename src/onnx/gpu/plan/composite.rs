@@ -7,6 +7,7 @@
 use super::{host, numel, unsupported, Dev, KArgs, Kernel, Planner, Ptr, Step, Val};
 use crate::onnx::graph::{Dt, HostTensor, Node};
 use crate::status::{Error, Result};
+use std::sync::Arc;
 
 /// The name of `node`'s input `i`, which must be given.
 fn input(node: &Node, i: usize) -> Result<String> {
@@ -43,7 +44,7 @@ impl Planner<'_> {
     ) -> String {
         let name = format!("{base}/{what}");
         let t = HostTensor { dt, shape, data }.normalize();
-        self.vals.insert(name.clone(), Val::Host(t));
+        self.vals.insert(name.clone(), Val::Host(Arc::new(t)));
         name
     }
 
@@ -360,7 +361,7 @@ impl Planner<'_> {
             data,
         }
         .normalize();
-        self.set(node, 0, Val::Host(t));
+        self.set(node, 0, Val::Host(Arc::new(t)));
         Ok(())
     }
 
@@ -552,7 +553,7 @@ impl Planner<'_> {
             shape: vec![rows, cols],
             data,
         };
-        self.set(node, 0, Val::Host(t));
+        self.set(node, 0, Val::Host(Arc::new(t)));
         Ok(())
     }
 

@@ -9,6 +9,7 @@ use crate::cuda::cublas::GemmArgs;
 use crate::onnx::gpu::ops::binary;
 use crate::onnx::graph::{Dt, HostTensor, Node};
 use crate::status::{Error, Result};
+use std::sync::Arc;
 
 impl Planner<'_> {
     pub(super) fn matmul(&mut self, node: &Node) -> Result<()> {
@@ -742,8 +743,8 @@ impl Planner<'_> {
         }
         .normalize();
         let (sk, tk) = (format!("{key}#bn_scale"), format!("{key}#bn_shift"));
-        self.vals.insert(sk.clone(), Val::Host(s));
-        self.vals.insert(tk.clone(), Val::Host(t));
+        self.vals.insert(sk.clone(), Val::Host(Arc::new(s)));
+        self.vals.insert(tk.clone(), Val::Host(Arc::new(t)));
         let s = self.dev(&sk)?;
         let t = self.dev(&tk)?;
         let xs = self.binary_of(node, binary::MUL, &x, &s)?;
