@@ -660,6 +660,7 @@ struct Driver {
     mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> i32,
     mem_free: unsafe extern "C" fn(u64) -> i32,
     htod: unsafe extern "C" fn(u64, *const c_void, usize) -> i32,
+    stream_sync: unsafe extern "C" fn(*mut c_void) -> i32,
     dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> i32,
     dtod_async: unsafe extern "C" fn(u64, u64, usize, *mut c_void) -> i32,
     host_func: unsafe extern "C" fn(*mut c_void, HostFn, *mut c_void) -> i32,
@@ -691,6 +692,7 @@ fn driver() -> &'static Driver {
             mem_alloc: t(sym(c"cuMemAlloc_v2")),
             mem_free: t(sym(c"cuMemFree_v2")),
             htod: t(sym(c"cuMemcpyHtoD_v2")),
+            stream_sync: t(sym(c"cuStreamSynchronize")),
             dtoh: t(sym(c"cuMemcpyDtoH_v2")),
             dtod_async: t(sym(c"cuMemcpyDtoDAsync_v2")),
             host_func: t(sym(c"cuLaunchHostFunc")),
@@ -745,6 +747,9 @@ impl Driver {
                 (self.htod)(p, data.as_ptr() as *const c_void, data.len() * 4),
                 0
             );
+            // From pageable memory the copy may still be in flight when it returns; the
+            // library's streams are non-blocking: wait for the legacy stream.
+            assert_eq!((self.stream_sync)(null_mut()), 0);
         }
         p
     }

@@ -367,8 +367,8 @@ pub struct DeviceMem {
 }
 
 impl DeviceMem {
-    /// Allocates `bytes.len()` bytes (at least 1) and copies `bytes` in, synchronously.
-    /// The context must be bound.
+    /// Allocates `bytes.len()` bytes (at least 1) and copies `bytes` in, complete on the
+    /// device when this returns. The context must be bound.
     pub fn upload(ctx: &Arc<Context>, bytes: &[u8]) -> Result<DeviceMem> {
         let mut ptr: DevicePtr = 0;
         // SAFETY: valid out-pointer; the caller bound the context.
@@ -393,6 +393,14 @@ impl DeviceMem {
             check(
                 unsafe { sys::cuMemcpyHtoD_v2(ptr, bytes.as_ptr() as *const c_void, bytes.len()) },
                 "cuMemcpyHtoD",
+            )?;
+            // From pageable memory the copy returns once the bytes are staged, before the
+            // DMA to the device is done; the instances' streams are non-blocking, so
+            // nothing orders their kernels after it. Wait for the legacy stream.
+            // SAFETY: the legacy stream (null) of the bound context.
+            check(
+                unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) },
+                "cuStreamSynchronize (after a constant upload)",
             )?;
         }
         Ok(mem)
