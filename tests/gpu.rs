@@ -2092,6 +2092,86 @@ fn onnx_on_a_real_gpu() {
     }
 }
 
+/// When this machine's CUDA cannot start the GPU executor (no cuBLAS; an NVRTC that
+/// cannot compile the kernels), KIND_GPU is UNAVAILABLE at load naming what is missing
+/// and KIND_AUTO serves the model on the CPU: never a load that fails where the CPU
+/// would serve, nor a load that succeeds and then fails every request.
+#[test]
+fn gpu_executor_that_cannot_start_leaves_kind_auto_on_the_cpu() {
+    if std::env::var_os("INFER_FAKE_CUDA").is_some() {
+        return; // a child, or a run against the stand-ins already
+    }
+    let base = std::env::temp_dir().join(format!("infer-fake-cuda-start-{}", std::process::id()));
+    let (no_blas, full) = (base.join("no_cublas"), base.join("full"));
+    if let Err(why) =
+        build_fake_driver(&no_blas, false).and_then(|()| build_fake_driver(&full, false))
+    {
+        println!("SKIP: cannot build the stand-in driver ({why})");
+        return;
+    }
+    for e in std::fs::read_dir(&no_blas).unwrap().flatten() {
+        if e.file_name().to_string_lossy().starts_with("libcublas") {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    for (dir, case, extra) in [
+        (&no_blas, "cublas", None),
+        (&full, "nvrtc", Some(("INFER_FAKE_NVRTC_FAIL", "1"))),
+    ] {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args(["--exact", "executor_start_child", "--nocapture"])
+            .env("LD_LIBRARY_PATH", dir)
+            .env("INFER_FAKE_CUDA", "one")
+            .env("INFER_EXECUTOR_START", case);
+        if let Some((k, v)) = extra {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("running the test binary again");
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && all.contains(&format!("executor start '{case}': checked")),
+            "{all}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+/// The child of `gpu_executor_that_cannot_start_leaves_kind_auto_on_the_cpu`.
+#[test]
+fn executor_start_child() {
+    let Some(case) = std::env::var_os("INFER_EXECUTOR_START") else {
+        return;
+    };
+    let case = case.to_string_lossy().into_owned();
+    let s = server_in(INFER_GPU_REQUIRED).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
+    let dir = model_dir_of("mlp");
+    let load = |config: &str| unsafe {
+        infer_server_load_model(s.0, cs("mlp").as_ptr(), cs(config).as_ptr(), dir.as_ptr())
+    };
+    let st = load(&gpu_config_of("mlp"));
+    let msg = last_error();
+    assert_eq!(st, INFER_STATUS_UNAVAILABLE, "{msg}");
+    let want = if case == "cublas" { "cublas" } else { "nvrtc" };
+    assert!(
+        msg.to_ascii_lowercase().contains(want) && msg.contains("'mlp'") && msg.contains("GPU 0"),
+        "{msg}"
+    );
+    ok(load(&gpu_config_of("mlp").replace("KIND_GPU", "KIND_AUTO")));
+    let placed = s.stats("mlp");
+    assert!(
+        placed["models"][0].get("gpu").is_none(),
+        "mlp is on the GPU: {placed}"
+    );
+    let resp = s.infer(random_request(&s, "mlp", 2, &mut Rand(5)));
+    assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
+    println!("executor start '{case}': checked ({msg})");
+}
+
 /// The child of `gpu_instances_against_a_stand_in_driver` (does nothing in a normal run).
 #[test]
 fn gpu_data_path_child() {

@@ -80,6 +80,22 @@ impl Blas {
         })
     }
 
+    /// Moves the handle to `stream` (of the handle's context).
+    pub fn set_stream(&mut self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: a live handle; a stream of its context.
+        let r = unsafe {
+            cudarc::cublas::sys::cublasSetStream_v2(
+                self.handle,
+                stream as cudarc::cublas::sys::cudaStream_t,
+            )
+        };
+        if r == cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            Ok(())
+        } else {
+            Err(Error::internal(format!("cublasSetStream failed: {r:?}")))
+        }
+    }
+
     /// C = alpha op(A) op(B) + beta C on the handle's stream (column-major): FP32 through
     /// cublasSgemmStridedBatched (TF32 when the handle allows it), FP16 and BF16 through
     /// cublasGemmStridedBatchedEx with FP32 accumulation (tensor cores).

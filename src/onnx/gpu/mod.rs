@@ -325,8 +325,10 @@ pub struct OnnxGpuInstance {
     config: Arc<ModelConfig>,
     ctx: Arc<Context>,
     module: Arc<kernels::Kernels>,
-    blas: Option<crate::cuda::cublas::Blas>,
-    tf32: bool,
+    /// Made at load (so that a missing cuBLAS fails the load, not every request), on the
+    /// stream of `blas_stream` once a batch has given it.
+    blas: crate::cuda::cublas::Blas,
+    blas_stream: Option<usize>,
     /// FP16 or BF16: FLOAT tensors computed in that type (config parameter `precision`).
     precision: Option<Dt>,
     consts: Consts,
@@ -371,11 +373,23 @@ impl OnnxGpuInstance {
             .runtime()
             .and_then(|r| r.devices.get(device as usize).cloned())
             .ok_or_else(|| Error::unavailable(format!("{what}: GPU {device} is not usable")))?;
-        let ctx = crate::cuda::context(device)?;
-        let module =
-            kernels::kernels(&ctx, info.compute_capability).map_err(|e| e.context(what))?;
+        // What this machine's CUDA cannot give the executor (a context, NVRTC that
+        // compiles the kernels, a module the driver loads, a cuBLAS handle) is found here,
+        // at load, and is UNAVAILABLE: KIND_GPU fails naming it, KIND_AUTO serves the
+        // model on the CPU instead.
+        let unusable = |e: Error| match e.code {
+            crate::status::Code::Internal => Error::unavailable(format!(
+                "{what}: the GPU executor cannot run on GPU {device}: {}",
+                e.message
+            )),
+            _ => e.context(format!("{what} on GPU {device}")),
+        };
+        let ctx = crate::cuda::context(device).map_err(unusable)?;
+        let module = kernels::kernels(&ctx, info.compute_capability).map_err(unusable)?;
         let opts = Options::of(config, what)?;
         let (tf32, precision) = (opts.tf32, opts.precision);
+        // On the legacy stream until the first batch gives the instance's stream.
+        let blas = crate::cuda::cublas::Blas::new(std::ptr::null_mut(), tf32).map_err(unusable)?;
         let mut inst = OnnxGpuInstance {
             graph,
             precision,
@@ -384,8 +398,8 @@ impl OnnxGpuInstance {
             value_inputs: Vec::new(),
             ctx,
             module,
-            blas: None,
-            tf32,
+            blas,
+            blas_stream: None,
             plans: HashMap::new(),
             arena: None,
             what: what.to_owned(),
@@ -670,8 +684,9 @@ impl ModelInstance for OnnxGpuInstance {
             self.arena = Some(pool.device(plan.arena_bytes as usize)?);
         }
         let arena = self.arena.as_ref().map_or(0, |a| a.ptr());
-        if self.blas.is_none() {
-            self.blas = Some(crate::cuda::cublas::Blas::new(stream as _, self.tf32)?);
+        if self.blas_stream != Some(stream as usize) {
+            self.blas.set_stream(stream as _)?;
+            self.blas_stream = Some(stream as usize);
         }
         let stream = stream as crate::cuda::CUstream;
         let batch_rows = (self.config.max_batch_size > 0).then_some(batch.size as i64);
@@ -720,9 +735,7 @@ impl OnnxGpuInstance {
                     let (Some(a), Some(b), Some(c)) = (resolve(a), resolve(b), resolve(c)) else {
                         continue;
                     };
-                    if let Some(blas) = &self.blas {
-                        blas.gemm(g, a, b, c)?;
-                    }
+                    self.blas.gemm(g, a, b, c)?;
                 }
                 Step::Copy { dst, src, bytes } => {
                     let (Some(d), Some(s)) = (resolve(dst), resolve(src)) else {
