@@ -8,7 +8,12 @@
 #                                              without Rust needs (stripped test binaries and
 #                                              the prepared ONNX cases, compressed)
 #   scripts/gpu-check.sh --prebuilt DIR        run what --pack wrote to DIR
+#   scripts/gpu-check.sh --stand-in DIR        build here, run against the stand-in CUDA
+#                                              libraries of tests/fixtures/build_fakes.sh DIR
+#                                              (scripts/test.sh does: the script's own test)
 #
+# On a machine without an NVIDIA driver (and not --stand-in) it says so in one line and
+# exits 0.
 # Options: --out DIR (logs and reports; default target/gpu-check), --quick (the GPU suite
 # and the conformance only), --bench (also benches/gpu.rs and benches/torch_reference.py,
 # interleaved, two rounds; GPU_CHECK_TORCH=0 leaves PyTorch out), --bench-only (the
@@ -21,18 +26,30 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 MODE=build PACK_DIR="" PREBUILT="" OUT="$ROOT/target/gpu-check" QUICK=0 BENCH=0 CHECKS=1
+STAND_IN=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --pack) MODE=pack PACK_DIR=$2; shift 2 ;;
         --prebuilt) MODE=prebuilt PREBUILT=$2; shift 2 ;;
+        --stand-in) STAND_IN=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
         --quick) QUICK=1; shift ;;
         --bench) BENCH=1; shift ;;
         --bench-only) BENCH=1 CHECKS=0; shift ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
+
+if [[ -n $STAND_IN ]]; then
+    STAND_IN=$(cd "$STAND_IN" && pwd) || exit 2
+    export LD_LIBRARY_PATH="$STAND_IN" INFER_FAKE_CUDA=one
+elif [[ $MODE != pack ]] && ! ldconfig -p 2>/dev/null | grep -q 'libcuda.so.1 ' &&
+    ! compgen -G "/usr/local/nvidia/lib64/libcuda.so.1" >/dev/null &&
+    ! command -v nvidia-smi >/dev/null; then
+    echo "gpu-check: no NVIDIA driver on this machine (no libcuda.so.1, no nvidia-smi): nothing to check"
+    exit 0
+fi
 
 SUITES=(gpu onnx_conformance onnx_backend onnx_models onnx_packaged)
 # The real models of tests/onnx_packaged.rs (scripts/test.sh downloads them) that --pack
@@ -127,39 +144,60 @@ else
     while read -r name exe; do BIN[$name]=$exe; done < <(build_suites)
     [[ $BENCH == 1 ]] && BIN[bench_gpu]=$(build_bench)
     CASES=$(prepare_conformance)
-    [[ -d ${CARGO_TARGET_DIR:-target}/packaged/models ]] &&
-        MODELS="$ROOT/${CARGO_TARGET_DIR:-target}/packaged/models"
+    packaged="$ROOT/${CARGO_TARGET_DIR:-target}/packaged/models"
+    if [[ -d $packaged && -n $STAND_IN ]]; then
+        # The stand-in runs kernels on the host: the two quickest models.
+        MODELS=$(mktemp -d)
+        for m in ${GPU_CHECK_STANDIN_PACKAGED:-ppocr_cls magika}; do
+            [[ -d $packaged/$m ]] && ln -s "$packaged/$m" "$MODELS/$m"
+        done
+    elif [[ -d $packaged ]]; then
+        MODELS=$packaged
+    fi
 fi
 
 # ---- the machine
-{
-    echo "== $(date -u +%FT%TZ) $(uname -srm)"
-    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>&1 ||
-        echo "nvidia-smi: not available"
-    echo "libcuda: $(ldconfig -p 2>/dev/null | grep -m1 'libcuda.so.1 ' || echo 'not in the loader cache')"
-} | tee "$OUT/machine.txt"
-
-# NVRTC and cuBLAS: where the loader finds them, else the toolkit's or the wheels' folders.
-have_lib() { ldconfig -p 2>/dev/null | grep -q "$1" || compgen -G "${LD_LIBRARY_PATH:-/nonexistent}/$1*" >/dev/null; }
-extra=()
-for d in ${CUDA_HOME:-} /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-    $(python3 -c 'import nvidia, os; [print(os.path.join(p, s)) for p in nvidia.__path__ for s in ("cu13/lib", "cuda_nvrtc/lib", "cublas/lib")]' 2>/dev/null); do
-    [[ -d $d ]] || continue
-    if compgen -G "$d/libnvrtc.so*" >/dev/null || compgen -G "$d/libcublas.so*" >/dev/null; then
-        extra+=("$d")
-    fi
-done
-if ! have_lib libnvrtc.so || ! have_lib libcublas.so; then
-    for d in "${extra[@]}"; do LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; done
-    export LD_LIBRARY_PATH
-fi
 NVRTC_DIR=""
-for d in "${extra[@]}"; do compgen -G "$d/libnvrtc.so*" >/dev/null && NVRTC_DIR=$d && break; done
-{
-    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
-    for d in "${extra[@]}"; do echo "found in $d: $(cd "$d" && ls libnvrtc.so* libcublas.so* 2>/dev/null | tr '\n' ' ')"; done
-} | tee -a "$OUT/machine.txt"
-unset INFER_FAKE_CUDA INFER_ONNXRUNTIME_LIBRARY
+if [[ -n $STAND_IN ]]; then
+    echo "== $(date -u +%FT%TZ) $(uname -srm): the stand-in CUDA libraries of $STAND_IN" |
+        tee "$OUT/machine.txt"
+else
+    {
+        echo "== $(date -u +%FT%TZ) $(uname -srm)"
+        nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>&1 ||
+            echo "nvidia-smi: not available"
+        echo "libcuda: $(ldconfig -p 2>/dev/null | grep -m1 'libcuda.so.1 ' || echo 'not in the loader cache')"
+    } | tee "$OUT/machine.txt"
+
+    # NVRTC and cuBLAS: where the loader finds them, else the toolkit's or the wheels'
+    # folders (added to LD_LIBRARY_PATH).
+    have_lib() {
+        ldconfig -p 2>/dev/null | grep -q "$1" && return 0
+        local d
+        IFS=: read -ra dirs <<<"${LD_LIBRARY_PATH:-}"
+        for d in "${dirs[@]}"; do compgen -G "$d/$1*" >/dev/null && return 0; done
+        return 1
+    }
+    extra=()
+    for d in ${CUDA_HOME:+$CUDA_HOME/lib64} /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+        $(python3 -c 'import nvidia, os; [print(os.path.join(p, s)) for p in nvidia.__path__ for s in ("cu13/lib", "cuda_nvrtc/lib", "cublas/lib")]' 2>/dev/null); do
+        [[ -d $d ]] || continue
+        if compgen -G "$d/libnvrtc.so*" >/dev/null || compgen -G "$d/libcublas.so*" >/dev/null; then
+            extra+=("$d")
+        fi
+    done
+    if ! have_lib libnvrtc.so || ! have_lib libcublas.so; then
+        for d in "${extra[@]}"; do LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; done
+        export LD_LIBRARY_PATH
+    fi
+    for d in "${extra[@]}"; do compgen -G "$d/libnvrtc.so*" >/dev/null && NVRTC_DIR=$d && break; done
+    {
+        echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+        for d in "${extra[@]}"; do echo "found in $d: $(cd "$d" && ls libnvrtc.so* libcublas.so* 2>/dev/null | tr '\n' ' ')"; done
+    } | tee -a "$OUT/machine.txt"
+fi
+[[ -z $STAND_IN ]] && unset INFER_FAKE_CUDA
+unset INFER_ONNXRUNTIME_LIBRARY
 
 declare -A RESULT
 step() { # name timeout command...
@@ -189,7 +227,7 @@ fi
 # CUDA toolkit is installed): out-of-bounds and misaligned accesses, which the GPU may
 # otherwise let pass unnoticed.
 SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
-if [[ -n $CASES && -n $SANITIZER && $QUICK == 0 ]]; then
+if [[ -n $CASES && -n $SANITIZER && $QUICK == 0 && -z $STAND_IN ]]; then
     step memcheck 240 env INFER_ONNX_CONFORMANCE_GPU=1 INFER_ONNX_CONFORMANCE_DIR="$CASES" \
         INFER_ONNX_CONFORMANCE_TIMEOUT_S=60 \
         INFER_ONNX_CONFORMANCE_FILTER="${GPU_CHECK_MEMCHECK_FILTER:-conv,gemm,matmul,pool,reduce,softmax,gather,scatter,resize,pad,slice,concat,transpose,layer_norm,attention,topk,cumsum,lstm,einsum,split,tile,where,cast}" \
@@ -226,11 +264,16 @@ if [[ $BENCH == 1 ]]; then
     done
 fi
 
-echo "== summary"
-failed=0
-for k in "${!RESULT[@]}"; do
-    echo "$k: ${RESULT[$k]}"
-    [[ ${RESULT[$k]} == "rc 0,"* ]] || failed=1
-done | sort | tee "$OUT/summary.txt"
-grep -q -v 'rc 0,' "$OUT/summary.txt" && exit 1
+echo "== summary${STAND_IN:+ (against the stand-in CUDA libraries of $STAND_IN)}"
+{
+    echo "| step | verdict | exit status, seconds |"
+    echo "|---|---|---|"
+    for k in "${!RESULT[@]}"; do
+        verdict=FAIL
+        [[ ${RESULT[$k]} == "rc 0,"* ]] && verdict=pass
+        echo "| $k | $verdict | ${RESULT[$k]} |"
+    done | sort
+} | tee "$OUT/summary.txt"
+grep -q '| FAIL |' "$OUT/summary.txt" && exit 1
+[[ ${#RESULT[@]} -gt 0 ]] || { echo "gpu-check: no step ran"; exit 1; }
 exit 0

@@ -61,13 +61,17 @@ onnx_conformance() {
     else
         echo "SKIP: the ONNX Runtime conformance run (no ONNX Runtime)"
     fi
-    # The same cases on the GPU executor, against the stand-in CUDA libraries (the
-    # kernels built for the host): the planner and the kernels' semantics, without a GPU.
+    # The same cases on the GPU executor: in the gpu-check step (scripts/gpu-check.sh).
+}
+
+# scripts/gpu-check.sh against the stand-in CUDA libraries (the kernels built for the
+# host): the GPU suite, the node cases on the GPU executor, real models on KIND_GPU and the
+# ONNX suites as a GPU machine runs them; the script that validates a real GPU, tested.
+gpu_check_standin() {
     local fakes="$TARGET_DIR/fake-cuda"
     case "$fakes" in /*) ;; *) fakes="$PWD/$fakes" ;; esac
     sh tests/fixtures/build_fakes.sh "$fakes"
-    LD_LIBRARY_PATH="$fakes" INFER_FAKE_CUDA=one INFER_ONNX_CONFORMANCE_GPU=1 \
-        INFER_ONNX_CONFORMANCE_DIR="$out" cargo test --release --test onnx_conformance -- --nocapture
+    scripts/gpu-check.sh --stand-in "$fakes" --out "$TARGET_DIR/gpu-check-standin"
 }
 
 # Every suite as a machine with one GPU runs it: against the stand-in CUDA libraries,
@@ -175,6 +179,10 @@ summary() {
         echo "ONNX node test cases (onnx $ONNX_VERSION):"
         grep -E '^onnx conformance( \([A-Za-z ]+\))?: passed' "$LOGS/onnx-conformance.log" | sed 's/^/  /' || true
     fi
+    if [[ -f "$LOGS/gpu-check.log" ]]; then
+        echo "scripts/gpu-check.sh against the stand-in CUDA libraries:"
+        grep -E '^onnx conformance \(GPU\): passed|^\| [a-z_]+ \| (pass|FAIL) ' "$LOGS/gpu-check.log" | cut -c1-160 | sed 's/^/  /' || true
+    fi
     if [[ -f "$LOGS/packaged-models.log" ]]; then
         echo "ONNX models from PyPI packages, against onnxruntime $ORT_VERSION:"
         grep -E '^[a-z_]+( \(tract\))?: ([0-9]+ requests over|refused)|^SKIP' "$LOGS/packaged-models.log" | cut -c1-160 | sed 's/^/  /' || true
@@ -224,6 +232,7 @@ step cargo-test-gpu-standin standin_gpu_tests
 step onnxruntime onnxruntime_tests
 step onnx-conformance onnx_conformance
 step packaged-models packaged_models
+step gpu-check gpu_check_standin
 step nvrtc nvrtc_check
 step build cargo build --release
 step symbols tests/symbols.sh "$LIB_DIR/libinfer.so"
