@@ -40,6 +40,7 @@ struct Driver {
     int (*mem_alloc)(CUdeviceptr *, std::size_t);
     int (*mem_free)(CUdeviceptr);
     int (*htod)(CUdeviceptr, const void *, std::size_t);
+    int (*stream_sync)(void *);
     int (*dtoh)(void *, CUdeviceptr, std::size_t);
     int (*dtod_async)(CUdeviceptr, CUdeviceptr, std::size_t, void *);
     bool stand_in;
@@ -64,6 +65,7 @@ struct Driver {
             d.mem_alloc = reinterpret_cast<decltype(d.mem_alloc)>(sym("cuMemAlloc_v2"));
             d.mem_free = reinterpret_cast<decltype(d.mem_free)>(sym("cuMemFree_v2"));
             d.htod = reinterpret_cast<decltype(d.htod)>(sym("cuMemcpyHtoD_v2"));
+            d.stream_sync = reinterpret_cast<decltype(d.stream_sync)>(sym("cuStreamSynchronize"));
             d.dtoh = reinterpret_cast<decltype(d.dtoh)>(sym("cuMemcpyDtoH_v2"));
             d.dtod_async = reinterpret_cast<decltype(d.dtod_async)>(sym("cuMemcpyDtoDAsync_v2"));
             d.stand_in = dlsym(h, "fake_cuda_counters") != nullptr;
@@ -83,6 +85,9 @@ struct Driver {
         CUdeviceptr p = 0;
         EXPECT_EQ(mem_alloc(&p, v.size() * sizeof(float)), 0);
         EXPECT_EQ(htod(p, v.data(), v.size() * sizeof(float)), 0);
+        // From pageable memory the copy may still be in flight when it returns, and the
+        // library's streams are non-blocking: wait for the legacy stream.
+        EXPECT_EQ(stream_sync(nullptr), 0);
         return p;
     }
     std::vector<float> download(const void *p, std::size_t n) const {

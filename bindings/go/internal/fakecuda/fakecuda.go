@@ -19,6 +19,7 @@ static int (*cu_set_current)(void *);
 static int (*cu_mem_alloc)(unsigned long long *, size_t);
 static int (*cu_mem_free)(unsigned long long);
 static int (*cu_htod)(unsigned long long, const void *, size_t);
+static int (*cu_stream_sync)(void *);
 static int (*cu_dtoh)(void *, unsigned long long, size_t);
 
 // Opens libcuda.so.1 (once); NULL on success, else why not.
@@ -32,9 +33,10 @@ static const char *fakecuda_load(int *stand_in) {
         cu_mem_alloc = (int (*)(unsigned long long *, size_t))dlsym(h, "cuMemAlloc_v2");
         cu_mem_free = (int (*)(unsigned long long))dlsym(h, "cuMemFree_v2");
         cu_htod = (int (*)(unsigned long long, const void *, size_t))dlsym(h, "cuMemcpyHtoD_v2");
+        cu_stream_sync = (int (*)(void *))dlsym(h, "cuStreamSynchronize");
         cu_dtoh = (int (*)(void *, unsigned long long, size_t))dlsym(h, "cuMemcpyDtoH_v2");
         if (!cu_init || !cu_retain || !cu_set_current || !cu_mem_alloc || !cu_mem_free || !cu_htod ||
-            !cu_dtoh)
+            !cu_stream_sync || !cu_dtoh)
             return "libcuda.so.1 lacks a driver function";
         lib = h;
     }
@@ -58,6 +60,9 @@ static int fakecuda_upload(const void *src, size_t n, uint64_t *out) {
     int rc = fakecuda_bind();
     if (rc == 0) rc = cu_mem_alloc(&p, n);
     if (rc == 0) rc = cu_htod(p, src, n);
+    // From pageable memory the copy may still be in flight when it returns, and the
+    // library's streams are non-blocking: wait for the legacy stream.
+    if (rc == 0) rc = cu_stream_sync(NULL);
     *out = p;
     return rc;
 }
