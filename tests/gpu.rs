@@ -2087,6 +2087,7 @@ fn onnx_on_a_real_gpu() {
             || l.contains("implicit state")
             || l.contains("within")
             || l.contains("CUDA graphs")
+            || l.starts_with("CUDA libraries in use")
     }) {
         println!("real GPU: {line}");
     }
@@ -4143,15 +4144,52 @@ instance_group [ { kind: KIND_GPU } ]"#,
     println!("value inputs (Reshape shape, Slice starts, Resize scales; host and device memory) match the CPU; a shape too large is refused");
 }
 
+static GPU_LOG: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+unsafe extern "C" fn gpu_log_line(_: *mut c_void, _level: u32, msg: *const std::ffi::c_char) {
+    let msg = unsafe { std::ffi::CStr::from_ptr(msg) }
+        .to_string_lossy()
+        .into_owned();
+    GPU_LOG.lock().unwrap().push(msg);
+}
+
 fn onnx_on_the_stand_in() {
     let d = driver();
     let cpu = server_in(INFER_GPU_OFF).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
-    let gpu = server_in(INFER_GPU_REQUIRED).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
+    let gpu = {
+        let mut opts = null_mut();
+        ok(unsafe { infer_server_options_new(&mut opts) });
+        ok(unsafe { infer_server_options_set_gpu(opts, INFER_GPU_REQUIRED) });
+        ok(unsafe {
+            infer_server_options_set_log_callback(
+                opts,
+                INFER_LOG_INFO,
+                Some(gpu_log_line),
+                null_mut(),
+            )
+        });
+        let s = Server::with_options(opts);
+        unsafe { infer_server_options_free(opts) };
+        s
+    };
     let models = ["add_sub", "mlp", "cnn", "preprocess", "postprocess"];
     for m in models {
         load_from_models(&cpu, m, None);
         load_from_models(&gpu, m, Some(&gpu_config_of(m)));
     }
+    // The log names the CUDA files in use, once: the driver, NVRTC and cuBLAS.
+    let said: Vec<String> = GPU_LOG
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with("CUDA libraries in use: "))
+        .cloned()
+        .collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    for lib in ["/libcuda.so", "/libnvrtc.so", "/libcublas.so"] {
+        assert!(said[0].contains(lib), "{lib} not in {said:?}");
+    }
+    println!("{}", said[0]);
     // The ensemble over the GPU models.
     load_from_models(&cpu, "image_classifier", None);
     load_from_models(&gpu, "image_classifier", None);

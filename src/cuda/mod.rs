@@ -74,6 +74,32 @@ pub fn context(ordinal: i32) -> crate::status::Result<std::sync::Arc<Context>> {
     Ok(c)
 }
 
+/// The CUDA libraries this process has loaded (the driver, NVRTC, cuBLAS), as the files
+/// the loader mapped: their paths carry the versions ("libcublas.so.13.1.0.3"). Empty
+/// where /proc/self/maps cannot be read.
+pub fn loaded_libraries() -> Vec<String> {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return Vec::new();
+    };
+    let mut found: Vec<String> = Vec::new();
+    for path in maps.lines().filter_map(|l| l.split_whitespace().nth(5)) {
+        let file = path.rsplit('/').next().unwrap_or(path);
+        let ours = [
+            "libcuda.so",
+            "libnvrtc.so",
+            "libnvrtc-builtins",
+            "libcublas.so",
+            "libcublasLt.so",
+        ]
+        .iter()
+        .any(|p| file.starts_with(p));
+        if ours && !found.iter().any(|f| f == path) {
+            found.push(path.to_owned());
+        }
+    }
+    found
+}
+
 /// The process-wide probe result, computed on first use.
 static PROBE: OnceLock<Result<GpuRuntime, Box<str>>> = OnceLock::new();
 

@@ -275,6 +275,24 @@ impl Server {
         backend: &Arc<dyn Backend>,
         at: &InstancePlace<'_>,
     ) -> Result<Box<dyn crate::backend::ModelInstance>> {
+        let made = self.gpu_instance_unlogged(config, backend, at)?;
+        // Once per server, after the first GPU instance: which CUDA files serve it.
+        if !self.said_cuda_libraries.swap(true, Ordering::AcqRel) {
+            let libs = crate::cuda::loaded_libraries();
+            if !libs.is_empty() {
+                self.log
+                    .info(&format!("CUDA libraries in use: {}", libs.join(", ")));
+            }
+        }
+        Ok(made)
+    }
+
+    fn gpu_instance_unlogged(
+        &self,
+        config: &Arc<ModelConfig>,
+        backend: &Arc<dyn Backend>,
+        at: &InstancePlace<'_>,
+    ) -> Result<Box<dyn crate::backend::ModelInstance>> {
         if backend.manages_device() {
             return backend.clone().create_version_instance(config, at);
         }

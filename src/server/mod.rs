@@ -107,6 +107,8 @@ pub struct Server {
     timer: Arc<crate::scheduler::timer::Timer>,
     /// This server has said in its log which engine runs its ONNX models (once).
     said_engine: AtomicBool,
+    /// Whether the CUDA libraries in use were logged (after the first GPU instance).
+    pub(crate) said_cuda_libraries: AtomicBool,
 }
 
 /// Servers alive in this process; the object pools are emptied when it drops to zero.
@@ -165,6 +167,7 @@ impl Server {
             output_placers: Mutex::new(Vec::new()),
             timer: Arc::new(crate::scheduler::timer::Timer::new()),
             said_engine: AtomicBool::new(false),
+            said_cuda_libraries: AtomicBool::new(false),
             opts,
         });
         if let Some(repo) = &server.opts.repository {
