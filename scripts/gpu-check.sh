@@ -182,6 +182,8 @@ else
     for d in ${CUDA_HOME:+$CUDA_HOME/lib64} /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
         $(python3 -c 'import nvidia, os; [print(os.path.join(p, s)) for p in nvidia.__path__ for s in ("cu13/lib", "cuda_nvrtc/lib", "cublas/lib")]' 2>/dev/null); do
         [[ -d $d ]] || continue
+        d=$(cd "$d" && pwd -P)
+        [[ " ${extra[*]} " == *" $d "* ]] && continue
         if compgen -G "$d/libnvrtc.so*" >/dev/null || compgen -G "$d/libcublas.so*" >/dev/null; then
             extra+=("$d")
         fi
