@@ -2052,6 +2052,76 @@ fn gpu_instances_against_a_stand_in_driver() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A GPU worker waits for the device asleep: while batches compute (the stand-in makes
+/// each step take 20 ms), the process uses far less CPU time than wall time. The
+/// stand-in spins the waiting thread on events not created with CU_EVENT_BLOCKING_SYNC,
+/// as the driver does by default: a worker would then burn a core of the host
+/// application for as long as the device computes.
+#[test]
+fn gpu_workers_wait_for_the_device_asleep() {
+    if std::env::var_os("INFER_FAKE_CUDA").is_some() {
+        return; // a child, or a run against the stand-ins already
+    }
+    let dir = std::env::temp_dir().join(format!("infer-fake-cuda-wait-{}", std::process::id()));
+    if let Err(why) = build_fake_driver(&dir, false) {
+        println!("SKIP: cannot build the stand-in driver ({why})");
+        return;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args(["--exact", "gpu_data_path_child", "--nocapture"])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("INFER_FAKE_CUDA", "one")
+        .env("INFER_DATA_PATH_CHECKS", "wait")
+        .env("INFER_FAKE_CUDA_DELAY_US", "20000")
+        .output()
+        .expect("running the test binary again");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && all.contains("data path 'wait': checked"),
+        "{all}"
+    );
+    for line in all.lines().filter(|l| l.starts_with("waits:")) {
+        println!("{line}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn process_cpu_seconds() -> f64 {
+    // SAFETY: a valid out-pointer.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) }, 0);
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+fn workers_wait_asleep() {
+    let s = server_in(INFER_GPU_REQUIRED).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
+    load_from_models(&s, "mlp", Some(&gpu_config_of("mlp")));
+    // The first request plans the graph and warms cuBLAS up.
+    let resp = s.infer(random_request(&s, "mlp", 1, &mut Rand(1)));
+    assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
+    let (cpu0, t0) = (process_cpu_seconds(), std::time::Instant::now());
+    for k in 0..3 {
+        let resp = s.infer(random_request(&s, "mlp", 2, &mut Rand(10 + k)));
+        assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
+    }
+    let (cpu, wall) = (process_cpu_seconds() - cpu0, t0.elapsed().as_secs_f64());
+    assert!(
+        wall > 0.1,
+        "3 requests took {wall} s: the stand-in's delay did not apply"
+    );
+    assert!(
+        cpu < 0.5 * wall,
+        "{cpu:.3} s of CPU over {wall:.3} s of wall time: a thread spins while the device computes"
+    );
+    println!("waits: {cpu:.3} s of CPU over {wall:.3} s of wall time for 3 requests");
+}
+
 /// The ONNX checks of the "onnx" scenario on a real GPU: every model, precision, fused
 /// chain, encoder, implicit state, KIND_AUTO placement and CUDA graph against the CPU
 /// (what only the stand-in can count, launches and bytes, is left out there).
@@ -2184,6 +2254,7 @@ fn gpu_data_path_child() {
         "one" => data_path_one_gpu(),
         "two" => data_path_two_gpus(),
         "onnx" => onnx_on_the_stand_in(),
+        "wait" => workers_wait_asleep(),
         other => panic!("no data path checks for scenario {other}"),
     }
     println!("data path '{scenario}': checked");

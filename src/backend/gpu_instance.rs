@@ -500,6 +500,13 @@ impl GpuInstance {
     }
 }
 
+/// How long a worker polls for its batch's end before it sleeps until the device is
+/// done. Measured on an H200 (docs/PERFORMANCE.md "GPU"): sleeping at once added 40-47 us
+/// to a 140 us batch (a blocking wait's wake-up); spinning throughout burned a core for
+/// as long as the device computed. Batches shorter than this are answered as by spinning;
+/// a longer one costs at most this much CPU time.
+const WAIT_SPIN: std::time::Duration = std::time::Duration::from_micros(500);
+
 /// A started batch: the buffers its queued work uses and the event that marks its end.
 struct InFlight {
     /// What the backend's `execute` returned.
@@ -521,7 +528,7 @@ impl Completion for InFlight {
     fn complete(mut self: Box<Self>, batch: &mut Batch) -> Result<()> {
         // Without an event the stream was synchronized when the batch failed.
         let waited = self.event.take().map(|event| {
-            let waited = event.synchronize();
+            let waited = event.wait(WAIT_SPIN);
             self.events.lock().push(event);
             waited
         });

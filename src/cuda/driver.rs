@@ -252,10 +252,12 @@ unsafe impl Sync for Event {}
 
 impl Event {
     /// An event for synchronization only (CU_EVENT_DISABLE_TIMING: the cheapest to record
-    /// and wait for).
+    /// and wait for), waited for asleep (CU_EVENT_BLOCKING_SYNC): a thread waiting for the
+    /// device does not spin a core, which in an embedding process is the host
+    /// application's.
     pub fn new(ctx: &Arc<Context>) -> Result<Event> {
-        // 2 = CU_EVENT_DISABLE_TIMING.
-        Event::with_flags(ctx, 2)
+        // 2 = CU_EVENT_DISABLE_TIMING, 1 = CU_EVENT_BLOCKING_SYNC.
+        Event::with_flags(ctx, 2 | 1)
     }
 
     /// An event that also takes the time at which the stream reaches it, for
@@ -300,6 +302,27 @@ impl Event {
             "cuEventElapsedTime",
         )?;
         Ok(ms)
+    }
+
+    /// Waits until the work before the last `record` has run: polls the event for up to
+    /// `spin` (work that short is answered with no wake-up latency), then sleeps in
+    /// [`Event::synchronize`] (an event of [`Event::new`] blocks rather than spins), so a
+    /// long batch costs a waiting thread at most `spin` of CPU time. Binds the context.
+    pub fn wait(&self, spin: std::time::Duration) -> Result<()> {
+        self.ctx.bind()?;
+        let start = std::time::Instant::now();
+        loop {
+            // SAFETY: a live event.
+            match unsafe { sys::cuEventQuery(self.raw) } {
+                sys::CUresult::CUDA_SUCCESS => return Ok(()),
+                sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                e => return check(e, "cuEventQuery"),
+            }
+            if start.elapsed() >= spin {
+                return self.synchronize();
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// Waits until the work before the last `record` has run. Binds the context.
