@@ -1945,17 +1945,13 @@ fn host_outputs_on_the_asked_gpu(s: &Server) {
     }
 }
 
-/// Runs `gpu_data_path_child` under the stand-in driver with `scenario` (the checks of
-/// "onnx" run with one device).
-fn run_data_path(dir: &std::path::Path, scenario: &str) {
+/// Runs the test `test` of this binary alone in a fresh process with `envs` added, and
+/// asserts that it passed and printed `done`; returns all it printed.
+fn run_child(test: &str, envs: &[(&str, &std::ffi::OsStr)], done: &str) -> String {
     let exe = std::env::current_exe().expect("the test binary's path");
-    let devices = if scenario == "two" { "two" } else { "one" };
     let out = std::process::Command::new(exe)
-        .args(["--exact", "gpu_data_path_child", "--nocapture"])
-        .env("LD_LIBRARY_PATH", dir)
-        .env("INFER_FAKE_CUDA", devices)
-        .env("INFER_DATA_PATH_CHECKS", scenario)
-        .env("INFER_FAKE_CUDA_DELAY_US", "300")
+        .args(["--exact", test, "--nocapture"])
+        .envs(envs.iter().copied())
         .output()
         .expect("running the test binary again");
     let all = format!(
@@ -1963,10 +1959,26 @@ fn run_data_path(dir: &std::path::Path, scenario: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "scenario {scenario}: {all}");
     assert!(
-        all.contains(&format!("data path '{scenario}': checked")),
-        "{all}"
+        out.status.success() && all.contains(done),
+        "{test} ({done}): {all}"
+    );
+    all
+}
+
+/// Runs `gpu_data_path_child` under the stand-in driver with `scenario` (the checks of
+/// "onnx" run with one device).
+fn run_data_path(dir: &std::path::Path, scenario: &str) {
+    let devices = if scenario == "two" { "two" } else { "one" };
+    let all = run_child(
+        "gpu_data_path_child",
+        &[
+            ("LD_LIBRARY_PATH", dir.as_os_str()),
+            ("INFER_FAKE_CUDA", devices.as_ref()),
+            ("INFER_DATA_PATH_CHECKS", scenario.as_ref()),
+            ("INFER_FAKE_CUDA_DELAY_US", "300".as_ref()),
+        ],
+        &format!("data path '{scenario}': checked"),
     );
     for line in all.lines().filter(|l| {
         l.contains(" in ")
@@ -2067,23 +2079,15 @@ fn gpu_workers_wait_for_the_device_asleep() {
         println!("SKIP: cannot build the stand-in driver ({why})");
         return;
     }
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let out = std::process::Command::new(exe)
-        .args(["--exact", "gpu_data_path_child", "--nocapture"])
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("INFER_FAKE_CUDA", "one")
-        .env("INFER_DATA_PATH_CHECKS", "wait")
-        .env("INFER_FAKE_CUDA_DELAY_US", "20000")
-        .output()
-        .expect("running the test binary again");
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && all.contains("data path 'wait': checked"),
-        "{all}"
+    let all = run_child(
+        "gpu_data_path_child",
+        &[
+            ("LD_LIBRARY_PATH", dir.as_os_str()),
+            ("INFER_FAKE_CUDA", "one".as_ref()),
+            ("INFER_DATA_PATH_CHECKS", "wait".as_ref()),
+            ("INFER_FAKE_CUDA_DELAY_US", "20000".as_ref()),
+        ],
+        "data path 'wait': checked",
     );
     for line in all.lines().filter(|l| l.starts_with("waits:")) {
         println!("{line}");
@@ -2135,20 +2139,10 @@ fn onnx_on_a_real_gpu() {
         println!("SKIP: needs a GPU ({why})");
         return;
     }
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let out = std::process::Command::new(exe)
-        .args(["--exact", "gpu_data_path_child", "--nocapture"])
-        .env("INFER_DATA_PATH_CHECKS", "onnx")
-        .output()
-        .expect("running the test binary again");
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && all.contains("data path 'onnx': checked"),
-        "{all}"
+    let all = run_child(
+        "gpu_data_path_child",
+        &[("INFER_DATA_PATH_CHECKS", "onnx".as_ref())],
+        "data path 'onnx': checked",
     );
     for line in all.lines().filter(|l| {
         l.contains("matches CPU")
@@ -2185,28 +2179,16 @@ fn gpu_executor_that_cannot_start_leaves_kind_auto_on_the_cpu() {
             std::fs::remove_file(e.path()).unwrap();
         }
     }
-    let exe = std::env::current_exe().expect("the test binary's path");
-    for (dir, case, extra) in [
-        (&no_blas, "cublas", None),
-        (&full, "nvrtc", Some(("INFER_FAKE_NVRTC_FAIL", "1"))),
-    ] {
-        let mut cmd = std::process::Command::new(&exe);
-        cmd.args(["--exact", "executor_start_child", "--nocapture"])
-            .env("LD_LIBRARY_PATH", dir)
-            .env("INFER_FAKE_CUDA", "one")
-            .env("INFER_EXECUTOR_START", case);
-        if let Some((k, v)) = extra {
-            cmd.env(k, v);
-        }
-        let out = cmd.output().expect("running the test binary again");
-        let all = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            out.status.success() && all.contains(&format!("executor start '{case}': checked")),
-            "{all}"
+    for (dir, case, nvrtc_fails) in [(&no_blas, "cublas", "0"), (&full, "nvrtc", "1")] {
+        run_child(
+            "executor_start_child",
+            &[
+                ("LD_LIBRARY_PATH", dir.as_os_str()),
+                ("INFER_FAKE_CUDA", "one".as_ref()),
+                ("INFER_EXECUTOR_START", case.as_ref()),
+                ("INFER_FAKE_NVRTC_FAIL", nvrtc_fails.as_ref()),
+            ],
+            &format!("executor start '{case}': checked"),
         );
     }
     let _ = std::fs::remove_dir_all(&base);
