@@ -36,7 +36,7 @@ while [[ $# -gt 0 ]]; do
         --quick) QUICK=1; shift ;;
         --bench) BENCH=1; shift ;;
         --bench-only) BENCH=1 CHECKS=0; shift ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
         *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
