@@ -16,6 +16,8 @@ mod config;
 mod gpt2;
 mod kernels;
 mod kv;
+mod linear;
+mod quant;
 mod sampling;
 mod step;
 mod weights;

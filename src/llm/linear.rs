@@ -1,0 +1,383 @@
+//! Weight matrices of any [`WeightType`], held where they were loaded (a memory-mapped
+//! file or owned bytes), and the matrix product of a step's token rows with them.
+//!
+//! A matrix is `[rows][cols]`, one output per row (Hugging Face's `nn.Linear` layout,
+//! GGUF's `[ne1][ne0]`), so each output is the dot product of one weight row with one
+//! token row, computed by one kernel call. Nothing is repacked per call, and an output's
+//! bits depend only on its weight row and token row: batching invariance (see
+//! `kernels`) holds by construction, and threads may split the outputs any way.
+
+use super::kernels::Exec;
+use super::quant::{self, ActKind, ActRow, DotFn, WeightType, Q8, Q8K};
+use crate::status::{Error, Result};
+use std::sync::Arc;
+
+/// Bytes of weights: a range of a mapped file, or owned.
+#[derive(Clone)]
+pub(crate) enum Bytes {
+    Mapped {
+        map: Arc<memmap2::Mmap>,
+        start: usize,
+        len: usize,
+    },
+    Owned(Arc<Vec<u8>>),
+}
+
+impl Bytes {
+    #[inline]
+    pub(crate) fn get(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped { map, start, len } => &map[*start..*start + *len],
+            Bytes::Owned(v) => v,
+        }
+    }
+
+    /// Whether the bytes live in a mapped file (not on the heap).
+    pub(crate) fn is_mapped(&self) -> bool {
+        matches!(self, Bytes::Mapped { .. })
+    }
+}
+
+/// A weight matrix `[rows][cols]` of one element type.
+#[derive(Clone)]
+pub(crate) struct Matrix {
+    pub name: String,
+    pub wtype: WeightType,
+    pub rows: usize,
+    pub cols: usize,
+    row_bytes: usize,
+    data: Bytes,
+    dot: DotFn,
+}
+
+impl Matrix {
+    /// INVALID_ARGUMENT naming the tensor when the bytes do not hold exactly
+    /// `rows × cols` elements, or `cols` is not whole blocks of the type.
+    pub(crate) fn new(
+        name: &str,
+        wtype: WeightType,
+        rows: usize,
+        cols: usize,
+        data: Bytes,
+    ) -> Result<Matrix> {
+        let row_bytes = wtype.row_bytes(cols).ok_or_else(|| {
+            Error::invalid(format!(
+                "tensor {name}: rows of {cols} elements are not whole {} blocks of {}",
+                wtype.name(),
+                wtype.block_elems()
+            ))
+        })?;
+        let want = row_bytes.checked_mul(rows);
+        if want != Some(data.get().len()) {
+            return Err(Error::invalid(format!(
+                "tensor {name}: {} bytes, but {rows} x {cols} {} needs {}",
+                data.get().len(),
+                wtype.name(),
+                want.map_or("more than memory".into(), |w| w.to_string())
+            )));
+        }
+        Ok(Matrix {
+            name: name.to_string(),
+            wtype,
+            rows,
+            cols,
+            row_bytes,
+            data,
+            dot: quant::dot_fn(wtype),
+        })
+    }
+
+    /// F32 values, owned (for random models and tests).
+    pub(crate) fn from_f32(name: &str, rows: usize, cols: usize, v: &[f32]) -> Result<Matrix> {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        Matrix::new(name, WeightType::F32, rows, cols, Bytes::Owned(Arc::new(bytes)))
+    }
+
+    #[inline]
+    pub(crate) fn row(&self, r: usize) -> &[u8] {
+        &self.data.get()[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Row `r` as f32 (an embedding lookup).
+    pub(crate) fn row_f32(&self, r: usize, out: &mut [f32]) {
+        quant::dequantize_row(self.wtype, self.row(r), &mut out[..self.cols]);
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.data.get().len()
+    }
+
+    pub(crate) fn is_mapped(&self) -> bool {
+        self.data.is_mapped()
+    }
+}
+
+/// A step's token rows (`[t][k]` f32), prepared once for every weight type that will
+/// multiply them: the f32 rows themselves and, when needed, their 8-bit forms.
+#[derive(Default)]
+pub(crate) struct Acts {
+    t: usize,
+    k: usize,
+    q8: Vec<Q8>,
+    q8k: Vec<Q8K>,
+    has_q8: bool,
+    has_q8k: bool,
+}
+
+impl Acts {
+    /// Prepares `x` (`t` rows of `k`) for the weight types in `types`. Rows are
+    /// quantized on the pool's threads when there are many.
+    pub(crate) fn prepare(
+        &mut self,
+        exec: Exec<'_>,
+        x: &[f32],
+        t: usize,
+        k: usize,
+        types: impl IntoIterator<Item = WeightType>,
+    ) -> Result<()> {
+        self.t = t;
+        self.k = k;
+        self.has_q8 = false;
+        self.has_q8k = false;
+        for ty in types {
+            match ty.act() {
+                ActKind::F32 => {}
+                ActKind::Q8 if !self.has_q8 => {
+                    let per = k / 32;
+                    grow(&mut self.q8, t * per)?;
+                    let q8 = &mut self.q8[..t * per];
+                    par_rows(exec, t * k, q8, per, |r, out| {
+                        quant::quantize_q8(&x[r * k..(r + 1) * k], out)
+                    });
+                    self.has_q8 = true;
+                }
+                ActKind::Q8K if !self.has_q8k => {
+                    let per = k / 256;
+                    grow(&mut self.q8k, t * per)?;
+                    let q8k = &mut self.q8k[..t * per];
+                    par_rows(exec, t * k, q8k, per, |r, out| {
+                        quant::quantize_q8k(&x[r * k..(r + 1) * k], out)
+                    });
+                    self.has_q8k = true;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn row<'a>(&'a self, kind: ActKind, x: &'a [f32], r: usize) -> ActRow<'a> {
+        let k = self.k;
+        match kind {
+            ActKind::F32 => ActRow::F32(&x[r * k..(r + 1) * k]),
+            ActKind::Q8 => {
+                let per = k / 32;
+                ActRow::Q8(&self.q8[r * per..(r + 1) * per])
+            }
+            ActKind::Q8K => {
+                let per = k / 256;
+                ActRow::Q8K(&self.q8k[r * per..(r + 1) * per])
+            }
+        }
+    }
+}
+
+fn grow<T: Default + Clone>(v: &mut Vec<T>, n: usize) -> Result<()> {
+    if v.len() < n {
+        v.try_reserve(n - v.len()).map_err(|e| {
+            Error::exhausted(format!("decoder step: cannot allocate activations: {e}"))
+        })?;
+        v.resize(n, T::default());
+    }
+    Ok(())
+}
+
+/// Runs `f(row, out_row)` over `out` split in rows of `per`, on the pool when `work` is
+/// large.
+fn par_rows<T: Send>(
+    exec: Exec<'_>,
+    work: usize,
+    out: &mut [T],
+    per: usize,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) {
+    use rayon::prelude::*;
+    if per == 0 {
+        return;
+    }
+    let rows = out.len() / per;
+    let parts = exec.parts(work * 4, rows);
+    match exec.pool {
+        Some(pool) if parts > 1 => pool.install(|| {
+            out.par_chunks_mut(per)
+                .enumerate()
+                .for_each(|(r, o)| f(r, o))
+        }),
+        _ => out
+            .chunks_mut(per)
+            .enumerate()
+            .for_each(|(r, o)| f(r, o)),
+    }
+}
+
+/// What happens to each output after its dot product.
+#[derive(Clone, Copy)]
+pub(crate) enum Out<'a> {
+    /// `y = w·x`.
+    Set,
+    /// `y = w·x + bias`.
+    Bias(&'a [f32]),
+    /// `y += w·x` (a residual connection: `y` already holds the residual stream).
+    Add,
+}
+
+/// A pointer to the output that pool threads write at disjoint places.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: each thread writes only the outputs of its own weight rows (disjoint columns
+// of every token row), and all finish before `matmul` returns (rayon joins them).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    #[inline(always)]
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Weight rows per tile: a tile's rows stay in cache while every token row meets them.
+const TILE: usize = 8;
+
+/// `y[i][j] (op)= w.row(j) · x[i]` for `i < t`, `j < w.rows`: `x` is `[t][w.cols]`
+/// (prepared in `acts` for `w`'s type), `y` holds token rows `ldy` apart, this matrix's
+/// outputs at columns `0..w.rows` of each.
+pub(crate) fn matmul(
+    exec: Exec<'_>,
+    w: &Matrix,
+    acts: &Acts,
+    x: &[f32],
+    y: &mut [f32],
+    ldy: usize,
+    out: Out<'_>,
+) {
+    let (t, n, k) = (acts.t, w.rows, w.cols);
+    assert_eq!(acts.k, k, "{}: activations prepared for another width", w.name);
+    assert!(x.len() >= t * k && ldy >= n && (t == 0 || y.len() >= (t - 1) * ldy + n));
+    if let Out::Bias(b) = out {
+        assert!(b.len() >= n);
+    }
+    let kind = w.wtype.act();
+    match kind {
+        ActKind::Q8 => assert!(acts.has_q8, "{}: activations not quantized", w.name),
+        ActKind::Q8K => assert!(acts.has_q8k, "{}: activations not quantized", w.name),
+        ActKind::F32 => {}
+    }
+    if t == 0 || n == 0 {
+        return;
+    }
+    let tiles = n.div_ceil(TILE);
+    let parts = exec.parts(t * n * k, tiles);
+    let per = tiles.div_ceil(parts);
+    let yp = OutPtr(y.as_mut_ptr());
+    let dot = w.dot;
+    let run = |p: usize| {
+        let rows = (p * per * TILE).min(n)..((p + 1) * per * TILE).min(n);
+        let mut r0 = rows.start;
+        while r0 < rows.end {
+            let r1 = (r0 + TILE).min(rows.end);
+            for i in 0..t {
+                let a = acts.row(kind, x, i);
+                for r in r0..r1 {
+                    let v = dot(w.row(r), a);
+                    // SAFETY: `i * ldy + r` is inside `y` (asserted above), and only this
+                    // part writes outputs of rows `rows`.
+                    unsafe {
+                        let o = yp.get().add(i * ldy + r);
+                        match out {
+                            Out::Set => *o = v,
+                            Out::Bias(b) => *o = v + b[r],
+                            Out::Add => *o += v,
+                        }
+                    }
+                }
+            }
+            r0 = r1;
+        }
+    };
+    match exec.pool {
+        Some(pool) if parts > 1 => {
+            use rayon::prelude::*;
+            pool.install(|| (0..parts).into_par_iter().for_each(run))
+        }
+        _ => (0..parts).for_each(run),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::kernels::tests::bits;
+    use crate::llm::quant::tests::random_row;
+
+    #[test]
+    fn outputs_do_not_depend_on_the_batch_or_the_threads() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let (n, k, t) = (37, 512, 5);
+        for wt in [WeightType::F16, WeightType::Q4K, WeightType::Q8_0] {
+            let data: Vec<u8> = (0..n)
+                .flat_map(|r| random_row(wt, k, r as u64 + 1))
+                .collect();
+            let w = Matrix::new("w", wt, n, k, Bytes::Owned(Arc::new(data))).unwrap();
+            let x: Vec<f32> = (0..t * k).map(|i| ((i * 13 % 29) as f32 - 14.0) * 0.1).collect();
+            let run = |exec: Exec<'_>, rows: std::ops::Range<usize>| {
+                let mut acts = Acts::default();
+                let xs = &x[rows.start * k..rows.end * k];
+                acts.prepare(exec, xs, rows.len(), k, [wt]).unwrap();
+                let mut y = vec![1.0f32; rows.len() * (n + 3)];
+                matmul(exec, &w, &acts, xs, &mut y, n + 3, Out::Add);
+                y
+            };
+            let alone = Exec {
+                pool: None,
+                threads: 1,
+                min_par_work: 0,
+            };
+            let split = Exec {
+                pool: Some(&pool),
+                threads: 3,
+                min_par_work: 0,
+            };
+            let whole = run(alone, 0..t);
+            assert_eq!(bits(&whole), bits(&run(split, 0..t)), "{}", wt.name());
+            for i in 0..t {
+                let one = run(split, i..i + 1);
+                assert_eq!(bits(&whole[i * (n + 3)..(i + 1) * (n + 3)]), bits(&one));
+            }
+            // Columns past the matrix's rows are untouched.
+            assert!(whole.chunks(n + 3).all(|r| r[n..] == [1.0, 1.0, 1.0]));
+        }
+    }
+
+    #[test]
+    fn sizes_are_checked() {
+        let e = Matrix::new(
+            "blk.0.attn_q.weight",
+            WeightType::Q4K,
+            2,
+            100,
+            Bytes::Owned(Arc::new(vec![0; 10])),
+        )
+        .err()
+        .unwrap();
+        assert!(e.message.contains("blk.0.attn_q.weight"), "{e}");
+        let e = Matrix::new("w", WeightType::Q8_0, 2, 64, Bytes::Owned(Arc::new(vec![0; 10])))
+            .err()
+            .unwrap();
+        assert!(e.message.contains("needs 136"), "{e}");
+    }
+}

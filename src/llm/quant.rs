@@ -1,0 +1,758 @@
+//! Weight element types of decoder matrices, as GGML lays them out (F32, F16, BF16 and
+//! the block-quantized Q8_0, Q4_0, Q5_0, Q4_K, Q6_K), with the dot product of one weight
+//! row against one activation row computed in the weight's own type.
+//!
+//! Quantized rows are never expanded to f32 to be multiplied: the activation row is
+//! quantized once per matrix product (to 8-bit blocks, [`Q8`] for the 32-element formats
+//! and [`Q8K`] for the 256-element K formats), and each block's products are summed in
+//! integers, then scaled — the arithmetic llama.cpp uses, so answers agree with it to
+//! rounding.
+//!
+//! Every dot product's result depends only on the two rows (never on which thread runs
+//! it or what else is in the batch): each kernel is one fixed sequence of operations for
+//! a given row length. On x86-64 an AVX2+FMA+F16C version is picked at start-up; it sums
+//! in another order than the portable one, so answers differ between machines in the
+//! last bits, never within a process.
+
+use half::f16;
+
+/// An element type of a weight matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightType {
+    F32,
+    F16,
+    BF16,
+    /// 32 elements: f16 scale, 32 × i8.
+    Q8_0,
+    /// 32 elements: f16 scale, 32 × 4-bit (offset 8).
+    Q4_0,
+    /// 32 elements: f16 scale, 32 high bits, 32 × 4 low bits (offset 16).
+    Q5_0,
+    /// 256 elements: f16 scale and min, 8 × 6-bit sub-scales and sub-mins, 256 × 4-bit.
+    Q4K,
+    /// 256 elements: 256 × 6-bit (offset 32), 16 × i8 sub-scales, f16 scale.
+    Q6K,
+}
+
+/// What a weight type multiplies against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ActKind {
+    F32,
+    Q8,
+    Q8K,
+}
+
+impl WeightType {
+    /// The GGML type number (`ggml_type`) of each supported type.
+    pub fn from_ggml(t: u32) -> Option<WeightType> {
+        Some(match t {
+            0 => WeightType::F32,
+            1 => WeightType::F16,
+            2 => WeightType::Q4_0,
+            6 => WeightType::Q5_0,
+            8 => WeightType::Q8_0,
+            12 => WeightType::Q4K,
+            14 => WeightType::Q6K,
+            30 => WeightType::BF16,
+            _ => return None,
+        })
+    }
+
+    /// GGML's name of a type number, for messages about types that are not supported.
+    pub fn ggml_name(t: u32) -> &'static str {
+        const NAMES: [&str; 31] = [
+            "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K",
+            "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S",
+            "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M",
+            "BF16",
+        ];
+        NAMES.get(t as usize).copied().unwrap_or("unknown")
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightType::F32 => "F32",
+            WeightType::F16 => "F16",
+            WeightType::BF16 => "BF16",
+            WeightType::Q8_0 => "Q8_0",
+            WeightType::Q4_0 => "Q4_0",
+            WeightType::Q5_0 => "Q5_0",
+            WeightType::Q4K => "Q4_K",
+            WeightType::Q6K => "Q6_K",
+        }
+    }
+
+    /// Elements per block.
+    pub fn block_elems(self) -> usize {
+        match self {
+            WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
+            WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q5_0 => 32,
+            WeightType::Q4K | WeightType::Q6K => 256,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            WeightType::F32 => 4,
+            WeightType::F16 | WeightType::BF16 => 2,
+            WeightType::Q8_0 => 34,
+            WeightType::Q4_0 => 18,
+            WeightType::Q5_0 => 22,
+            WeightType::Q4K => 144,
+            WeightType::Q6K => 210,
+        }
+    }
+
+    /// Bytes of a row of `n` elements (`n` a multiple of the block size).
+    pub fn row_bytes(self, n: usize) -> Option<usize> {
+        if !n.is_multiple_of(self.block_elems()) {
+            return None;
+        }
+        (n / self.block_elems()).checked_mul(self.block_bytes())
+    }
+
+    pub(crate) fn act(self) -> ActKind {
+        match self {
+            WeightType::F32 | WeightType::F16 | WeightType::BF16 => ActKind::F32,
+            WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q5_0 => ActKind::Q8,
+            WeightType::Q4K | WeightType::Q6K => ActKind::Q8K,
+        }
+    }
+}
+
+/// 32 activations quantized to i8 with one scale.
+#[derive(Clone, Copy)]
+#[repr(C, align(4))]
+pub(crate) struct Q8 {
+    pub d: f32,
+    pub qs: [i8; 32],
+}
+
+/// 256 activations quantized to i8 with one scale, and the sums of each 16.
+#[derive(Clone, Copy)]
+#[repr(C, align(4))]
+pub(crate) struct Q8K {
+    pub d: f32,
+    pub qs: [i8; 256],
+    pub bsums: [i16; 16],
+}
+
+impl Default for Q8 {
+    fn default() -> Q8 {
+        Q8 { d: 0.0, qs: [0; 32] }
+    }
+}
+
+impl Default for Q8K {
+    fn default() -> Q8K {
+        Q8K {
+            d: 0.0,
+            qs: [0; 256],
+            bsums: [0; 16],
+        }
+    }
+}
+
+/// Rounds to the nearest integer (halves away from zero), as an i8 in -127..=127.
+#[inline(always)]
+fn q8_of(v: f32) -> i8 {
+    v.round().clamp(-127.0, 127.0) as i8
+}
+
+/// Quantizes `x` (a multiple of 32 long) into `out`.
+pub(crate) fn quantize_q8(x: &[f32], out: &mut [Q8]) {
+    for (b, o) in x.chunks_exact(32).zip(out.iter_mut()) {
+        let amax = b.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        o.d = d;
+        for (q, &v) in o.qs.iter_mut().zip(b) {
+            *q = q8_of(v * id);
+        }
+    }
+}
+
+/// Quantizes `x` (a multiple of 256 long) into `out`.
+pub(crate) fn quantize_q8k(x: &[f32], out: &mut [Q8K]) {
+    for (b, o) in x.chunks_exact(256).zip(out.iter_mut()) {
+        let amax = b.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        o.d = d;
+        for (q, &v) in o.qs.iter_mut().zip(b) {
+            *q = q8_of(v * id);
+        }
+        for (s, g) in o.bsums.iter_mut().zip(o.qs.chunks_exact(16)) {
+            *s = g.iter().map(|&q| q as i16).sum();
+        }
+    }
+}
+
+#[inline(always)]
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// Sub-block `j`'s 6-bit scale and min of a Q4_K block.
+#[inline(always)]
+fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Expands one row (`row` holds whole blocks) to f32 into `out` (its element count).
+pub(crate) fn dequantize_row(t: WeightType, row: &[u8], out: &mut [f32]) {
+    match t {
+        WeightType::F32 => {
+            for (o, b) in out.iter_mut().zip(row.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        WeightType::F16 => {
+            for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+            }
+        }
+        WeightType::BF16 => {
+            for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
+            }
+        }
+        WeightType::Q8_0 => {
+            for (o, b) in out.chunks_exact_mut(32).zip(row.chunks_exact(34)) {
+                let d = f16_at(b, 0);
+                for (o, &q) in o.iter_mut().zip(&b[2..]) {
+                    *o = d * (q as i8) as f32;
+                }
+            }
+        }
+        WeightType::Q4_0 => {
+            for (o, b) in out.chunks_exact_mut(32).zip(row.chunks_exact(18)) {
+                let d = f16_at(b, 0);
+                for (j, &q) in b[2..].iter().enumerate() {
+                    o[j] = d * ((q & 0xf) as i32 - 8) as f32;
+                    o[j + 16] = d * ((q >> 4) as i32 - 8) as f32;
+                }
+            }
+        }
+        WeightType::Q5_0 => {
+            for (o, b) in out.chunks_exact_mut(32).zip(row.chunks_exact(22)) {
+                let d = f16_at(b, 0);
+                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                for (j, &q) in b[6..].iter().enumerate() {
+                    let h0 = ((qh >> j) & 1) << 4;
+                    let h1 = ((qh >> (j + 16)) & 1) << 4;
+                    o[j] = d * (((q & 0xf) as u32 | h0) as i32 - 16) as f32;
+                    o[j + 16] = d * (((q >> 4) as u32 | h1) as i32 - 16) as f32;
+                }
+            }
+        }
+        WeightType::Q4K => {
+            for (o, b) in out.chunks_exact_mut(256).zip(row.chunks_exact(144)) {
+                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+                let (scales, qs) = (&b[4..16], &b[16..]);
+                for c in 0..4 {
+                    let (s1, m1) = scale_min_k4(2 * c, scales);
+                    let (s2, m2) = scale_min_k4(2 * c + 1, scales);
+                    let (d1, m1) = (d * s1 as f32, dmin * m1 as f32);
+                    let (d2, m2) = (d * s2 as f32, dmin * m2 as f32);
+                    let q = &qs[32 * c..32 * c + 32];
+                    let o = &mut o[64 * c..64 * c + 64];
+                    for l in 0..32 {
+                        o[l] = d1 * (q[l] & 0xf) as f32 - m1;
+                        o[l + 32] = d2 * (q[l] >> 4) as f32 - m2;
+                    }
+                }
+            }
+        }
+        WeightType::Q6K => {
+            for (o, b) in out.chunks_exact_mut(256).zip(row.chunks_exact(210)) {
+                let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
+                let d = f16_at(b, 208);
+                for n in 0..2 {
+                    let (ql, qh) = (&ql[64 * n..], &qh[32 * n..]);
+                    let sc = &sc[8 * n..];
+                    let o = &mut o[128 * n..128 * n + 128];
+                    for l in 0..32 {
+                        let is = l / 16;
+                        let q1 = ((ql[l] & 0xf) | ((qh[l] & 3) << 4)) as i32 - 32;
+                        let q2 = ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                        let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+                        let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+                        o[l] = d * (sc[is] as i8) as f32 * q1 as f32;
+                        o[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
+                        o[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
+                        o[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An activation row prepared for one kind of weight.
+#[derive(Clone, Copy)]
+pub(crate) enum ActRow<'a> {
+    F32(&'a [f32]),
+    Q8(&'a [Q8]),
+    Q8K(&'a [Q8K]),
+}
+
+/// The dot product of one weight row (`row`: whole blocks) with one activation row
+/// prepared for its type.
+pub(crate) type DotFn = fn(&[u8], ActRow<'_>) -> f32;
+
+/// The dot product kernel for `t` on this CPU.
+pub(crate) fn dot_fn(t: WeightType) -> DotFn {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::available() {
+        return avx2::dot_fn(t);
+    }
+    portable_dot_fn(t)
+}
+
+pub(crate) fn portable_dot_fn(t: WeightType) -> DotFn {
+    match t {
+        WeightType::F32 => |r, a| dot_float(WeightType::F32, r, a),
+        WeightType::F16 => |r, a| dot_float(WeightType::F16, r, a),
+        WeightType::BF16 => |r, a| dot_float(WeightType::BF16, r, a),
+        WeightType::Q8_0 => dot_q8_0,
+        WeightType::Q4_0 => dot_q4_0,
+        WeightType::Q5_0 => dot_q5_0,
+        WeightType::Q4K => dot_q4k,
+        WeightType::Q6K => dot_q6k,
+    }
+}
+
+fn f32s(a: ActRow<'_>) -> &[f32] {
+    match a {
+        ActRow::F32(x) => x,
+        _ => &[],
+    }
+}
+
+fn q8s(a: ActRow<'_>) -> &[Q8] {
+    match a {
+        ActRow::Q8(x) => x,
+        _ => &[],
+    }
+}
+
+fn q8ks(a: ActRow<'_>) -> &[Q8K] {
+    match a {
+        ActRow::Q8K(x) => x,
+        _ => &[],
+    }
+}
+
+/// Float rows: eight running sums, combined pairwise at the end.
+fn dot_float(t: WeightType, row: &[u8], a: ActRow<'_>) -> f32 {
+    let x = f32s(a);
+    let mut acc = [0.0f32; 8];
+    let mut tmp = [0.0f32; 8];
+    let w = t.block_bytes();
+    for (xs, ws) in x.chunks(8).zip(row.chunks(8 * w)) {
+        dequantize_row(t, ws, &mut tmp[..xs.len()]);
+        for l in 0..xs.len() {
+            acc[l] += tmp[l] * xs[l];
+        }
+    }
+    super::kernels::reduce8(acc)
+}
+
+fn dot_q8_0(row: &[u8], a: ActRow<'_>) -> f32 {
+    let mut sum = 0.0f32;
+    for (b, x) in row.chunks_exact(34).zip(q8s(a)) {
+        let s: i32 = b[2..]
+            .iter()
+            .zip(&x.qs)
+            .map(|(&w, &x)| (w as i8) as i32 * x as i32)
+            .sum();
+        sum += f16_at(b, 0) * x.d * s as f32;
+    }
+    sum
+}
+
+fn dot_q4_0(row: &[u8], a: ActRow<'_>) -> f32 {
+    let mut sum = 0.0f32;
+    for (b, x) in row.chunks_exact(18).zip(q8s(a)) {
+        let mut s = 0i32;
+        for (j, &q) in b[2..].iter().enumerate() {
+            s += ((q & 0xf) as i32 - 8) * x.qs[j] as i32;
+            s += ((q >> 4) as i32 - 8) * x.qs[j + 16] as i32;
+        }
+        sum += f16_at(b, 0) * x.d * s as f32;
+    }
+    sum
+}
+
+fn dot_q5_0(row: &[u8], a: ActRow<'_>) -> f32 {
+    let mut sum = 0.0f32;
+    for (b, x) in row.chunks_exact(22).zip(q8s(a)) {
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        let mut s = 0i32;
+        for (j, &q) in b[6..].iter().enumerate() {
+            let h0 = ((qh >> j) & 1) << 4;
+            let h1 = ((qh >> (j + 16)) & 1) << 4;
+            s += (((q & 0xf) as u32 | h0) as i32 - 16) * x.qs[j] as i32;
+            s += (((q >> 4) as u32 | h1) as i32 - 16) * x.qs[j + 16] as i32;
+        }
+        sum += f16_at(b, 0) * x.d * s as f32;
+    }
+    sum
+}
+
+fn dot_q4k(row: &[u8], a: ActRow<'_>) -> f32 {
+    let mut sum = 0.0f32;
+    for (b, x) in row.chunks_exact(144).zip(q8ks(a)) {
+        let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+        let (scales, qs) = (&b[4..16], &b[16..]);
+        let (mut si, mut mi) = (0i32, 0i32);
+        for c in 0..4 {
+            let (s1, m1) = scale_min_k4(2 * c, scales);
+            let (s2, m2) = scale_min_k4(2 * c + 1, scales);
+            let q = &qs[32 * c..32 * c + 32];
+            let xs = &x.qs[64 * c..64 * c + 64];
+            let (mut lo, mut hi) = (0i32, 0i32);
+            for l in 0..32 {
+                lo += (q[l] & 0xf) as i32 * xs[l] as i32;
+                hi += (q[l] >> 4) as i32 * xs[l + 32] as i32;
+            }
+            si += s1 as i32 * lo + s2 as i32 * hi;
+            let b1 = x.bsums[4 * c] as i32 + x.bsums[4 * c + 1] as i32;
+            let b2 = x.bsums[4 * c + 2] as i32 + x.bsums[4 * c + 3] as i32;
+            mi += m1 as i32 * b1 + m2 as i32 * b2;
+        }
+        sum += d * x.d * si as f32 - dmin * x.d * mi as f32;
+    }
+    sum
+}
+
+fn dot_q6k(row: &[u8], a: ActRow<'_>) -> f32 {
+    let mut sum = 0.0f32;
+    for (b, x) in row.chunks_exact(210).zip(q8ks(a)) {
+        let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
+        let d = f16_at(b, 208);
+        let mut si = 0i32;
+        for n in 0..2 {
+            let (ql, qh) = (&ql[64 * n..], &qh[32 * n..]);
+            let xs = &x.qs[128 * n..];
+            let mut part = [0i32; 8];
+            for l in 0..32 {
+                let is = l / 16;
+                let q1 = ((ql[l] & 0xf) | ((qh[l] & 3) << 4)) as i32 - 32;
+                let q2 = ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+                let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+                part[is] += q1 * xs[l] as i32;
+                part[is + 2] += q2 * xs[l + 32] as i32;
+                part[is + 4] += q3 * xs[l + 64] as i32;
+                part[is + 6] += q4 * xs[l + 96] as i32;
+            }
+            for (j, &p) in part.iter().enumerate() {
+                si += (sc[8 * n + j] as i8) as i32 * p;
+            }
+        }
+        sum += d * x.d * si as f32;
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! The AVX2 kernels. Weight blocks are read with unaligned loads (rows in a mapped
+    //! file have any alignment), each from a slice whose length the load checks.
+
+    use super::{f16_at, q8ks, q8s, scale_min_k4, ActRow, DotFn, WeightType};
+    use std::arch::x86_64::*;
+    use std::sync::OnceLock;
+
+    pub(super) fn available() -> bool {
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        })
+    }
+
+    pub(super) fn dot_fn(t: WeightType) -> DotFn {
+        // SAFETY (each closure): `dot_fn` is only called once `available()` said the CPU
+        // has AVX2, FMA and F16C.
+        match t {
+            WeightType::F32 => |r, a| unsafe { dot_f32(r, super::f32s(a)) },
+            WeightType::F16 => |r, a| unsafe { dot_f16(r, super::f32s(a)) },
+            WeightType::BF16 => |r, a| unsafe { dot_bf16(r, super::f32s(a)) },
+            WeightType::Q8_0 => |r, a| unsafe { dot_q8_0(r, a) },
+            WeightType::Q4_0 => |r, a| unsafe { dot_q4_0(r, a) },
+            WeightType::Q5_0 => |r, a| unsafe { dot_q5_0(r, a) },
+            WeightType::Q4K => |r, a| unsafe { dot_q4k(r, a) },
+            WeightType::Q6K => |r, a| unsafe { dot_q6k(r, a) },
+        }
+    }
+
+    /// 32 bytes from the start of `b` (panics when shorter).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn load32<T: Copy>(b: &[T]) -> __m256i {
+        let b = &b[..32 / size_of::<T>()];
+        // SAFETY: `b` holds 32 bytes; the load is unaligned.
+        unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) }
+    }
+
+    /// 16 bytes from the start of `b` (panics when shorter).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn load16(b: &[u8]) -> __m128i {
+        let b = &b[..16];
+        // SAFETY: `b` holds 16 bytes; the load is unaligned.
+        unsafe { _mm_loadu_si128(b.as_ptr() as *const __m128i) }
+    }
+
+    /// 8 f32s from the start of `x` (panics when shorter).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn load8f(x: &[f32]) -> __m256 {
+        let x = &x[..8];
+        // SAFETY: `x` holds 8 f32s; the load is unaligned.
+        unsafe { _mm256_loadu_ps(x.as_ptr()) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// Sum of the signed products of 32 i8 pairs, as 8 i32 lanes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn dot_i8(w: __m256i, x: __m256i) -> __m256i {
+        let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+    }
+
+    /// Float rows of `width`-byte elements: the whole-of-32 part with four FMA
+    /// accumulators, whole 8s with one, the rest in scalar. `load` turns the first 8
+    /// weights of a slice into f32s, `one` a single weight.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn dot_floats(
+        row: &[u8],
+        x: &[f32],
+        width: usize,
+        load: impl Fn(&[u8]) -> __m256,
+        one: impl Fn(&[u8]) -> f32,
+    ) -> f32 {
+        let n = x.len().min(row.len() / width);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 32 <= n {
+            for (j, a) in acc.iter_mut().enumerate() {
+                let k = i + 8 * j;
+                *a = _mm256_fmadd_ps(load(&row[k * width..]), load8f(&x[k..]), *a);
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            acc[0] = _mm256_fmadd_ps(load(&row[i * width..]), load8f(&x[i..]), acc[0]);
+            i += 8;
+        }
+        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut s = hsum(v);
+        while i < n {
+            s += one(&row[i * width..(i + 1) * width]) * x[i];
+            i += 1;
+        }
+        s
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
+        dot_floats(
+            row,
+            x,
+            4,
+            |b| _mm256_castsi256_ps(load32(b)),
+            |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        )
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
+        dot_floats(row, x, 2, |b| _mm256_cvtph_ps(load16(b)), |b| f16_at(b, 0))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
+        dot_floats(
+            row,
+            x,
+            2,
+            |b| {
+                let h = _mm256_cvtepu16_epi32(load16(b));
+                _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+            },
+            |b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16),
+        )
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_q8_0(row: &[u8], a: ActRow<'_>) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        for (b, x) in row.chunks_exact(34).zip(q8s(a)) {
+            let s = _mm256_cvtepi32_ps(dot_i8(load32(&b[2..]), load32(&x.qs)));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 0) * x.d), s, acc);
+        }
+        hsum(acc)
+    }
+
+    /// 16 bytes of nibbles to 32 bytes: low nibbles first, then high.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn nibbles(b: &[u8]) -> __m256i {
+        let q = load16(b);
+        let lo = _mm_and_si128(q, _mm_set1_epi8(0xf));
+        let hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0xf));
+        _mm256_set_m128i(hi, lo)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_q4_0(row: &[u8], a: ActRow<'_>) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        for (b, x) in row.chunks_exact(18).zip(q8s(a)) {
+            let w = _mm256_sub_epi8(nibbles(&b[2..]), _mm256_set1_epi8(8));
+            let s = _mm256_cvtepi32_ps(dot_i8(w, load32(&x.qs)));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 0) * x.d), s, acc);
+        }
+        hsum(acc)
+    }
+
+    /// The 32 high bits of a Q5_0 block as bytes 0x10 (bit set) or 0.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn high_bits(qh: u32) -> __m256i {
+        // Byte i takes the byte of `qh` holding bit i, then tests that bit.
+        let v = _mm256_set1_epi32(qh as i32);
+        let shuf = _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0,
+        );
+        let bytes = _mm256_shuffle_epi8(v, shuf);
+        let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
+        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_q5_0(row: &[u8], a: ActRow<'_>) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        for (b, x) in row.chunks_exact(22).zip(q8s(a)) {
+            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+            let w = _mm256_or_si256(nibbles(&b[6..]), high_bits(qh));
+            let w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
+            let s = _mm256_cvtepi32_ps(dot_i8(w, load32(&x.qs)));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 0) * x.d), s, acc);
+        }
+        hsum(acc)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_q4k(row: &[u8], a: ActRow<'_>) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let mut mins = 0.0f32;
+        let low = _mm256_set1_epi8(0xf);
+        for (b, x) in row.chunks_exact(144).zip(q8ks(a)) {
+            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+            let (scales, qs) = (&b[4..16], &b[16..]);
+            let mut sumi = _mm256_setzero_si256();
+            let mut mi = 0i32;
+            for c in 0..4 {
+                let (s1, m1) = scale_min_k4(2 * c, scales);
+                let (s2, m2) = scale_min_k4(2 * c + 1, scales);
+                let q = load32(&qs[32 * c..]);
+                let lo = _mm256_and_si256(q, low);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+                let x1 = load32(&x.qs[64 * c..]);
+                let x2 = load32(&x.qs[64 * c + 32..]);
+                let p1 =
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x1), _mm256_set1_epi16(s1 as i16));
+                let p2 =
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x2), _mm256_set1_epi16(s2 as i16));
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p1, p2));
+                let b1 = x.bsums[4 * c] as i32 + x.bsums[4 * c + 1] as i32;
+                let b2 = x.bsums[4 * c + 2] as i32 + x.bsums[4 * c + 3] as i32;
+                mi += m1 as i32 * b1 + m2 as i32 * b2;
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(sumi), acc);
+            mins += dmin * x.d * mi as f32;
+        }
+        hsum(acc) - mins
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_q6k(row: &[u8], a: ActRow<'_>) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let mut offsets = 0.0f32;
+        let low = _mm256_set1_epi8(0xf);
+        let three = _mm256_set1_epi8(3);
+        for (b, x) in row.chunks_exact(210).zip(q8ks(a)) {
+            let sc = &b[192..208];
+            let d = f16_at(b, 208);
+            let mut sumi = _mm256_setzero_si256();
+            // The values are stored plus 32: take 32 × scale × (sum of each 16) back.
+            let mut offset = 0i32;
+            for (s, &bs) in sc.iter().zip(&x.bsums) {
+                offset += (*s as i8) as i32 * bs as i32;
+            }
+            for n in 0..2 {
+                let ql = &b[64 * n..];
+                let qh = load32(&b[128 + 32 * n..]);
+                let (l0, l1) = (load32(ql), load32(&ql[32..]));
+                let high = [
+                    qh,
+                    _mm256_srli_epi16(qh, 2),
+                    _mm256_srli_epi16(qh, 4),
+                    _mm256_srli_epi16(qh, 6),
+                ]
+                .map(|v| _mm256_slli_epi16(_mm256_and_si256(v, three), 4));
+                let quarters = [
+                    _mm256_or_si256(_mm256_and_si256(l0, low), high[0]),
+                    _mm256_or_si256(_mm256_and_si256(l1, low), high[1]),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), high[2]),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low), high[3]),
+                ];
+                for (k, q) in quarters.into_iter().enumerate() {
+                    let xq = load32(&x.qs[128 * n + 32 * k..]);
+                    let j = 8 * n + 2 * k;
+                    // Elements 0-15 of the quarter take scale j, 16-31 scale j + 1.
+                    let scales = _mm256_set_m128i(
+                        _mm_set1_epi16((sc[j + 1] as i8) as i16),
+                        _mm_set1_epi16((sc[j] as i8) as i16),
+                    );
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xq), scales);
+                    sumi = _mm256_add_epi32(sumi, p);
+                }
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(sumi), acc);
+            offsets += d * x.d * (32 * offset) as f32;
+        }
+        hsum(acc) - offsets
+    }
+}
+
+#[cfg(test)]
+#[path = "quant_tests.rs"]
+pub(crate) mod tests;

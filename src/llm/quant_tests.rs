@@ -1,0 +1,172 @@
+use super::*;
+
+/// Deterministic pseudo-random bytes.
+fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        })
+        .collect()
+}
+
+/// A row of `n` elements of type `t` with sane scales (random bytes elsewhere).
+pub(crate) fn random_row(t: WeightType, n: usize, seed: u64) -> Vec<u8> {
+    let mut row = bytes(t.row_bytes(n).unwrap(), seed);
+    let put = |row: &mut [u8], at: usize, v: f32| {
+        row[at..at + 2].copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());
+    };
+    let bb = t.block_bytes();
+    for (i, b) in (0..row.len() / bb).map(|i| (i, i * bb)) {
+        let v = 0.002 + (i % 7) as f32 * 0.001;
+        match t {
+            WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q5_0 => put(&mut row, b, v),
+            WeightType::Q4K => {
+                put(&mut row, b, v);
+                put(&mut row, b + 2, v * 0.5);
+            }
+            WeightType::Q6K => put(&mut row, b + 208, v),
+            WeightType::F16 | WeightType::BF16 | WeightType::F32 => {}
+        }
+    }
+    match t {
+        WeightType::F32 => row
+            .chunks_exact(4)
+            .enumerate()
+            .flat_map(|(i, _)| (((i * 37 % 101) as f32 - 50.0) * 0.01).to_le_bytes())
+            .collect(),
+        WeightType::F16 => (0..n)
+            .flat_map(|i| f16::from_f32(((i * 37 % 101) as f32 - 50.0) * 0.01).to_le_bytes())
+            .collect(),
+        WeightType::BF16 => (0..n)
+            .flat_map(|i| {
+                let v = ((i * 37 % 101) as f32 - 50.0) * 0.01;
+                ((v.to_bits() >> 16) as u16).to_le_bytes()
+            })
+            .collect(),
+        _ => row,
+    }
+}
+
+fn act(n: usize, seed: u64) -> Vec<f32> {
+    bytes(n, seed)
+        .into_iter()
+        .map(|b| (b as f32 - 127.5) / 40.0)
+        .collect()
+}
+
+const ALL: [WeightType; 8] = [
+    WeightType::F32,
+    WeightType::F16,
+    WeightType::BF16,
+    WeightType::Q8_0,
+    WeightType::Q4_0,
+    WeightType::Q5_0,
+    WeightType::Q4K,
+    WeightType::Q6K,
+];
+
+/// The dot of `row` and `x` through `f`, preparing `x` as the type wants.
+fn dot_with(f: DotFn, t: WeightType, row: &[u8], x: &[f32]) -> f32 {
+    match t.act() {
+        ActKind::F32 => f(row, ActRow::F32(x)),
+        ActKind::Q8 => {
+            let mut q = vec![Q8::default(); x.len() / 32];
+            quantize_q8(x, &mut q);
+            f(row, ActRow::Q8(&q))
+        }
+        ActKind::Q8K => {
+            let mut q = vec![Q8K::default(); x.len() / 256];
+            quantize_q8k(x, &mut q);
+            f(row, ActRow::Q8K(&q))
+        }
+    }
+}
+
+#[test]
+fn kernels_agree_with_the_dequantized_row() {
+    for t in ALL {
+        for n in [256, 768, 1024 + 256] {
+            let row = random_row(t, n, n as u64 + t as u64);
+            let x = act(n, 99);
+            let mut w = vec![0.0; n];
+            dequantize_row(t, &row, &mut w);
+            let exact: f64 = w.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let scale: f64 = w.iter().zip(&x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+            // 8-bit activations: about 0.4% of each product's size, mostly cancelling.
+            let tol = if t.act() == ActKind::F32 { 1e-5 } else { 1e-2 } * scale.max(1e-3);
+            for (name, f) in [("portable", portable_dot_fn(t)), ("fastest", dot_fn(t))] {
+                let got = dot_with(f, t, &row, &x) as f64;
+                assert!(
+                    (got - exact).abs() <= tol,
+                    "{} n={n} {name}: {got} vs {exact} (tolerance {tol})",
+                    t.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_kernels_agree_with_integer_sums() {
+    // Against the portable kernel, which sums exactly in integers per block: the SIMD
+    // kernels may only differ by float rounding.
+    for t in ALL.into_iter().filter(|t| t.act() != ActKind::F32) {
+        let n = 2048;
+        let row = random_row(t, n, 7 + t as u64);
+        let x = act(n, 3);
+        let a = dot_with(portable_dot_fn(t), t, &row, &x);
+        let b = dot_with(dot_fn(t), t, &row, &x);
+        assert!((a - b).abs() <= 1e-4 * a.abs().max(1.0), "{}: {a} vs {b}", t.name());
+    }
+}
+
+#[test]
+fn known_blocks_dequantize_as_ggml_defines_them() {
+    // Q4_0: d = 1, nibble 0x1 low / 0xf high → -7 and 7.
+    let mut b = vec![0u8; 18];
+    b[..2].copy_from_slice(&f16::from_f32(1.0).to_bits().to_le_bytes());
+    b[2] = 0xf1;
+    let mut out = vec![0.0; 32];
+    dequantize_row(WeightType::Q4_0, &b, &mut out);
+    assert_eq!((out[0], out[16], out[1]), (-7.0, 7.0, -8.0));
+    // Q5_0: the high bit of element 16 set.
+    let mut b = vec![0u8; 22];
+    b[..2].copy_from_slice(&f16::from_f32(0.5).to_bits().to_le_bytes());
+    b[2..6].copy_from_slice(&(1u32 << 16).to_le_bytes());
+    dequantize_row(WeightType::Q5_0, &b, &mut out);
+    assert_eq!((out[0], out[16]), (-8.0, 0.0));
+    // Q4_K: sub-block 5's scale and min come from the packed high bits.
+    let mut b = vec![0u8; 144];
+    b[..2].copy_from_slice(&f16::from_f32(1.0).to_bits().to_le_bytes());
+    b[2..4].copy_from_slice(&f16::from_f32(1.0).to_bits().to_le_bytes());
+    b[4 + 1] = 0b0100_0000; // scales[1] top bits → sub-block 5's scale bits 4-5
+    b[4 + 9] = 0x32; // scales[9]: sub-block 5 scale low 2, min low 3
+    b[4 + 5] = 0b1000_0000; // scales[5] top bits → sub-block 5's min bits 4-5
+    b[16 + 64..16 + 96].fill(0x10); // chunk 2's high nibbles = 1 (sub-block 5)
+    let mut out = vec![0.0; 256];
+    dequantize_row(WeightType::Q4K, &b, &mut out);
+    let (sc, m) = (2.0 + 16.0, 3.0 + 32.0);
+    assert_eq!(out[160], sc * 1.0 - m);
+}
+
+#[test]
+fn activations_quantize_within_half_a_step() {
+    let x = act(512, 5);
+    let mut q = vec![Q8K::default(); 2];
+    quantize_q8k(&x, &mut q);
+    for (b, qb) in x.chunks(256).zip(&q) {
+        for (&v, &qv) in b.iter().zip(&qb.qs) {
+            assert!((v - qb.d * qv as f32).abs() <= qb.d * 0.5 + 1e-6);
+        }
+        for (g, &s) in qb.qs.chunks(16).zip(&qb.bsums) {
+            assert_eq!(g.iter().map(|&v| v as i16).sum::<i16>(), s);
+        }
+    }
+    let mut z = vec![Q8::default(); 1];
+    quantize_q8(&[0.0; 32], &mut z);
+    assert_eq!((z[0].d, z[0].qs), (0.0, [0; 32]));
+}
