@@ -127,3 +127,39 @@ onnx_python() {
     echo "-- installing onnx==$ONNX_VERSION into $venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "onnx==$ONNX_VERSION"
 }
+
+# The packages scripts/make_llama.py needs (it writes the Llama / Qwen2 test models and
+# computes their reference logits with numpy).
+LLM_NUMPY_VERSION=2.2.6
+LLM_GGUF_VERSION=0.19.0
+LLM_SAFETENSORS_VERSION=0.8.0
+LLM_TOKENIZERS_VERSION=0.23.3
+
+# llm_python VENV: makes VENV (once) with the pinned numpy, gguf, safetensors and
+# tokenizers in it, installing Debian's python3 / python3-venv when they are missing.
+llm_python() {
+    local venv="$1"
+    if "$venv/bin/python" - "$LLM_NUMPY_VERSION" "$LLM_GGUF_VERSION" "$LLM_SAFETENSORS_VERSION" \
+        "$LLM_TOKENIZERS_VERSION" 2>/dev/null <<'PY'
+import sys
+from importlib.metadata import version
+want = dict(zip(["numpy", "gguf", "safetensors", "tokenizers"], sys.argv[1:]))
+sys.exit(any(version(name) != v for name, v in want.items()))
+PY
+    then
+        return 0
+    fi
+    ensure_tool python3 python3
+    if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+        rm -rf "$venv"
+        if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+            # Debian and Ubuntu ship venv's pip bootstrap separately.
+            rm -rf "$venv"
+            apt_install python3-venv
+            python3 -m venv "$venv"
+        fi
+    fi
+    echo "-- installing numpy==$LLM_NUMPY_VERSION gguf==$LLM_GGUF_VERSION safetensors==$LLM_SAFETENSORS_VERSION tokenizers==$LLM_TOKENIZERS_VERSION into $venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "numpy==$LLM_NUMPY_VERSION" \
+        "gguf==$LLM_GGUF_VERSION" "safetensors==$LLM_SAFETENSORS_VERSION" "tokenizers==$LLM_TOKENIZERS_VERSION"
+}

@@ -5,7 +5,7 @@
 //! same bits however the step is composed or split over threads.
 
 use super::kernels::{dot, reduce8, Exec};
-use super::kv::KvCache;
+use super::kv::{HeadRef, KvCache};
 use super::step::StepSeq;
 use rayon::prelude::*;
 
@@ -21,24 +21,37 @@ pub(crate) struct TokenSlot {
 /// Attention of one layer.
 pub(crate) struct AttentionShape {
     pub n_head: usize,
+    /// Heads of K and V: each serves `n_head / n_kv_head` query heads in a row
+    /// (grouped-query attention; `n_head` for plain multi-head attention).
+    pub n_kv_head: usize,
     pub head_dim: usize,
+    /// Distance between two tokens' queries in the `q` buffer.
+    pub q_stride: usize,
     pub layer: usize,
     /// Attention scores are divided by this (sqrt(head_dim) and/or layer + 1).
     pub divisor: f32,
 }
 
+/// One thread part's buffers: scores (`[n_head][context]`) and a block's keys or
+/// values widened to f32 (for an F16 cache).
+#[derive(Default)]
+pub(crate) struct Scratch {
+    scores: Vec<f32>,
+    widened: Vec<f32>,
+}
+
 /// Causal attention of every token over its sequence's cache (which already holds this
-/// step's K and V). `qkv` is `[T][3 · n_embd]` (q, k, v), `out` `[T][n_embd]`.
-/// `scratch` holds one score buffer (`[n_head][context]`) per thread part.
+/// step's K and V). Token `i`'s query heads start at `q[i * q_stride]`; `out` is
+/// `[T][n_head · head_dim]`. `scratch` holds one [`Scratch`] per thread part.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     exec: Exec<'_>,
     shape: &AttentionShape,
-    qkv: &[f32],
+    q: &[f32],
     kv: &KvCache,
     tokens: &[TokenSlot],
     seqs: &[StepSeq<'_>],
-    scratch: &mut [Vec<f32>],
+    scratch: &mut [Scratch],
     out: &mut [f32],
 ) {
     let e = shape.n_head * shape.head_dim;
@@ -46,11 +59,11 @@ pub(crate) fn attention(
     let work: usize = tokens.iter().map(|s| (s.pos as usize + 1) * e * 2).sum();
     let parts = exec.parts(work, t.min(scratch.len()));
     let per = t.div_ceil(parts.max(1)).max(1);
-    let part = |((i, out), scores): ((usize, &mut [f32]), &mut Vec<f32>)| {
+    let part = |((i, out), scores): ((usize, &mut [f32]), &mut Scratch)| {
         for (r, o) in out.chunks_exact_mut(e).enumerate() {
             let ti = i * per + r;
             let slot = tokens[ti];
-            let q = &qkv[ti * 3 * e..ti * 3 * e + e];
+            let q = &q[ti * shape.q_stride..ti * shape.q_stride + e];
             attend(
                 shape,
                 q,
@@ -85,7 +98,7 @@ fn attend(
     kv: &KvCache,
     blocks: &[u32],
     pos: usize,
-    scores: &mut Vec<f32>,
+    scores: &mut Scratch,
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
@@ -104,7 +117,7 @@ fn attend_avx2(
     kv: &KvCache,
     blocks: &[u32],
     pos: usize,
-    scores: &mut Vec<f32>,
+    scores: &mut Scratch,
     out: &mut [f32],
 ) {
     // Closures inherit the enclosing function's target features.
@@ -138,6 +151,8 @@ fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
 
 /// Blocks are walked in the outer loop so that each block's K (then V) of all heads,
 /// contiguous in the cache, is read in one sweep; `scores` holds `[n_head][pos + 1]`.
+/// Each KV head's block is read (and widened, for an F16 cache) once for all the query
+/// heads it serves.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn attend_body(
@@ -146,13 +161,15 @@ fn attend_body(
     kv: &KvCache,
     blocks: &[u32],
     pos: usize,
-    scores: &mut Vec<f32>,
+    scratch: &mut Scratch,
     out: &mut [f32],
     dot: impl Fn(&[f32], &[f32]) -> f32,
 ) {
     let (nh, hd) = (shape.n_head, shape.head_dim);
+    let group = nh / shape.n_kv_head.max(1);
     let tpb = kv.tokens_per_block();
     let n_ctx = pos + 1;
+    let Scratch { scores, widened } = scratch;
     if scores.len() < nh * n_ctx {
         scores.resize(nh * n_ctx, 0.0);
     }
@@ -161,12 +178,15 @@ fn attend_body(
     for (bi, &block) in used.iter().enumerate() {
         let first = bi * tpb;
         let count = tpb.min(n_ctx - first);
-        for h in 0..nh {
-            let qh = &q[h * hd..(h + 1) * hd];
-            let keys = kv.head(block as usize, shape.layer, false, h);
-            let row = &mut scores[h * n_ctx + first..h * n_ctx + first + count];
-            for (s, k) in row.iter_mut().zip(keys.chunks_exact(hd)) {
-                *s = dot(qh, k) / shape.divisor;
+        for g in 0..shape.n_kv_head {
+            let keys: HeadRef<'_> = kv.head(block as usize, shape.layer, false, g);
+            let keys = keys.as_f32(widened);
+            for h in g * group..(g + 1) * group {
+                let qh = &q[h * hd..(h + 1) * hd];
+                let row = &mut scores[h * n_ctx + first..h * n_ctx + first + count];
+                for (s, k) in row.iter_mut().zip(keys.chunks_exact(hd)) {
+                    *s = dot(qh, k) / shape.divisor;
+                }
             }
         }
     }
@@ -185,12 +205,16 @@ fn attend_body(
     for (bi, &block) in used.iter().enumerate() {
         let first = bi * tpb;
         let count = tpb.min(n_ctx - first);
-        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
-            let values = kv.head(block as usize, shape.layer, true, h);
-            let probs = &scores[h * n_ctx + first..h * n_ctx + first + count];
-            for (&p, v) in probs.iter().zip(values.chunks_exact(hd)) {
-                for (o, &v) in oh.iter_mut().zip(v) {
-                    *o += p * v;
+        for g in 0..shape.n_kv_head {
+            let values: HeadRef<'_> = kv.head(block as usize, shape.layer, true, g);
+            let values = values.as_f32(widened);
+            for h in g * group..(g + 1) * group {
+                let oh = &mut out[h * hd..(h + 1) * hd];
+                let probs = &scores[h * n_ctx + first..h * n_ctx + first + count];
+                for (&p, v) in probs.iter().zip(values.chunks_exact(hd)) {
+                    for (o, &v) in oh.iter_mut().zip(v) {
+                        *o += p * v;
+                    }
                 }
             }
         }
@@ -225,11 +249,13 @@ mod tests {
         let q: Vec<f32> = (0..60).map(|d| val(100_000 + d)).collect();
         let shape = AttentionShape {
             n_head: 3,
+            n_kv_head: 3,
             head_dim: 20,
+            q_stride: 60,
             layer: 0,
             divisor: 20f32.sqrt(),
         };
-        let mut scores = Vec::new();
+        let mut scores = Scratch::default();
         for pos in [0, 4, 5, 37, 63] {
             let mut a = vec![0.0; 60];
             let mut b = vec![0.0; 60];

@@ -6,11 +6,10 @@
 //! operation whose order depends on the batch (no sums over tokens, no size-dependent
 //! kernels).
 
-use super::attention::{self, AttentionShape, TokenSlot};
-use super::config::Gpt2Config;
+use super::attention::{self, AttentionShape, Scratch};
 use super::kernels::{self, Epilogue, Exec};
 use super::kv::KvCache;
-use super::step::{Logits, StepSeq};
+use super::step::{Planner, StepSeq};
 use super::weights::Gpt2;
 use crate::status::{Error, Result};
 use std::sync::Arc;
@@ -25,13 +24,7 @@ pub struct Runner {
     pool: Option<rayon::ThreadPool>,
     threads: usize,
     pub(crate) min_par_work: usize,
-    /// Per token of the step: its sequence and position.
-    slots: Vec<TokenSlot>,
-    /// Tokens whose logits are returned, in order.
-    head_rows: Vec<u32>,
-    /// Which sequence of which step last claimed a block for writing (see `plan`).
-    claims: Vec<u64>,
-    step_no: u32,
+    plan: Planner,
     hidden: Vec<f32>,
     normed: Vec<f32>,
     qkv: Vec<f32>,
@@ -39,8 +32,8 @@ pub struct Runner {
     proj: Vec<f32>,
     fc: Vec<f32>,
     head_in: Vec<f32>,
-    /// One attention score buffer (`[n_head][n_positions]`) per thread part.
-    scores: Vec<Vec<f32>>,
+    /// One attention scratch per thread part.
+    scores: Vec<Scratch>,
 }
 
 impl Runner {
@@ -65,17 +58,13 @@ impl Runner {
         } else {
             None
         };
-        let score_len = model.config.n_head.saturating_mul(model.config.n_positions);
-        let scores = (0..threads).map(|_| vec![0.0; score_len]).collect();
+        let scores = (0..threads).map(|_| Scratch::default()).collect();
         Ok(Runner {
             model,
             pool,
             threads,
             min_par_work: MIN_PARALLEL_WORK,
-            slots: Vec::new(),
-            head_rows: Vec::new(),
-            claims: Vec::new(),
-            step_no: 0,
+            plan: Planner::default(),
             hidden: Vec::new(),
             normed: Vec::new(),
             qkv: Vec::new(),
@@ -108,13 +97,18 @@ impl Runner {
         logits.clear();
         let model = Arc::clone(&self.model);
         let c = &model.config;
-        self.plan(c, kv, seqs)?;
-        let t = self.slots.len();
+        if !kv.fits(c) {
+            return Err(Error::invalid(
+                "the KV cache was made for a model of another shape",
+            ));
+        }
+        self.plan.plan(c.vocab_size, c.n_positions, kv, seqs)?;
+        let t = self.plan.slots.len();
         if t == 0 {
             return Ok(());
         }
         let (e, i, v) = (c.n_embd, c.n_inner, c.vocab_size);
-        let rows = self.head_rows.len();
+        let rows = self.plan.head_rows.len();
         // Every allocation happens before the cache is touched, so running out of memory
         // (RESOURCE_EXHAUSTED) also leaves it as it was.
         let hidden = grow(&mut self.hidden, t * e)?;
@@ -151,7 +145,7 @@ impl Runner {
                 qkv,
                 Epilogue::Bias(&b.attn_b),
             );
-            for (r, slot) in self.slots.iter().enumerate() {
+            for (r, slot) in self.plan.slots.iter().enumerate() {
                 let pos = slot.pos as usize;
                 let block = seqs[slot.seq as usize].blocks[pos / kv.tokens_per_block()];
                 let row = &qkv[r * 3 * e..(r + 1) * 3 * e];
@@ -172,7 +166,9 @@ impl Runner {
             }
             let shape = AttentionShape {
                 n_head: c.n_head,
+                n_kv_head: c.n_head,
                 head_dim: hd,
+                q_stride: 3 * e,
                 layer: l,
                 divisor,
             };
@@ -181,7 +177,7 @@ impl Runner {
                 &shape,
                 qkv,
                 kv,
-                &self.slots,
+                &self.plan.slots,
                 seqs,
                 &mut self.scores,
                 attn,
@@ -214,7 +210,7 @@ impl Runner {
         }
 
         if rows > 0 {
-            for (o, &r) in head_in.chunks_exact_mut(e).zip(&self.head_rows) {
+            for (o, &r) in head_in.chunks_exact_mut(e).zip(&self.plan.head_rows) {
                 let r = r as usize;
                 kernels::layer_norm(
                     &hidden[r * e..(r + 1) * e],
@@ -232,91 +228,6 @@ impl Runner {
                 logits,
                 Epilogue::None,
             );
-        }
-        Ok(())
-    }
-
-    /// Validates the step and lays out its tokens (`slots`, `head_rows`).
-    fn plan(&mut self, c: &Gpt2Config, kv: &KvCache, seqs: &[StepSeq<'_>]) -> Result<()> {
-        self.slots.clear();
-        self.head_rows.clear();
-        if !kv.fits(c) {
-            return Err(Error::invalid(
-                "the KV cache was made for a model of another shape",
-            ));
-        }
-        let tpb = kv.tokens_per_block();
-        if self.claims.len() < kv.num_blocks() {
-            self.claims.resize(kv.num_blocks(), 0);
-        }
-        self.step_no = self.step_no.wrapping_add(1);
-        if self.step_no == 0 {
-            // Claims of 2^32 steps ago would look current: forget them all.
-            self.claims.fill(0);
-            self.step_no = 1;
-        }
-        let stamp = (self.step_no as u64) << 32;
-        let check = |seqs: &[StepSeq<'_>], claims: &mut [u64]| -> Result<()> {
-            for (si, s) in seqs.iter().enumerate() {
-                let err = |what: String| Err(Error::invalid(format!("step sequence {si}: {what}")));
-                let end = s.start.saturating_add(s.tokens.len());
-                if s.tokens.is_empty() && s.logits == Logits::Last {
-                    return err("asks for the last token's logits but has no tokens".into());
-                }
-                if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-                    return err(format!(
-                        "token id {bad} is outside the vocabulary ({})",
-                        c.vocab_size
-                    ));
-                }
-                if end > c.n_positions {
-                    return err(format!(
-                        "positions {}..{end} go past the model's {} positions",
-                        s.start, c.n_positions
-                    ));
-                }
-                let needed = end.div_ceil(tpb);
-                if s.blocks.len() < needed {
-                    return err(format!(
-                        "{} blocks of {tpb} tokens cannot hold {end} positions",
-                        s.blocks.len()
-                    ));
-                }
-                if let Some(&bad) = s.blocks[..needed]
-                    .iter()
-                    .find(|&&b| b as usize >= kv.num_blocks())
-                {
-                    return err(format!("block id {bad} is not below {}", kv.num_blocks()));
-                }
-                if s.tokens.is_empty() {
-                    continue;
-                }
-                for &b in &s.blocks[s.start / tpb..needed] {
-                    let claim = &mut claims[b as usize];
-                    let mine = stamp | si as u64;
-                    if *claim >> 32 == stamp >> 32 && *claim != mine {
-                        return err(format!(
-                            "writes block {b}, which sequence {} of the step writes too",
-                            *claim & 0xffff_ffff
-                        ));
-                    }
-                    *claim = mine;
-                }
-            }
-            Ok(())
-        };
-        check(seqs, &mut self.claims)?;
-        for (si, s) in seqs.iter().enumerate() {
-            for j in 0..s.tokens.len() {
-                if s.logits == Logits::All || (s.logits == Logits::Last && j + 1 == s.tokens.len())
-                {
-                    self.head_rows.push(self.slots.len() as u32);
-                }
-                self.slots.push(TokenSlot {
-                    seq: si as u32,
-                    pos: (s.start + j) as u32,
-                });
-            }
         }
         Ok(())
     }

@@ -1,5 +1,7 @@
 use super::*;
+use crate::llm::config::Gpt2Config;
 use crate::llm::sampling::argmax;
+use crate::llm::step::Logits;
 use crate::status::Code;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -214,11 +216,13 @@ fn read_kv(model: &Gpt2, kv: &KvCache, blocks: &[u32], len: usize) -> Vec<f32> {
     let c = &model.config;
     let (hd, tpb) = (c.head_dim(), kv.tokens_per_block());
     let mut out = Vec::new();
+    let mut scratch = Vec::new();
     for l in 0..c.n_layer {
         for value in [false, true] {
             for h in 0..c.n_head {
                 for p in 0..len {
                     let head = kv.head(blocks[p / tpb] as usize, l, value, h);
+                    let head = head.as_f32(&mut scratch);
                     out.extend_from_slice(&head[(p % tpb) * hd..(p % tpb + 1) * hd]);
                 }
             }

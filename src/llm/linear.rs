@@ -90,7 +90,13 @@ impl Matrix {
     /// F32 values, owned (for random models and tests).
     pub(crate) fn from_f32(name: &str, rows: usize, cols: usize, v: &[f32]) -> Result<Matrix> {
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        Matrix::new(name, WeightType::F32, rows, cols, Bytes::Owned(Arc::new(bytes)))
+        Matrix::new(
+            name,
+            WeightType::F32,
+            rows,
+            cols,
+            Bytes::Owned(Arc::new(bytes)),
+        )
     }
 
     #[inline]
@@ -214,10 +220,7 @@ fn par_rows<T: Send>(
                 .enumerate()
                 .for_each(|(r, o)| f(r, o))
         }),
-        _ => out
-            .chunks_mut(per)
-            .enumerate()
-            .for_each(|(r, o)| f(r, o)),
+        _ => out.chunks_mut(per).enumerate().for_each(|(r, o)| f(r, o)),
     }
 }
 
@@ -263,7 +266,11 @@ pub(crate) fn matmul(
     out: Out<'_>,
 ) {
     let (t, n, k) = (acts.t, w.rows, w.cols);
-    assert_eq!(acts.k, k, "{}: activations prepared for another width", w.name);
+    assert_eq!(
+        acts.k, k,
+        "{}: activations prepared for another width",
+        w.name
+    );
     assert!(x.len() >= t * k && ldy >= n && (t == 0 || y.len() >= (t - 1) * ldy + n));
     if let Out::Bias(b) = out {
         assert!(b.len() >= n);
@@ -333,7 +340,9 @@ mod tests {
                 .flat_map(|r| random_row(wt, k, r as u64 + 1))
                 .collect();
             let w = Matrix::new("w", wt, n, k, Bytes::Owned(Arc::new(data))).unwrap();
-            let x: Vec<f32> = (0..t * k).map(|i| ((i * 13 % 29) as f32 - 14.0) * 0.1).collect();
+            let x: Vec<f32> = (0..t * k)
+                .map(|i| ((i * 13 % 29) as f32 - 14.0) * 0.1)
+                .collect();
             let run = |exec: Exec<'_>, rows: std::ops::Range<usize>| {
                 let mut acts = Acts::default();
                 let xs = &x[rows.start * k..rows.end * k];
@@ -375,9 +384,15 @@ mod tests {
         .err()
         .unwrap();
         assert!(e.message.contains("blk.0.attn_q.weight"), "{e}");
-        let e = Matrix::new("w", WeightType::Q8_0, 2, 64, Bytes::Owned(Arc::new(vec![0; 10])))
-            .err()
-            .unwrap();
+        let e = Matrix::new(
+            "w",
+            WeightType::Q8_0,
+            2,
+            64,
+            Bytes::Owned(Arc::new(vec![0; 10])),
+        )
+        .err()
+        .unwrap();
         assert!(e.message.contains("needs 136"), "{e}");
     }
 }

@@ -1,4 +1,5 @@
-//! GPT-2-family decoder-only language models on the CPU, with a paged KV cache.
+//! Decoder-only language models on the CPU (GPT-2, and the Llama family from Hugging
+//! Face folders or GGUF files, with quantized weights), with a paged KV cache.
 //!
 //! What this module owns: loading a Hugging Face GPT-2 folder ([`Gpt2::load`]), the
 //! forward pass over a packed batch of sequences ([`Runner::step`]), the KV cache's memory
@@ -13,10 +14,13 @@
 
 mod attention;
 mod config;
+mod gguf;
 mod gpt2;
 mod kernels;
 mod kv;
 mod linear;
+mod llama;
+mod llama_runner;
 mod quant;
 mod sampling;
 mod step;
@@ -24,7 +28,10 @@ mod weights;
 
 pub use config::{Activation, Gpt2Config};
 pub use gpt2::Runner;
-pub use kv::KvCache;
+pub use kv::{KvCache, KvShape, KvType};
+pub use llama::{Llama, LlamaConfig, RopeStyle};
+pub use llama_runner::LlamaRunner;
+pub use quant::WeightType;
 pub use sampling::{argmax, sample, Rng, SamplingParams};
 pub use step::{Logits, StepSeq};
 pub use weights::Gpt2;

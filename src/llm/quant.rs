@@ -140,7 +140,10 @@ pub(crate) struct Q8K {
 
 impl Default for Q8 {
     fn default() -> Q8 {
-        Q8 { d: 0.0, qs: [0; 32] }
+        Q8 {
+            d: 0.0,
+            qs: [0; 32],
+        }
     }
 }
 

@@ -95,7 +95,11 @@ fn kernels_agree_with_the_dequantized_row() {
             let mut w = vec![0.0; n];
             dequantize_row(t, &row, &mut w);
             let exact: f64 = w.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
-            let scale: f64 = w.iter().zip(&x).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+            let scale: f64 = w
+                .iter()
+                .zip(&x)
+                .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                .sum();
             // 8-bit activations: about 0.4% of each product's size, mostly cancelling.
             let tol = if t.act() == ActKind::F32 { 1e-5 } else { 1e-2 } * scale.max(1e-3);
             for (name, f) in [("portable", portable_dot_fn(t)), ("fastest", dot_fn(t))] {
@@ -120,7 +124,11 @@ fn quantized_kernels_agree_with_integer_sums() {
         let x = act(n, 3);
         let a = dot_with(portable_dot_fn(t), t, &row, &x);
         let b = dot_with(dot_fn(t), t, &row, &x);
-        assert!((a - b).abs() <= 1e-4 * a.abs().max(1.0), "{}: {a} vs {b}", t.name());
+        assert!(
+            (a - b).abs() <= 1e-4 * a.abs().max(1.0),
+            "{}: {a} vs {b}",
+            t.name()
+        );
     }
 }
 

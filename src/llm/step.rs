@@ -1,5 +1,10 @@
-//! What one step of a decoder is asked to compute: the types the forward pass, the
-//! attention and the scheduler share, with no code of their own.
+//! What one step of a decoder is asked to compute: the types the forward passes, the
+//! attention and the scheduler share, and the validation and layout of a step's tokens
+//! that every decoder runs first.
+
+use super::attention::TokenSlot;
+use super::kv::KvCache;
+use crate::status::{Error, Result};
 
 /// Which logits a sequence wants from a step.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -22,4 +27,105 @@ pub struct StepSeq<'a> {
     pub start: usize,
     pub blocks: &'a [u32],
     pub logits: Logits,
+}
+
+/// A step's tokens laid out: per token its sequence and position, which rows return
+/// logits, and the bookkeeping that refuses two sequences writing one block.
+#[derive(Default)]
+pub(crate) struct Planner {
+    /// Per token of the step: its sequence and position.
+    pub slots: Vec<TokenSlot>,
+    /// Tokens whose logits are returned, in order.
+    pub head_rows: Vec<u32>,
+    /// Which sequence of which step last claimed a block for writing (see `plan`).
+    claims: Vec<u64>,
+    step_no: u32,
+}
+
+impl Planner {
+    /// Validates the step and lays out its tokens (`slots`, `head_rows`).
+    pub(crate) fn plan(
+        &mut self,
+        vocab_size: usize,
+        n_positions: usize,
+        kv: &KvCache,
+        seqs: &[StepSeq<'_>],
+    ) -> Result<()> {
+        self.slots.clear();
+        self.head_rows.clear();
+        let tpb = kv.tokens_per_block();
+        if self.claims.len() < kv.num_blocks() {
+            self.claims.resize(kv.num_blocks(), 0);
+        }
+        self.step_no = self.step_no.wrapping_add(1);
+        if self.step_no == 0 {
+            // Claims of 2^32 steps ago would look current: forget them all.
+            self.claims.fill(0);
+            self.step_no = 1;
+        }
+        let stamp = (self.step_no as u64) << 32;
+        let check = |seqs: &[StepSeq<'_>], claims: &mut [u64]| -> Result<()> {
+            for (si, s) in seqs.iter().enumerate() {
+                let err = |what: String| Err(Error::invalid(format!("step sequence {si}: {what}")));
+                let end = s.start.saturating_add(s.tokens.len());
+                if s.tokens.is_empty() && s.logits == Logits::Last {
+                    return err("asks for the last token's logits but has no tokens".into());
+                }
+                if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= vocab_size) {
+                    return err(format!(
+                        "token id {bad} is outside the vocabulary ({})",
+                        vocab_size
+                    ));
+                }
+                if end > n_positions {
+                    return err(format!(
+                        "positions {}..{end} go past the model's {} positions",
+                        s.start, n_positions
+                    ));
+                }
+                let needed = end.div_ceil(tpb);
+                if s.blocks.len() < needed {
+                    return err(format!(
+                        "{} blocks of {tpb} tokens cannot hold {end} positions",
+                        s.blocks.len()
+                    ));
+                }
+                if let Some(&bad) = s.blocks[..needed]
+                    .iter()
+                    .find(|&&b| b as usize >= kv.num_blocks())
+                {
+                    return err(format!("block id {bad} is not below {}", kv.num_blocks()));
+                }
+                if s.tokens.is_empty() {
+                    continue;
+                }
+                for &b in &s.blocks[s.start / tpb..needed] {
+                    let claim = &mut claims[b as usize];
+                    let mine = stamp | si as u64;
+                    if *claim >> 32 == stamp >> 32 && *claim != mine {
+                        return err(format!(
+                            "writes block {b}, which sequence {} of the step writes too",
+                            *claim & 0xffff_ffff
+                        ));
+                    }
+                    *claim = mine;
+                }
+            }
+            Ok(())
+        };
+        check(seqs, &mut self.claims)?;
+        for (si, s) in seqs.iter().enumerate() {
+            for j in 0..s.tokens.len() {
+                if s.logits == Logits::All || (s.logits == Logits::Last && j + 1 == s.tokens.len())
+                {
+                    self.head_rows.push(self.slots.len() as u32);
+                }
+                self.slots.push(TokenSlot {
+                    seq: si as u32,
+                    pos: (s.start + j) as u32,
+                });
+            }
+        }
+        Ok(())
+    }
 }

@@ -1,0 +1,291 @@
+//! The Llama-family forward pass over a packed batch of sequences and a paged KV cache.
+//!
+//! As in `gpt2`, a step takes any mix of prefill chunks and decode tokens packed into one
+//! `[T, n_embd]` matrix, and every token's result is bitwise the same however the batch
+//! is composed, chunked or split over threads: matrix products are one dot product per
+//! output (`linear`), attention is per token (`attention`), and everything else is per
+//! row.
+
+use super::attention::{self, AttentionShape, Scratch};
+use super::kernels::{reduce8, Exec};
+use super::kv::KvCache;
+use super::linear::{matmul, Acts, Out};
+use super::llama::{Llama, RopeStyle};
+use super::step::{Planner, StepSeq};
+use crate::status::{Error, Result};
+use std::sync::Arc;
+
+/// Multiply-adds below which a kernel stays on the calling thread.
+const MIN_PARALLEL_WORK: usize = 1 << 16;
+
+/// Reusable buffers and the thread pool of one model instance (one per instance; `step`
+/// takes `&mut self`).
+pub struct LlamaRunner {
+    model: Arc<Llama>,
+    pool: Option<rayon::ThreadPool>,
+    threads: usize,
+    pub(crate) min_par_work: usize,
+    plan: Planner,
+    hidden: Vec<f32>,
+    normed: Vec<f32>,
+    /// `[T][q | k | v]`.
+    qkv: Vec<f32>,
+    attn: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    head_in: Vec<f32>,
+    /// Per token: cos and sin of each rotary pair's angle.
+    rope: Vec<f32>,
+    acts: Acts,
+    scratch: Vec<Scratch>,
+}
+
+impl LlamaRunner {
+    /// `threads`: 0 = one per available core, 1 = everything on the caller's thread.
+    pub fn new(model: Arc<Llama>, threads: usize) -> Result<LlamaRunner> {
+        let threads = match threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let pool = if threads > 1 {
+            Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("infer-llm-{i}"))
+                    .build()
+                    .map_err(|e| {
+                        Error::exhausted(format!("cannot start {threads} decoder threads: {e}"))
+                    })?,
+            )
+        } else {
+            None
+        };
+        Ok(LlamaRunner {
+            model,
+            pool,
+            threads,
+            min_par_work: MIN_PARALLEL_WORK,
+            plan: Planner::default(),
+            hidden: Vec::new(),
+            normed: Vec::new(),
+            qkv: Vec::new(),
+            attn: Vec::new(),
+            gate: Vec::new(),
+            up: Vec::new(),
+            head_in: Vec::new(),
+            rope: Vec::new(),
+            acts: Acts::default(),
+            scratch: (0..threads).map(|_| Scratch::default()).collect(),
+        })
+    }
+
+    pub fn model(&self) -> &Llama {
+        &self.model
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// One forward pass over all `seqs` packed together: appends to `logits` (cleared
+    /// first) the vocabulary-sized rows asked for, in sequence order. A step that fails
+    /// validation (INVALID_ARGUMENT) changes nothing.
+    pub fn step(
+        &mut self,
+        kv: &mut KvCache,
+        seqs: &[StepSeq<'_>],
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        logits.clear();
+        let model = Arc::clone(&self.model);
+        let c = &model.config;
+        if !kv.fits(c.kv_shape(kv.shape().dtype)) {
+            return Err(Error::invalid(
+                "the KV cache was made for a model of another shape",
+            ));
+        }
+        self.plan.plan(c.vocab_size, c.n_ctx, kv, seqs)?;
+        let t = self.plan.slots.len();
+        if t == 0 {
+            return Ok(());
+        }
+        let (e, hd, ff, v) = (c.n_embd, c.head_dim, c.n_ff, c.vocab_size);
+        let (qw, kvw) = (c.n_head * hd, c.n_kv_head * hd);
+        let width = qw + 2 * kvw;
+        let rows = self.plan.head_rows.len();
+        let pairs = c.rope_dims / 2;
+        // Every allocation happens before the cache is touched.
+        let hidden = grow(&mut self.hidden, t * e)?;
+        let normed = grow(&mut self.normed, t * e)?;
+        let qkv = grow(&mut self.qkv, t * width)?;
+        let attn = grow(&mut self.attn, t * qw)?;
+        let gate = grow(&mut self.gate, t * ff)?;
+        let up = grow(&mut self.up, t * ff)?;
+        let head_in = grow(&mut self.head_in, rows * e)?;
+        let rope = grow(&mut self.rope, t * 2 * pairs)?;
+        grow(logits, rows * v)?;
+        let exec = Exec {
+            pool: self.pool.as_ref(),
+            threads: self.threads,
+            min_par_work: self.min_par_work,
+        };
+        let acts = &mut self.acts;
+
+        let mut ti = 0;
+        for s in seqs {
+            for &tok in s.tokens {
+                model
+                    .embed
+                    .row_f32(tok as usize, &mut hidden[ti * e..(ti + 1) * e]);
+                ti += 1;
+            }
+        }
+        for (slot, cs) in self.plan.slots.iter().zip(rope.chunks_exact_mut(2 * pairs)) {
+            let pos = slot.pos as f32;
+            for (i, &f) in c.inv_freq.iter().enumerate() {
+                let a = (pos * f) as f64;
+                cs[2 * i] = a.cos() as f32;
+                cs[2 * i + 1] = a.sin() as f32;
+            }
+        }
+
+        let shape = |layer| AttentionShape {
+            n_head: c.n_head,
+            n_kv_head: c.n_kv_head,
+            head_dim: hd,
+            q_stride: width,
+            layer,
+            divisor: (hd as f32).sqrt(),
+        };
+        for (l, b) in model.layers.iter().enumerate() {
+            rms_norm_rows(hidden, &b.attn_norm, c.rms_eps, normed);
+            acts.prepare(exec, normed, t, e, [b.wq.wtype, b.wk.wtype, b.wv.wtype])?;
+            let (bq, bk, bv) = match &b.qkv_bias {
+                Some(bias) => (
+                    Out::Bias(&bias[..qw]),
+                    Out::Bias(&bias[qw..qw + kvw]),
+                    Out::Bias(&bias[qw + kvw..]),
+                ),
+                None => (Out::Set, Out::Set, Out::Set),
+            };
+            matmul(exec, &b.wq, acts, normed, qkv, width, bq);
+            matmul(exec, &b.wk, acts, normed, &mut qkv[qw..], width, bk);
+            matmul(exec, &b.wv, acts, normed, &mut qkv[qw + kvw..], width, bv);
+            for (row, cs) in qkv
+                .chunks_exact_mut(width)
+                .zip(rope.chunks_exact(2 * pairs))
+            {
+                for head in row[..qw + kvw].chunks_exact_mut(hd) {
+                    rotate(head, cs, c.rope_style, c.rope_dims);
+                }
+            }
+            for (r, slot) in self.plan.slots.iter().enumerate() {
+                let pos = slot.pos as usize;
+                let block = seqs[slot.seq as usize].blocks[pos / kv.tokens_per_block()];
+                let row = &qkv[r * width..(r + 1) * width];
+                kv.write(
+                    block as usize,
+                    pos % kv.tokens_per_block(),
+                    l,
+                    &row[qw..qw + kvw],
+                    &row[qw + kvw..],
+                );
+            }
+            attention::attention(
+                exec,
+                &shape(l),
+                qkv,
+                kv,
+                &self.plan.slots,
+                seqs,
+                &mut self.scratch,
+                attn,
+            );
+            acts.prepare(exec, attn, t, qw, [b.wo.wtype])?;
+            matmul(exec, &b.wo, acts, attn, hidden, e, Out::Add);
+            if let Some(bias) = &b.wo_bias {
+                for row in hidden.chunks_exact_mut(e) {
+                    row.iter_mut().zip(bias).for_each(|(h, b)| *h += b);
+                }
+            }
+
+            rms_norm_rows(hidden, &b.ffn_norm, c.rms_eps, normed);
+            acts.prepare(exec, normed, t, e, [b.gate.wtype, b.up.wtype])?;
+            matmul(exec, &b.gate, acts, normed, gate, ff, Out::Set);
+            matmul(exec, &b.up, acts, normed, up, ff, Out::Set);
+            for (g, &u) in gate.iter_mut().zip(up.iter()) {
+                *g = *g / (1.0 + (-*g).exp()) * u;
+            }
+            acts.prepare(exec, gate, t, ff, [b.down.wtype])?;
+            matmul(exec, &b.down, acts, gate, hidden, e, Out::Add);
+        }
+
+        if rows > 0 {
+            for (o, &r) in head_in.chunks_exact_mut(e).zip(&self.plan.head_rows) {
+                let r = r as usize;
+                rms_norm(&hidden[r * e..(r + 1) * e], &model.norm, c.rms_eps, o);
+            }
+            acts.prepare(exec, head_in, rows, e, [model.head.wtype])?;
+            matmul(exec, &model.head, acts, head_in, logits, v, Out::Set);
+        }
+        Ok(())
+    }
+}
+
+/// Rotates one head's first `dims` dimensions by the angles in `cs` (cos, sin pairs).
+#[inline]
+fn rotate(head: &mut [f32], cs: &[f32], style: RopeStyle, dims: usize) {
+    let half = dims / 2;
+    for i in 0..half {
+        let (c, s) = (cs[2 * i], cs[2 * i + 1]);
+        let (a, b) = match style {
+            RopeStyle::Half => (i, i + half),
+            RopeStyle::Adjacent => (2 * i, 2 * i + 1),
+        };
+        let (x0, x1) = (head[a], head[b]);
+        head[a] = x0 * c - x1 * s;
+        head[b] = x1 * c + x0 * s;
+    }
+}
+
+fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let e = w.len();
+    for (x, o) in x.chunks_exact(e).zip(out.chunks_exact_mut(e)) {
+        rms_norm(x, w, eps, o);
+    }
+}
+
+/// `out = x / sqrt(mean(x²) + eps) · w`, the sum of squares in eight fixed lanes.
+#[inline]
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let mut acc = [0.0f32; 8];
+    let mut chunks = x.chunks_exact(8);
+    for ch in &mut chunks {
+        for l in 0..8 {
+            acc[l] += ch[l] * ch[l];
+        }
+    }
+    for (l, &v) in chunks.remainder().iter().enumerate() {
+        acc[l] += v * v;
+    }
+    let rstd = 1.0 / (reduce8(acc) / x.len() as f32 + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(w) {
+        *o = v * rstd * w;
+    }
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) -> Result<&mut [f32]> {
+    if v.len() < n {
+        v.try_reserve(n - v.len()).map_err(|e| {
+            Error::exhausted(format!(
+                "decoder step: cannot allocate {n} activations: {e}"
+            ))
+        })?;
+        v.resize(n, 0.0);
+    }
+    Ok(&mut v[..n])
+}
+
+#[cfg(test)]
+#[path = "llama_tests.rs"]
+mod tests;

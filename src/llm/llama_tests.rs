@@ -1,0 +1,243 @@
+use super::*;
+use crate::llm::kernels::tests::bits;
+use crate::llm::kv::KvType;
+use crate::llm::llama::LlamaConfig;
+use crate::llm::step::Logits;
+use crate::status::Code;
+
+fn config(tied: bool, bias: bool) -> LlamaConfig {
+    let json = serde_json::json!({
+        "model_type": if bias { "qwen2" } else { "llama" },
+        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": tied,
+    });
+    LlamaConfig::from_hf_json(&json.to_string()).unwrap()
+}
+
+fn model(tied: bool, bias: bool) -> Arc<Llama> {
+    Arc::new(Llama::random(config(tied, bias), 7).unwrap())
+}
+
+fn prompt(len: usize, salt: u32) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i * 31 + salt * 17 + 3) % 97)
+        .collect()
+}
+
+fn runner(m: &Arc<Llama>, threads: usize) -> LlamaRunner {
+    let mut r = LlamaRunner::new(Arc::clone(m), threads).unwrap();
+    r.min_par_work = 0;
+    r
+}
+
+/// All logits of `tokens`, fed in chunks of `chunk`.
+fn run_chunked(r: &mut LlamaRunner, kv: &mut KvCache, tokens: &[u32], chunk: usize) -> Vec<f32> {
+    let blocks: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let mut all = Vec::new();
+    let mut logits = Vec::new();
+    for start in (0..tokens.len()).step_by(chunk) {
+        let end = (start + chunk).min(tokens.len());
+        let s = StepSeq {
+            tokens: &tokens[start..end],
+            start,
+            blocks: &blocks,
+            logits: Logits::All,
+        };
+        r.step(kv, &[s], &mut logits).unwrap();
+        all.extend_from_slice(&logits);
+    }
+    all
+}
+
+#[test]
+fn chunks_threads_and_batches_do_not_change_a_bit() {
+    for (tied, bias) in [(true, false), (false, true)] {
+        let m = model(tied, bias);
+        for dtype in [KvType::F32, KvType::F16] {
+            let shape = m.config.kv_shape(dtype);
+            let p = prompt(37, 1);
+            let whole = run_chunked(
+                &mut runner(&m, 1),
+                &mut KvCache::new(shape, 8, 8).unwrap(),
+                &p,
+                37,
+            );
+            assert_eq!(whole.len(), 37 * 97);
+            for (threads, chunk) in [(1, 1), (2, 5), (3, 16)] {
+                let got = run_chunked(
+                    &mut runner(&m, threads),
+                    &mut KvCache::new(shape, 8, 8).unwrap(),
+                    &p,
+                    chunk,
+                );
+                assert_eq!(bits(&whole), bits(&got), "threads {threads}, chunk {chunk}");
+            }
+            // The same prompt inside a batch with two others, on scattered blocks.
+            let others = [prompt(11, 2), prompt(23, 3)];
+            let mut r = runner(&m, 2);
+            let mut kv = KvCache::new(shape, 8, 24).unwrap();
+            let tables: Vec<Vec<u32>> = (0..3)
+                .map(|i| (0..8).map(|b| b * 3 + i).collect())
+                .collect();
+            let seqs = [
+                StepSeq {
+                    tokens: &others[0],
+                    start: 0,
+                    blocks: &tables[0],
+                    logits: Logits::Last,
+                },
+                StepSeq {
+                    tokens: &p,
+                    start: 0,
+                    blocks: &tables[1],
+                    logits: Logits::All,
+                },
+                StepSeq {
+                    tokens: &others[1],
+                    start: 0,
+                    blocks: &tables[2],
+                    logits: Logits::None,
+                },
+            ];
+            let mut logits = Vec::new();
+            r.step(&mut kv, &seqs, &mut logits).unwrap();
+            assert_eq!(logits.len(), 38 * 97);
+            assert_eq!(bits(&whole), bits(&logits[97..]), "batched, {dtype:?}");
+        }
+    }
+}
+
+#[test]
+fn f16_cache_stays_close_to_f32() {
+    let m = model(true, false);
+    let p = prompt(30, 4);
+    let a = run_chunked(
+        &mut runner(&m, 1),
+        &mut KvCache::new(m.config.kv_shape(KvType::F32), 8, 8).unwrap(),
+        &p,
+        30,
+    );
+    let b = run_chunked(
+        &mut runner(&m, 1),
+        &mut KvCache::new(m.config.kv_shape(KvType::F16), 8, 8).unwrap(),
+        &p,
+        30,
+    );
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst > 0.0 && worst < 1e-2, "{worst}");
+}
+
+#[test]
+fn bad_steps_and_caches_are_refused() {
+    let m = model(true, false);
+    let mut r = runner(&m, 1);
+    let mut logits = Vec::new();
+    let other = LlamaConfig {
+        n_kv_head: 4,
+        ..m.config.clone()
+    };
+    let mut kv = KvCache::new(other.kv_shape(KvType::F32), 8, 4).unwrap();
+    let blocks = [0, 1, 2, 3];
+    let s = StepSeq {
+        tokens: &[1, 2],
+        start: 0,
+        blocks: &blocks,
+        logits: Logits::Last,
+    };
+    assert_eq!(
+        r.step(&mut kv, &[s], &mut logits).unwrap_err().code,
+        Code::InvalidArgument
+    );
+    let mut kv = KvCache::new(m.config.kv_shape(KvType::F32), 8, 4).unwrap();
+    let s = StepSeq {
+        tokens: &[97],
+        start: 0,
+        blocks: &blocks,
+        logits: Logits::Last,
+    };
+    let e = r.step(&mut kv, &[s], &mut logits).unwrap_err();
+    assert!(e.message.contains("outside the vocabulary"), "{e}");
+}
+
+#[test]
+fn configs_name_what_they_cannot_serve() {
+    let base = serde_json::json!({
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 97,
+        "max_position_embeddings": 64,
+    });
+    let with = |k: &str, v: serde_json::Value| {
+        let mut j = base.clone();
+        j[k] = v;
+        LlamaConfig::from_hf_json(&j.to_string())
+    };
+    let c = with("num_key_value_heads", serde_json::Value::Null).unwrap();
+    assert_eq!(
+        (c.n_kv_head, c.head_dim, c.rope_style),
+        (4, 16, crate::llm::llama::RopeStyle::Half)
+    );
+    for (k, v, code, word) in [
+        (
+            "model_type",
+            serde_json::json!("gemma"),
+            Code::Unsupported,
+            "gemma",
+        ),
+        (
+            "hidden_act",
+            serde_json::json!("gelu"),
+            Code::Unsupported,
+            "hidden_act",
+        ),
+        (
+            "mlp_bias",
+            serde_json::json!(true),
+            Code::Unsupported,
+            "mlp_bias",
+        ),
+        (
+            "num_key_value_heads",
+            serde_json::json!(3),
+            Code::InvalidArgument,
+            "key/value heads",
+        ),
+        (
+            "rope_scaling",
+            serde_json::json!({"rope_type": "yarn", "factor": 4.0}),
+            Code::Unsupported,
+            "yarn",
+        ),
+        (
+            "hidden_size",
+            serde_json::json!(0),
+            Code::InvalidArgument,
+            "hidden_size",
+        ),
+    ] {
+        let e = with(k, v).unwrap_err();
+        assert_eq!(e.code, code, "{k}: {e}");
+        assert!(e.message.contains(word), "{k}: {e}");
+    }
+    // Llama 3's scaling leaves high frequencies alone and divides low ones by the factor.
+    let c = with(
+        "rope_scaling",
+        serde_json::json!({"rope_type": "llama3", "factor": 8.0,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    )
+    .unwrap();
+    let plain = with("rope_scaling", serde_json::Value::Null).unwrap();
+    assert_eq!(c.inv_freq[0], plain.inv_freq[0]);
+    let last = c.inv_freq.len() - 1;
+    assert!((c.inv_freq[last] * 8.0 - plain.inv_freq[last]).abs() < 1e-9);
+    // Mistral's sliding window caps the context.
+    let mut j = base.clone();
+    j["model_type"] = serde_json::json!("mistral");
+    j["sliding_window"] = serde_json::json!(32);
+    assert_eq!(LlamaConfig::from_hf_json(&j.to_string()).unwrap().n_ctx, 32);
+}
