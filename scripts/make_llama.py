@@ -114,6 +114,10 @@ SHAPES = {
                   context=256, rope_theta=10000.0, init_std=0.075),
     "bench": dict(hidden=896, layers=24, heads=14, kv_heads=2, head_dim=64, ffn=4864,
                   vocab=151936, context=32768, rope_theta=1000000.0, init_std=0.02),
+    # Llama-2-shaped, ~0.44B parameters, every row a whole number of 256-element K-quant
+    # blocks (so Q4_K / Q6_K files hold K-quants throughout, unlike the 896-wide bench).
+    "bench-llama": dict(hidden=1024, layers=24, heads=16, kv_heads=8, head_dim=64, ffn=4096,
+                        vocab=32000, context=4096, rope_theta=10000.0, init_std=0.02),
 }
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -597,9 +601,9 @@ def cmd_make(args) -> None:
         sys.exit("--rope-scaling llama3 is for --arch llama")
     if args.attention_bias and args.arch != "llama":
         sys.exit("--attention-bias is for --arch llama (qwen2 always has q/k/v biases)")
-    weights = args.weights or (["f16"] if args.shape == "bench" else list(WEIGHT_TYPES))
+    weights = args.weights or (["f16"] if args.shape.startswith("bench") else list(WEIGHT_TYPES))
     weights = list(dict.fromkeys(weights))
-    hf_dtype = args.hf_dtype or ("bf16" if args.shape == "bench" else "f32")
+    hf_dtype = args.hf_dtype or ("bf16" if args.shape.startswith("bench") else "f32")
     tied = args.tied if args.tied is not None else (args.arch == "qwen2" or args.shape == "bench")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

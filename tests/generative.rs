@@ -734,3 +734,73 @@ fn load_errors_name_what_is_wrong() {
     let st = s.try_load("nofolder", minimal);
     assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{}", last_error());
 }
+
+// ---------------------------------------------------------------------------------------
+// Llama-family models (backend "llama") against the numpy reference
+// ---------------------------------------------------------------------------------------
+
+/// The models `scripts/make_llama.py` writes under `INFER_LLAMA_MODELS_DIR` (see
+/// tests/llama.rs), served through the C API: a GGUF file and a Hugging Face folder, each
+/// copied into a version folder `1/`, with requests running concurrently. Greedy tokens
+/// must equal the reference's (float weights, F32 cache: the same arithmetic as the
+/// reference up to rounding; the F16 file holds exactly the reference's values).
+#[test]
+fn llama_family_models_generate_the_reference_tokens() {
+    let Ok(root) = std::env::var("INFER_LLAMA_MODELS_DIR") else {
+        eprintln!("skipped: set INFER_LLAMA_MODELS_DIR (scripts/test.sh does)");
+        return;
+    };
+    let root = PathBuf::from(root);
+    for (model, file) in [("tiny-llama", "model-f16.gguf"), ("small-qwen2", "hf")] {
+        let reference: Value = serde_json::from_str(
+            &std::fs::read_to_string(root.join(model).join("ref-hf.json")).unwrap(),
+        )
+        .unwrap();
+        let dir = temp_dir(&format!("llama-{model}"));
+        let version = dir.join("1");
+        std::fs::create_dir_all(&version).unwrap();
+        let src = root.join(model).join(file);
+        if src.is_dir() {
+            for f in ["config.json", "model.safetensors"] {
+                std::fs::copy(src.join(f), version.join(f)).unwrap();
+            }
+        } else {
+            std::fs::copy(&src, version.join(file)).unwrap();
+        }
+        let config = r#"backend: "llama"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+parameters { key: "kv_cache_type" value { string_value: "f32" } }
+parameters { key: "intra_op_thread_count" value { string_value: "2" } }
+parameters { key: "max_num_sequences" value { string_value: "4" } }"#;
+        let s = Server::new();
+        let d = cs(dir.to_str().unwrap());
+        let st = unsafe {
+            infer_server_load_model(s.0, cs("lm").as_ptr(), cs(config).as_ptr(), d.as_ptr())
+        };
+        assert_eq!(st, INFER_STATUS_OK, "{model}/{file}: {}", last_error());
+        let prompt = ints(&reference["prompt"]);
+        let want = ints(&reference["greedy"]);
+        let p = Params {
+            streaming: true,
+            ..max_tokens(want.len() as i64)
+        };
+        let pending: Vec<Pending> = (0..3).map(|_| enqueue(&s, "lm", &prompt, &p)).collect();
+        for (i, r) in pending.iter().enumerate() {
+            let g = r.wait();
+            assert_eq!(g.status, Some(INFER_STATUS_OK), "{model}: {}", g.message);
+            assert_eq!(g.tokens(), want, "{model}/{file}: request {i}");
+            assert_eq!(g.chunks.len(), want.len());
+        }
+        // A token outside the vocabulary is refused with the model's limit named.
+        let vocab = reference["logits_last"].as_array().unwrap().len() as i32;
+        let Err((st, msg)) = try_enqueue(&s, "lm", &[vocab], &max_tokens(1)) else {
+            panic!("{model}: token {vocab} was accepted");
+        };
+        assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{msg}");
+        assert!(msg.contains("vocabulary"), "{msg}");
+        drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

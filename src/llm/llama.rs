@@ -199,9 +199,11 @@ impl LlamaConfig {
                         num("high_freq_factor")?,
                         num("original_max_position_embeddings")?,
                     ),
-                    other => return Err(Error::unsupported(format!(
+                    other => {
+                        return Err(Error::unsupported(format!(
                         "{at}: rope_scaling type \"{other}\" (default, linear and llama3 are read)"
-                    ))),
+                    )))
+                    }
                 }
             }
             Some(other) => {

@@ -1,16 +1,18 @@
-//! Generative models: the GPT-2 decoder as the in-flight engine's executor (a model
-//! version's weights loaded once, one KV cache and compute runner per instance), and the
-//! start of a version.
+//! Generative models: the decoders (GPT-2, the Llama family) as the in-flight engine's
+//! executor (a model version's weights loaded once, one KV cache and compute runner per
+//! instance), and the start of a version.
 
 use crate::config::ModelConfig;
 use crate::folder::Folder;
-use crate::llm::{Gpt2, KvCache, Logits, Runner, StepSeq};
+use crate::llm::{
+    Gpt2, KvCache, KvShape, KvType, Llama, LlamaRunner, Logits, Runner, StepSeq, WeightType,
+};
 use crate::log::Logger;
 use crate::request::ModelIdentity;
 use crate::scheduler::inflight::settings::Settings;
 use crate::scheduler::inflight::{Engine, Executor, ModelLimits, Work};
 use crate::scheduler::Scheduler;
-use crate::status::Result;
+use crate::status::{Error, Result};
 use std::sync::Arc;
 
 struct Gpt2Executor {
@@ -18,18 +20,54 @@ struct Gpt2Executor {
     kv: KvCache,
 }
 
+fn step_seqs<'a>(work: &[Work<'a>]) -> Vec<StepSeq<'a>> {
+    work.iter()
+        .map(|w| StepSeq {
+            tokens: w.tokens,
+            start: w.start,
+            blocks: w.blocks,
+            logits: if w.logits { Logits::Last } else { Logits::None },
+        })
+        .collect()
+}
+
 impl Executor for Gpt2Executor {
     fn step(&mut self, work: &[Work<'_>], logits: &mut Vec<f32>) -> Result<()> {
-        let seqs: Vec<StepSeq<'_>> = work
-            .iter()
-            .map(|w| StepSeq {
-                tokens: w.tokens,
-                start: w.start,
-                blocks: w.blocks,
-                logits: if w.logits { Logits::Last } else { Logits::None },
-            })
-            .collect();
-        self.runner.step(&mut self.kv, &seqs, logits)
+        self.runner.step(&mut self.kv, &step_seqs(work), logits)
+    }
+}
+
+struct LlamaExecutor {
+    runner: LlamaRunner,
+    kv: KvCache,
+}
+
+impl Executor for LlamaExecutor {
+    fn step(&mut self, work: &[Work<'_>], logits: &mut Vec<f32>) -> Result<()> {
+        self.runner.step(&mut self.kv, &step_seqs(work), logits)
+    }
+}
+
+/// The KV cache's element type: parameter `kv_cache_type` (`f16` or `f32`), else F16
+/// when the weights are 16-bit or quantized and F32 when they are F32 (as llama.cpp
+/// defaults to F16).
+fn kv_type(config: &ModelConfig, weights_f32: bool) -> Result<KvType> {
+    match config
+        .parameters
+        .get("kv_cache_type")
+        .map(|v| v.trim().to_ascii_lowercase())
+    {
+        None => Ok(if weights_f32 {
+            KvType::F32
+        } else {
+            KvType::F16
+        }),
+        Some(v) if v == "f16" => Ok(KvType::F16),
+        Some(v) if v == "f32" => Ok(KvType::F32),
+        Some(v) => Err(Error::invalid(format!(
+            "model '{}': parameter 'kv_cache_type' must be f16 or f32, got '{v}'",
+            config.name
+        ))),
     }
 }
 
@@ -43,10 +81,17 @@ pub(super) fn start_version(
     let m = &config.name;
     let at = format!("model '{m}' version {version}");
     let vdir = dir.folder(&version.to_string(), &at)?;
+    if super::backend_key(&config.backend, &config.platform) == "llama" {
+        return start_llama(config, version, &vdir, log);
+    }
     let model = Arc::new(Gpt2::load(&vdir).map_err(|e| e.context(&at))?);
     let c = &model.config;
+    let kv_shape = KvShape {
+        dtype: kv_type(config, true)?,
+        ..KvShape::from(c)
+    };
     let (settings, unknown) = Settings::from_config(config, c.n_positions, |tpb| {
-        KvCache::bytes_per_block(c, tpb)
+        KvCache::bytes_per_block(kv_shape, tpb)
     })?;
     for k in unknown {
         log.warn(&format!(
@@ -61,26 +106,28 @@ pub(super) fn start_version(
         .max(1);
     let mut executors: Vec<Box<dyn Executor>> = Vec::new();
     for i in 0..instances {
-        let kv = KvCache::new(c, settings.tokens_per_block, settings.kv_blocks).map_err(|e| {
-            e.context(format!(
-                "{at}: instance {i}: KV cache of {} blocks of {} tokens",
-                settings.kv_blocks, settings.tokens_per_block
-            ))
-        })?;
+        let kv =
+            KvCache::new(kv_shape, settings.tokens_per_block, settings.kv_blocks).map_err(|e| {
+                e.context(format!(
+                    "{at}: instance {i}: KV cache of {} blocks of {} tokens",
+                    settings.kv_blocks, settings.tokens_per_block
+                ))
+            })?;
         let runner = Runner::new(model.clone(), settings.threads)
             .map_err(|e| e.context(format!("{at}: instance {i}")))?;
         executors.push(Box::new(Gpt2Executor { runner, kv }));
     }
-    let mib = (KvCache::bytes_per_block(c, settings.tokens_per_block) as f64
+    let mib = (KvCache::bytes_per_block(kv_shape, settings.tokens_per_block) as f64
         * settings.kv_blocks as f64)
         / (1u64 << 20) as f64;
     log.info(&format!(
-        "{at}: GPT-2 with {} layers, {} heads, width {}, vocabulary {}, context {}; {instances} instance(s), each with a KV cache of {} blocks of {} tokens ({mib:.1} MiB); policy {}, up to {} sequences and {} tokens per iteration",
+        "{at}: GPT-2 with {} layers, {} heads, width {}, vocabulary {}, context {}; {instances} instance(s), each with a {} KV cache of {} blocks of {} tokens ({mib:.1} MiB); policy {}, up to {} sequences and {} tokens per iteration",
         c.n_layer,
         c.n_head,
         c.n_embd,
         c.vocab_size,
         c.n_positions,
+        kv_shape.dtype.name(),
         settings.kv_blocks,
         settings.tokens_per_block,
         settings.policy.as_str(),
@@ -90,6 +137,97 @@ pub(super) fn start_version(
     let limits = ModelLimits {
         vocab_size: c.vocab_size,
         n_positions: c.n_positions,
+    };
+    let engine = Engine::new(config, settings, limits);
+    Scheduler::start_generative(
+        ModelIdentity::new(m, version),
+        config.clone(),
+        engine,
+        executors,
+        log.clone(),
+    )
+}
+
+/// A Llama-family version: the folder's one `.gguf` file, or a Hugging Face folder.
+fn start_llama(
+    config: &Arc<ModelConfig>,
+    version: i64,
+    vdir: &Folder,
+    log: &Logger,
+) -> Result<Arc<Scheduler>> {
+    let m = &config.name;
+    let at = format!("model '{m}' version {version}");
+    let model = Arc::new(Llama::load(vdir).map_err(|e| e.context(&at))?);
+    let c = &model.config;
+    let types = model.weight_types();
+    let all_f32 = types.iter().all(|(t, _)| *t == WeightType::F32);
+    let kv_shape = c.kv_shape(kv_type(config, all_f32)?);
+    let (settings, unknown) = Settings::from_config(config, c.n_ctx, |tpb| {
+        KvCache::bytes_per_block(kv_shape, tpb)
+    })?;
+    for k in unknown {
+        log.warn(&format!(
+            "model '{m}': parameter '{k}' is not one the generative backend reads; ignored"
+        ));
+    }
+    let instances: u32 = config
+        .instance_groups
+        .iter()
+        .map(|g| g.count.max(1))
+        .sum::<u32>()
+        .max(1);
+    let mut executors: Vec<Box<dyn Executor>> = Vec::new();
+    for i in 0..instances {
+        let kv =
+            KvCache::new(kv_shape, settings.tokens_per_block, settings.kv_blocks).map_err(|e| {
+                e.context(format!(
+                    "{at}: instance {i}: KV cache of {} blocks of {} tokens",
+                    settings.kv_blocks, settings.tokens_per_block
+                ))
+            })?;
+        let runner = LlamaRunner::new(model.clone(), settings.threads)
+            .map_err(|e| e.context(format!("{at}: instance {i}")))?;
+        executors.push(Box::new(LlamaExecutor { runner, kv }));
+    }
+    let mib = |b: f64| b / (1u64 << 20) as f64;
+    let kv_mib = mib(
+        KvCache::bytes_per_block(kv_shape, settings.tokens_per_block) as f64
+            * settings.kv_blocks as f64,
+    );
+    let (total, mapped) = model.weight_bytes();
+    let kinds: Vec<String> = types
+        .iter()
+        .map(|(t, b)| {
+            format!(
+                "{} {:.0}%",
+                t.name(),
+                100.0 * *b as f64 / total.max(1) as f64
+            )
+        })
+        .collect();
+    log.info(&format!(
+        "{at}: {} ({}) with {} layers, {} heads ({} key/value), width {}, vocabulary {}, context {}; weights {:.1} MiB ({}), {:.1} MiB of them mapped from the file; {instances} instance(s), each with a {} KV cache of {} blocks of {} tokens ({kv_mib:.1} MiB, resident as used); policy {}, up to {} sequences and {} tokens per iteration",
+        c.arch,
+        model.source,
+        c.n_layer,
+        c.n_head,
+        c.n_kv_head,
+        c.n_embd,
+        c.vocab_size,
+        c.n_ctx,
+        mib(total as f64),
+        kinds.join(", "),
+        mib(mapped as f64),
+        kv_shape.dtype.name(),
+        settings.kv_blocks,
+        settings.tokens_per_block,
+        settings.policy.as_str(),
+        settings.max_num_sequences,
+        settings.max_num_tokens,
+    ));
+    let limits = ModelLimits {
+        vocab_size: c.vocab_size,
+        n_positions: c.n_ctx,
     };
     let engine = Engine::new(config, settings, limits);
     Scheduler::start_generative(

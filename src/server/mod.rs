@@ -248,7 +248,7 @@ impl Server {
             }));
         }
         Err(Error::unsupported(format!(
-            "model '{}': no backend '{key}' (built in: onnxruntime_onnx / onnxruntime, tract, gpt2, identity, add_sub, accumulator; register custom backends before loading)",
+            "model '{}': no backend '{key}' (built in: onnxruntime_onnx / onnxruntime, tract, gpt2, llama, identity, add_sub, accumulator; register custom backends before loading)",
             config.name
         )))
     }

@@ -303,7 +303,7 @@ pub struct Engine {
 }
 
 pub fn is_generative(key: &str) -> bool {
-    key == "gpt2"
+    key == "gpt2" || key == "llama"
 }
 
 /// Fills in the tensors of a generative config that lists none.

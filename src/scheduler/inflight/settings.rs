@@ -65,6 +65,7 @@ pub const KNOWN_PARAMETERS: &[&str] = &[
     "enable_kv_cache_reuse",
     "intra_op_thread_count",
     "default_max_tokens",
+    "kv_cache_type",
 ];
 
 const DEFAULT_MAX_SEQUENCES: usize = 64;
