@@ -220,6 +220,13 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 
 struct Args {
     scenarios: Vec<String>,
+    /// `llama-cpp`: the GGUF files, llama.cpp's bin folder, rounds, stream counts.
+    ggufs: Vec<String>,
+    llama_bin: String,
+    rounds: usize,
+    streams: Vec<usize>,
+    /// `llama-one`: what to measure (`tg`, `pp`, or a stream count).
+    what: String,
     requests: usize,
     rate: f64,
     seed: u64,
@@ -231,6 +238,11 @@ struct Args {
 fn args() -> Args {
     let mut a = Args {
         scenarios: Vec::new(),
+        ggufs: Vec::new(),
+        llama_bin: "target/llama.cpp/bin".into(),
+        rounds: 3,
+        streams: vec![8, 32],
+        what: String::new(),
         requests: 32,
         rate: 4.0,
         seed: 7,
@@ -252,6 +264,18 @@ fn args() -> Args {
             "--threads" => a.threads = num("--threads") as usize,
             "--max-num-tokens" => a.max_num_tokens = num("--max-num-tokens") as usize,
             "--policy" => a.policies.push(it.next().expect("--policy needs a name")),
+            "--gguf" => a.ggufs.push(it.next().expect("--gguf needs a path")),
+            "--llama-bin" => a.llama_bin = it.next().expect("--llama-bin needs a folder"),
+            "--rounds" => a.rounds = num("--rounds") as usize,
+            "--streams" => {
+                a.streams = it
+                    .next()
+                    .expect("--streams needs a list")
+                    .split(',')
+                    .map(|x| x.parse().expect("--streams: numbers"))
+                    .collect()
+            }
+            "--what" => a.what = it.next().expect("--what needs tg, pp or a stream count"),
             "--bench" => {}
             s if !s.starts_with('-') => a.scenarios.push(s.to_owned()),
             s => panic!("unknown option {s}"),
@@ -502,7 +526,267 @@ fn main() {
         match sc.as_str() {
             "mixed" => mixed(&a),
             "overhead" => overhead(),
-            other => panic!("unknown scenario {other} (mixed, overhead)"),
+            "llama-cpp" => llama_cpp(&a),
+            "llama-one" => llama_one(&a),
+            other => panic!("unknown scenario {other} (mixed, overhead, llama-cpp)"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Against llama.cpp on the same GGUF file
+// ---------------------------------------------------------------------------------------
+
+/// Peak resident memory of this process, in MiB (VmHWM).
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// One measurement of libinfer in this (child) process, printed as one JSON line:
+/// `tg` (one stream, 128 tokens after a 1-token prompt: tokens/s between the first and
+/// the last token), `pp` (a 512-token prompt: prompt tokens/s to the first token), or a
+/// stream count S (S requests of 128 prompt + 128 generated tokens at once: all tokens
+/// over the wall time, as llama-batched-bench's `speed`).
+fn llama_one(a: &Args) {
+    let gguf = PathBuf::from(&a.ggufs[0]);
+    let dir = std::env::temp_dir().join(format!("infer-llama-bench-{}", std::process::id()));
+    let v1 = dir.join("1");
+    std::fs::create_dir_all(&v1).unwrap();
+    let link = v1.join("model.gguf");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(std::fs::canonicalize(&gguf).unwrap(), &link).unwrap();
+    let streams: usize = a.what.parse().unwrap_or(1);
+    let config = format!(
+        r#"backend: "llama"
+max_batch_size: 0
+model_transaction_policy {{ decoupled: true }}
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+parameters {{ key: "intra_op_thread_count" value {{ string_value: "{}" }} }}
+parameters {{ key: "max_num_sequences" value {{ string_value: "{}" }} }}
+parameters {{ key: "max_num_tokens" value {{ string_value: "{}" }} }}
+parameters {{ key: "max_tokens_in_paged_kv_cache" value {{ string_value: "{}" }} }}
+parameters {{ key: "enable_chunked_context" value {{ string_value: "true" }} }}"#,
+        a.threads.max(1),
+        streams.max(1),
+        512.max(streams * 128),
+        (streams.max(1) * 640).max(1024),
+    );
+    let s = {
+        let mut o: *mut ServerOptions = std::ptr::null_mut();
+        unsafe {
+            check(infer_server_options_new(&mut o), "options");
+            check(infer_server_options_set_gpu(o, INFER_GPU_OFF), "gpu");
+            check(
+                infer_server_options_set_trusted_repository(o, true),
+                "trusted",
+            );
+            let mut s = std::ptr::null_mut();
+            check(infer_server_new(o, &mut s), "server");
+            infer_server_options_free(o);
+            Server(s)
+        }
+    };
+    let t0 = Instant::now();
+    s.load("lm", &config, &dir);
+    let load_s = t0.elapsed().as_secs_f64();
+    let mut rng = Lcg(11);
+    let vocab = 32000;
+    let run = |prompts: Vec<Vec<i32>>, max_tokens: i64| -> (Instant, Vec<Track>) {
+        let board = Arc::new(Board::default());
+        *board.tracks.lock().unwrap() = (0..prompts.len()).map(|_| Track::default()).collect();
+        let start = Instant::now();
+        for (i, p) in prompts.iter().enumerate() {
+            enqueue(&s, "lm", p, max_tokens, &board, i);
+        }
+        let mut t = board.tracks.lock().unwrap();
+        while !t.iter().all(|x| x.done) {
+            t = board.cv.wait(t).unwrap();
+        }
+        assert!(
+            t.iter().all(|x| x.status == INFER_STATUS_OK),
+            "a request failed"
+        );
+        (start, std::mem::take(&mut *t))
+    };
+    let mut prompt =
+        |n: usize| -> Vec<i32> { (0..n).map(|_| rng.uniform(0, vocab - 1) as i32).collect() };
+    // Warm-up (pages the weights in, sizes the buffers), as llama-bench does.
+    run(vec![prompt(16)], 4);
+    let out = match a.what.as_str() {
+        "tg" => {
+            let (_, t) = run(vec![prompt(1)], 128);
+            let tok = &t[0].tokens;
+            let secs = (*tok.last().unwrap() - tok[0]).as_secs_f64();
+            serde_json::json!({"tg_ts": (tok.len() - 1) as f64 / secs})
+        }
+        "pp" => {
+            let (start, t) = run(vec![prompt(512)], 1);
+            let secs = (t[0].tokens[0] - start).as_secs_f64();
+            serde_json::json!({"pp_ts": 512.0 / secs})
+        }
+        _ => {
+            let prompts: Vec<Vec<i32>> = (0..streams).map(|_| prompt(128)).collect();
+            let (start, t) = run(prompts, 128);
+            let end = t.iter().map(|x| *x.tokens.last().unwrap()).max().unwrap();
+            let total = streams * (128 + 128);
+            serde_json::json!({"speed": total as f64 / (end - start).as_secs_f64()})
+        }
+    };
+    let mut out = out;
+    out["load_s"] = load_s.into();
+    out["peak_rss_mib"] = peak_rss_mib().into();
+    println!("{out}");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `cmd`, returning its stdout and its peak resident memory in MiB.
+fn run_measured(cmd: &mut std::process::Command) -> (String, f64) {
+    let out = cmd
+        .stderr(std::process::Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // SAFETY: getrusage fills the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        ru.ru_maxrss as f64 / 1024.0,
+    )
+}
+
+fn ours(a: &Args, gguf: &str, what: &str) -> Value {
+    let exe = std::env::current_exe().unwrap();
+    let (out, _) = run_measured(
+        std::process::Command::new(exe)
+            .args(["llama-one", "--gguf", gguf, "--what", what, "--threads"])
+            .arg(a.threads.max(1).to_string()),
+    );
+    serde_json::from_str(out.lines().last().unwrap_or("{}")).unwrap()
+}
+
+fn theirs(a: &Args, gguf: &str, what: &str) -> Value {
+    let bin = Path::new(&a.llama_bin);
+    let t = a.threads.max(1).to_string();
+    match what {
+        "tg" | "pp" => {
+            let (p, n) = if what == "tg" {
+                ("0", "128")
+            } else {
+                ("512", "0")
+            };
+            let (out, rss) =
+                run_measured(std::process::Command::new(bin.join("llama-bench")).args([
+                    "-m", gguf, "-p", p, "-n", n, "-t", &t, "-r", "1", "-o", "json",
+                ]));
+            let v: Value = serde_json::from_str(&out).expect("llama-bench JSON");
+            let ts = v[0]["avg_ts"].as_f64().unwrap();
+            let key = if what == "tg" { "tg_ts" } else { "pp_ts" };
+            serde_json::json!({key: ts, "peak_rss_mib": rss})
+        }
+        s => {
+            let (out, rss) = run_measured(
+                std::process::Command::new(bin.join("llama-batched-bench")).args([
+                    "-m",
+                    gguf,
+                    "-c",
+                    "16384",
+                    "-b",
+                    "2048",
+                    "-ub",
+                    "512",
+                    "-npp",
+                    "128",
+                    "-ntg",
+                    "128",
+                    "-npl",
+                    s,
+                    "-t",
+                    &t,
+                    "--output-format",
+                    "jsonl",
+                ]),
+            );
+            let line = out
+                .lines()
+                .rev()
+                .find(|l| l.starts_with('{'))
+                .expect("jsonl");
+            let v: Value = serde_json::from_str(line).unwrap();
+            serde_json::json!({"speed": v["speed"].as_f64().unwrap(), "peak_rss_mib": rss})
+        }
+    }
+}
+
+/// libinfer against llama.cpp on each GGUF: single-stream generation (`llama-bench
+/// -n 128`), prompt processing (`-p 512`) and S concurrent streams
+/// (`llama-batched-bench -npp 128 -ntg 128 -npl S`), same threads, interleaved A, B,
+/// B, A, ... over `--rounds`; prints each pair's ratio and the median and range.
+/// Peak resident memory is each process's own (llama.cpp's is the most any of its
+/// runs so far reached: RUSAGE_CHILDREN keeps a maximum).
+fn llama_cpp(a: &Args) {
+    assert!(
+        !a.ggufs.is_empty(),
+        "llama-cpp needs --gguf FILE (one or more)"
+    );
+    let mut whats: Vec<String> = vec!["tg".into(), "pp".into()];
+    whats.extend(a.streams.iter().map(|s| s.to_string()));
+    println!(
+        "threads {}, {} rounds; ratio = libinfer / llama.cpp (tokens/s; higher is better)",
+        a.threads.max(1),
+        a.rounds
+    );
+    for gguf in &a.ggufs {
+        for what in &whats {
+            let key = match what.as_str() {
+                "tg" => "tg_ts",
+                "pp" => "pp_ts",
+                _ => "speed",
+            };
+            let mut ratios = Vec::new();
+            let (mut ours_v, mut theirs_v, mut rss) = (Vec::new(), Vec::new(), (0.0f64, 0.0f64));
+            for r in 0..a.rounds {
+                let (x, y) = if r % 2 == 0 {
+                    let x = ours(a, gguf, what);
+                    (x, theirs(a, gguf, what))
+                } else {
+                    let y = theirs(a, gguf, what);
+                    (ours(a, gguf, what), y)
+                };
+                let (xv, yv) = (x[key].as_f64().unwrap(), y[key].as_f64().unwrap());
+                ours_v.push(xv);
+                theirs_v.push(yv);
+                ratios.push(xv / yv);
+                rss.0 = rss.0.max(x["peak_rss_mib"].as_f64().unwrap_or(0.0));
+                rss.1 = rss.1.max(y["peak_rss_mib"].as_f64().unwrap_or(0.0));
+            }
+            let mut sorted = ratios.clone();
+            let med = percentile(&mut sorted, 0.5);
+            let label = match what.as_str() {
+                "tg" => "tg128 (1 stream)".to_string(),
+                "pp" => "pp512".to_string(),
+                s => format!("{s} streams, 128+128"),
+            };
+            let name = Path::new(gguf).file_name().unwrap().to_string_lossy();
+            println!(
+                "{name} {label}: libinfer {:.1} tok/s, llama.cpp {:.1} tok/s; ratio median {med:.2} (range {:.2}-{:.2}); peak RSS {:.0} / {:.0} MiB",
+                ours_v.iter().sum::<f64>() / ours_v.len() as f64,
+                theirs_v.iter().sum::<f64>() / theirs_v.len() as f64,
+                sorted[0],
+                sorted[sorted.len() - 1],
+                rss.0,
+                rss.1,
+            );
         }
     }
 }

@@ -85,9 +85,11 @@ impl HeadRef<'_> {
         match self {
             HeadRef::F32(x) => x,
             HeadRef::F16(x) => {
-                scratch.clear();
-                scratch.extend(x.iter().map(|&h| f16::from_bits(h).to_f32()));
-                scratch
+                use half::slice::HalfFloatSliceExt;
+                scratch.resize(x.len(), 0.0);
+                let halves: &[f16] = bytemuck::cast_slice(x);
+                halves.convert_to_f32_slice(&mut scratch[..x.len()]);
+                &scratch[..x.len()]
             }
         }
     }
@@ -248,9 +250,9 @@ impl KvCache {
                 match &mut self.data {
                     Store::F32(d) => d[o..o + hd].copy_from_slice(src),
                     Store::F16(d) => {
-                        for (d, &s) in d[o..o + hd].iter_mut().zip(src) {
-                            *d = f16::from_f32(s).to_bits();
-                        }
+                        use half::slice::HalfFloatSliceExt;
+                        let halves: &mut [f16] = bytemuck::cast_slice_mut(&mut d[o..o + hd]);
+                        halves.convert_from_f32_slice(src);
                     }
                 }
             }

@@ -251,7 +251,9 @@ impl OutPtr {
 }
 
 /// Weight rows per tile: a tile's rows stay in cache while every token row meets them.
-const TILE: usize = 8;
+const TILE: usize = 16;
+/// Token rows a weight row meets per kernel call.
+const TOKENS: usize = 32;
 
 /// `y[i][j] (op)= w.row(j) · x[i]` for `i < t`, `j < w.rows`: `x` is `[t][w.cols]`
 /// (prepared in `acts` for `w`'s type), `y` holds token rows `ldy` apart, this matrix's
@@ -289,23 +291,28 @@ pub(crate) fn matmul(
     let per = tiles.div_ceil(parts);
     let yp = OutPtr(y.as_mut_ptr());
     let dot = w.dot;
+    let rows_of: Vec<ActRow<'_>> = (0..t).map(|i| acts.row(kind, x, i)).collect();
     let run = |p: usize| {
         let rows = (p * per * TILE).min(n)..((p + 1) * per * TILE).min(n);
+        let mut dots = [0.0f32; TOKENS];
         let mut r0 = rows.start;
         while r0 < rows.end {
             let r1 = (r0 + TILE).min(rows.end);
-            for i in 0..t {
-                let a = acts.row(kind, x, i);
+            for i0 in (0..t).step_by(TOKENS) {
+                let group = &rows_of[i0..(i0 + TOKENS).min(t)];
                 for r in r0..r1 {
-                    let v = dot(w.row(r), a);
-                    // SAFETY: `i * ldy + r` is inside `y` (asserted above), and only this
-                    // part writes outputs of rows `rows`.
-                    unsafe {
-                        let o = yp.get().add(i * ldy + r);
-                        match out {
-                            Out::Set => *o = v,
-                            Out::Bias(b) => *o = v + b[r],
-                            Out::Add => *o += v,
+                    let dots = &mut dots[..group.len()];
+                    dot(w.row(r), group, dots);
+                    for (i, &v) in (i0..).zip(dots.iter()) {
+                        // SAFETY: `i * ldy + r` is inside `y` (asserted above), and only
+                        // this part writes outputs of rows `rows`.
+                        unsafe {
+                            let o = yp.get().add(i * ldy + r);
+                            match out {
+                                Out::Set => *o = v,
+                                Out::Bias(b) => *o = v + b[r],
+                                Out::Add => *o += v,
+                            }
                         }
                     }
                 }

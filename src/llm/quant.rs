@@ -43,6 +43,18 @@ pub(crate) enum ActKind {
 }
 
 impl WeightType {
+    /// Every type, in the order of the enum.
+    pub const ALL: [WeightType; 8] = [
+        WeightType::F32,
+        WeightType::F16,
+        WeightType::BF16,
+        WeightType::Q8_0,
+        WeightType::Q4_0,
+        WeightType::Q5_0,
+        WeightType::Q4K,
+        WeightType::Q6K,
+    ];
+
     /// The GGML type number (`ggml_type`) of each supported type.
     pub fn from_ggml(t: u32) -> Option<WeightType> {
         Some(match t {
@@ -308,9 +320,14 @@ pub(crate) enum ActRow<'a> {
     Q8K(&'a [Q8K]),
 }
 
-/// The dot product of one weight row (`row`: whole blocks) with one activation row
-/// prepared for its type.
-pub(crate) type DotFn = fn(&[u8], ActRow<'_>) -> f32;
+/// The dot products of one weight row (`row`: whole blocks) with several activation
+/// rows prepared for its type: `out[i] = row · acts[i]`. A kernel reads each weight
+/// block once for a group of activation rows; each product is the same sequence of
+/// operations whatever the group, so `out[i]` does not depend on the other rows.
+pub(crate) type DotFn = fn(&[u8], &[ActRow<'_>], &mut [f32]);
+
+/// One weight row with one activation row.
+type Dot1 = fn(&[u8], ActRow<'_>) -> f32;
 
 /// The dot product kernel for `t` on this CPU.
 pub(crate) fn dot_fn(t: WeightType) -> DotFn {
@@ -322,6 +339,25 @@ pub(crate) fn dot_fn(t: WeightType) -> DotFn {
 }
 
 pub(crate) fn portable_dot_fn(t: WeightType) -> DotFn {
+    fn each<const T: u8>(row: &[u8], acts: &[ActRow<'_>], out: &mut [f32]) {
+        let one = portable_dot1(WeightType::ALL[T as usize]);
+        for (o, &a) in out.iter_mut().zip(acts) {
+            *o = one(row, a);
+        }
+    }
+    match t {
+        WeightType::F32 => each::<0>,
+        WeightType::F16 => each::<1>,
+        WeightType::BF16 => each::<2>,
+        WeightType::Q8_0 => each::<3>,
+        WeightType::Q4_0 => each::<4>,
+        WeightType::Q5_0 => each::<5>,
+        WeightType::Q4K => each::<6>,
+        WeightType::Q6K => each::<7>,
+    }
+}
+
+fn portable_dot1(t: WeightType) -> Dot1 {
     match t {
         WeightType::F32 => |r, a| dot_float(WeightType::F32, r, a),
         WeightType::F16 => |r, a| dot_float(WeightType::F16, r, a),
@@ -471,9 +507,11 @@ fn dot_q6k(row: &[u8], a: ActRow<'_>) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! The AVX2 kernels. Weight blocks are read with unaligned loads (rows in a mapped
-    //! file have any alignment), each from a slice whose length the load checks.
+    //! file have any alignment), each from a slice whose length the load checks. Each
+    //! kernel takes `N` activation rows at once: a weight block is loaded and unpacked
+    //! once, then met by each row in turn, every row with its own accumulator.
 
-    use super::{f16_at, q8ks, q8s, scale_min_k4, ActRow, DotFn, WeightType};
+    use super::{f16_at, q8ks, q8s, scale_min_k4, ActRow, DotFn, WeightType, Q8, Q8K};
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
 
@@ -486,18 +524,47 @@ mod avx2 {
         })
     }
 
+    /// `$many(row, acts, out)` runs `$kernel::<G>` over groups of `G` activation rows,
+    /// then `$kernel::<1>` over the rest.
+    macro_rules! many {
+        ($many:ident, $kernel:ident, $g:literal) => {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            fn $many(row: &[u8], acts: &[ActRow<'_>], out: &mut [f32]) {
+                let mut i = 0;
+                while i + $g <= acts.len() {
+                    let r = $kernel::<$g>(row, &acts[i..i + $g]);
+                    out[i..i + $g].copy_from_slice(&r);
+                    i += $g;
+                }
+                while i < acts.len() {
+                    out[i] = $kernel::<1>(row, &acts[i..i + 1])[0];
+                    i += 1;
+                }
+            }
+        };
+    }
+
+    many!(many_f32, dot_f32, 2);
+    many!(many_f16, dot_f16, 2);
+    many!(many_bf16, dot_bf16, 2);
+    many!(many_q8_0, dot_q8_0, 4);
+    many!(many_q4_0, dot_q4_0, 4);
+    many!(many_q5_0, dot_q5_0, 4);
+    many!(many_q4k, dot_q4k, 4);
+    many!(many_q6k, dot_q6k, 4);
+
     pub(super) fn dot_fn(t: WeightType) -> DotFn {
         // SAFETY (each closure): `dot_fn` is only called once `available()` said the CPU
         // has AVX2, FMA and F16C.
         match t {
-            WeightType::F32 => |r, a| unsafe { dot_f32(r, super::f32s(a)) },
-            WeightType::F16 => |r, a| unsafe { dot_f16(r, super::f32s(a)) },
-            WeightType::BF16 => |r, a| unsafe { dot_bf16(r, super::f32s(a)) },
-            WeightType::Q8_0 => |r, a| unsafe { dot_q8_0(r, a) },
-            WeightType::Q4_0 => |r, a| unsafe { dot_q4_0(r, a) },
-            WeightType::Q5_0 => |r, a| unsafe { dot_q5_0(r, a) },
-            WeightType::Q4K => |r, a| unsafe { dot_q4k(r, a) },
-            WeightType::Q6K => |r, a| unsafe { dot_q6k(r, a) },
+            WeightType::F32 => |r, a, o| unsafe { many_f32(r, a, o) },
+            WeightType::F16 => |r, a, o| unsafe { many_f16(r, a, o) },
+            WeightType::BF16 => |r, a, o| unsafe { many_bf16(r, a, o) },
+            WeightType::Q8_0 => |r, a, o| unsafe { many_q8_0(r, a, o) },
+            WeightType::Q4_0 => |r, a, o| unsafe { many_q4_0(r, a, o) },
+            WeightType::Q5_0 => |r, a, o| unsafe { many_q5_0(r, a, o) },
+            WeightType::Q4K => |r, a, o| unsafe { many_q4k(r, a, o) },
+            WeightType::Q6K => |r, a, o| unsafe { many_q6k(r, a, o) },
         }
     }
 
@@ -528,6 +595,14 @@ mod avx2 {
         unsafe { _mm256_loadu_ps(x.as_ptr()) }
     }
 
+    /// The f16 at `b[at..at + 2]` as f32, with the F16C instruction.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn f16c(b: &[u8], at: usize) -> f32 {
+        let h = u16::from_le_bytes([b[at], b[at + 1]]);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     fn hsum(v: __m256) -> f32 {
@@ -537,54 +612,71 @@ mod avx2 {
         _mm_cvtss_f32(s)
     }
 
-    /// Sum of the signed products of 32 i8 pairs, as 8 i32 lanes.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    fn dot_i8(w: __m256i, x: __m256i) -> __m256i {
-        let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+    fn f32s<'a, const N: usize>(a: &[ActRow<'a>]) -> [&'a [f32]; N] {
+        std::array::from_fn(|i| super::f32s(a[i]))
     }
 
-    /// Float rows of `width`-byte elements: the whole-of-32 part with four FMA
-    /// accumulators, whole 8s with one, the rest in scalar. `load` turns the first 8
+    fn q8s_n<'a, const N: usize>(a: &[ActRow<'a>]) -> [&'a [Q8]; N] {
+        std::array::from_fn(|i| q8s(a[i]))
+    }
+
+    fn q8ks_n<'a, const N: usize>(a: &[ActRow<'a>]) -> [&'a [Q8K]; N] {
+        std::array::from_fn(|i| q8ks(a[i]))
+    }
+
+    /// Float rows of `width`-byte elements: whole 32s with four FMA accumulators per
+    /// activation row, whole 8s with one, the rest in scalar. `load` turns the first 8
     /// weights of a slice into f32s, `one` a single weight.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    fn dot_floats(
+    fn dot_floats<const N: usize>(
         row: &[u8],
-        x: &[f32],
+        x: [&[f32]; N],
         width: usize,
         load: impl Fn(&[u8]) -> __m256,
         one: impl Fn(&[u8]) -> f32,
-    ) -> f32 {
-        let n = x.len().min(row.len() / width);
-        let mut acc = [_mm256_setzero_ps(); 4];
+    ) -> [f32; N] {
+        let n = x
+            .iter()
+            .map(|x| x.len())
+            .min()
+            .unwrap_or(0)
+            .min(row.len() / width);
+        let mut acc = [[_mm256_setzero_ps(); 4]; N];
         let mut i = 0;
         while i + 32 <= n {
-            for (j, a) in acc.iter_mut().enumerate() {
-                let k = i + 8 * j;
-                *a = _mm256_fmadd_ps(load(&row[k * width..]), load8f(&x[k..]), *a);
+            let w: [__m256; 4] = std::array::from_fn(|j| load(&row[(i + 8 * j) * width..]));
+            for (acc, x) in acc.iter_mut().zip(&x) {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(w[j], load8f(&x[i + 8 * j..]), *a);
+                }
             }
             i += 32;
         }
         while i + 8 <= n {
-            acc[0] = _mm256_fmadd_ps(load(&row[i * width..]), load8f(&x[i..]), acc[0]);
+            let w = load(&row[i * width..]);
+            for (acc, x) in acc.iter_mut().zip(&x) {
+                acc[0] = _mm256_fmadd_ps(w, load8f(&x[i..]), acc[0]);
+            }
             i += 8;
         }
-        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        let mut s = hsum(v);
-        while i < n {
-            s += one(&row[i * width..(i + 1) * width]) * x[i];
-            i += 1;
+        let mut out = [0.0f32; N];
+        for ((o, acc), x) in out.iter_mut().zip(&acc).zip(&x) {
+            let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+            let mut s = hsum(v);
+            for k in i..n {
+                s += one(&row[k * width..(k + 1) * width]) * x[k];
+            }
+            *o = s;
         }
-        s
+        out
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
+    fn dot_f32<const N: usize>(row: &[u8], a: &[ActRow<'_>]) -> [f32; N] {
         dot_floats(
             row,
-            x,
+            f32s::<N>(a),
             4,
             |b| _mm256_castsi256_ps(load32(b)),
             |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
@@ -592,15 +684,21 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
-        dot_floats(row, x, 2, |b| _mm256_cvtph_ps(load16(b)), |b| f16_at(b, 0))
+    fn dot_f16<const N: usize>(row: &[u8], a: &[ActRow<'_>]) -> [f32; N] {
+        dot_floats(
+            row,
+            f32s::<N>(a),
+            2,
+            |b| _mm256_cvtph_ps(load16(b)),
+            |b| f16_at(b, 0),
+        )
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
+    fn dot_bf16<const N: usize>(row: &[u8], a: &[ActRow<'_>]) -> [f32; N] {
         dot_floats(
             row,
-            x,
+            f32s::<N>(a),
             2,
             |b| {
                 let h = _mm256_cvtepu16_epi32(load16(b));
@@ -610,14 +708,36 @@ mod avx2 {
         )
     }
 
+    /// The 32-element formats: `unpack` turns a block into 32 signed weights (i8) and
+    /// its scale; each activation row adds scale × its scale × the integer dot product.
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn dot_q8_0(row: &[u8], a: ActRow<'_>) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        for (b, x) in row.chunks_exact(34).zip(q8s(a)) {
-            let s = _mm256_cvtepi32_ps(dot_i8(load32(&b[2..]), load32(&x.qs)));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 0) * x.d), s, acc);
+    #[inline]
+    fn dot_blocks32<const N: usize>(
+        row: &[u8],
+        a: &[ActRow<'_>],
+        bytes: usize,
+        unpack: impl Fn(&[u8]) -> __m256i,
+    ) -> [f32; N] {
+        let xs = q8s_n::<N>(a);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); N];
+        for (j, b) in row.chunks_exact(bytes).enumerate() {
+            let w = unpack(b);
+            let d = f16c(b, 0);
+            let aw = _mm256_sign_epi8(w, w);
+            for (acc, x) in acc.iter_mut().zip(&xs) {
+                let x = &x[j];
+                let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(load32(&x.qs), w));
+                let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), s, *acc);
+            }
         }
-        hsum(acc)
+        acc.map(|v| hsum(v))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn dot_q8_0<const N: usize>(row: &[u8], a: &[ActRow<'_>]) -> [f32; N] {
+        dot_blocks32(row, a, 34, |b| load32(&b[2..]))
     }
 
     /// 16 bytes of nibbles to 32 bytes: low nibbles first, then high.
@@ -631,14 +751,10 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn dot_q4_0(row: &[u8], a: ActRow<'_>) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        for (b, x) in row.chunks_exact(18).zip(q8s(a)) {
-            let w = _mm256_sub_epi8(nibbles(&b[2..]), _mm256_set1_epi8(8));
-            let s = _mm256_cvtepi32_ps(dot_i8(w, load32(&x.qs)));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 0) * x.d), s, acc);
-        }
-        hsum(acc)
+    fn dot_q4_0<const N: usize>(row: &[u8], a: &[ActRow<'_>]) -> [f32; N] {
+        dot_blocks32(row, a, 18, |b| {
+            _mm256_sub_epi8(nibbles(&b[2..]), _mm256_set1_epi8(8))
+        })
     }
 
     /// The 32 high bits of a Q5_0 block as bytes 0x10 (bit set) or 0.
@@ -660,66 +776,62 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn dot_q5_0(row: &[u8], a: ActRow<'_>) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        for (b, x) in row.chunks_exact(22).zip(q8s(a)) {
+    fn dot_q5_0<const N: usize>(row: &[u8], a: &[ActRow<'_>]) -> [f32; N] {
+        dot_blocks32(row, a, 22, |b| {
             let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
             let w = _mm256_or_si256(nibbles(&b[6..]), high_bits(qh));
-            let w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
-            let s = _mm256_cvtepi32_ps(dot_i8(w, load32(&x.qs)));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(b, 0) * x.d), s, acc);
-        }
-        hsum(acc)
+            _mm256_sub_epi8(w, _mm256_set1_epi8(16))
+        })
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn dot_q4k(row: &[u8], a: ActRow<'_>) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        let mut mins = 0.0f32;
+    fn dot_q4k<const N: usize>(row: &[u8], a: &[ActRow<'_>]) -> [f32; N] {
+        let xs = q8ks_n::<N>(a);
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut mins = [0.0f32; N];
         let low = _mm256_set1_epi8(0xf);
-        for (b, x) in row.chunks_exact(144).zip(q8ks(a)) {
-            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+        for (j, b) in row.chunks_exact(144).enumerate() {
+            let (d, dmin) = (f16c(b, 0), f16c(b, 2));
             let (scales, qs) = (&b[4..16], &b[16..]);
-            let mut sumi = _mm256_setzero_si256();
-            let mut mi = 0i32;
+            let sm: [(u8, u8); 8] = std::array::from_fn(|k| scale_min_k4(k, scales));
+            let sc: [__m256i; 8] = std::array::from_fn(|k| _mm256_set1_epi16(sm[k].0 as i16));
+            let mut q = [_mm256_setzero_si256(); 8];
             for c in 0..4 {
-                let (s1, m1) = scale_min_k4(2 * c, scales);
-                let (s2, m2) = scale_min_k4(2 * c + 1, scales);
-                let q = load32(&qs[32 * c..]);
-                let lo = _mm256_and_si256(q, low);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-                let x1 = load32(&x.qs[64 * c..]);
-                let x2 = load32(&x.qs[64 * c + 32..]);
-                let p1 =
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x1), _mm256_set1_epi16(s1 as i16));
-                let p2 =
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x2), _mm256_set1_epi16(s2 as i16));
-                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p1, p2));
-                let b1 = x.bsums[4 * c] as i32 + x.bsums[4 * c + 1] as i32;
-                let b2 = x.bsums[4 * c + 2] as i32 + x.bsums[4 * c + 3] as i32;
-                mi += m1 as i32 * b1 + m2 as i32 * b2;
+                let v = load32(&qs[32 * c..]);
+                q[2 * c] = _mm256_and_si256(v, low);
+                q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             }
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(sumi), acc);
-            mins += dmin * x.d * mi as f32;
+            for ((acc, mins), x) in acc.iter_mut().zip(mins.iter_mut()).zip(&xs) {
+                let x = &x[j];
+                let mut sumi = _mm256_setzero_si256();
+                let mut mi = 0i32;
+                for k in 0..8 {
+                    let xk = load32(&x.qs[32 * k..]);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xk), sc[k]);
+                    sumi = _mm256_add_epi32(sumi, p);
+                    mi += sm[k].1 as i32 * (x.bsums[2 * k] as i32 + x.bsums[2 * k + 1] as i32);
+                }
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(sumi), *acc);
+                *mins += dmin * x.d * mi as f32;
+            }
         }
-        hsum(acc) - mins
+        std::array::from_fn(|i| hsum(acc[i]) - mins[i])
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn dot_q6k(row: &[u8], a: ActRow<'_>) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        let mut offsets = 0.0f32;
+    fn dot_q6k<const N: usize>(row: &[u8], a: &[ActRow<'_>]) -> [f32; N] {
+        let xs = q8ks_n::<N>(a);
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut offsets = [0.0f32; N];
         let low = _mm256_set1_epi8(0xf);
         let three = _mm256_set1_epi8(3);
-        for (b, x) in row.chunks_exact(210).zip(q8ks(a)) {
+        for (j, b) in row.chunks_exact(210).enumerate() {
             let sc = &b[192..208];
-            let d = f16_at(b, 208);
-            let mut sumi = _mm256_setzero_si256();
-            // The values are stored plus 32: take 32 × scale × (sum of each 16) back.
-            let mut offset = 0i32;
-            for (s, &bs) in sc.iter().zip(&x.bsums) {
-                offset += (*s as i8) as i32 * bs as i32;
-            }
+            let d = f16c(b, 208);
+            // Eight quarters of 32 weights (stored plus 32), and each quarter's two
+            // scales (elements 0-15 take the first, 16-31 the second).
+            let mut q = [_mm256_setzero_si256(); 8];
+            let mut scales = [_mm256_setzero_si256(); 8];
             for n in 0..2 {
                 let ql = &b[64 * n..];
                 let qh = load32(&b[128 + 32 * n..]);
@@ -731,28 +843,38 @@ mod avx2 {
                     _mm256_srli_epi16(qh, 6),
                 ]
                 .map(|v| _mm256_slli_epi16(_mm256_and_si256(v, three), 4));
-                let quarters = [
-                    _mm256_or_si256(_mm256_and_si256(l0, low), high[0]),
-                    _mm256_or_si256(_mm256_and_si256(l1, low), high[1]),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), high[2]),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low), high[3]),
-                ];
-                for (k, q) in quarters.into_iter().enumerate() {
-                    let xq = load32(&x.qs[128 * n + 32 * k..]);
-                    let j = 8 * n + 2 * k;
-                    // Elements 0-15 of the quarter take scale j, 16-31 scale j + 1.
-                    let scales = _mm256_set_m128i(
-                        _mm_set1_epi16((sc[j + 1] as i8) as i16),
-                        _mm_set1_epi16((sc[j] as i8) as i16),
+                q[4 * n] = _mm256_or_si256(_mm256_and_si256(l0, low), high[0]);
+                q[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(l1, low), high[1]);
+                q[4 * n + 2] =
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), high[2]);
+                q[4 * n + 3] =
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low), high[3]);
+                for k in 0..4 {
+                    let s = 8 * n + 2 * k;
+                    scales[4 * n + k] = _mm256_set_m128i(
+                        _mm_set1_epi16((sc[s + 1] as i8) as i16),
+                        _mm_set1_epi16((sc[s] as i8) as i16),
                     );
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xq), scales);
-                    sumi = _mm256_add_epi32(sumi, p);
                 }
             }
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(sumi), acc);
-            offsets += d * x.d * (32 * offset) as f32;
+            for ((acc, off), x) in acc.iter_mut().zip(offsets.iter_mut()).zip(&xs) {
+                let x = &x[j];
+                let mut sumi = _mm256_setzero_si256();
+                for k in 0..8 {
+                    let xk = load32(&x.qs[32 * k..]);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xk), scales[k]);
+                    sumi = _mm256_add_epi32(sumi, p);
+                }
+                // The values are stored plus 32: take 32 × scale × (sum of each 16) back.
+                let mut offset = 0i32;
+                for (s, &bs) in sc.iter().zip(&x.bsums) {
+                    offset += (*s as i8) as i32 * bs as i32;
+                }
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(sumi), *acc);
+                *off += d * x.d * (32 * offset) as f32;
+            }
         }
-        hsum(acc) - offsets
+        std::array::from_fn(|i| hsum(acc[i]) - offsets[i])
     }
 }
 

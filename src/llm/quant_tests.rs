@@ -71,17 +71,55 @@ const ALL: [WeightType; 8] = [
 
 /// The dot of `row` and `x` through `f`, preparing `x` as the type wants.
 fn dot_with(f: DotFn, t: WeightType, row: &[u8], x: &[f32]) -> f32 {
-    match t.act() {
-        ActKind::F32 => f(row, ActRow::F32(x)),
-        ActKind::Q8 => {
+    dots_with(f, t, row, &[x])[0]
+}
+
+/// The dots of `row` with each of `xs` in one kernel call.
+fn dots_with(f: DotFn, t: WeightType, row: &[u8], xs: &[&[f32]]) -> Vec<f32> {
+    let q8: Vec<Vec<Q8>> = xs
+        .iter()
+        .map(|x| {
             let mut q = vec![Q8::default(); x.len() / 32];
             quantize_q8(x, &mut q);
-            f(row, ActRow::Q8(&q))
-        }
-        ActKind::Q8K => {
+            q
+        })
+        .collect();
+    let q8k: Vec<Vec<Q8K>> = xs
+        .iter()
+        .map(|x| {
             let mut q = vec![Q8K::default(); x.len() / 256];
             quantize_q8k(x, &mut q);
-            f(row, ActRow::Q8K(&q))
+            q
+        })
+        .collect();
+    let acts: Vec<ActRow<'_>> = (0..xs.len())
+        .map(|i| match t.act() {
+            ActKind::F32 => ActRow::F32(xs[i]),
+            ActKind::Q8 => ActRow::Q8(&q8[i]),
+            ActKind::Q8K => ActRow::Q8K(&q8k[i]),
+        })
+        .collect();
+    let mut out = vec![0.0; xs.len()];
+    f(row, &acts, &mut out);
+    out
+}
+
+#[test]
+fn grouped_rows_give_the_bits_of_single_rows() {
+    for t in ALL {
+        let n = 512;
+        let row = random_row(t, n, 11);
+        let xs: Vec<Vec<f32>> = (0..7).map(|i| act(n, 20 + i)).collect();
+        let refs: Vec<&[f32]> = xs.iter().map(|x| &x[..]).collect();
+        let together = dots_with(dot_fn(t), t, &row, &refs);
+        for (i, x) in refs.iter().enumerate() {
+            let alone = dot_with(dot_fn(t), t, &row, x);
+            assert_eq!(
+                together[i].to_bits(),
+                alone.to_bits(),
+                "{} row {i}",
+                t.name()
+            );
         }
     }
 }
