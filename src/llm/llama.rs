@@ -707,7 +707,7 @@ impl Llama {
                 add(m);
             }
         }
-        by.sort_by(|a, b| b.1.cmp(&a.1));
+        by.sort_by_key(|b| std::cmp::Reverse(b.1));
         by
     }
 }

@@ -511,7 +511,7 @@ mod avx2 {
     //! kernel takes `N` activation rows at once: a weight block is loaded and unpacked
     //! once, then met by each row in turn, every row with its own accumulator.
 
-    use super::{f16_at, q8ks, q8s, scale_min_k4, ActRow, DotFn, WeightType, Q8, Q8K};
+    use super::{f16_at, q8ks, q8s, ActRow, DotFn, WeightType, Q8, Q8K};
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
 
@@ -784,45 +784,89 @@ mod avx2 {
         })
     }
 
+    /// A Q4_K block's 12 packed bytes as its 8 scales (bytes 0-7) and 8 mins (bytes
+    /// 8-15), by GGML's bit layout (see `scale_min_k4`).
+    #[inline(always)]
+    fn unpack_k4(s: &[u8]) -> [u32; 4] {
+        const M1: u32 = 0x3f3f_3f3f;
+        const M2: u32 = 0x0f0f_0f0f;
+        const M3: u32 = 0x0303_0303;
+        let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+        let (a, b, c) = (w(0), w(1), w(2));
+        [
+            a & M1,
+            (c & M2) | (((a >> 6) & M3) << 4),
+            b & M1,
+            ((c >> 4) & M2) | (((b >> 6) & M3) << 4),
+        ]
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     fn dot_q4k<const N: usize>(row: &[u8], a: &[ActRow<'_>]) -> [f32; N] {
         let xs = q8ks_n::<N>(a);
         let mut acc = [_mm256_setzero_ps(); N];
-        let mut mins = [0.0f32; N];
+        let mut acc_m = [_mm_setzero_ps(); N];
         let low = _mm256_set1_epi8(0xf);
         for (j, b) in row.chunks_exact(144).enumerate() {
             let (d, dmin) = (f16c(b, 0), f16c(b, 2));
             let (scales, qs) = (&b[4..16], &b[16..]);
-            let sm: [(u8, u8); 8] = std::array::from_fn(|k| scale_min_k4(k, scales));
-            let sc: [__m256i; 8] = std::array::from_fn(|k| _mm256_set1_epi16(sm[k].0 as i16));
-            let mut q = [_mm256_setzero_si256(); 8];
+            let u = unpack_k4(scales);
+            // 8 scales then 8 mins, as i16.
+            let sm = _mm256_cvtepu8_epi16(_mm_set_epi32(
+                u[3] as i32,
+                u[2] as i32,
+                u[1] as i32,
+                u[0] as i32,
+            ));
+            let mins = _mm256_extracti128_si256(sm, 1);
+            let sc128 = _mm256_castsi256_si128(sm);
+            let sc = _mm256_set_m128i(sc128, sc128);
+            // Chunk by chunk (64 weights: two sub-blocks), each chunk unpacked once and
+            // met by every activation row, so that few vectors are live at once.
+            let mut sumi = [_mm256_setzero_si256(); N];
             for c in 0..4 {
                 let v = load32(&qs[32 * c..]);
-                q[2 * c] = _mm256_and_si256(v, low);
-                q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-            }
-            for ((acc, mins), x) in acc.iter_mut().zip(mins.iter_mut()).zip(&xs) {
-                let x = &x[j];
-                let mut sumi = _mm256_setzero_si256();
-                let mut mi = 0i32;
-                for k in 0..8 {
-                    let xk = load32(&x.qs[32 * k..]);
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xk), sc[k]);
-                    sumi = _mm256_add_epi32(sumi, p);
-                    mi += sm[k].1 as i32 * (x.bsums[2 * k] as i32 + x.bsums[2 * k + 1] as i32);
+                let lo = _mm256_and_si256(v, low);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                // Broadcast i16 scales 2c and 2c + 1: bytes (2k, 2k + 1) everywhere.
+                let pick = |k: i16| _mm256_set1_epi16((2 * k) | ((2 * k + 1) << 8));
+                let s_lo = _mm256_shuffle_epi8(sc, pick(2 * c as i16));
+                let s_hi = _mm256_shuffle_epi8(sc, pick(2 * c as i16 + 1));
+                for (sumi, x) in sumi.iter_mut().zip(&xs) {
+                    let x = &x[j];
+                    let p1 =
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load32(&x.qs[64 * c..])), s_lo);
+                    let p2 = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(hi, load32(&x.qs[64 * c + 32..])),
+                        s_hi,
+                    );
+                    *sumi = _mm256_add_epi32(*sumi, _mm256_add_epi32(p1, p2));
                 }
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(sumi), *acc);
-                *mins += dmin * x.d * mi as f32;
+            }
+            for (((acc, acc_m), x), sumi) in
+                acc.iter_mut().zip(acc_m.iter_mut()).zip(&xs).zip(&sumi)
+            {
+                let x = &x[j];
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(*sumi), *acc);
+                // Sums of each 32 activations, times the mins.
+                let bs = load32(&x.bsums);
+                let pairs =
+                    _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+                let prod = _mm_madd_epi16(mins, pairs);
+                *acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin * x.d), _mm_cvtepi32_ps(prod), *acc_m);
             }
         }
-        std::array::from_fn(|i| hsum(acc[i]) - mins[i])
+        std::array::from_fn(|i| {
+            let m = _mm_add_ps(acc_m[i], _mm_movehl_ps(acc_m[i], acc_m[i]));
+            let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+            hsum(acc[i]) - _mm_cvtss_f32(m)
+        })
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     fn dot_q6k<const N: usize>(row: &[u8], a: &[ActRow<'_>]) -> [f32; N] {
         let xs = q8ks_n::<N>(a);
         let mut acc = [_mm256_setzero_ps(); N];
-        let mut offsets = [0.0f32; N];
         let low = _mm256_set1_epi8(0xf);
         let three = _mm256_set1_epi8(3);
         for (j, b) in row.chunks_exact(210).enumerate() {
@@ -830,51 +874,54 @@ mod avx2 {
             let d = f16c(b, 208);
             // Eight quarters of 32 weights (stored plus 32), and each quarter's two
             // scales (elements 0-15 take the first, 16-31 the second).
-            let mut q = [_mm256_setzero_si256(); 8];
-            let mut scales = [_mm256_setzero_si256(); 8];
+            // The 16 scales as i16; quarter k (32 weights) takes scales 2k (its first 16
+            // weights) and 2k + 1 (the rest), broadcast to each half.
+            let sc16 = _mm256_cvtepi8_epi16(load16(sc));
+            let lanes = [
+                _mm256_permute2x128_si256(sc16, sc16, 0x00),
+                _mm256_permute2x128_si256(sc16, sc16, 0x11),
+            ];
+            let pick = |e: i16| (2 * (e % 8)) | ((2 * (e % 8) + 1) << 8);
+            let mut sumi = [_mm256_setzero_si256(); N];
             for n in 0..2 {
                 let ql = &b[64 * n..];
                 let qh = load32(&b[128 + 32 * n..]);
                 let (l0, l1) = (load32(ql), load32(&ql[32..]));
-                let high = [
-                    qh,
-                    _mm256_srli_epi16(qh, 2),
-                    _mm256_srli_epi16(qh, 4),
-                    _mm256_srli_epi16(qh, 6),
-                ]
-                .map(|v| _mm256_slli_epi16(_mm256_and_si256(v, three), 4));
-                q[4 * n] = _mm256_or_si256(_mm256_and_si256(l0, low), high[0]);
-                q[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(l1, low), high[1]);
-                q[4 * n + 2] =
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), high[2]);
-                q[4 * n + 3] =
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low), high[3]);
                 for k in 0..4 {
-                    let s = 8 * n + 2 * k;
-                    scales[4 * n + k] = _mm256_set_m128i(
-                        _mm_set1_epi16((sc[s + 1] as i8) as i16),
-                        _mm_set1_epi16((sc[s] as i8) as i16),
-                    );
+                    let lowbits = match k {
+                        0 => _mm256_and_si256(l0, low),
+                        1 => _mm256_and_si256(l1, low),
+                        2 => _mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
+                        _ => _mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                    };
+                    let h = match k {
+                        0 => qh,
+                        1 => _mm256_srli_epi16(qh, 2),
+                        2 => _mm256_srli_epi16(qh, 4),
+                        _ => _mm256_srli_epi16(qh, 6),
+                    };
+                    let q =
+                        _mm256_or_si256(lowbits, _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
+                    let e = (8 * n + 2 * k) as i16;
+                    let mask =
+                        _mm256_set_m128i(_mm_set1_epi16(pick(e + 1)), _mm_set1_epi16(pick(e)));
+                    let scale = _mm256_shuffle_epi8(lanes[n], mask);
+                    for (sumi, x) in sumi.iter_mut().zip(&xs) {
+                        let xk = load32(&x[j].qs[128 * n + 32 * k..]);
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xk), scale);
+                        *sumi = _mm256_add_epi32(*sumi, p);
+                    }
                 }
             }
-            for ((acc, off), x) in acc.iter_mut().zip(offsets.iter_mut()).zip(&xs) {
+            for ((acc, x), sumi) in acc.iter_mut().zip(&xs).zip(sumi) {
                 let x = &x[j];
-                let mut sumi = _mm256_setzero_si256();
-                for k in 0..8 {
-                    let xk = load32(&x.qs[32 * k..]);
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xk), scales[k]);
-                    sumi = _mm256_add_epi32(sumi, p);
-                }
                 // The values are stored plus 32: take 32 × scale × (sum of each 16) back.
-                let mut offset = 0i32;
-                for (s, &bs) in sc.iter().zip(&x.bsums) {
-                    offset += (*s as i8) as i32 * bs as i32;
-                }
+                let offset = _mm256_madd_epi16(sc16, load32(&x.bsums));
+                let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(offset, 5));
                 *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(sumi), *acc);
-                *off += d * x.d * (32 * offset) as f32;
             }
         }
-        std::array::from_fn(|i| hsum(acc[i]) - offsets[i])
+        acc.map(|v| hsum(v))
     }
 }
 
