@@ -151,6 +151,32 @@ packaged_models() {
         cargo test --release --test onnx_packaged -- --nocapture
 }
 
+# Llama-family decoders (tests/llama.rs and the Llama cases of tests/generative.rs)
+# against an independent numpy reference: scripts/make_llama.py writes random-weight
+# Llama and Qwen2 models as Hugging Face folders and GGUF files in every weight type
+# (seconds, in the pinned Python packages), then the reference of each set of weights.
+llama_models() {
+    local venv="$TARGET_DIR/llm-venv" out="$TARGET_DIR/llm-models"
+    case "$out" in /*) ;; *) out="$PWD/$out" ;; esac
+    if ! llm_python "$venv"; then
+        echo "SKIP: the Python packages could not be installed from PyPI; the Llama reference checks were not run"
+        return 0
+    fi
+    local py="$venv/bin/python" prompt="3,17,101,45,200,7,9,311,42,5,77,128" spec name args d r
+    for spec in "tiny-llama|--arch llama --shape tiny --rope-scaling llama3 --attention-bias"         "small-llama|--arch llama --shape small"         "small-qwen2|--arch qwen2 --shape small"; do
+        name="${spec%%|*}" args="${spec#*|}" d="$out/$name"
+        # shellcheck disable=SC2086
+        [[ -f "$d/manifest.json" ]] || "$py" scripts/make_llama.py make --out "$d" $args
+        for r in "$d"/hf "$d"/hf-*; do
+            [[ -f "$d/ref-$(basename "$r").json" ]] && continue
+            "$py" scripts/make_llama.py reference --model "$r" --tokens "$prompt" --generate 12 --all \
+                --out "$d/ref-$(basename "$r").json" >/dev/null
+        done
+    done
+    INFER_LLAMA_MODELS_DIR="$out" cargo test --release --test llama -- --nocapture
+    INFER_LLAMA_MODELS_DIR="$out" cargo test --release --test generative llama_family -- --nocapture
+}
+
 # The ONNX backend's behaviour tests again, with ONNX Runtime as the engine (the main
 # cargo test run has none: ONNX models run on tract there).
 onnxruntime_tests() {
@@ -186,6 +212,10 @@ summary() {
     if [[ -f "$LOGS/packaged-models.log" ]]; then
         echo "ONNX models from PyPI packages, against onnxruntime $ORT_VERSION:"
         grep -E '^[a-z_]+( \(tract\))?: ([0-9]+ requests over|refused)|^SKIP' "$LOGS/packaged-models.log" | cut -c1-160 | sed 's/^/  /' || true
+    fi
+    if [[ -f "$LOGS/llama-models.log" ]]; then
+        echo "Llama-family models against the numpy reference:"
+        grep -E 'model runs matched|^SKIP' "$LOGS/llama-models.log" | sed 's/^/  /' || true
     fi
     if [[ -f "$LOGS/nvrtc.log" ]]; then
         echo "kernels through NVRTC $NVRTC_VERSION:"
@@ -232,6 +262,7 @@ step cargo-test-gpu-standin standin_gpu_tests
 step onnxruntime onnxruntime_tests
 step onnx-conformance onnx_conformance
 step packaged-models packaged_models
+step llama-models llama_models
 step gpu-check gpu_check_standin
 step nvrtc nvrtc_check
 step build cargo build --release
