@@ -7,8 +7,9 @@
 //! kernels).
 
 use super::attention::{self, AttentionShape, Scratch};
-use super::kernels::{self, Epilogue, Exec};
+use super::kernels::{self, Exec};
 use super::kv::KvCache;
+use super::linear::{matmul, Acts, Out};
 use super::step::{Planner, StepSeq};
 use super::weights::Gpt2;
 use crate::status::{Error, Result};
@@ -29,9 +30,9 @@ pub struct Runner {
     normed: Vec<f32>,
     qkv: Vec<f32>,
     attn: Vec<f32>,
-    proj: Vec<f32>,
     fc: Vec<f32>,
     head_in: Vec<f32>,
+    acts: Acts,
     /// One attention scratch per thread part.
     scores: Vec<Scratch>,
 }
@@ -69,9 +70,9 @@ impl Runner {
             normed: Vec::new(),
             qkv: Vec::new(),
             attn: Vec::new(),
-            proj: Vec::new(),
             fc: Vec::new(),
             head_in: Vec::new(),
+            acts: Acts::default(),
             scores,
         })
     }
@@ -115,7 +116,6 @@ impl Runner {
         let normed = grow(&mut self.normed, t * e)?;
         let qkv = grow(&mut self.qkv, t * 3 * e)?;
         let attn = grow(&mut self.attn, t * e)?;
-        let proj = grow(&mut self.proj, t * e)?;
         let fc = grow(&mut self.fc, t * i)?;
         let head_in = grow(&mut self.head_in, rows * e)?;
         grow(logits, rows * v)?;
@@ -124,6 +124,7 @@ impl Runner {
             threads: self.threads,
             min_par_work: self.min_par_work,
         };
+        let acts = &mut self.acts;
 
         let mut ti = 0;
         for s in seqs {
@@ -137,13 +138,15 @@ impl Runner {
         let hd = c.head_dim();
         for (l, b) in model.blocks.iter().enumerate() {
             kernels::layer_norm_rows(exec, hidden, &b.ln_1.weight, &b.ln_1.bias, eps, normed);
-            kernels::gemm(
+            acts.prepare(exec, normed, t, e, [b.attn.wtype])?;
+            matmul(
                 exec,
-                (t, e, 3 * e),
+                &b.attn,
+                acts,
                 normed,
-                &b.attn_w,
                 qkv,
-                Epilogue::Bias(&b.attn_b),
+                3 * e,
+                Out::Bias(&b.attn_b),
             );
             for (r, slot) in self.plan.slots.iter().enumerate() {
                 let pos = slot.pos as usize;
@@ -182,30 +185,29 @@ impl Runner {
                 &mut self.scores,
                 attn,
             );
-            kernels::gemm(
+            acts.prepare(exec, attn, t, e, [b.attn_proj.wtype])?;
+            matmul(
                 exec,
-                (t, e, e),
+                &b.attn_proj,
+                acts,
                 attn,
-                &b.attn_proj_w,
-                proj,
-                Epilogue::BiasResidual(&b.attn_proj_b, hidden),
+                hidden,
+                e,
+                Out::BiasAdd(&b.attn_proj_b),
             );
             kernels::layer_norm_rows(exec, hidden, &b.ln_2.weight, &b.ln_2.bias, eps, normed);
-            kernels::gemm(
+            acts.prepare(exec, normed, t, e, [b.fc.wtype])?;
+            matmul(exec, &b.fc, acts, normed, fc, i, Out::Bias(&b.fc_b));
+            kernels::activate_rows(exec, c.activation, fc, i);
+            acts.prepare(exec, fc, t, i, [b.mlp_proj.wtype])?;
+            matmul(
                 exec,
-                (t, e, i),
-                normed,
-                &b.fc_w,
+                &b.mlp_proj,
+                acts,
                 fc,
-                Epilogue::BiasActivation(&b.fc_b, c.activation),
-            );
-            kernels::gemm(
-                exec,
-                (t, i, e),
-                fc,
-                &b.mlp_proj_w,
-                proj,
-                Epilogue::BiasResidual(&b.mlp_proj_b, hidden),
+                hidden,
+                e,
+                Out::BiasAdd(&b.mlp_proj_b),
             );
         }
 
@@ -220,14 +222,8 @@ impl Runner {
                     o,
                 );
             }
-            kernels::gemm(
-                exec,
-                (rows, e, v),
-                head_in,
-                &model.head_t,
-                logits,
-                Epilogue::None,
-            );
+            acts.prepare(exec, head_in, rows, e, [model.head.wtype])?;
+            matmul(exec, &model.head, acts, head_in, logits, v, Out::Set);
         }
         Ok(())
     }

@@ -1,5 +1,6 @@
-//! The dense arithmetic of the forward pass on the CPU: GEMMs (matrixmultiply), layer
-//! norm, activations, and how each is spread over threads (attention is in `attention`).
+//! The dense arithmetic of the forward pass on the CPU besides matrix products (those are
+//! in `linear`): layer norm, activations, and how each is spread over threads (attention
+//! is in `attention`).
 //!
 //! Batching invariance is this module's contract: a row's result is computed by the same
 //! instructions in the same order whatever the number of rows, which thread runs it, or
@@ -9,7 +10,6 @@
 
 use super::config::Activation;
 use rayon::prelude::*;
-use std::ops::Range;
 
 /// Where and how wide to run a kernel.
 #[derive(Clone, Copy)]
@@ -28,147 +28,19 @@ impl Exec<'_> {
             _ => 1,
         }
     }
-
-    /// Runs `f(i)` for `i in 0..parts`, in the pool when there is more than one.
-    fn run(&self, parts: usize, f: impl Fn(usize) + Sync + Send) {
-        match self.pool {
-            Some(pool) if parts > 1 => pool.install(|| (0..parts).into_par_iter().for_each(f)),
-            _ => (0..parts).for_each(f),
-        }
-    }
 }
 
-/// A raw pointer that crosses into pool threads. Each thread only touches a region no
-/// other thread touches (disjoint columns of the same rows), which slices cannot say.
-#[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
-// SAFETY: used only to hand disjoint column ranges of one buffer to threads that all
-// finish before the buffer's borrow ends (rayon `install` joins them).
-unsafe impl Send for SharedMut {}
-unsafe impl Sync for SharedMut {}
-
-impl SharedMut {
-    /// The pointer (a method, so closures capture the whole `SharedMut`, not the field).
-    #[inline(always)]
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
-/// What happens to each finished part of a GEMM's output (on the thread that made it).
-pub(crate) enum Epilogue<'a> {
-    None,
-    /// `c += bias`.
-    Bias(&'a [f32]),
-    /// `c = act(c + bias)`.
-    BiasActivation(&'a [f32], Activation),
-    /// `residual += c + bias` (`c` is scratch), with `residual` shaped like `c`.
-    BiasResidual(&'a [f32], &'a mut [f32]),
-}
-
-/// `c[m×n] = a[m×k] · b[k×n]` (row-major, contiguous), then the epilogue. Threads split
-/// the columns; every element is the same sequence of multiply-adds over `k` whatever
-/// the split (matrixmultiply's blocking depends only on `k` for that).
-pub(crate) fn gemm(
-    exec: Exec<'_>,
-    (m, k, n): (usize, usize, usize),
-    a: &[f32],
-    b: &[f32],
-    c: &mut [f32],
-    epilogue: Epilogue<'_>,
-) {
-    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
-    if m == 0 || n == 0 {
-        return;
-    }
-    let (bias, act, residual) = match epilogue {
-        Epilogue::None => (None, None, None),
-        Epilogue::Bias(b) => (Some(b), None, None),
-        Epilogue::BiasActivation(b, act) => (Some(b), Some(act), None),
-        Epilogue::BiasResidual(b, r) => {
-            assert!(r.len() >= m * n);
-            (Some(b), None, Some(SharedMut(r.as_mut_ptr())))
-        }
-    };
-    if let Some(b) = bias {
-        assert!(b.len() >= n);
-    }
-    // Column parts of at least 64 (whole micro-kernel tiles).
-    let parts = exec.parts(m * k * n, n.div_ceil(64));
-    let width = n.div_ceil(parts).next_multiple_of(16);
-    let cp = SharedMut(c.as_mut_ptr());
-    let run_part = |i: usize| {
-        let cols = (i * width).min(n)..((i + 1) * width).min(n);
-        if cols.is_empty() {
-            return;
-        }
-        // SAFETY: `a`, `b`, `c` hold the sizes asserted above; this part writes only
-        // columns `cols` of `c` (and of `residual`), which no other part writes.
-        unsafe {
-            matrixmultiply::sgemm(
-                m,
-                k,
-                cols.len(),
-                1.0,
-                a.as_ptr(),
-                k as isize,
-                1,
-                b.as_ptr().add(cols.start),
-                n as isize,
-                1,
-                0.0,
-                cp.get().add(cols.start),
-                n as isize,
-                1,
-            );
-            for r in 0..m {
-                let row =
-                    std::slice::from_raw_parts_mut(cp.get().add(r * n + cols.start), cols.len());
-                finish_row(
-                    row,
-                    cols.clone(),
-                    bias,
-                    act,
-                    residual.map(|p| p.get().add(r * n)),
-                );
-            }
-        }
-    };
-    exec.run(parts, run_part);
-}
-
-/// The epilogue of one row's columns `cols` (`row` is that part of the output).
-///
-/// # Safety
-/// `residual`, when given, points at the row's start in a buffer of at least `cols.end`
-/// elements that nothing else touches in `cols`.
-#[inline]
-unsafe fn finish_row(
-    row: &mut [f32],
-    cols: Range<usize>,
-    bias: Option<&[f32]>,
-    act: Option<Activation>,
-    residual: Option<*mut f32>,
-) {
-    let Some(bias) = bias else { return };
-    let bias = &bias[cols.clone()];
-    match residual {
-        Some(res) => {
-            // SAFETY: `res` addresses a row of at least `cols.end` elements that only this
-            // call writes (this function's contract).
-            let res = unsafe { std::slice::from_raw_parts_mut(res.add(cols.start), cols.len()) };
-            for ((r, &x), &b) in res.iter_mut().zip(row.iter()).zip(bias) {
-                *r += x + b;
-            }
-        }
-        None => {
-            for (x, &b) in row.iter_mut().zip(bias) {
-                *x += b;
-            }
-            if let Some(act) = act {
-                activate(act, row);
-            }
-        }
+/// Applies `act` to `x` (rows of `width`), rows split over threads.
+pub(crate) fn activate_rows(exec: Exec<'_>, act: Activation, x: &mut [f32], width: usize) {
+    let rows = x.len() / width.max(1);
+    let parts = exec.parts(x.len() * 16, rows);
+    let per = rows.div_ceil(parts.max(1)).max(1);
+    match exec.pool {
+        Some(pool) if parts > 1 => pool.install(|| {
+            x.par_chunks_mut(per * width)
+                .for_each(|part| activate(act, part))
+        }),
+        _ => activate(act, x),
     }
 }
 
@@ -395,65 +267,6 @@ pub(crate) mod tests {
                 "{i}: {} vs {want}",
                 out[i]
             );
-        }
-    }
-
-    #[test]
-    fn gemm_parts_agree_bitwise() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap();
-        let (m, k, n) = (5, 300, 200);
-        let a: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
-            .collect();
-        let b: Vec<f32> = (0..k * n)
-            .map(|i| ((i * 5) % 11) as f32 * 0.1 - 0.5)
-            .collect();
-        let bias: Vec<f32> = (0..n).map(|i| i as f32 * 0.01).collect();
-        let run = |exec: Exec<'_>, rows: Range<usize>| {
-            let mut c = vec![0.0; rows.len() * n];
-            let a = &a[rows.start * k..rows.end * k];
-            gemm(
-                exec,
-                (rows.len(), k, n),
-                a,
-                &b,
-                &mut c,
-                Epilogue::BiasActivation(&bias, Activation::GeluTanh),
-            );
-            c
-        };
-        let alone = Exec {
-            pool: None,
-            threads: 1,
-            min_par_work: 0,
-        };
-        let split = Exec {
-            pool: Some(&pool),
-            threads: 3,
-            min_par_work: 0,
-        };
-        let whole = run(alone, 0..m);
-        assert_eq!(bits(&whole), bits(&run(split, 0..m)));
-        for r in 0..m {
-            assert_eq!(
-                bits(&whole[r * n..(r + 1) * n]),
-                bits(&run(split, r..r + 1))
-            );
-        }
-        // And against a plain loop, loosely.
-        for r in 0..m {
-            for j in 0..n {
-                let mut s = 0.0f64;
-                for i in 0..k {
-                    s += a[r * k + i] as f64 * b[i * n + j] as f64;
-                }
-                let mut want = [(s + bias[j] as f64) as f32];
-                activate(Activation::GeluTanh, &mut want);
-                assert!((whole[r * n + j] - want[0]).abs() < 1e-3, "{r},{j}");
-            }
         }
     }
 

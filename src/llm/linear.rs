@@ -104,6 +104,15 @@ impl Matrix {
         &self.data.get()[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
+    /// The whole matrix as f32, `[rows][cols]`.
+    pub(crate) fn to_f32(&self) -> Vec<f32> {
+        let mut v = vec![0.0; self.rows * self.cols];
+        for (r, row) in v.chunks_exact_mut(self.cols.max(1)).enumerate() {
+            self.row_f32(r, row);
+        }
+        v
+    }
+
     /// Row `r` as f32 (an embedding lookup).
     pub(crate) fn row_f32(&self, r: usize, out: &mut [f32]) {
         quant::dequantize_row(self.wtype, self.row(r), &mut out[..self.cols]);
@@ -233,6 +242,8 @@ pub(crate) enum Out<'a> {
     Bias(&'a [f32]),
     /// `y += w·x` (a residual connection: `y` already holds the residual stream).
     Add,
+    /// `y += w·x + bias`.
+    BiasAdd(&'a [f32]),
 }
 
 /// A pointer to the output that pool threads write at disjoint places.
@@ -274,7 +285,7 @@ pub(crate) fn matmul(
         w.name
     );
     assert!(x.len() >= t * k && ldy >= n && (t == 0 || y.len() >= (t - 1) * ldy + n));
-    if let Out::Bias(b) = out {
+    if let Out::Bias(b) | Out::BiasAdd(b) = out {
         assert!(b.len() >= n);
     }
     let kind = w.wtype.act();
@@ -312,6 +323,7 @@ pub(crate) fn matmul(
                                 Out::Set => *o = v,
                                 Out::Bias(b) => *o = v + b[r],
                                 Out::Add => *o += v,
+                                Out::BiasAdd(b) => *o += v + b[r],
                             }
                         }
                     }

@@ -1,16 +1,20 @@
 //! A GPT-2 model's parameters: loading them from a Hugging Face folder (`config.json` +
 //! `model.safetensors`), drawing random ones, and saving them back.
 //!
-//! Weights are converted to f32 once, at load, into the layout the forward pass's GEMMs
-//! read without repacking; this module never runs the model.
+//! Matrices are stored `[out][in]` (transposed once, at load, from Hugging Face's Conv1D
+//! `[in][out]`) in the file's type (F32, F16 or BF16), which is what the row dot-product
+//! kernels of `linear` read without repacking; this module never runs the model.
 
 use super::config::Gpt2Config;
+use super::linear::{Bytes, Matrix};
+use super::quant::WeightType;
 use super::sampling::Rng;
 use crate::folder::Folder;
 use crate::status::{Error, Result};
 use safetensors::{Dtype, SafeTensors};
 use std::borrow::Cow;
 use std::path::Path;
+use std::sync::Arc;
 
 /// A layer norm's gain and bias, `[n_embd]` each.
 pub(crate) struct Norm {
@@ -18,34 +22,33 @@ pub(crate) struct Norm {
     pub bias: Vec<f32>,
 }
 
-/// One transformer block. Matrices are Hugging Face's Conv1D layout, `[in][out]`
-/// row-major, which is the `B` a row-major GEMM wants.
+/// One transformer block. Matrices are `[out][in]`.
 pub(crate) struct Block {
     pub ln_1: Norm,
-    /// `[n_embd][3 n_embd]`: q, k, v.
-    pub attn_w: Vec<f32>,
+    /// `[3 n_embd][n_embd]`: q, k, v.
+    pub attn: Matrix,
     pub attn_b: Vec<f32>,
     /// `[n_embd][n_embd]`.
-    pub attn_proj_w: Vec<f32>,
+    pub attn_proj: Matrix,
     pub attn_proj_b: Vec<f32>,
     pub ln_2: Norm,
-    /// `[n_embd][n_inner]`.
-    pub fc_w: Vec<f32>,
-    pub fc_b: Vec<f32>,
     /// `[n_inner][n_embd]`.
-    pub mlp_proj_w: Vec<f32>,
+    pub fc: Matrix,
+    pub fc_b: Vec<f32>,
+    /// `[n_embd][n_inner]`.
+    pub mlp_proj: Matrix,
     pub mlp_proj_b: Vec<f32>,
 }
 
 /// Where token embeddings are read from.
 pub(crate) enum TokenEmbedding {
     /// `[vocab][n_embd]`, the model's own (its LM head is separate).
-    Own(Vec<f32>),
-    /// Tied to the LM head: column `token` of `head_t`.
+    Own(Matrix),
+    /// Tied to the LM head: row `token` of `head`.
     Tied,
 }
 
-/// A GPT-2 language model (`GPT2LMHeadModel`), weights in f32.
+/// A GPT-2 language model (`GPT2LMHeadModel`).
 pub struct Gpt2 {
     pub config: Gpt2Config,
     pub(crate) wte: TokenEmbedding,
@@ -53,9 +56,8 @@ pub struct Gpt2 {
     pub(crate) wpe: Vec<f32>,
     pub(crate) blocks: Vec<Block>,
     pub(crate) ln_f: Norm,
-    /// The LM head transposed, `[n_embd][vocab]`, so that the logits GEMM reads it
-    /// row-major like every other weight.
-    pub(crate) head_t: Vec<f32>,
+    /// The LM head, `[vocab][n_embd]`.
+    pub(crate) head: Matrix,
 }
 
 impl Gpt2 {
@@ -90,31 +92,31 @@ impl Gpt2 {
             let p = format!("h.{l}");
             blocks.push(Block {
                 ln_1: norm(&format!("{p}.ln_1"))?,
-                attn_w: t.get(&format!("{p}.attn.c_attn.weight"), &[e, 3 * e])?,
+                attn: t.conv1d(&format!("{p}.attn.c_attn.weight"), e, 3 * e)?,
                 attn_b: t.get(&format!("{p}.attn.c_attn.bias"), &[3 * e])?,
-                attn_proj_w: t.get(&format!("{p}.attn.c_proj.weight"), &[e, e])?,
+                attn_proj: t.conv1d(&format!("{p}.attn.c_proj.weight"), e, e)?,
                 attn_proj_b: t.get(&format!("{p}.attn.c_proj.bias"), &[e])?,
                 ln_2: norm(&format!("{p}.ln_2"))?,
-                fc_w: t.get(&format!("{p}.mlp.c_fc.weight"), &[e, i])?,
+                fc: t.conv1d(&format!("{p}.mlp.c_fc.weight"), e, i)?,
                 fc_b: t.get(&format!("{p}.mlp.c_fc.bias"), &[i])?,
-                mlp_proj_w: t.get(&format!("{p}.mlp.c_proj.weight"), &[i, e])?,
+                mlp_proj: t.conv1d(&format!("{p}.mlp.c_proj.weight"), i, e)?,
                 mlp_proj_b: t.get(&format!("{p}.mlp.c_proj.bias"), &[e])?,
             });
         }
-        let wte = t.get("wte.weight", &[v, e])?;
+        let wte = t.rows("wte.weight", v, e)?;
         // Like transformers: a tied model uses the embedding whatever lm_head.weight holds.
-        let (wte, head_t) = if c.tie_word_embeddings {
-            (TokenEmbedding::Tied, transpose(&wte, v, e))
+        let (wte, head) = if c.tie_word_embeddings {
+            (TokenEmbedding::Tied, wte)
         } else {
-            let head = t.get("lm_head.weight", &[v, e])?;
-            (TokenEmbedding::Own(wte), transpose(&head, v, e))
+            let head = t.rows("lm_head.weight", v, e)?;
+            (TokenEmbedding::Own(wte), head)
         };
         Ok(Gpt2 {
             wte,
             wpe: t.get("wpe.weight", &[c.n_positions, e])?,
             blocks,
             ln_f: norm("ln_f")?,
-            head_t,
+            head,
             config: c,
         })
     }
@@ -124,6 +126,13 @@ impl Gpt2 {
     /// range), layer-norm gains around 1, small biases. The config should pass
     /// [`Gpt2Config::validate`]; `Runner::new` refuses one that does not.
     pub fn random(config: Gpt2Config, seed: u64) -> Gpt2 {
+        // Drawn in Conv1D order, `[in][out]`, then stored `[out][in]`.
+        let m = |name: &str, w: Vec<f32>, rows_in: usize, cols_out: usize| -> Matrix {
+            let t = transpose(&w, rows_in, cols_out);
+            // The sizes agree by construction; a config too large to allocate aborts as
+            // any allocation does.
+            Matrix::from_f32(name, cols_out, rows_in, &t).expect("sizes agree")
+        };
         let c = config;
         let (e, i, v) = (c.n_embd, c.n_inner, c.vocab_size);
         let mut rng = Rng::new(seed);
@@ -140,26 +149,38 @@ impl Gpt2 {
         };
         let mut blocks = Vec::with_capacity(c.n_layer);
         for _ in 0..c.n_layer {
+            let ln_1 = norm(&mut draw);
+            let attn = m("attn.c_attn.weight", draw(e * 3 * e, 0.0, 0.02), e, 3 * e);
+            let attn_b = draw(3 * e, 0.0, 0.02);
+            let attn_proj = m("attn.c_proj.weight", draw(e * e, 0.0, 0.02), e, e);
+            let attn_proj_b = draw(e, 0.0, 0.02);
+            let ln_2 = norm(&mut draw);
+            let fc = m("mlp.c_fc.weight", draw(e * i, 0.0, 0.02), e, i);
+            let fc_b = draw(i, 0.0, 0.02);
+            let mlp_proj = m("mlp.c_proj.weight", draw(i * e, 0.0, 0.02), i, e);
+            let mlp_proj_b = draw(e, 0.0, 0.02);
             blocks.push(Block {
-                ln_1: norm(&mut draw),
-                attn_w: draw(e * 3 * e, 0.0, 0.02),
-                attn_b: draw(3 * e, 0.0, 0.02),
-                attn_proj_w: draw(e * e, 0.0, 0.02),
-                attn_proj_b: draw(e, 0.0, 0.02),
-                ln_2: norm(&mut draw),
-                fc_w: draw(e * i, 0.0, 0.02),
-                fc_b: draw(i, 0.0, 0.02),
-                mlp_proj_w: draw(i * e, 0.0, 0.02),
-                mlp_proj_b: draw(e, 0.0, 0.02),
+                ln_1,
+                attn,
+                attn_b,
+                attn_proj,
+                attn_proj_b,
+                ln_2,
+                fc,
+                fc_b,
+                mlp_proj,
+                mlp_proj_b,
             });
         }
         let wpe = draw(c.n_positions * e, 0.0, 0.02);
         let ln_f = norm(&mut draw);
-        let head_t = draw(e * v, 0.0, 0.02);
+        // The head was drawn `[n_embd][vocab]`.
+        let head = m("lm_head.weight", draw(e * v, 0.0, 0.02), e, v);
         let wte = if c.tie_word_embeddings {
             TokenEmbedding::Tied
         } else {
-            TokenEmbedding::Own(draw(v * e, 0.0, 0.02))
+            let w = draw(v * e, 0.0, 0.02);
+            TokenEmbedding::Own(Matrix::from_f32("wte.weight", v, e, &w).expect("sizes agree"))
         };
         Gpt2 {
             config: c,
@@ -167,7 +188,7 @@ impl Gpt2 {
             wpe,
             blocks,
             ln_f,
-            head_t,
+            head,
         }
     }
 
@@ -178,11 +199,26 @@ impl Gpt2 {
         let (e, v) = (c.n_embd, c.vocab_size);
         std::fs::create_dir_all(dir)
             .map_err(|err| Error::invalid(format!("cannot create {}: {err}", dir.display())))?;
-        let head = transpose(&self.head_t, e, v);
-        let wte: &[f32] = match &self.wte {
-            TokenEmbedding::Own(w) => w,
-            TokenEmbedding::Tied => &head,
+        let head = self.head.to_f32();
+        let own = match &self.wte {
+            TokenEmbedding::Own(w) => Some(w.to_f32()),
+            TokenEmbedding::Tied => None,
         };
+        let wte: &[f32] = own.as_deref().unwrap_or(&head);
+        // Conv1D layout, `[in][out]`.
+        let conv = |m: &Matrix| transpose(&m.to_f32(), m.rows, m.cols);
+        let mats: Vec<[Vec<f32>; 4]> = self
+            .blocks
+            .iter()
+            .map(|b| {
+                [
+                    conv(&b.attn),
+                    conv(&b.attn_proj),
+                    conv(&b.fc),
+                    conv(&b.mlp_proj),
+                ]
+            })
+            .collect();
         let mut tensors: Vec<(String, Vec<usize>, &[f32])> = Vec::new();
         let mut add = |name: String, shape: Vec<usize>, data| {
             let name = if name.starts_with("lm_head.") {
@@ -194,26 +230,22 @@ impl Gpt2 {
         };
         add("wte.weight".into(), vec![v, e], wte);
         add("wpe.weight".into(), vec![c.n_positions, e], &self.wpe);
-        for (l, b) in self.blocks.iter().enumerate() {
+        for (l, (b, [attn, attn_proj, fc, mlp_proj])) in self.blocks.iter().zip(&mats).enumerate() {
             let p = format!("h.{l}");
             add(format!("{p}.ln_1.weight"), vec![e], &b.ln_1.weight);
             add(format!("{p}.ln_1.bias"), vec![e], &b.ln_1.bias);
-            add(format!("{p}.attn.c_attn.weight"), vec![e, 3 * e], &b.attn_w);
+            add(format!("{p}.attn.c_attn.weight"), vec![e, 3 * e], attn);
             add(format!("{p}.attn.c_attn.bias"), vec![3 * e], &b.attn_b);
-            add(
-                format!("{p}.attn.c_proj.weight"),
-                vec![e, e],
-                &b.attn_proj_w,
-            );
+            add(format!("{p}.attn.c_proj.weight"), vec![e, e], attn_proj);
             add(format!("{p}.attn.c_proj.bias"), vec![e], &b.attn_proj_b);
             add(format!("{p}.ln_2.weight"), vec![e], &b.ln_2.weight);
             add(format!("{p}.ln_2.bias"), vec![e], &b.ln_2.bias);
-            add(format!("{p}.mlp.c_fc.weight"), vec![e, c.n_inner], &b.fc_w);
+            add(format!("{p}.mlp.c_fc.weight"), vec![e, c.n_inner], fc);
             add(format!("{p}.mlp.c_fc.bias"), vec![c.n_inner], &b.fc_b);
             add(
                 format!("{p}.mlp.c_proj.weight"),
                 vec![c.n_inner, e],
-                &b.mlp_proj_w,
+                mlp_proj,
             );
             add(format!("{p}.mlp.c_proj.bias"), vec![e], &b.mlp_proj_b);
         }
@@ -245,29 +277,39 @@ impl Gpt2 {
     pub(crate) fn check_shapes(&self) -> Result<()> {
         let c = &self.config;
         let (e, i, v) = (c.n_embd, c.n_inner, c.vocab_size);
+        let dims = |m: &Matrix| (m.rows, m.cols);
         let mut want: Vec<(&str, usize, usize)> = vec![
             ("wpe", self.wpe.len(), c.n_positions * e),
             ("ln_f.weight", self.ln_f.weight.len(), e),
             ("ln_f.bias", self.ln_f.bias.len(), e),
-            ("lm head", self.head_t.len(), e * v),
             ("layers", self.blocks.len(), c.n_layer),
         ];
+        let mut mats: Vec<(&str, (usize, usize), (usize, usize))> =
+            vec![("lm head", dims(&self.head), (v, e))];
         if let TokenEmbedding::Own(w) = &self.wte {
-            want.push(("wte", w.len(), v * e));
+            mats.push(("wte", dims(w), (v, e)));
         }
         for b in &self.blocks {
             want.extend([
                 ("ln_1", b.ln_1.weight.len() + b.ln_1.bias.len(), 2 * e),
                 ("ln_2", b.ln_2.weight.len() + b.ln_2.bias.len(), 2 * e),
-                ("attn.c_attn.weight", b.attn_w.len(), e * 3 * e),
                 ("attn.c_attn.bias", b.attn_b.len(), 3 * e),
-                ("attn.c_proj.weight", b.attn_proj_w.len(), e * e),
                 ("attn.c_proj.bias", b.attn_proj_b.len(), e),
-                ("mlp.c_fc.weight", b.fc_w.len(), e * i),
                 ("mlp.c_fc.bias", b.fc_b.len(), i),
-                ("mlp.c_proj.weight", b.mlp_proj_w.len(), i * e),
                 ("mlp.c_proj.bias", b.mlp_proj_b.len(), e),
             ]);
+            mats.extend([
+                ("attn.c_attn.weight", dims(&b.attn), (3 * e, e)),
+                ("attn.c_proj.weight", dims(&b.attn_proj), (e, e)),
+                ("mlp.c_fc.weight", dims(&b.fc), (i, e)),
+                ("mlp.c_proj.weight", dims(&b.mlp_proj), (e, i)),
+            ]);
+        }
+        if let Some((name, got, need)) = mats.into_iter().find(|(_, got, need)| got != need) {
+            return Err(Error::invalid(format!(
+                "GPT-2 weights do not match the config: {name} is {} x {}, the config needs {} x {}",
+                got.0, got.1, need.0, need.1
+            )));
         }
         match want.into_iter().find(|&(_, got, want)| got != want) {
             Some((name, got, want)) => Err(Error::invalid(format!(
@@ -283,17 +325,11 @@ impl Gpt2 {
         let e = self.config.n_embd;
         let wpe = &self.wpe[pos * e..(pos + 1) * e];
         match &self.wte {
-            TokenEmbedding::Own(w) => {
-                for ((o, &t), &p) in out.iter_mut().zip(&w[token * e..(token + 1) * e]).zip(wpe) {
-                    *o = t + p;
-                }
-            }
-            TokenEmbedding::Tied => {
-                let v = self.config.vocab_size;
-                for (d, (o, &p)) in out.iter_mut().zip(wpe).enumerate() {
-                    *o = self.head_t[d * v + token] + p;
-                }
-            }
+            TokenEmbedding::Own(w) => w.row_f32(token, out),
+            TokenEmbedding::Tied => self.head.row_f32(token, out),
+        }
+        for (o, &p) in out.iter_mut().zip(wpe) {
+            *o += p;
         }
     }
 }
@@ -301,7 +337,69 @@ impl Gpt2 {
 /// The tensors of a safetensors file, found by Hugging Face name.
 struct Tensors<'a>(SafeTensors<'a>);
 
-impl Tensors<'_> {
+impl<'a> Tensors<'a> {
+    /// The tensor `name` (tried with and without `transformer.`), checked to have
+    /// `shape`, with its element type and bytes.
+    fn raw(&self, name: &str, shape: &[usize]) -> Result<(String, WeightType, &'a [u8])> {
+        let full = if name.starts_with("lm_head.") {
+            name.to_string()
+        } else {
+            format!("transformer.{name}")
+        };
+        let (found, view) = match self.0.tensor(&full) {
+            Ok(v) => (full, v),
+            Err(_) => match self.0.tensor(name) {
+                Ok(v) => (name.to_string(), v),
+                Err(_) => return Err(Error::invalid(format!("tensor {full} is missing"))),
+            },
+        };
+        if view.shape() != shape {
+            return Err(Error::invalid(format!(
+                "tensor {found} has shape {:?}, expected {shape:?}",
+                view.shape()
+            )));
+        }
+        let t = match view.dtype() {
+            Dtype::F32 => WeightType::F32,
+            Dtype::F16 => WeightType::F16,
+            Dtype::BF16 => WeightType::BF16,
+            other => {
+                return Err(Error::unsupported(format!(
+                    "tensor {found} has dtype {other:?}; F32, F16 and BF16 are supported"
+                )))
+            }
+        };
+        Ok((found, t, view.data()))
+    }
+
+    /// A matrix stored `[rows][cols]`, kept in its type.
+    fn rows(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        let (found, t, data) = self.raw(name, &[rows, cols])?;
+        Matrix::new(&found, t, rows, cols, Bytes::Owned(Arc::new(data.to_vec())))
+    }
+
+    /// A Conv1D matrix stored `[n_in][n_out]`, transposed to `[n_out][n_in]` in its type.
+    fn conv1d(&self, name: &str, n_in: usize, n_out: usize) -> Result<Matrix> {
+        let (found, t, data) = self.raw(name, &[n_in, n_out])?;
+        let es = t.block_bytes();
+        if data.len() != n_in * n_out * es {
+            return Err(Error::invalid(format!(
+                "tensor {found} holds {} bytes, its shape [{n_in}, {n_out}] needs {}",
+                data.len(),
+                n_in * n_out * es
+            )));
+        }
+        let mut out = vec![0u8; data.len()];
+        for i in 0..n_in {
+            for o in 0..n_out {
+                let src = (i * n_out + o) * es;
+                let dst = (o * n_in + i) * es;
+                out[dst..dst + es].copy_from_slice(&data[src..src + es]);
+            }
+        }
+        Matrix::new(&found, t, n_out, n_in, Bytes::Owned(Arc::new(out)))
+    }
+
     /// The tensor `name` (tried with and without `transformer.`) as f32, checked to have
     /// `shape`.
     fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
