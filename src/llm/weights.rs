@@ -284,8 +284,9 @@ impl Gpt2 {
             ("ln_f.bias", self.ln_f.bias.len(), e),
             ("layers", self.blocks.len(), c.n_layer),
         ];
-        let mut mats: Vec<(&str, (usize, usize), (usize, usize))> =
-            vec![("lm head", dims(&self.head), (v, e))];
+        /// A matrix's name, its (rows, cols) and the config's.
+        type Dims<'a> = (&'a str, (usize, usize), (usize, usize));
+        let mut mats: Vec<Dims<'_>> = vec![("lm head", dims(&self.head), (v, e))];
         if let TokenEmbedding::Own(w) = &self.wte {
             mats.push(("wte", dims(w), (v, e)));
         }
