@@ -107,13 +107,10 @@ PY
 # them); tests/onnx_conformance_known.txt is true for this version.
 ONNX_VERSION=1.19.1
 
-# onnx_python VENV: makes VENV (once) with the pinned onnx in it, installing Debian's
+# make_venv VENV: a Python venv with pip at VENV (kept when it works), installing Debian's
 # python3 / python3-venv when they are missing.
-onnx_python() {
+make_venv() {
     local venv="$1"
-    if "$venv/bin/python" -c "import onnx, sys; sys.exit(onnx.__version__ != '$ONNX_VERSION')" 2>/dev/null; then
-        return 0
-    fi
     ensure_tool python3 python3
     if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
         rm -rf "$venv"
@@ -124,6 +121,16 @@ onnx_python() {
             python3 -m venv "$venv"
         fi
     fi
+}
+
+# onnx_python VENV: makes VENV (once) with the pinned onnx in it, installing Debian's
+# python3 / python3-venv when they are missing.
+onnx_python() {
+    local venv="$1"
+    if "$venv/bin/python" -c "import onnx, sys; sys.exit(onnx.__version__ != '$ONNX_VERSION')" 2>/dev/null; then
+        return 0
+    fi
+    make_venv "$venv"
     echo "-- installing onnx==$ONNX_VERSION into $venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "onnx==$ONNX_VERSION"
 }
@@ -149,16 +156,7 @@ PY
     then
         return 0
     fi
-    ensure_tool python3 python3
-    if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
-        rm -rf "$venv"
-        if ! python3 -m venv "$venv" >/dev/null 2>&1; then
-            # Debian and Ubuntu ship venv's pip bootstrap separately.
-            rm -rf "$venv"
-            apt_install python3-venv
-            python3 -m venv "$venv"
-        fi
-    fi
+    make_venv "$venv"
     echo "-- installing numpy==$LLM_NUMPY_VERSION gguf==$LLM_GGUF_VERSION safetensors==$LLM_SAFETENSORS_VERSION tokenizers==$LLM_TOKENIZERS_VERSION into $venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "numpy==$LLM_NUMPY_VERSION" \
         "gguf==$LLM_GGUF_VERSION" "safetensors==$LLM_SAFETENSORS_VERSION" "tokenizers==$LLM_TOKENIZERS_VERSION"

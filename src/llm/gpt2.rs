@@ -43,22 +43,7 @@ impl Runner {
     pub fn new(model: Arc<Gpt2>, threads: usize) -> Result<Runner> {
         model.config.validate()?;
         model.check_shapes()?;
-        let threads = match threads {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        };
-        let pool = if threads > 1 {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .thread_name(|i| format!("infer-gpt2-{i}"))
-                .build()
-                .map_err(|e| {
-                    Error::exhausted(format!("cannot start {threads} GPT-2 threads: {e}"))
-                })?;
-            Some(pool)
-        } else {
-            None
-        };
+        let (pool, threads) = kernels::thread_pool(threads, "gpt2")?;
         let scores = (0..threads).map(|_| Scratch::default()).collect();
         Ok(Runner {
             model,

@@ -20,6 +20,30 @@ pub(crate) struct Exec<'a> {
     pub min_par_work: usize,
 }
 
+/// The thread pool of one runner: `threads` 0 = one per available core, 1 = none (all on
+/// the caller's thread). Returns the pool and the thread count; RESOURCE_EXHAUSTED when
+/// the threads cannot be started.
+pub(crate) fn thread_pool(
+    threads: usize,
+    name: &'static str,
+) -> crate::status::Result<(Option<rayon::ThreadPool>, usize)> {
+    let threads = match threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    if threads <= 1 {
+        return Ok((None, threads));
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(move |i| format!("infer-{name}-{i}"))
+        .build()
+        .map_err(|e| {
+            crate::status::Error::exhausted(format!("cannot start {threads} {name} threads: {e}"))
+        })?;
+    Ok((Some(pool), threads))
+}
+
 impl Exec<'_> {
     /// How many parts to split `work` multiply-adds into (1 = run here).
     pub(crate) fn parts(&self, work: usize, max_parts: usize) -> usize {

@@ -43,23 +43,7 @@ pub struct LlamaRunner {
 impl LlamaRunner {
     /// `threads`: 0 = one per available core, 1 = everything on the caller's thread.
     pub fn new(model: Arc<Llama>, threads: usize) -> Result<LlamaRunner> {
-        let threads = match threads {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        };
-        let pool = if threads > 1 {
-            Some(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .thread_name(|i| format!("infer-llm-{i}"))
-                    .build()
-                    .map_err(|e| {
-                        Error::exhausted(format!("cannot start {threads} decoder threads: {e}"))
-                    })?,
-            )
-        } else {
-            None
-        };
+        let (pool, threads) = super::kernels::thread_pool(threads, "llm")?;
         Ok(LlamaRunner {
             model,
             pool,

@@ -404,73 +404,18 @@ impl<'a> Tensors<'a> {
     /// The tensor `name` (tried with and without `transformer.`) as f32, checked to have
     /// `shape`.
     fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let full = if name.starts_with("lm_head.") {
-            name.to_string()
-        } else {
-            format!("transformer.{name}")
-        };
-        let (found, view) = match self.0.tensor(&full) {
-            Ok(v) => (full, v),
-            Err(_) => match self.0.tensor(name) {
-                Ok(v) => (name.to_string(), v),
-                Err(_) => return Err(Error::invalid(format!("tensor {full} is missing"))),
-            },
-        };
-        if view.shape() != shape {
-            return Err(Error::invalid(format!(
-                "tensor {found} has shape {:?}, expected {shape:?}",
-                view.shape()
-            )));
-        }
-        let data = view.data();
-        let out: Vec<f32> = match view.dtype() {
-            Dtype::F32 => data
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::F16 => data
-                .chunks_exact(2)
-                .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
-                .collect(),
-            Dtype::BF16 => data
-                .chunks_exact(2)
-                .map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16))
-                .collect(),
-            other => {
-                return Err(Error::unsupported(format!(
-                    "tensor {found} has dtype {other:?}; F32, F16 and BF16 are supported"
-                )))
-            }
-        };
+        let (found, t, data) = self.raw(name, shape)?;
         let want: usize = shape.iter().product();
-        if out.len() != want {
+        if data.len() != want * t.block_bytes() {
             return Err(Error::invalid(format!(
-                "tensor {found} holds {} values, its shape {shape:?} needs {want}",
-                out.len()
+                "tensor {found} holds {} bytes, its shape {shape:?} needs {want} values",
+                data.len()
             )));
         }
+        let mut out = vec![0.0; want];
+        super::quant::dequantize_row(t, data, &mut out);
         Ok(out)
     }
-}
-
-/// IEEE half to single, exactly (subnormals, infinities and NaNs included).
-pub(crate) fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h & 0x8000) as u32) << 16;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let man = (h & 0x3ff) as u32;
-    let bits = match (exp, man) {
-        (0, 0) => sign,
-        (0, _) => {
-            // Subnormal: value = man · 2^-24, normalised for f32.
-            let shift = man.leading_zeros() - 21; // brings the top set bit to bit 10
-            let man = (man << shift) & 0x3ff;
-            let exp = 127 - 15 + 1 - shift;
-            sign | (exp << 23) | (man << 13)
-        }
-        (0x1f, _) => sign | 0x7f80_0000 | (man << 13),
-        _ => sign | ((exp + 127 - 15) << 23) | (man << 13),
-    };
-    f32::from_bits(bits)
 }
 
 /// `[rows][cols]` → `[cols][rows]`, in tiles to stay in cache.

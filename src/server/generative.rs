@@ -71,6 +71,89 @@ fn kv_type(config: &ModelConfig, weights_f32: bool) -> Result<KvType> {
     }
 }
 
+/// The in-flight settings of a model whose KV cache blocks have `kv_shape`, warning of
+/// parameters no generative backend reads.
+fn settings(
+    config: &ModelConfig,
+    n_positions: usize,
+    kv_shape: KvShape,
+    log: &Logger,
+) -> Result<Settings> {
+    let (settings, unknown) = Settings::from_config(config, n_positions, |tpb| {
+        KvCache::bytes_per_block(kv_shape, tpb)
+    })?;
+    for k in unknown {
+        log.warn(&format!(
+            "model '{}': parameter '{k}' is not one the generative backend reads; ignored",
+            config.name
+        ));
+    }
+    Ok(settings)
+}
+
+/// One executor per instance, each with its own KV cache; `make` builds an executor
+/// around its cache.
+fn executors(
+    config: &ModelConfig,
+    at: &str,
+    kv_shape: KvShape,
+    settings: &Settings,
+    make: impl Fn(KvCache) -> Result<Box<dyn Executor>>,
+) -> Result<Vec<Box<dyn Executor>>> {
+    let instances: u32 = config
+        .instance_groups
+        .iter()
+        .map(|g| g.count.max(1))
+        .sum::<u32>()
+        .max(1);
+    let mut executors: Vec<Box<dyn Executor>> = Vec::new();
+    for i in 0..instances {
+        let kv =
+            KvCache::new(kv_shape, settings.tokens_per_block, settings.kv_blocks).map_err(|e| {
+                e.context(format!(
+                    "{at}: instance {i}: KV cache of {} blocks of {} tokens",
+                    settings.kv_blocks, settings.tokens_per_block
+                ))
+            })?;
+        executors.push(make(kv).map_err(|e| e.context(format!("{at}: instance {i}")))?);
+    }
+    Ok(executors)
+}
+
+/// The KV cache of one instance, in MiB, and the log's words for it and the schedule.
+fn describe(kv_shape: KvShape, s: &Settings, instances: usize) -> String {
+    let mib = (KvCache::bytes_per_block(kv_shape, s.tokens_per_block) as f64 * s.kv_blocks as f64)
+        / (1u64 << 20) as f64;
+    format!(
+        "{instances} instance(s), each with a {} KV cache of {} blocks of {} tokens ({mib:.1} MiB, resident as used); policy {}, up to {} sequences and {} tokens per iteration",
+        kv_shape.dtype.name(),
+        s.kv_blocks,
+        s.tokens_per_block,
+        s.policy.as_str(),
+        s.max_num_sequences,
+        s.max_num_tokens,
+    )
+}
+
+/// Starts the in-flight engine over `executors`.
+fn start(
+    config: &Arc<ModelConfig>,
+    version: i64,
+    settings: Settings,
+    limits: ModelLimits,
+    executors: Vec<Box<dyn Executor>>,
+    log: &Logger,
+) -> Result<Arc<Scheduler>> {
+    let engine = Engine::new(config, settings, limits);
+    Scheduler::start_generative(
+        ModelIdentity::new(&config.name, version),
+        config.clone(),
+        engine,
+        executors,
+        log.clone(),
+    )
+}
+
 /// Loads version `version` from `<dir>/<version>/` and starts its instances' loops.
 pub(super) fn start_version(
     config: &Arc<ModelConfig>,
@@ -90,62 +173,25 @@ pub(super) fn start_version(
         dtype: kv_type(config, true)?,
         ..KvShape::from(c)
     };
-    let (settings, unknown) = Settings::from_config(config, c.n_positions, |tpb| {
-        KvCache::bytes_per_block(kv_shape, tpb)
+    let settings = settings(config, c.n_positions, kv_shape, log)?;
+    let executors = executors(config, &at, kv_shape, &settings, |kv| {
+        let runner = Runner::new(model.clone(), settings.threads)?;
+        Ok(Box::new(Gpt2Executor { runner, kv }))
     })?;
-    for k in unknown {
-        log.warn(&format!(
-            "model '{m}': parameter '{k}' is not one the generative backend reads; ignored"
-        ));
-    }
-    let instances: u32 = config
-        .instance_groups
-        .iter()
-        .map(|g| g.count.max(1))
-        .sum::<u32>()
-        .max(1);
-    let mut executors: Vec<Box<dyn Executor>> = Vec::new();
-    for i in 0..instances {
-        let kv =
-            KvCache::new(kv_shape, settings.tokens_per_block, settings.kv_blocks).map_err(|e| {
-                e.context(format!(
-                    "{at}: instance {i}: KV cache of {} blocks of {} tokens",
-                    settings.kv_blocks, settings.tokens_per_block
-                ))
-            })?;
-        let runner = Runner::new(model.clone(), settings.threads)
-            .map_err(|e| e.context(format!("{at}: instance {i}")))?;
-        executors.push(Box::new(Gpt2Executor { runner, kv }));
-    }
-    let mib = (KvCache::bytes_per_block(kv_shape, settings.tokens_per_block) as f64
-        * settings.kv_blocks as f64)
-        / (1u64 << 20) as f64;
     log.info(&format!(
-        "{at}: GPT-2 with {} layers, {} heads, width {}, vocabulary {}, context {}; {instances} instance(s), each with a {} KV cache of {} blocks of {} tokens ({mib:.1} MiB); policy {}, up to {} sequences and {} tokens per iteration",
+        "{at}: GPT-2 with {} layers, {} heads, width {}, vocabulary {}, context {}; {}",
         c.n_layer,
         c.n_head,
         c.n_embd,
         c.vocab_size,
         c.n_positions,
-        kv_shape.dtype.name(),
-        settings.kv_blocks,
-        settings.tokens_per_block,
-        settings.policy.as_str(),
-        settings.max_num_sequences,
-        settings.max_num_tokens,
+        describe(kv_shape, &settings, executors.len()),
     ));
     let limits = ModelLimits {
         vocab_size: c.vocab_size,
         n_positions: c.n_positions,
     };
-    let engine = Engine::new(config, settings, limits);
-    Scheduler::start_generative(
-        ModelIdentity::new(m, version),
-        config.clone(),
-        engine,
-        executors,
-        log.clone(),
-    )
+    start(config, version, settings, limits, executors, log)
 }
 
 /// A Llama-family version: the folder's one `.gguf` file, or a Hugging Face folder.
@@ -162,38 +208,12 @@ fn start_llama(
     let types = model.weight_types();
     let all_f32 = types.iter().all(|(t, _)| *t == WeightType::F32);
     let kv_shape = c.kv_shape(kv_type(config, all_f32)?);
-    let (settings, unknown) = Settings::from_config(config, c.n_ctx, |tpb| {
-        KvCache::bytes_per_block(kv_shape, tpb)
+    let settings = settings(config, c.n_ctx, kv_shape, log)?;
+    let executors = executors(config, &at, kv_shape, &settings, |kv| {
+        let runner = LlamaRunner::new(model.clone(), settings.threads)?;
+        Ok(Box::new(LlamaExecutor { runner, kv }))
     })?;
-    for k in unknown {
-        log.warn(&format!(
-            "model '{m}': parameter '{k}' is not one the generative backend reads; ignored"
-        ));
-    }
-    let instances: u32 = config
-        .instance_groups
-        .iter()
-        .map(|g| g.count.max(1))
-        .sum::<u32>()
-        .max(1);
-    let mut executors: Vec<Box<dyn Executor>> = Vec::new();
-    for i in 0..instances {
-        let kv =
-            KvCache::new(kv_shape, settings.tokens_per_block, settings.kv_blocks).map_err(|e| {
-                e.context(format!(
-                    "{at}: instance {i}: KV cache of {} blocks of {} tokens",
-                    settings.kv_blocks, settings.tokens_per_block
-                ))
-            })?;
-        let runner = LlamaRunner::new(model.clone(), settings.threads)
-            .map_err(|e| e.context(format!("{at}: instance {i}")))?;
-        executors.push(Box::new(LlamaExecutor { runner, kv }));
-    }
     let mib = |b: f64| b / (1u64 << 20) as f64;
-    let kv_mib = mib(
-        KvCache::bytes_per_block(kv_shape, settings.tokens_per_block) as f64
-            * settings.kv_blocks as f64,
-    );
     let (total, mapped) = model.weight_bytes();
     let kinds: Vec<String> = types
         .iter()
@@ -206,7 +226,7 @@ fn start_llama(
         })
         .collect();
     log.info(&format!(
-        "{at}: {} ({}) with {} layers, {} heads ({} key/value), width {}, vocabulary {}, context {}; weights {:.1} MiB ({}), {:.1} MiB of them mapped from the file; {instances} instance(s), each with a {} KV cache of {} blocks of {} tokens ({kv_mib:.1} MiB, resident as used); policy {}, up to {} sequences and {} tokens per iteration",
+        "{at}: {} ({}) with {} layers, {} heads ({} key/value), width {}, vocabulary {}, context {}; weights {:.1} MiB ({}), {:.1} MiB of them mapped from the file; {}",
         c.arch,
         model.source,
         c.n_layer,
@@ -218,23 +238,11 @@ fn start_llama(
         mib(total as f64),
         kinds.join(", "),
         mib(mapped as f64),
-        kv_shape.dtype.name(),
-        settings.kv_blocks,
-        settings.tokens_per_block,
-        settings.policy.as_str(),
-        settings.max_num_sequences,
-        settings.max_num_tokens,
+        describe(kv_shape, &settings, executors.len()),
     ));
     let limits = ModelLimits {
         vocab_size: c.vocab_size,
         n_positions: c.n_ctx,
     };
-    let engine = Engine::new(config, settings, limits);
-    Scheduler::start_generative(
-        ModelIdentity::new(m, version),
-        config.clone(),
-        engine,
-        executors,
-        log.clone(),
-    )
+    start(config, version, settings, limits, executors, log)
 }
