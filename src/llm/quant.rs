@@ -44,7 +44,7 @@ pub(crate) enum ActKind {
 
 impl WeightType {
     /// Every type, in the order of the enum.
-    pub const ALL: [WeightType; 8] = [
+    pub(crate) const ALL: [WeightType; 8] = [
         WeightType::F32,
         WeightType::F16,
         WeightType::BF16,
