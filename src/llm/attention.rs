@@ -6,17 +6,8 @@
 
 use super::kernels::{dot, reduce8, Exec};
 use super::kv::{HeadRef, KvCache};
-use super::step::StepSeq;
+use super::step::{StepSeq, TokenSlot};
 use rayon::prelude::*;
-
-/// One token's place in a step.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct TokenSlot {
-    /// Index of its sequence in the step.
-    pub seq: u32,
-    /// Its position in that sequence.
-    pub pos: u32,
-}
 
 /// Attention of one layer.
 pub(crate) struct AttentionShape {

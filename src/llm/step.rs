@@ -2,7 +2,6 @@
 //! attention and the scheduler share, and the validation and layout of a step's tokens
 //! that every decoder runs first.
 
-use super::attention::TokenSlot;
 use super::kv::KvCache;
 use crate::status::{Error, Result};
 
@@ -27,6 +26,15 @@ pub struct StepSeq<'a> {
     pub start: usize,
     pub blocks: &'a [u32],
     pub logits: Logits,
+}
+
+/// One token's place in a step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TokenSlot {
+    /// Index of its sequence in the step.
+    pub seq: u32,
+    /// Its position in that sequence.
+    pub pos: u32,
 }
 
 /// A step's tokens laid out: per token its sequence and position, which rows return
