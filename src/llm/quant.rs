@@ -175,29 +175,30 @@ fn q8_of(v: f32) -> i8 {
     v.round().clamp(-127.0, 127.0) as i8
 }
 
+/// One block of activations to i8 with a shared scale (its largest magnitude maps to
+/// 127); returns the scale.
+#[inline]
+fn quantize_block(b: &[f32], qs: &mut [i8]) -> f32 {
+    let amax = b.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    for (q, &v) in qs.iter_mut().zip(b) {
+        *q = q8_of(v * id);
+    }
+    d
+}
+
 /// Quantizes `x` (a multiple of 32 long) into `out`.
 pub(crate) fn quantize_q8(x: &[f32], out: &mut [Q8]) {
     for (b, o) in x.chunks_exact(32).zip(out.iter_mut()) {
-        let amax = b.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-        o.d = d;
-        for (q, &v) in o.qs.iter_mut().zip(b) {
-            *q = q8_of(v * id);
-        }
+        o.d = quantize_block(b, &mut o.qs);
     }
 }
 
 /// Quantizes `x` (a multiple of 256 long) into `out`.
 pub(crate) fn quantize_q8k(x: &[f32], out: &mut [Q8K]) {
     for (b, o) in x.chunks_exact(256).zip(out.iter_mut()) {
-        let amax = b.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-        o.d = d;
-        for (q, &v) in o.qs.iter_mut().zip(b) {
-            *q = q8_of(v * id);
-        }
+        o.d = quantize_block(b, &mut o.qs);
         for (s, g) in o.bsums.iter_mut().zip(o.qs.chunks_exact(16)) {
             *s = g.iter().map(|&q| q as i16).sum();
         }

@@ -58,16 +58,7 @@ fn act(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-const ALL: [WeightType; 8] = [
-    WeightType::F32,
-    WeightType::F16,
-    WeightType::BF16,
-    WeightType::Q8_0,
-    WeightType::Q4_0,
-    WeightType::Q5_0,
-    WeightType::Q4K,
-    WeightType::Q6K,
-];
+const ALL: [WeightType; 8] = WeightType::ALL;
 
 /// The dot of `row` and `x` through `f`, preparing `x` as the type wants.
 fn dot_with(f: DotFn, t: WeightType, row: &[u8], x: &[f32]) -> f32 {
