@@ -278,19 +278,86 @@ def draw_weights(cfg: dict, std: float, seed: int) -> dict[str, np.ndarray]:
 # Tokenizer
 
 def special_tokens(arch: str) -> list[str]:
-    return ["<s>", "</s>"] if arch == "llama" else ["<|endoftext|>"]
+    """BOS/EOS first (ids 0 and 1 for llama, 0 for qwen2), then the chat template's."""
+    if arch == "llama":
+        return ["<s>", "</s>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    return ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def train_tokenizer(arch: str, vocab_size: int):
+# The pre-tokenizers of llama.cpp's "llama-bpe" (Llama 3) and "qwen2", as their
+# tokenizer.json files state them; "gpt-2" is ByteLevel's own regex.
+PRE_SPLITS = {
+    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+}
+
+# Chat templates in the style of Llama 3 and Qwen2 (ChatML), run as transformers runs
+# them (jinja2, trim_blocks, lstrip_blocks).
+CHAT_TEMPLATES = {
+    "llama": (
+        "{{- bos_token }}\n"
+        "{%- for message in messages %}\n"
+        "    {%- if message['role'] not in ['system', 'user', 'assistant'] %}\n"
+        "        {{- raise_exception('unknown role ' + message['role']) }}\n"
+        "    {%- endif %}\n"
+        "    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}\n"
+        "{%- endfor %}\n"
+        "{%- if add_generation_prompt %}\n"
+        "    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}\n"
+        "{%- endif %}\n"),
+    "qwen2": (
+        "{%- for message in messages %}\n"
+        "{%- if loop.first and message['role'] != 'system' %}\n"
+        "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}\n"
+        "{%- endif %}\n"
+        "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'].strip() + '<|im_end|>' + '\\n' }}\n"
+        "{%- endfor %}\n"
+        "{%- if add_generation_prompt %}\n"
+        "{{- '<|im_start|>assistant\\n' }}\n"
+        "{%- endif %}\n"),
+}
+
+# Texts whose token ids (and a chat whose rendering) the tests compare with this tokenizer's.
+TEXT_CASES = [
+    "Hello world",
+    "The year 2024 had 366 days, didn't it? I'M SURE we'll see 12345678.",
+    "  leading spaces\n\nand blank lines\r\n\ttabs   trailing  ",
+    "na\u00efve caf\u00e9 \u2014 \u65e5\u672c\u8a9e \U0001F642 \u00e9\u00e9\u00e9",
+    "code: fn main() { println!(\"{}\", x[0]); } // done",
+    "",
+]
+CHAT_CASE = [
+    {"role": "system", "content": "  You answer briefly. "},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "Paris."},
+    {"role": "user", "content": "And of Japan? \u65e5\u672c"},
+]
+
+
+def train_tokenizer(arch: str, vocab_size: int, pre: str):
     """Byte-level BPE trained on TRAINING_TEXT to vocab_size tokens (special tokens first,
     then the 256 byte symbols, then merges; <unused_N> added tokens where the merges run
-    out)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    out), split before BPE as llama.cpp's pre-tokenizer `pre` splits. llama adds <s> to a
+    prompt (a TemplateProcessing post-processor, as Llama 3's tokenizer.json does)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok = Tokenizer(models.BPE(ignore_merges=(pre == "llama-bpe")))
+    if pre == "gpt-2":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(PRE_SPLITS[pre]), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if pre == "qwen2":
+        tok.normalizer = normalizers.NFC()
     tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    if arch == "llama":
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                          special_tokens=[("<s>", 0)])])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, min_frequency=2, show_progress=False,
         special_tokens=special_tokens(arch),
@@ -484,18 +551,21 @@ def write_hf(folder: Path, cfg: dict, tensors: dict[str, np.ndarray], tok, dtype
     folder.mkdir(parents=True, exist_ok=True)
     cfg = dict(cfg, torch_dtype={"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[dtype])
     (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]}
+    # Generation also ends at the chat template's end-of-turn token.
+    turn_end = tok.token_to_id("<|eot_id|>" if cfg["model_type"] == "llama" else "<|im_end|>")
+    gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": [cfg["eos_token_id"], turn_end]}
     (folder / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     tok.save(str(folder / "tokenizer.json"))
     specials = special_tokens("llama" if cfg["model_type"] == "llama" else "qwen2")
     tcfg = {
-        "add_bos_token": False,
+        "add_bos_token": cfg["model_type"] == "llama",
         "add_eos_token": False,
         "bos_token": specials[0],
         "eos_token": specials[-1],
         "clean_up_tokenization_spaces": False,
         "model_max_length": cfg["max_position_embeddings"],
         "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": CHAT_TEMPLATES[cfg["model_type"]],
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2) + "\n")
     write_safetensors(folder / "model.safetensors", tensors, dtype)
@@ -509,7 +579,7 @@ FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_
 
 
 def write_gguf(path: Path, cfg: dict, tensors: dict[str, np.ndarray], wtype: str, hf_dir: Path,
-               tok, name: str) -> tuple[dict, dict[str, np.ndarray]]:
+               tok, pre: str, name: str) -> tuple[dict, dict[str, np.ndarray]]:
     """Writes the model in GGUF; returns the manifest entry and the dequantized tensors in
     HF layout (the model this file holds)."""
     import gguf
@@ -544,7 +614,7 @@ def write_gguf(path: Path, cfg: dict, tensors: dict[str, np.ndarray], wtype: str
     tokens = [inv[i] for i in range(cfg["vocab_size"])]
     types = [gguf.TokenType.CONTROL if t in added else gguf.TokenType.NORMAL for t in tokens]
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     gguf.SpecialVocab(hf_dir, load_merges=True, n_vocab=len(tokens)).add_to_gguf(w)
@@ -614,7 +684,8 @@ def cmd_make(args) -> None:
             shutil.rmtree(old)
 
     cfg = model_config(args.arch, args.shape, tied, args.attention_bias, args.rope_scaling, hf_dtype)
-    tok = train_tokenizer(args.arch, cfg["vocab_size"])
+    pre = args.pre or {"llama": "llama-bpe", "qwen2": "qwen2"}[args.arch]
+    tok = train_tokenizer(args.arch, cfg["vocab_size"], pre)
     tensors = draw_weights(cfg, args.init_std or SHAPES[args.shape]["init_std"], args.seed)
     write_hf(out / "hf", cfg, tensors, tok, hf_dtype)
 
@@ -623,15 +694,45 @@ def cmd_make(args) -> None:
                 "config": json.loads((out / "hf" / "config.json").read_text()), "files": {}}
     for wtype in weights:
         path = out / f"model-{wtype}.gguf"
-        entry, deq = write_gguf(path, cfg, tensors, wtype, out / "hf", tok, name)
+        entry, deq = write_gguf(path, cfg, tensors, wtype, out / "hf", tok, pre, name)
         if wtype in QUANTIZED:
             write_hf(out / f"hf-{wtype}", cfg, deq, tok, "f32")
         else:
             assert all(np.array_equal(deq[k], tensors[k]) for k in tensors), wtype
         manifest["files"][path.name] = entry
         del deq
+    manifest["pre"] = pre
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    write_text_cases(out / "text-cases.json", out / "hf", tok)
     log(f"wrote {out / 'manifest.json'} ({len(weights)} GGUF files, {time.time() - t0:.1f} s)")
+
+
+def write_text_cases(path: Path, hf_dir: Path, tok) -> None:
+    """The tokenizer's ids for TEXT_CASES (with the special tokens it adds to a prompt, and
+    the texts with every special token of the vocabulary inside), and CHAT_CASE rendered by
+    jinja2 as transformers' apply_chat_template renders it, with its ids."""
+    import jinja2
+    import jinja2.sandbox
+    tcfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    specials = [a.content for a in tok.get_added_tokens_decoder().values()
+                if not a.content.startswith("<unused_")]
+    texts = TEXT_CASES + ["x" + "".join(specials) + " y " + specials[-1] + "z"]
+    cases = [{"text": t, "ids": tok.encode(t, add_special_tokens=True).ids,
+              "ids_plain": tok.encode(t, add_special_tokens=False).ids} for t in texts]
+    for c in cases:
+        assert tok.decode(c["ids_plain"], skip_special_tokens=False) == c["text"], c["text"]
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    rendered = env.from_string(tcfg["chat_template"]).render(
+        messages=CHAT_CASE, add_generation_prompt=True,
+        bos_token=tcfg["bos_token"], eos_token=tcfg["eos_token"])
+    chat = {"messages": CHAT_CASE, "rendered": rendered,
+            "ids": tok.encode(rendered, add_special_tokens=False).ids}
+    path.write_text(json.dumps({"cases": cases, "chat": chat}, indent=2, ensure_ascii=False) + "\n")
 
 
 # ----------------------------------------------------------------------------------------
@@ -951,6 +1052,8 @@ def main() -> None:
     mk.add_argument("--hf-dtype", choices=["f32", "f16", "bf16"])
     mk.add_argument("--rope-scaling", choices=["llama3"])
     mk.add_argument("--attention-bias", action="store_true")
+    mk.add_argument("--pre", choices=["gpt-2", *PRE_SPLITS],
+                    help="llama.cpp pre-tokenizer the tokenizer follows (default: llama-bpe for llama, qwen2 for qwen2)")
     mk.add_argument("--init-std", type=float, help="std of the weight matrices (default per shape)")
     tie = mk.add_mutually_exclusive_group()
     tie.add_argument("--tied", dest="tied", action="store_true", default=None)

@@ -163,10 +163,10 @@ llama_models() {
         return 0
     fi
     local py="$venv/bin/python" prompt="3,17,101,45,200,7,9,311,42,5,77,128" spec name args d r
-    for spec in "tiny-llama|--arch llama --shape tiny --rope-scaling llama3 --attention-bias"         "small-llama|--arch llama --shape small"         "small-qwen2|--arch qwen2 --shape small"; do
+    for spec in "tiny-llama|--arch llama --shape tiny --rope-scaling llama3 --attention-bias"         "small-llama|--arch llama --shape small --pre gpt-2"         "small-qwen2|--arch qwen2 --shape small"; do
         name="${spec%%|*}" args="${spec#*|}" d="$out/$name"
         # shellcheck disable=SC2086
-        [[ -f "$d/manifest.json" ]] || "$py" scripts/make_llama.py make --out "$d" $args
+        [[ -f "$d/text-cases.json" ]] || "$py" scripts/make_llama.py make --out "$d" $args
         for r in "$d"/hf "$d"/hf-*; do
             [[ -f "$d/ref-$(basename "$r").json" ]] && continue
             "$py" scripts/make_llama.py reference --model "$r" --tokens "$prompt" --generate 12 --all \

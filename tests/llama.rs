@@ -238,3 +238,83 @@ fn every_file_matches_the_reference() {
 fn folder(p: &Path) -> infer::folder::Folder {
     infer::folder::Folder::root(p, false, "model").unwrap()
 }
+
+/// The tokenizers libinfer builds (from `tokenizer.json`, and from each GGUF file's
+/// embedded vocabulary) give the ids the `tokenizers` package gives for the texts of
+/// `text-cases.json`, decode them back, and render the chat template as jinja2 does.
+#[test]
+fn tokenizers_and_chat_templates_match_the_reference() {
+    use infer::llm::{TextCodec, TextSource};
+    let Ok(root) = std::env::var(DIR_ENV) else {
+        eprintln!("skipped: set {DIR_ENV} (scripts/test.sh does)");
+        return;
+    };
+    let mut checked = 0;
+    let mut dirs: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("text-cases.json").is_file())
+        .collect();
+    dirs.sort();
+    assert!(!dirs.is_empty(), "no text-cases.json under {root}");
+    for dir in dirs {
+        let cases: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("text-cases.json")).unwrap())
+                .unwrap();
+        let manifest: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap())
+                .unwrap();
+        let mut sources: Vec<(String, TextSource)> = vec![(
+            "hf".into(),
+            TextCodec::load(&folder(&dir.join("hf"))).unwrap(),
+        )];
+        for f in manifest["files"].as_object().unwrap().keys() {
+            sources.push((f.clone(), TextCodec::load_gguf(&dir.join(f)).unwrap()));
+        }
+        for (name, src) in sources {
+            let at = format!("{}/{name}", dir.display());
+            let codec = match src {
+                TextSource::Ready(c) => c,
+                TextSource::Missing(why) => panic!("{at}: no tokenizer: {why}"),
+            };
+            for case in cases["cases"].as_array().unwrap() {
+                let text = case["text"].as_str().unwrap();
+                assert_eq!(
+                    codec.encode(text, true).unwrap(),
+                    ids(&case["ids"]),
+                    "{at}: {text:?} with special tokens"
+                );
+                let plain = ids(&case["ids_plain"]);
+                assert_eq!(codec.encode(text, false).unwrap(), plain, "{at}: {text:?}");
+                assert_eq!(codec.decode(&plain, false), text, "{at}: decoding {text:?}");
+            }
+            let chat = &cases["chat"];
+            let rendered = codec.apply_chat_template(&chat["messages"]).unwrap();
+            assert_eq!(rendered, chat["rendered"].as_str().unwrap(), "{at}: chat");
+            assert_eq!(
+                codec.encode(&rendered, false).unwrap(),
+                ids(&chat["ids"]),
+                "{at}: chat ids"
+            );
+            // A GGUF file's end-of-turn token ends generation, as in llama.cpp.
+            if name.ends_with(".gguf") {
+                let turn_end = ids(&chat["ids"])
+                    .into_iter()
+                    .filter(|&t| {
+                        codec.decode(&[t], false).contains("<|eot_id|>")
+                            || codec.decode(&[t], false).contains("<|im_end|>")
+                    })
+                    .next()
+                    .unwrap();
+                assert!(
+                    codec.eos_ids.contains(&turn_end),
+                    "{at}: {:?}",
+                    codec.eos_ids
+                );
+            }
+            checked += 1;
+        }
+    }
+    println!("{checked} tokenizers matched the reference");
+}

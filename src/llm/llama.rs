@@ -460,27 +460,32 @@ trait Source {
     fn has(&self, name: &str) -> bool;
 }
 
+/// The one `.gguf` file of a version folder, if it has one.
+pub(crate) fn gguf_in(dir: &Folder) -> Result<Option<std::path::PathBuf>> {
+    let ggufs: Vec<String> = dir
+        .entries()
+        .into_iter()
+        .filter(|n| n.ends_with(".gguf"))
+        .collect();
+    match ggufs.len() {
+        0 => Ok(None),
+        1 => dir.file(&ggufs[0], "GGUF model").map(Some),
+        _ => Err(Error::invalid(format!(
+            "{}: holds {} .gguf files ({}); a version folder holds one model",
+            dir.path().display(),
+            ggufs.len(),
+            ggufs.join(", ")
+        ))),
+    }
+}
+
 impl Llama {
     /// Loads a model from a version folder: the one `.gguf` file it holds, else
     /// `config.json` + `model.safetensors`.
     pub fn load(dir: &Folder) -> Result<Llama> {
-        let ggufs: Vec<String> = dir
-            .entries()
-            .into_iter()
-            .filter(|n| n.ends_with(".gguf"))
-            .collect();
-        match ggufs.len() {
-            0 => Llama::load_hf(dir),
-            1 => {
-                let path = dir.file(&ggufs[0], "GGUF model")?;
-                Llama::load_gguf(&path)
-            }
-            _ => Err(Error::invalid(format!(
-                "{}: holds {} .gguf files ({}); a version folder holds one model",
-                dir.path().display(),
-                ggufs.len(),
-                ggufs.join(", ")
-            ))),
+        match gguf_in(dir)? {
+            None => Llama::load_hf(dir),
+            Some(path) => Llama::load_gguf(&path),
         }
     }
 

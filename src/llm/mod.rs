@@ -24,6 +24,7 @@ mod llama_runner;
 mod quant;
 mod sampling;
 mod step;
+mod text;
 mod weights;
 
 pub use config::{Activation, Gpt2Config};
@@ -32,6 +33,7 @@ pub use kv::{KvCache, KvShape, KvType};
 pub use llama::{Llama, LlamaConfig, RopeStyle};
 pub use llama_runner::LlamaRunner;
 pub use quant::WeightType;
-pub use sampling::{argmax, sample, Rng, SamplingParams};
+pub use sampling::{argmax, penalize, sample, Penalties, Rng, SamplingParams};
 pub use step::{Logits, StepSeq};
+pub use text::{hf_eos_ids, Detokenizer, StopStrings, TextCodec, TextSource};
 pub use weights::Gpt2;

@@ -1,5 +1,5 @@
-//! Picking the next token from a row of logits: greedy, or temperature / top-k / top-p
-//! sampling from a small seeded PRNG.
+//! Picking the next token from a row of logits: penalties and biases first, then greedy,
+//! or temperature / top-k / min-p / top-p sampling from a small seeded PRNG.
 //!
 //! Reproducibility rule: a sampled token takes exactly one number from the sequence's
 //! [`Rng`] and a greedy one takes none, so a request's tokens depend only on its logits,
@@ -8,12 +8,15 @@
 use std::cmp::Ordering;
 
 /// How to pick a token. Greedy (argmax, lowest index on ties) when `temperature <= 0`
-/// (or NaN) or `top_k == 1`; `top_k` 0 = off; `top_p` >= 1 = off.
+/// (or NaN) or `top_k == 1`; `top_k` 0 = off; `min_p` 0 = off; `top_p` >= 1 = off.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplingParams {
     pub temperature: f32,
     pub top_k: u32,
     pub top_p: f32,
+    /// Drops tokens less likely than `min_p` times the most likely one (after temperature
+    /// and top-k, before top-p).
+    pub min_p: f32,
 }
 
 impl SamplingParams {
@@ -21,6 +24,7 @@ impl SamplingParams {
         temperature: 0.0,
         top_k: 0,
         top_p: 1.0,
+        min_p: 0.0,
     };
 
     pub fn is_greedy(&self) -> bool {
@@ -36,6 +40,64 @@ impl Default for SamplingParams {
             temperature: 1.0,
             top_k: 0,
             top_p: 1.0,
+            min_p: 0.0,
+        }
+    }
+}
+
+/// Penalties on tokens already seen, as vLLM and the OpenAI API define them:
+/// `repetition` (> 0, 1 = off) divides a positive logit and multiplies a negative one for
+/// every token in the prompt or the output; `presence` is subtracted once from every token
+/// in the output, `frequency` once per time it occurs there (0 = off).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Penalties {
+    pub repetition: f32,
+    pub presence: f32,
+    pub frequency: f32,
+}
+
+impl Penalties {
+    pub const NONE: Penalties = Penalties {
+        repetition: 1.0,
+        presence: 0.0,
+        frequency: 0.0,
+    };
+
+    pub fn is_none(&self) -> bool {
+        *self == Penalties::NONE
+    }
+}
+
+/// Applies `p` to `logits`: `prompt` holds the prompt's distinct tokens (sorted), `counts`
+/// each output token with the times it occurs. Tokens outside `logits` are ignored.
+pub fn penalize(
+    logits: &mut [f32],
+    p: &Penalties,
+    prompt: &[u32],
+    counts: &std::collections::HashMap<u32, u32>,
+) {
+    let repeat = |l: f32| {
+        if l > 0.0 {
+            l / p.repetition
+        } else {
+            l * p.repetition
+        }
+    };
+    if p.repetition != 1.0 {
+        for &t in prompt {
+            if !counts.contains_key(&t) {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = repeat(*l);
+                }
+            }
+        }
+    }
+    for (&t, &c) in counts {
+        if let Some(l) = logits.get_mut(t as usize) {
+            if p.repetition != 1.0 {
+                *l = repeat(*l);
+            }
+            *l -= p.frequency * c as f32 + p.presence;
         }
     }
 }
@@ -116,6 +178,10 @@ pub fn sample(
         scratch.select_nth_unstable_by(k - 1, by_weight_desc);
         scratch.truncate(k);
     }
+    if p.min_p > 0.0 {
+        // Weights are relative to the most likely token (exactly 1), which stays.
+        scratch.retain(|&(w, _)| w >= p.min_p);
+    }
     if p.top_p < 1.0 {
         let kept = nucleus(scratch, p.top_p);
         scratch.truncate(kept);
@@ -193,7 +259,59 @@ mod tests {
             temperature,
             top_k,
             top_p,
+            min_p: 0.0,
         }
+    }
+
+    #[test]
+    fn min_p_drops_tokens_below_a_share_of_the_best() {
+        // Probabilities 0.5, 0.25, 0.15, 0.1: min_p 0.25 keeps those >= 0.125.
+        let logits: Vec<f32> = [0.5f32, 0.25, 0.15, 0.1].iter().map(|p| p.ln()).collect();
+        let p = SamplingParams {
+            min_p: 0.25,
+            ..params(1.0, 0, 1.0)
+        };
+        let h = histogram(&logits, &p, 20_000, 12);
+        assert!(h[0] > 0 && h[1] > 0 && h[2] > 0 && h[3] == 0, "{h:?}");
+        // Renormalised over the kept three: 0.5 / 0.9.
+        let share = h[0] as f64 / 20_000.0;
+        assert!((share - 0.5 / 0.9).abs() < 0.015, "{share}");
+        // Temperature first: at 0.5 the weights are squared (1, 0.25, 0.09, 0.04), and
+        // min_p 0.2 keeps two.
+        let p = SamplingParams {
+            min_p: 0.2,
+            ..params(0.5, 0, 1.0)
+        };
+        let h = histogram(&logits, &p, 5_000, 13);
+        assert!(h[2] == 0 && h[1] > 0, "{h:?}");
+        // min_p 1 keeps only the best.
+        let p = SamplingParams {
+            min_p: 1.0,
+            ..params(1.0, 0, 1.0)
+        };
+        assert_eq!(histogram(&logits, &p, 500, 14)[0], 500);
+    }
+
+    #[test]
+    fn penalties_follow_their_definitions() {
+        let mut counts = std::collections::HashMap::new();
+        counts.insert(1u32, 3u32);
+        counts.insert(2, 1);
+        counts.insert(99, 1); // outside the vocabulary: ignored
+        let p = Penalties {
+            repetition: 2.0,
+            presence: 0.5,
+            frequency: 0.25,
+        };
+        let mut l = vec![4.0f32, 4.0, -4.0, 4.0, 1.0];
+        penalize(&mut l, &p, &[0, 1, 4], &counts);
+        // 0: prompt only -> 4/2; 1: output x3 (and prompt, once) -> 4/2 - 0.75 - 0.5;
+        // 2: output x1, negative -> -4*2 - 0.25 - 0.5; 3: unseen; 4: prompt -> 1/2.
+        assert_eq!(l, vec![2.0, 0.75, -8.75, 4.0, 0.5]);
+        let mut l = vec![1.0f32; 5];
+        penalize(&mut l, &Penalties::NONE, &[0, 1], &counts);
+        assert_eq!(l, vec![1.0; 5]);
+        assert!(Penalties::NONE.is_none() && !p.is_none());
     }
 
     /// Draw counts per token over `n` samples.

@@ -5,12 +5,13 @@
 use crate::config::ModelConfig;
 use crate::folder::Folder;
 use crate::llm::{
-    Gpt2, KvCache, KvShape, KvType, Llama, LlamaRunner, Logits, Runner, StepSeq, WeightType,
+    hf_eos_ids, Gpt2, KvCache, KvShape, KvType, Llama, LlamaRunner, Logits, Runner, StepSeq,
+    TextCodec, TextSource, WeightType,
 };
 use crate::log::Logger;
 use crate::request::ModelIdentity;
 use crate::scheduler::inflight::settings::Settings;
-use crate::scheduler::inflight::{Engine, Executor, ModelLimits, Work};
+use crate::scheduler::inflight::{Engine, Executor, ModelLimits, Vocabulary, Work};
 use crate::scheduler::Scheduler;
 use crate::status::{Error, Result};
 use std::sync::Arc;
@@ -135,16 +136,58 @@ fn describe(kv_shape: KvShape, s: &Settings, instances: usize) -> String {
     )
 }
 
+/// The tokens of a version: its tokenizer (if any) and the ids that end generation by
+/// default (`model_eos` and the folder's, within the vocabulary). Logs which tokenizer.
+fn vocabulary(
+    at: &str,
+    vdir: &Folder,
+    model_eos: &[u32],
+    vocab_size: usize,
+    log: &Logger,
+) -> Result<Vocabulary> {
+    let text = match TextCodec::load(vdir).map_err(|e| e.context(at))? {
+        TextSource::Ready(c) => {
+            log.info(&format!(
+                "{at}: tokenizer {}{}",
+                c.source,
+                if c.has_chat_template() {
+                    ", with a chat template"
+                } else {
+                    ""
+                }
+            ));
+            Some(Arc::<TextCodec>::from(c))
+        }
+        TextSource::Missing(why) => {
+            log.info(&format!("{at}: token ids only: {why}"));
+            None
+        }
+    };
+    let mut eos: Vec<u32> = model_eos.to_vec();
+    eos.extend(hf_eos_ids(vdir).map_err(|e| e.context(at))?);
+    if let Some(t) = &text {
+        eos.extend(&t.eos_ids);
+    }
+    let mut out = Vec::new();
+    for id in eos {
+        if (id as usize) < vocab_size && !out.contains(&id) {
+            out.push(id);
+        }
+    }
+    Ok(Vocabulary { eos: out, text })
+}
+
 /// Starts the in-flight engine over `executors`.
 fn start(
     config: &Arc<ModelConfig>,
     version: i64,
     settings: Settings,
     limits: ModelLimits,
+    vocab: Vocabulary,
     executors: Vec<Box<dyn Executor>>,
     log: &Logger,
 ) -> Result<Arc<Scheduler>> {
-    let engine = Engine::new(config, settings, limits);
+    let engine = Engine::new(config, settings, limits, vocab)?;
     Scheduler::start_generative(
         ModelIdentity::new(&config.name, version),
         config.clone(),
@@ -191,7 +234,8 @@ pub(super) fn start_version(
         vocab_size: c.vocab_size,
         n_positions: c.n_positions,
     };
-    start(config, version, settings, limits, executors, log)
+    let vocab = vocabulary(&at, &vdir, &[], c.vocab_size, log)?;
+    start(config, version, settings, limits, vocab, executors, log)
 }
 
 /// A Llama-family version: the folder's one `.gguf` file, or a Hugging Face folder.
@@ -244,5 +288,6 @@ fn start_llama(
         vocab_size: c.vocab_size,
         n_positions: c.n_ctx,
     };
-    start(config, version, settings, limits, executors, log)
+    let vocab = vocabulary(&at, vdir, &c.eos_token_ids, c.vocab_size, log)?;
+    start(config, version, settings, limits, vocab, executors, log)
 }

@@ -81,7 +81,15 @@ impl Server {
         }
         let generative = inflight::is_generative(&key) && !self.backends.read().contains_key(&key);
         if generative {
-            inflight::autocomplete(&mut raw);
+            // Text tensors when every version folder has a tokenizer.
+            let text = dir.as_ref().is_some_and(|d| {
+                let versions: Vec<Folder> = (d.entries().into_iter())
+                    .filter(|n| n.parse::<i64>().is_ok_and(|v| v > 0))
+                    .filter_map(|n| d.folder_if_any(&n, "version").ok().flatten())
+                    .collect();
+                !versions.is_empty() && versions.iter().all(crate::llm::TextCodec::available)
+            });
+            inflight::autocomplete(&mut raw, text);
         }
         let config = Arc::new(raw.finish()?);
         if config.ensemble.is_some() {

@@ -19,7 +19,9 @@ pub mod settings;
 mod tests;
 
 use crate::config::ModelConfig;
-use crate::llm::{sample, Rng, SamplingParams};
+use crate::llm::{
+    penalize, sample, Detokenizer, Penalties, Rng, SamplingParams, StopStrings, TextCodec,
+};
 use crate::request::{ModelIdentity, OutputTensor, ParamValue, Request, Response, ResponseSink};
 use crate::scheduler::{c_name, CancelOutcome, Kind, Scheduler};
 use crate::stats::Histogram;
@@ -27,8 +29,10 @@ use crate::status::{Code, Error, Result};
 use crate::tensor::{DataType, Shape, TensorData};
 use blocks::{BlockManager, PrefixHash, ROOT};
 use parking_lot::{Condvar, Mutex};
-use settings::{Policy, Settings, INPUT_IDS, OUTPUT_IDS, OUTPUT_LOG_PROBS};
-use std::collections::{HashSet, VecDeque};
+use settings::{
+    Policy, Settings, INPUT_IDS, OUTPUT_IDS, OUTPUT_LOG_PROBS, TEXT_INPUT, TEXT_OUTPUT,
+};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -57,6 +61,14 @@ pub struct ModelLimits {
     pub vocab_size: usize,
     /// The longest sequence (prompt plus output) the model can attend over.
     pub n_positions: usize,
+}
+
+/// What the engine knows of the model's tokens: the ids that end generation unless a
+/// request says otherwise, and the tokenizer when the model has one.
+#[derive(Default)]
+pub struct Vocabulary {
+    pub eos: Vec<u32>,
+    pub text: Option<Arc<TextCodec>>,
 }
 
 /// An application's iteration-statistics callback (the C API wraps its function and user
@@ -223,11 +235,25 @@ struct Pending {
     req: Box<Request>,
     prompt: Vec<u32>,
     max_tokens: usize,
-    end_id: Option<u32>,
+    /// Tokens that end the request (not returned).
+    end_ids: Vec<u32>,
     streaming: bool,
     sampling: SamplingParams,
+    penalties: Penalties,
+    logit_bias: Vec<(u32, f32)>,
     seed: u64,
     deadline: Option<Instant>,
+    stop: StopStrings,
+    /// Whether the responses carry `text_output`.
+    text_out: bool,
+    skip_special: bool,
+}
+
+impl Pending {
+    /// Whether the generated tokens are turned into text (for the output or stop strings).
+    fn decodes(&self) -> bool {
+        self.text_out || !self.stop.is_empty()
+    }
 }
 
 /// A running request (or a paused one, with its state kept for resumption).
@@ -259,6 +285,14 @@ struct Seq {
     stream_out: bool,
     /// Whether the responses carry `output_log_probs`.
     wants_log_probs: bool,
+    /// The prompt's distinct tokens, sorted (for a repetition penalty).
+    prompt_set: Vec<u32>,
+    /// Each generated token and how often (for penalties).
+    counts: HashMap<u32, u32>,
+    detok: Detokenizer,
+    /// The generated text so far (up to a stop string), and how much of it was streamed.
+    text: String,
+    text_sent: usize,
 }
 
 impl Seq {
@@ -291,9 +325,11 @@ struct Queue {
 pub struct Engine {
     pub settings: Settings,
     pub limits: ModelLimits,
+    vocab: Vocabulary,
     out_int64: bool,
     ids_name: Arc<CString>,
     log_probs_name: Option<Arc<CString>>,
+    text_name: Option<Arc<CString>>,
     q: Mutex<Queue>,
     cv: Condvar,
     stats_cb: Mutex<StatsSlot>,
@@ -306,17 +342,30 @@ pub fn is_generative(key: &str) -> bool {
     key == "gpt2" || key == "llama"
 }
 
-/// Fills in the tensors of a generative config that lists none.
-pub fn autocomplete(raw: &mut crate::config::RawConfig) {
+/// Fills in the tensors of a generative config that lists none: token ids in and out,
+/// and with `text` (every version has a tokenizer) text in and out too, each input
+/// optional (a request sends one of them).
+pub fn autocomplete(raw: &mut crate::config::RawConfig, text: bool) {
     use crate::config::pb;
     let int32 = pb::DataType::TypeInt32 as i32;
+    let string = pb::DataType::TypeString as i32;
     if raw.pb.input.is_empty() {
         raw.pb.input.push(pb::ModelInput {
             name: INPUT_IDS.to_owned(),
             data_type: int32,
             dims: vec![-1],
+            optional: text,
             ..Default::default()
         });
+        if text {
+            raw.pb.input.push(pb::ModelInput {
+                name: TEXT_INPUT.to_owned(),
+                data_type: string,
+                dims: vec![1],
+                optional: true,
+                ..Default::default()
+            });
+        }
     }
     if raw.pb.output.is_empty() {
         raw.pb.output.push(pb::ModelOutput {
@@ -325,29 +374,56 @@ pub fn autocomplete(raw: &mut crate::config::RawConfig) {
             dims: vec![-1],
             ..Default::default()
         });
+        if text {
+            raw.pb.output.push(pb::ModelOutput {
+                name: TEXT_OUTPUT.to_owned(),
+                data_type: string,
+                dims: vec![-1],
+                ..Default::default()
+            });
+        }
     }
 }
 
 impl Engine {
-    pub fn new(config: &ModelConfig, settings: Settings, limits: ModelLimits) -> Engine {
+    /// The engine of a model; a config with text tensors needs `vocab.text`.
+    pub fn new(
+        config: &ModelConfig,
+        settings: Settings,
+        limits: ModelLimits,
+        vocab: Vocabulary,
+    ) -> Result<Engine> {
         let out_int64 = config
             .output(OUTPUT_IDS)
             .is_some_and(|t| t.data_type == DataType::Int64);
-        Engine {
+        if vocab.text.is_none() {
+            if let Some(t) = [TEXT_INPUT, TEXT_OUTPUT]
+                .into_iter()
+                .find(|t| config.input(t).is_some() || config.output(t).is_some())
+            {
+                return Err(Error::unsupported(format!(
+                    "model '{}': '{t}' needs the model's tokenizer, and it has none",
+                    config.name
+                )));
+            }
+        }
+        Ok(Engine {
             settings,
             limits,
+            vocab,
             out_int64,
             ids_name: c_name(OUTPUT_IDS),
             log_probs_name: config
                 .output(OUTPUT_LOG_PROBS)
                 .map(|_| c_name(OUTPUT_LOG_PROBS)),
+            text_name: config.output(TEXT_OUTPUT).map(|_| c_name(TEXT_OUTPUT)),
             q: Mutex::new(Queue::default()),
             cv: Condvar::new(),
             stats_cb: Mutex::new(StatsSlot::default()),
             stats_cv: Condvar::new(),
             gen_stats: GenStats::default(),
             next_order: AtomicU64::new(0),
-        }
+        })
     }
 
     fn blocks_for(&self, tokens: usize) -> usize {
@@ -372,57 +448,22 @@ impl Engine {
     }
 
     fn parse_inner(&self, m: &str, req: &Request) -> Result<Pending> {
-        let t = req.input(INPUT_IDS).ok_or_else(|| {
-            Error::invalid(format!("model '{m}': input '{INPUT_IDS}' is missing"))
-        })?;
-        if t.shape.len() != 1 || t.shape[0] < 1 {
-            return Err(Error::invalid(format!(
-                "model '{m}': input '{INPUT_IDS}' must be a non-empty list of token ids (shape [n]), got shape {:?}",
-                t.shape.as_slice()
-            )));
-        }
-        let bytes = t.data.as_slice();
-        let raw: Vec<i64> = match t.dtype {
-            DataType::Int32 => bytes
-                .chunks_exact(4)
-                .map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-                .collect(),
-            DataType::Int64 => bytes
-                .chunks_exact(8)
-                .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-                .collect(),
-            other => {
-                return Err(Error::invalid(format!(
-                    "model '{m}': input '{INPUT_IDS}' must be INT32 or INT64, not {}",
-                    other.as_str()
-                )))
-            }
-        };
-        let vocab = self.limits.vocab_size;
-        let mut prompt = Vec::with_capacity(raw.len());
-        for (i, &v) in raw.iter().enumerate() {
-            if v < 0 || v as u64 >= vocab as u64 {
-                return Err(Error::invalid(format!(
-                    "model '{m}': input '{INPUT_IDS}'[{i}] = {v} is not a token id (the vocabulary has {vocab}: 0 to {})",
-                    vocab - 1
-                )));
-            }
-            prompt.push(v as u32);
-        }
-        let n_positions = self.limits.n_positions;
-        if prompt.len() >= n_positions {
-            return Err(Error::invalid(format!(
-                "model '{m}': a prompt of {} tokens leaves no room to generate: the model's context is {n_positions} positions",
-                prompt.len()
-            )));
-        }
         let mut max_tokens = self.settings.default_max_tokens;
-        let mut end_id = None;
+        let mut end_id: Option<Option<u32>> = None;
+        let mut ignore_eos = false;
         let mut streaming = false;
         let mut temperature: Option<f64> = None;
         let mut top_k = 0u32;
         let mut top_p = 1.0f64;
+        let mut min_p = 0.0f64;
+        let mut penalties = Penalties::NONE;
+        let mut logit_bias = Vec::new();
         let mut seed = 0u64;
+        let mut chat = false;
+        let mut add_special: Option<bool> = None;
+        let mut skip_special = true;
+        let mut stop = Vec::new();
+        let vocab = self.limits.vocab_size;
         let int = |k: &str, v: &ParamValue| match v {
             ParamValue::Int(i) => Ok(*i),
             _ => Err(Error::invalid(format!(
@@ -435,6 +476,29 @@ impl Engine {
             _ => Err(Error::invalid(format!(
                 "model '{m}': parameter '{k}' must be a number"
             ))),
+        };
+        let boolean = |k: &str, v: &ParamValue| match v {
+            ParamValue::Bool(b) => Ok(*b),
+            _ => Err(Error::invalid(format!(
+                "model '{m}': parameter '{k}' must be a bool"
+            ))),
+        };
+        let string = |k: &str, v: &ParamValue| match v {
+            ParamValue::Str(s) => s.to_str().map(str::to_owned).map_err(|_| {
+                Error::invalid(format!("model '{m}': parameter '{k}' is not UTF-8 text"))
+            }),
+            _ => Err(Error::invalid(format!(
+                "model '{m}': parameter '{k}' must be a string"
+            ))),
+        };
+        let in_range = |k: &str, x: f64, lo: f64, hi: f64| {
+            if x.is_finite() && x >= lo && x <= hi {
+                Ok(x)
+            } else {
+                Err(Error::invalid(format!(
+                    "model '{m}': parameter '{k}' must be in [{lo}, {hi}], got {x}"
+                )))
+            }
         };
         for (k, v) in &req.parameters {
             match k.as_str() {
@@ -449,16 +513,10 @@ impl Engine {
                 }
                 "end_id" => {
                     let n = int(k, v)?;
-                    end_id = u32::try_from(n).ok();
+                    end_id = Some(u32::try_from(n).ok());
                 }
-                "streaming" => match v {
-                    ParamValue::Bool(b) => streaming = *b,
-                    _ => {
-                        return Err(Error::invalid(format!(
-                            "model '{m}': parameter 'streaming' must be a bool"
-                        )))
-                    }
-                },
+                "ignore_eos" => ignore_eos = boolean(k, v)?,
+                "streaming" => streaming = boolean(k, v)?,
                 "temperature" => {
                     let t = float(k, v)?;
                     if !(t.is_finite() && t >= 0.0) {
@@ -485,37 +543,133 @@ impl Engine {
                     }
                     top_p = p;
                 }
+                "min_p" => min_p = in_range(k, float(k, v)?, 0.0, 1.0)?,
+                "repetition_penalty" => {
+                    let r = float(k, v)?;
+                    if !(r.is_finite() && r > 0.0) {
+                        return Err(Error::invalid(format!(
+                            "model '{m}': parameter 'repetition_penalty' must be a finite number > 0 (1 = off), got {r}"
+                        )));
+                    }
+                    penalties.repetition = r as f32;
+                }
+                "presence_penalty" => {
+                    penalties.presence = in_range(k, float(k, v)?, -2.0, 2.0)? as f32
+                }
+                "frequency_penalty" => {
+                    penalties.frequency = in_range(k, float(k, v)?, -2.0, 2.0)? as f32
+                }
+                "logit_bias" => logit_bias = parse_logit_bias(m, &string(k, v)?, vocab)?,
                 "seed" => seed = int(k, v)? as u64,
+                "stop" => stop = parse_stop(m, &string(k, v)?)?,
+                "apply_chat_template" => chat = boolean(k, v)?,
+                "add_special_tokens" => add_special = Some(boolean(k, v)?),
+                "skip_special_tokens" => skip_special = boolean(k, v)?,
                 other => {
                     return Err(Error::invalid(format!(
-                        "model '{m}': unknown request parameter '{other}' (known: max_tokens, end_id, streaming, temperature, top_k, top_p, seed)"
+                        "model '{m}': unknown request parameter '{other}' (known: max_tokens, end_id, ignore_eos, streaming, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias, seed, stop, apply_chat_template, add_special_tokens, skip_special_tokens)"
                     )))
                 }
             }
         }
+        let text = self.vocab.text.as_deref();
+        let prompt = match (req.input(INPUT_IDS), req.input(TEXT_INPUT)) {
+            (Some(_), Some(_)) => {
+                return Err(Error::invalid(format!(
+                    "model '{m}': a request sends '{INPUT_IDS}' or '{TEXT_INPUT}', not both"
+                )))
+            }
+            (None, None) => {
+                return Err(Error::invalid(format!(
+                    "model '{m}': input '{INPUT_IDS}' (or '{TEXT_INPUT}') is missing"
+                )))
+            }
+            (Some(t), None) => {
+                if chat {
+                    return Err(Error::invalid(format!(
+                        "model '{m}': apply_chat_template needs the messages in '{TEXT_INPUT}'"
+                    )));
+                }
+                token_ids(m, t, vocab)?
+            }
+            (None, Some(t)) => {
+                let codec = text.ok_or_else(|| {
+                    Error::unsupported(format!(
+                        "model '{m}': '{TEXT_INPUT}' needs the model's tokenizer, and it has none"
+                    ))
+                })?;
+                let input = one_text(m, t)?;
+                let ids = if chat {
+                    let messages = match serde_json::from_str::<serde_json::Value>(&input) {
+                        Ok(v @ serde_json::Value::Array(_)) => v,
+                        // Plain text is one user turn.
+                        _ => serde_json::json!([{"role": "user", "content": input}]),
+                    };
+                    let rendered = codec
+                        .apply_chat_template(&messages)
+                        .map_err(|e| e.context(format!("model '{m}'")))?;
+                    // The template writes the special tokens it wants.
+                    codec.encode(&rendered, add_special.unwrap_or(false))
+                } else {
+                    codec.encode(&input, add_special.unwrap_or(true))
+                }
+                .map_err(|e| e.context(format!("model '{m}': input '{TEXT_INPUT}'")))?;
+                if ids.is_empty() {
+                    return Err(Error::invalid(format!(
+                        "model '{m}': input '{TEXT_INPUT}' is empty (no tokens)"
+                    )));
+                }
+                if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+                    return Err(Error::invalid(format!(
+                        "model '{m}': the tokenizer gave token {bad}, outside the model's vocabulary of {vocab}"
+                    )));
+                }
+                ids
+            }
+        };
+        if prompt.len() >= self.limits.n_positions {
+            return Err(Error::invalid(format!(
+                "model '{m}': a prompt of {} tokens leaves no room to generate: the model's context is {} positions",
+                prompt.len(),
+                self.limits.n_positions
+            )));
+        }
+        let text_out = self.text_name.is_some() && req.wants_output(TEXT_OUTPUT);
+        if !stop.is_empty() && text.is_none() {
+            return Err(Error::unsupported(format!(
+                "model '{m}': parameter 'stop' needs the model's tokenizer, and it has none"
+            )));
+        }
         // Greedy unless the request asks for sampling.
         let sampling = match temperature {
-            None if top_k == 0 && top_p >= 1.0 => SamplingParams {
-                temperature: 0.0,
-                top_k: 0,
-                top_p: 1.0,
-            },
+            None if top_k == 0 && top_p >= 1.0 && min_p == 0.0 => SamplingParams::GREEDY,
             t => SamplingParams {
                 temperature: t.unwrap_or(1.0) as f32,
                 top_k,
                 top_p: top_p as f32,
+                min_p: min_p as f32,
             },
+        };
+        let end_ids = match end_id {
+            Some(id) => id.into_iter().collect(),
+            None if ignore_eos => Vec::new(),
+            None => self.vocab.eos.clone(),
         };
         let p = Pending {
             req: Box::new(Request::new(m, 0, None)),
             prompt,
             max_tokens,
-            end_id,
+            end_ids,
             streaming,
             sampling,
+            penalties,
+            logit_bias,
             seed,
             deadline: (req.timeout_us > 0)
                 .then(|| req.enqueued_at + Duration::from_micros(req.timeout_us)),
+            stop: StopStrings::new(stop),
+            text_out,
+            skip_special,
         };
         // What can never run here is refused now rather than left waiting forever.
         let s = &self.settings;
@@ -712,6 +866,8 @@ struct Loop<'a> {
     to_sample: Vec<(usize, usize)>,
     sampled: Vec<(u32, f32)>,
     scratch: Vec<(f32, u32)>,
+    /// A logits row with penalties and biases applied.
+    row: Vec<f32>,
 }
 
 /// Runs instance `index`'s iteration loop until the scheduler closes and everything is
@@ -737,6 +893,7 @@ pub(crate) fn run(s: &Scheduler, e: &Engine, index: usize, exec: Box<dyn Executo
         to_sample: Vec::new(),
         sampled: Vec::new(),
         scratch: Vec::new(),
+        row: Vec::new(),
     };
     lp.publish_gauges();
     while lp.sync() {
@@ -930,6 +1087,18 @@ impl Loop<'_> {
             stream_out: false,
             wants_log_probs: self.e.log_probs_name.is_some()
                 && p.req.wants_output(OUTPUT_LOG_PROBS),
+            prompt_set: if p.penalties.repetition != 1.0 {
+                let mut v = p.prompt.clone();
+                v.sort_unstable();
+                v.dedup();
+                v
+            } else {
+                Vec::new()
+            },
+            counts: HashMap::new(),
+            detok: Detokenizer::default(),
+            text: String::new(),
+            text_sent: 0,
             p,
         };
         self.take_prefix(&mut seq);
@@ -1276,7 +1445,26 @@ impl Loop<'_> {
         for &(i, row) in &to_sample {
             let logits = &self.logits[row * vocab..(row + 1) * vocab];
             let seq = &mut self.active[i];
-            let (token, _) = sample(logits, &seq.p.sampling, &mut seq.rng, &mut self.scratch);
+            // Penalties and biases change a copy: log-probs stay the model's.
+            let shaped = if seq.p.penalties.is_none() && seq.p.logit_bias.is_empty() {
+                logits
+            } else {
+                self.row.clear();
+                self.row.extend_from_slice(logits);
+                penalize(
+                    &mut self.row,
+                    &seq.p.penalties,
+                    &seq.prompt_set,
+                    &seq.counts,
+                );
+                for &(t, b) in &seq.p.logit_bias {
+                    if let Some(l) = self.row.get_mut(t as usize) {
+                        *l += b;
+                    }
+                }
+                &self.row
+            };
+            let (token, _) = sample(shaped, &seq.p.sampling, &mut seq.rng, &mut self.scratch);
             let log_prob = if seq.wants_log_probs {
                 model_log_prob(logits, token)
             } else {
@@ -1298,7 +1486,7 @@ impl Loop<'_> {
                     .record(now.saturating_duration_since(t).as_micros() as u64),
             }
             seq.last_token_at = Some(now);
-            if seq.p.end_id == Some(token) {
+            if seq.p.end_ids.contains(&token) {
                 finished.push((i, Finish::EndId));
                 continue;
             }
@@ -1307,6 +1495,15 @@ impl Loop<'_> {
                 seq.log_probs.push(log_prob);
             }
             seq.generated += 1;
+            if !seq.p.penalties.is_none() {
+                *seq.counts.entry(token).or_insert(0) += 1;
+            }
+            if let (true, Some(codec)) = (seq.p.decodes(), &self.e.vocab.text) {
+                if decode_more(codec, seq, false) {
+                    finished.push((i, Finish::Stop));
+                    continue;
+                }
+            }
             if seq.generated >= seq.p.max_tokens || seq.tokens.len() >= n_positions {
                 finished.push((i, Finish::Length));
             }
@@ -1355,10 +1552,19 @@ impl Loop<'_> {
         self.bm.release(&seq.blocks);
         seq.blocks.clear();
         self.e.q.lock().running.remove(&seq.p.req.id);
+        if let (true, true, Some(codec)) = (
+            seq.p.decodes(),
+            matches!(why, Finish::Length | Finish::EndId),
+            &self.e.vocab.text,
+        ) {
+            // What is left of an incomplete character, and a last look for a stop string.
+            decode_more(codec, &mut seq, true);
+        }
         let from = if seq.p.streaming { seq.streamed } else { 0 };
-        let mut resp = response(self.e, &self.s.model, &seq, from);
+        let text_from = if seq.p.streaming { seq.text_sent } else { 0 };
+        let mut resp = response(self.e, &self.s.model, &seq, from, text_from..seq.text.len());
         let reason = finish_reason(&why);
-        let ok = matches!(why, Finish::Length | Finish::EndId);
+        let ok = matches!(why, Finish::Length | Finish::EndId | Finish::Stop);
         if let Finish::Error(e) = why {
             resp.status = e.code;
             resp.error = Some(CString::new(e.message.replace('\0', " ")).unwrap_or_default());
@@ -1396,8 +1602,18 @@ impl Loop<'_> {
                 continue;
             }
             any = true;
-            let resp = response(self.e, &self.s.model, seq, seq.streamed);
+            // Text that may be the start of a stop string waits.
+            let text_to = seq.text.len() - seq.p.stop.held(&seq.text);
+            let text_to = text_to.max(seq.text_sent);
+            let resp = response(
+                self.e,
+                &self.s.model,
+                seq,
+                seq.streamed,
+                seq.text_sent..text_to,
+            );
             seq.streamed = seq.generated;
+            seq.text_sent = text_to;
             if let Some(sink) = seq.sink.as_mut() {
                 sink.send(resp);
             }
@@ -1428,7 +1644,32 @@ fn register_blocks(bm: &mut BlockManager, seq: &mut Seq) {
 enum Finish {
     Length,
     EndId,
+    /// A stop string was generated.
+    Stop,
     Error(Error),
+}
+
+/// Decodes a sequence's new tokens into its text and looks for a stop string in what was
+/// added; on one, the text ends where the stop string starts. Returns whether it stopped.
+fn decode_more(codec: &TextCodec, seq: &mut Seq, flush: bool) -> bool {
+    let prompt = seq.p.prompt.len();
+    let piece = seq
+        .detok
+        .step(codec, &seq.tokens[prompt..], seq.p.skip_special, flush);
+    if piece.is_empty() {
+        return false;
+    }
+    seq.text.push_str(&piece);
+    if seq.p.stop.is_empty() {
+        return false;
+    }
+    match seq.p.stop.find(&seq.text, piece.len()) {
+        Some(at) => {
+            seq.text.truncate(at.max(seq.text_sent));
+            true
+        }
+        None => false,
+    }
 }
 
 /// The log-probability of `token` under the model's distribution (the softmax of the
@@ -1447,6 +1688,7 @@ fn finish_reason(f: &Finish) -> &'static str {
     match f {
         Finish::Length => "length",
         Finish::EndId => "end_id",
+        Finish::Stop => "stop",
         Finish::Error(e) if e.code == Code::Cancelled => "cancelled",
         Finish::Error(_) => "error",
     }
@@ -1470,8 +1712,15 @@ fn push_finish(resp: &mut Response, reason: &str, counts: [usize; 3]) {
     }
 }
 
-/// A response with the generated tokens from index `from` on.
-fn response(e: &Engine, model: &ModelIdentity, seq: &Seq, from: usize) -> Box<Response> {
+/// A response with the generated tokens from index `from` on, and the bytes `text` of the
+/// generated text.
+fn response(
+    e: &Engine,
+    model: &ModelIdentity,
+    seq: &Seq,
+    from: usize,
+    text: std::ops::Range<usize>,
+) -> Box<Response> {
     let req = &seq.p.req;
     let mut resp = Response::ok(req.id, model, &req.correlation_id);
     let prompt = seq.p.prompt.len();
@@ -1507,5 +1756,128 @@ fn response(e: &Engine, model: &ModelIdentity, seq: &Seq, from: usize) -> Box<Re
             data: TensorData::Owned(lp.iter().flat_map(|v| v.to_le_bytes()).collect()),
         });
     }
+    if let (Some(name), true) = (&e.text_name, seq.p.text_out) {
+        let piece = seq.text.get(text).unwrap_or_default().as_bytes();
+        let mut bytes = Vec::with_capacity(4 + piece.len());
+        bytes.extend((piece.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(piece);
+        resp.outputs.push(OutputTensor {
+            name: name.clone(),
+            dtype: DataType::Bytes,
+            shape: Shape::from_slice(&[1]),
+            data: TensorData::Owned(bytes),
+        });
+    }
     resp
+}
+
+/// The token ids of an `input_ids` tensor.
+fn token_ids(m: &str, t: &crate::tensor::Tensor, vocab: usize) -> Result<Vec<u32>> {
+    if t.shape.len() != 1 || t.shape[0] < 1 {
+        return Err(Error::invalid(format!(
+            "model '{m}': input '{INPUT_IDS}' must be a non-empty list of token ids (shape [n]), got shape {:?}",
+            t.shape.as_slice()
+        )));
+    }
+    let bytes = t.data.as_slice();
+    let raw: Vec<i64> = match t.dtype {
+        DataType::Int32 => bytes
+            .chunks_exact(4)
+            .map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .collect(),
+        DataType::Int64 => bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect(),
+        other => {
+            return Err(Error::invalid(format!(
+                "model '{m}': input '{INPUT_IDS}' must be INT32 or INT64, not {}",
+                other.as_str()
+            )))
+        }
+    };
+    raw.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            u32::try_from(v)
+                .ok()
+                .filter(|&t| (t as usize) < vocab)
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "model '{m}': input '{INPUT_IDS}'[{i}] = {v} is not a token id (the vocabulary has {vocab}: 0 to {})",
+                        vocab.saturating_sub(1)
+                    ))
+                })
+        })
+        .collect()
+}
+
+/// The one UTF-8 string of a `text_input` tensor.
+fn one_text(m: &str, t: &crate::tensor::Tensor) -> Result<String> {
+    let d = t.data.as_slice();
+    let bad = |why: &str| Error::invalid(format!("model '{m}': input '{TEXT_INPUT}' {why}"));
+    if d.len() < 4 {
+        return Err(bad("must hold one string"));
+    }
+    let n = u32::from_le_bytes([d[0], d[1], d[2], d[3]]) as usize;
+    if d.len() != 4 + n {
+        return Err(bad("must hold exactly one string"));
+    }
+    String::from_utf8(d[4..].to_vec()).map_err(|e| {
+        bad(&format!(
+            "is not UTF-8 text (invalid byte at {})",
+            e.utf8_error().valid_up_to()
+        ))
+    })
+}
+
+/// Parameter `stop`: one stop string, or a JSON array of them.
+fn parse_stop(m: &str, v: &str) -> Result<Vec<String>> {
+    let list = match serde_json::from_str::<serde_json::Value>(v) {
+        Ok(serde_json::Value::Array(a)) if v.trim_start().starts_with('[') => a
+            .into_iter()
+            .map(|x| match x {
+                serde_json::Value::String(s) => Ok(s),
+                other => Err(Error::invalid(format!(
+                    "model '{m}': parameter 'stop': {other} is not a string"
+                ))),
+            })
+            .collect::<Result<Vec<_>>>()?,
+        _ => vec![v.to_owned()],
+    };
+    if list.iter().any(String::is_empty) {
+        return Err(Error::invalid(format!(
+            "model '{m}': parameter 'stop' holds an empty string"
+        )));
+    }
+    Ok(list)
+}
+
+/// Parameter `logit_bias`: a JSON object from token id to the bias added to its logit,
+/// as the OpenAI API takes it (`{"50256": -100}`).
+fn parse_logit_bias(m: &str, v: &str, vocab: usize) -> Result<Vec<(u32, f32)>> {
+    let bad = |why: String| Error::invalid(format!("model '{m}': parameter 'logit_bias': {why}"));
+    let obj = match serde_json::from_str::<serde_json::Value>(v) {
+        Ok(serde_json::Value::Object(o)) => o,
+        _ => {
+            return Err(bad(format!(
+                "{v:?} is not a JSON object of token id to bias"
+            )))
+        }
+    };
+    let mut out = Vec::with_capacity(obj.len());
+    for (k, b) in obj {
+        let id: u32 = k
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&i: &u32| (i as usize) < vocab)
+            .ok_or_else(|| bad(format!("\"{k}\" is not a token id (0 to {})", vocab - 1)))?;
+        let b = b
+            .as_f64()
+            .filter(|b| b.is_finite() && (-100.0..=100.0).contains(b))
+            .ok_or_else(|| bad(format!("the bias of {k} must be a number in [-100, 100]")))?;
+        out.push((id, b as f32));
+    }
+    Ok(out)
 }

@@ -279,23 +279,48 @@ pub fn check_config(c: &ModelConfig) -> Result<()> {
         }
         Ok(())
     };
-    match c.inputs.as_slice() {
-        [t] if &*t.name == INPUT_IDS => ids(t, "input")?,
-        _ => {
-            let names: Vec<&str> = c.inputs.iter().map(|t| &*t.name).collect();
+    let text = |t: &crate::config::TensorConfig, what: &str| -> Result<()> {
+        if t.data_type != DataType::Bytes || !(t.dims == [1] || t.dims == [-1]) {
             return Err(Error::invalid(format!(
-                "model '{m}': a generative model has exactly one input, '{INPUT_IDS}' (found {names:?}); sampling settings are request parameters"
+                "model '{m}': {what} '{}' must be TYPE_STRING with dims [ 1 ] or [ -1 ] (one text)",
+                t.name
             )));
         }
+        Ok(())
+    };
+    for t in &c.inputs {
+        match &*t.name {
+            INPUT_IDS => ids(t, "input")?,
+            TEXT_INPUT => text(t, "input")?,
+            other => {
+                return Err(Error::invalid(format!(
+                    "model '{m}': unknown input '{other}' for a generative model (it takes '{INPUT_IDS}' or '{TEXT_INPUT}'); sampling settings are request parameters"
+                )))
+            }
+        }
     }
-    if c.output(OUTPUT_IDS).is_none() {
+    match (c.input(INPUT_IDS), c.input(TEXT_INPUT)) {
+        (None, None) => {
+            return Err(Error::invalid(format!(
+                "model '{m}': a generative model needs the input '{INPUT_IDS}' or '{TEXT_INPUT}'"
+            )))
+        }
+        (Some(a), Some(b)) if !(a.optional && b.optional) => {
+            return Err(Error::invalid(format!(
+                "model '{m}': with both '{INPUT_IDS}' and '{TEXT_INPUT}', a request sends one of them: mark both optional: true"
+            )))
+        }
+        _ => {}
+    }
+    if c.output(OUTPUT_IDS).is_none() && c.output(TEXT_OUTPUT).is_none() {
         return Err(Error::invalid(format!(
-            "model '{m}': a generative model needs the output '{OUTPUT_IDS}'"
+            "model '{m}': a generative model needs the output '{OUTPUT_IDS}' or '{TEXT_OUTPUT}'"
         )));
     }
     for t in &c.outputs {
         match &*t.name {
             OUTPUT_IDS => ids(t, "output")?,
+            TEXT_OUTPUT => text(t, "output")?,
             OUTPUT_LOG_PROBS => {
                 if t.data_type != DataType::Fp32 || t.dims != [-1] {
                     return Err(Error::invalid(format!(
@@ -305,7 +330,7 @@ pub fn check_config(c: &ModelConfig) -> Result<()> {
             }
             other => {
                 return Err(Error::invalid(format!(
-                    "model '{m}': unknown output '{other}' for a generative model (it has '{OUTPUT_IDS}' and '{OUTPUT_LOG_PROBS}')"
+                    "model '{m}': unknown output '{other}' for a generative model (it has '{OUTPUT_IDS}', '{TEXT_OUTPUT}' and '{OUTPUT_LOG_PROBS}')"
                 )))
             }
         }
@@ -316,3 +341,5 @@ pub fn check_config(c: &ModelConfig) -> Result<()> {
 pub const INPUT_IDS: &str = "input_ids";
 pub const OUTPUT_IDS: &str = "output_ids";
 pub const OUTPUT_LOG_PROBS: &str = "output_log_probs";
+pub const TEXT_INPUT: &str = "text_input";
+pub const TEXT_OUTPUT: &str = "text_output";

@@ -133,7 +133,7 @@ fn harness(s: Settings, instances: usize, delay: Duration) -> Harness {
         vocab_size: VOCAB,
         n_positions: 100,
     };
-    let engine = Engine::new(&config, s, limits);
+    let engine = Engine::new(&config, s, limits, Default::default()).unwrap();
     let sched = Scheduler::start_generative(
         ModelIdentity::new("toy", 1),
         config,
