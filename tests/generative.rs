@@ -75,6 +75,9 @@ struct Got {
     message: String,
     reason: String,
     cached_tokens: i64,
+    prompt_tokens: i64,
+    /// `text_output` of each response.
+    text: Vec<String>,
     responses_after_final: usize,
 }
 
@@ -105,6 +108,13 @@ unsafe extern "C" fn on_response(ud: *mut c_void, resp: *mut Response, flags: u3
                 .collect(),
         );
     }
+    if let Some((shape, bytes)) = r.output("text_output") {
+        assert_eq!(shape, vec![1]);
+        let n = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
+        assert_eq!(bytes.len(), 4 + n);
+        g.text
+            .push(String::from_utf8(bytes[4..].to_vec()).expect("text_output is UTF-8"));
+    }
     if r.output("output_log_probs").is_some() {
         let lp = r.output_f32("output_log_probs");
         g.log_probs.extend(lp);
@@ -121,6 +131,12 @@ unsafe extern "C" fn on_response(ud: *mut c_void, resp: *mut Response, flags: u3
             == INFER_STATUS_OK
         {
             g.cached_tokens = cached;
+        }
+        let mut prompt = 0i64;
+        if infer_response_parameter_int(r.0, cs("prompt_tokens").as_ptr(), &mut prompt)
+            == INFER_STATUS_OK
+        {
+            g.prompt_tokens = prompt;
         }
         g.status = Some(r.status());
         if r.status() != INFER_STATUS_OK {
@@ -157,6 +173,11 @@ struct Params {
     top_k: Option<i64>,
     top_p: Option<f64>,
     seed: Option<i64>,
+    /// Sent as `text_input` in place of the prompt's ids.
+    text: Option<String>,
+    bools: Vec<(&'static str, bool)>,
+    strings: Vec<(&'static str, String)>,
+    floats: Vec<(&'static str, f64)>,
 }
 
 fn max_tokens(n: i64) -> Params {
@@ -172,9 +193,16 @@ fn try_enqueue(
     prompt: &[i32],
     p: &Params,
 ) -> Result<Pending, (infer_status, String)> {
-    let r = s
-        .request(model)
-        .input_i32("input_ids", &[prompt.len() as i64], prompt);
+    let r = s.request(model);
+    let r = match &p.text {
+        None => r.input_i32("input_ids", &[prompt.len() as i64], prompt),
+        Some(t) => {
+            let mut b = (t.len() as u32).to_le_bytes().to_vec();
+            b.extend_from_slice(t.as_bytes());
+            ok(r.try_input("text_input", INFER_DATATYPE_BYTES, &[1], &b));
+            r
+        }
+    };
     let set_i = |k: &str, v: Option<i64>| {
         if let Some(v) = v {
             ok(unsafe { infer_request_set_parameter_int(r.0, cs(k).as_ptr(), v) });
@@ -188,6 +216,15 @@ fn try_enqueue(
         if let Some(v) = v {
             ok(unsafe { infer_request_set_parameter_double(r.0, cs(k).as_ptr(), v) });
         }
+    }
+    for (k, v) in &p.floats {
+        ok(unsafe { infer_request_set_parameter_double(r.0, cs(k).as_ptr(), *v) });
+    }
+    for (k, v) in &p.bools {
+        ok(unsafe { infer_request_set_parameter_bool(r.0, cs(k).as_ptr(), *v) });
+    }
+    for (k, v) in &p.strings {
+        ok(unsafe { infer_request_set_parameter_string(r.0, cs(k).as_ptr(), cs(v).as_ptr()) });
     }
     if p.streaming {
         ok(unsafe { infer_request_set_parameter_bool(r.0, cs("streaming").as_ptr(), true) });
@@ -782,8 +819,10 @@ parameters { key: "max_num_sequences" value { string_value: "4" } }"#;
         assert_eq!(st, INFER_STATUS_OK, "{model}/{file}: {}", last_error());
         let prompt = ints(&reference["prompt"]);
         let want = ints(&reference["greedy"]);
+        // The reference does not stop at the model's end-of-sequence tokens.
         let p = Params {
             streaming: true,
+            bools: vec![("ignore_eos", true)],
             ..max_tokens(want.len() as i64)
         };
         let pending: Vec<Pending> = (0..3).map(|_| enqueue(&s, "lm", &prompt, &p)).collect();
@@ -800,6 +839,282 @@ parameters { key: "max_num_sequences" value { string_value: "4" } }"#;
         };
         assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{msg}");
         assert!(msg.contains("vocabulary"), "{msg}");
+        drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// Text in and out of a Llama-family model whose folder holds a tokenizer (a Hugging
+/// Face folder with `tokenizer.json` and a chat template; a GGUF file with its
+/// vocabulary), loaded from `backend: "llama"` alone: the config gains `text_input` and
+/// `text_output`; text prompts give the tokens the tokenizer's ids give; streamed text
+/// pieces add up to the whole text; stop strings, the chat template, the model's
+/// end-of-sequence tokens, min-p, penalties and logit bias act as documented.
+#[test]
+fn llama_family_text_in_and_out() {
+    use infer::llm::{TextCodec, TextSource};
+    let Ok(root) = std::env::var("INFER_LLAMA_MODELS_DIR") else {
+        eprintln!("skipped: set INFER_LLAMA_MODELS_DIR (scripts/test.sh does)");
+        return;
+    };
+    let root = PathBuf::from(root);
+    for (model, file) in [("small-qwen2", "hf"), ("tiny-llama", "model-q8_0.gguf")] {
+        let cases: Value = serde_json::from_str(
+            &std::fs::read_to_string(root.join(model).join("text-cases.json")).unwrap(),
+        )
+        .unwrap();
+        let dir = temp_dir(&format!("llama-text-{model}"));
+        let version = dir.join("1");
+        std::fs::create_dir_all(&version).unwrap();
+        let src = root.join(model).join(file);
+        if src.is_dir() {
+            for e in std::fs::read_dir(&src).unwrap().flatten() {
+                std::fs::copy(e.path(), version.join(e.file_name())).unwrap();
+            }
+        } else {
+            std::fs::copy(&src, version.join(file)).unwrap();
+        }
+        let codec =
+            match TextCodec::load(&infer::folder::Folder::root(&version, false, "v").unwrap())
+                .unwrap()
+            {
+                TextSource::Ready(c) => c,
+                TextSource::Missing(why) => panic!("{model}: {why}"),
+            };
+        let config = r#"backend: "llama"
+parameters { key: "intra_op_thread_count" value { string_value: "2" } }
+parameters { key: "max_num_sequences" value { string_value: "8" } }"#;
+        let s = Server::new();
+        let d = cs(dir.to_str().unwrap());
+        let st = unsafe {
+            infer_server_load_model(s.0, cs("lm").as_ptr(), cs(config).as_ptr(), d.as_ptr())
+        };
+        assert_eq!(st, INFER_STATUS_OK, "{model}: {}", last_error());
+        let at = |what: &str| format!("{model}: {what}");
+        let greedy = |n: i64| Params {
+            bools: vec![("ignore_eos", true)],
+            ..max_tokens(n)
+        };
+        // Text prompts against the tokenizer's ids.
+        let mut full = None;
+        for case in cases["cases"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            let ids = ints(&case["ids"]);
+            if text.is_empty() {
+                continue;
+            }
+            let by_ids = run(&s, "lm", &ids, &greedy(16));
+            let by_text = run(
+                &s,
+                "lm",
+                &[],
+                &Params {
+                    text: Some(text.into()),
+                    ..greedy(16)
+                },
+            );
+            assert_eq!(by_text.status, Some(INFER_STATUS_OK), "{}", by_text.message);
+            assert_eq!(by_text.prompt_tokens, ids.len() as i64, "{}", at(text));
+            assert_eq!(by_text.tokens(), by_ids.tokens(), "{}", at(text));
+            let tokens: Vec<u32> = by_text.tokens().iter().map(|&t| t as u32).collect();
+            assert_eq!(
+                by_text.text,
+                vec![codec.decode(&tokens, true)],
+                "{}",
+                at(text)
+            );
+            assert_eq!(by_ids.text, by_text.text, "{}", at(text));
+            // Streamed: one piece per token at most, adding up to the same text.
+            let streamed = run(
+                &s,
+                "lm",
+                &[],
+                &Params {
+                    text: Some(text.into()),
+                    streaming: true,
+                    ..greedy(16)
+                },
+            );
+            assert_eq!(streamed.text.concat(), by_text.text[0], "{}", at(text));
+            assert_eq!(streamed.tokens(), by_text.tokens());
+            if full.is_none() && by_text.text[0].chars().count() >= 6 {
+                full = Some((text.to_owned(), by_text.clone()));
+            }
+        }
+        // A stop string from the middle of a generated text: the text ends before it.
+        let (prompt_text, whole) = full.expect("a generated text of at least 6 characters");
+        let whole_text = &whole.text[0];
+        let cut = whole_text.char_indices().nth(3).unwrap().0;
+        let stop: String = whole_text[cut..].chars().take(2).collect();
+        let at_stop = whole_text.find(&stop).unwrap();
+        for streaming in [false, true] {
+            let g = run(
+                &s,
+                "lm",
+                &[],
+                &Params {
+                    text: Some(prompt_text.clone()),
+                    streaming,
+                    strings: vec![("stop", serde_json::json!([stop, "never seen"]).to_string())],
+                    ..greedy(16)
+                },
+            );
+            assert_eq!(g.status, Some(INFER_STATUS_OK), "{}", g.message);
+            assert_eq!(g.reason, "stop", "{}", at("stop"));
+            assert_eq!(g.text.concat(), whole_text[..at_stop], "{}", at("stop"));
+            let n = g.tokens().len();
+            assert!(n < whole.tokens().len());
+            assert_eq!(g.tokens()[..], whole.tokens()[..n]);
+        }
+        // The chat template: a JSON list of messages.
+        let chat = &cases["chat"];
+        let g = run(
+            &s,
+            "lm",
+            &[],
+            &Params {
+                text: Some(chat["messages"].to_string()),
+                bools: vec![("apply_chat_template", true), ("ignore_eos", true)],
+                ..max_tokens(4)
+            },
+        );
+        assert_eq!(g.status, Some(INFER_STATUS_OK), "{}", g.message);
+        assert_eq!(
+            g.prompt_tokens,
+            chat["ids"].as_array().unwrap().len() as i64
+        );
+        assert_eq!(
+            g.tokens(),
+            run(&s, "lm", &ints(&chat["ids"]), &greedy(4)).tokens()
+        );
+        // The end-of-turn token ends generation by default (forced here by a bias), and
+        // is generated like any other with ignore_eos.
+        let turn_end = codec
+            .encode(
+                if model.contains("llama") {
+                    "<|eot_id|>"
+                } else {
+                    "<|im_end|>"
+                },
+                false,
+            )
+            .unwrap()[0];
+        let bias = format!("{{\"{turn_end}\": 100}}");
+        let g = run(
+            &s,
+            "lm",
+            &[3, 4, 5],
+            &Params {
+                strings: vec![("logit_bias", bias.clone())],
+                ..max_tokens(4)
+            },
+        );
+        assert_eq!(
+            (g.reason.as_str(), g.tokens().len()),
+            ("end_id", 0),
+            "{}",
+            at("eos")
+        );
+        let g = run(
+            &s,
+            "lm",
+            &[3, 4, 5],
+            &Params {
+                strings: vec![("logit_bias", bias)],
+                ..greedy(2)
+            },
+        );
+        assert_eq!(g.tokens(), vec![turn_end as i32; 2], "{}", at("ignore_eos"));
+        // min_p 1 keeps only the most likely token: sampling becomes greedy.
+        let g = run(
+            &s,
+            "lm",
+            &[3, 4, 5],
+            &Params {
+                temperature: Some(1.0),
+                seed: Some(7),
+                floats: vec![("min_p", 1.0)],
+                ..greedy(8)
+            },
+        );
+        assert_eq!(g.tokens(), run(&s, "lm", &[3, 4, 5], &greedy(8)).tokens());
+        // A strong repetition penalty: no token of the prompt or the output comes again.
+        let prompt = [3, 4, 5, 6, 7];
+        let g = run(
+            &s,
+            "lm",
+            &prompt,
+            &Params {
+                floats: vec![("repetition_penalty", 1000.0)],
+                ..greedy(12)
+            },
+        );
+        let mut seen: Vec<i32> = prompt.to_vec();
+        for t in g.tokens() {
+            assert!(
+                !seen.contains(&t),
+                "{}: {t} repeated in {:?}",
+                at("penalty"),
+                g.tokens()
+            );
+            seen.push(t);
+        }
+        // Refusals name what is wrong.
+        for (p, want) in [
+            (
+                Params {
+                    text: Some("hi".into()),
+                    bools: vec![("apply_chat_template", true)],
+                    strings: vec![("logit_bias", "[1]".into())],
+                    ..max_tokens(1)
+                },
+                "logit_bias",
+            ),
+            (
+                Params {
+                    floats: vec![("min_p", 1.5)],
+                    ..max_tokens(1)
+                },
+                "min_p",
+            ),
+            (
+                Params {
+                    floats: vec![("presence_penalty", 3.0)],
+                    ..max_tokens(1)
+                },
+                "presence_penalty",
+            ),
+            (
+                Params {
+                    bools: vec![("apply_chat_template", true)],
+                    ..max_tokens(1)
+                },
+                "apply_chat_template",
+            ),
+        ] {
+            let Err((st, msg)) = try_enqueue(&s, "lm", &[3], &p) else {
+                panic!("{}: accepted", at(want));
+            };
+            assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{msg}");
+            assert!(msg.contains(want), "{want}: {msg}");
+        }
+        let r = s.request("lm").input_i32("input_ids", &[1], &[3]);
+        let mut b = 2u32.to_le_bytes().to_vec();
+        b.extend_from_slice(&[0xff, 0xfe]);
+        ok(r.try_input("text_input", INFER_DATATYPE_BYTES, &[1], &b));
+        let c = Collector::new();
+        let Err((st, msg)) = s.enqueue(r, &c) else {
+            panic!("both inputs accepted")
+        };
+        assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{msg}");
+        assert!(msg.contains("not both"), "{msg}");
+        let r = s.request("lm");
+        ok(r.try_input("text_input", INFER_DATATYPE_BYTES, &[1], &b));
+        let Err((st, msg)) = s.enqueue(r, &c) else {
+            panic!("invalid UTF-8 accepted")
+        };
+        assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{msg}");
+        assert!(msg.contains("UTF-8"), "{msg}");
         drop(s);
         std::fs::remove_dir_all(&dir).unwrap();
     }
