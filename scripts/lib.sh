@@ -59,8 +59,12 @@ build_cpp_examples() {
     if [[ -f "$dir/CMakeCache.txt" ]] && ! grep -qx "CMAKE_GENERATOR:INTERNAL=$gen" "$dir/CMakeCache.txt"; then
         rm -rf "$dir"
     fi
+    # The chat example's test talks to a generated Llama model when there is one.
+    local chat="${INFER_CHAT_MODEL:-${TARGET_DIR:-target}/llm-models/tiny-llama/model-q8_0.gguf}"
+    [[ -f "$chat" ]] || chat=""
+    case "$chat" in /* | "") ;; *) chat="$PWD/$chat" ;; esac
     cmake -S cpp_examples -B "$dir" -G "$gen" -DCMAKE_BUILD_TYPE=Release \
-        -DINFER_LIB_DIR="$LIB_DIR" -DINFER_INCLUDE_DIR="$PWD/include"
+        -DINFER_LIB_DIR="$LIB_DIR" -DINFER_INCLUDE_DIR="$PWD/include" -DINFER_CHAT_MODEL="$chat"
     cmake --build "$dir"
 }
 
