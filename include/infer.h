@@ -226,6 +226,8 @@ typedef void (*infer_response_fn)(void *user_data, struct infer_response *respon
 
 
 
+
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus

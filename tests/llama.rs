@@ -301,11 +301,10 @@ fn tokenizers_and_chat_templates_match_the_reference() {
             if name.ends_with(".gguf") {
                 let turn_end = ids(&chat["ids"])
                     .into_iter()
-                    .filter(|&t| {
+                    .find(|&t| {
                         codec.decode(&[t], false).contains("<|eot_id|>")
                             || codec.decode(&[t], false).contains("<|im_end|>")
                     })
-                    .next()
                     .unwrap();
                 assert!(
                     codec.eos_ids.contains(&turn_end),
