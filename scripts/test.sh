@@ -215,7 +215,7 @@ summary() {
     fi
     if [[ -f "$LOGS/llama-models.log" ]]; then
         echo "Llama-family models against the numpy reference:"
-        grep -E 'model runs matched|^SKIP' "$LOGS/llama-models.log" | sed 's/^/  /' || true
+        grep -E 'model runs matched|tokenizers matched|^SKIP' "$LOGS/llama-models.log" | sed 's/^/  /' || true
     fi
     if [[ -f "$LOGS/nvrtc.log" ]]; then
         echo "kernels through NVRTC $NVRTC_VERSION:"

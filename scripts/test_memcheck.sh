@@ -71,11 +71,24 @@ programs=("c_api_tests:c:$(echo tests/c/*.c | tr ' ' ':')")
 for src in cpp_examples/*.c; do
     programs+=("$(basename "$src" .c):c:$src")
 done
+# The chat example talks to a generated Llama model (scripts/test.sh makes it); without
+# one it is not run.
+chat_model="${INFER_CHAT_MODEL:-$TARGET_DIR/llm-models/tiny-llama/model-q8_0.gguf}"
+case "$chat_model" in /*) ;; *) chat_model="$PWD/$chat_model" ;; esac
 if [[ -d "$CPP_INCLUDE/infer" ]]; then
     for src in cpp_examples/*.cpp; do
+        [[ "$src" == cpp_examples/chat.cpp && ! -f "$chat_model" ]] && continue
         [[ -f "$src" ]] && programs+=("$(basename "$src" .cpp):cpp:$src")
     done
 fi
+
+# The arguments a program runs with.
+program_args() { # program_args NAME -> sets args
+    args=()
+    if [[ "$1" == chat ]]; then
+        args=("$chat_model" --max-tokens 8 --ignore-eos --system "Be brief." "Hello there!" "More?")
+    fi
+}
 
 # build VARIANT NAME LANG SOURCE...: compiles one program into $OUT/VARIANT (with
 # -fsanitize for asan), linked against $LIB_DIR/libinfer.so and found at run time through
@@ -267,7 +280,8 @@ asan_pass() {
         built asan "$S" "$name" || continue
         section "AddressSanitizer: $name"
         log="$LOGS/asan-$name.log"
-        rc=0; (cd "$OUT/asan" && timeout "$RUN_TIMEOUT" "./$name") >"$log" 2>&1 || rc=$?
+        program_args "$name"
+        rc=0; (cd "$OUT/asan" && timeout "$RUN_TIMEOUT" "./$name" "${args[@]}") >"$log" 2>&1 || rc=$?
         verdict=$(asan_verdict "$rc" "$log")
         collect_suppressions "$log"
         if [[ "$verdict" == ok ]]; then
@@ -362,7 +376,8 @@ valgrind_pass() {
         built valgrind "$S" "$name" || continue
         section "valgrind: $name"
         log="$LOGS/valgrind-$name.log"
-        rc=0; (cd "$OUT/valgrind" && timeout "$RUN_TIMEOUT" "${VALGRIND[@]}" "./$name") >"$log" 2>&1 || rc=$?
+        program_args "$name"
+        rc=0; (cd "$OUT/valgrind" && timeout "$RUN_TIMEOUT" "${VALGRIND[@]}" "./$name" "${args[@]}") >"$log" 2>&1 || rc=$?
         verdict=$(vg_verdict "$rc" "$log")
         collect_vg_suppressions "$log"
         if [[ "$verdict" == ok ]]; then
