@@ -1119,3 +1119,57 @@ parameters { key: "max_num_sequences" value { string_value: "8" } }"#;
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// A model folder without a tokenizer serves token ids only: its completed config has no
+/// text tensors, a config that declares them is refused at load naming the tensor, and
+/// text-only parameters are refused per request.
+#[test]
+fn text_needs_a_tokenizer() {
+    let s = Server::new();
+    let d = cs(model_dir().to_str().unwrap());
+    let bare = "backend: \"gpt2\"\nparameters { key: \"intra_op_thread_count\" value { string_value: \"1\" } }";
+    let st =
+        unsafe { infer_server_load_model(s.0, cs("ids").as_ptr(), cs(bare).as_ptr(), d.as_ptr()) };
+    assert_eq!(st, INFER_STATUS_OK, "{}", last_error());
+    let Err((st, msg)) = try_enqueue(
+        &s,
+        "ids",
+        &[1, 2],
+        &Params {
+            strings: vec![("stop", "x".into())],
+            ..max_tokens(2)
+        },
+    ) else {
+        panic!("stop strings accepted without a tokenizer");
+    };
+    assert_eq!(st, INFER_STATUS_UNSUPPORTED, "{msg}");
+    assert!(msg.contains("tokenizer"), "{msg}");
+    let g = run(&s, "ids", &[1, 2], &max_tokens(3));
+    assert_eq!((g.status, g.tokens().len()), (Some(INFER_STATUS_OK), 3));
+    let with_text = format!(
+        "{}\ninput [ {{ name: \"input_ids\" data_type: TYPE_INT32 dims: [ -1 ] optional: true }},\n  {{ name: \"text_input\" data_type: TYPE_STRING dims: [ 1 ] optional: true }} ]\noutput [ {{ name: \"output_ids\" data_type: TYPE_INT32 dims: [ -1 ] }} ]",
+        bare
+    );
+    let st = unsafe {
+        infer_server_load_model(
+            s.0,
+            cs("text").as_ptr(),
+            cs(&with_text).as_ptr(),
+            d.as_ptr(),
+        )
+    };
+    let msg = last_error();
+    assert_eq!(st, INFER_STATUS_UNSUPPORTED, "{msg}");
+    assert!(
+        msg.contains("text_input") && msg.contains("tokenizer"),
+        "{msg}"
+    );
+    // Both inputs declared, one of them required: refused, as no request could send one.
+    let required = with_text.replacen(" optional: true", "", 1);
+    let st = unsafe {
+        infer_server_load_model(s.0, cs("both").as_ptr(), cs(&required).as_ptr(), d.as_ptr())
+    };
+    let msg = last_error();
+    assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{msg}");
+    assert!(msg.contains("optional"), "{msg}");
+}
