@@ -146,24 +146,25 @@ LLM_GGUF_VERSION=0.19.0
 LLM_SAFETENSORS_VERSION=0.8.0
 LLM_TOKENIZERS_VERSION=0.23.3
 LLM_JINJA2_VERSION=3.1.6
+LLM_SENTENCEPIECE_VERSION=0.2.3
 
 # llm_python VENV: makes VENV (once) with the pinned numpy, gguf, safetensors and
-# tokenizers (and jinja2, for chat templates) in it, installing Debian's python3 / python3-venv when they are missing.
+# tokenizers (and jinja2 for chat templates, sentencepiece for Llama 2-style vocabularies) in it, installing Debian's python3 / python3-venv when they are missing.
 llm_python() {
     local venv="$1"
     if "$venv/bin/python" - "$LLM_NUMPY_VERSION" "$LLM_GGUF_VERSION" "$LLM_SAFETENSORS_VERSION" \
-        "$LLM_TOKENIZERS_VERSION" "$LLM_JINJA2_VERSION" 2>/dev/null <<'PY'
+        "$LLM_TOKENIZERS_VERSION" "$LLM_JINJA2_VERSION" "$LLM_SENTENCEPIECE_VERSION" 2>/dev/null <<'PY'
 import sys
 from importlib.metadata import version
-want = dict(zip(["numpy", "gguf", "safetensors", "tokenizers", "jinja2"], sys.argv[1:]))
+want = dict(zip(["numpy", "gguf", "safetensors", "tokenizers", "jinja2", "sentencepiece"], sys.argv[1:]))
 sys.exit(any(version(name) != v for name, v in want.items()))
 PY
     then
         return 0
     fi
     make_venv "$venv"
-    echo "-- installing numpy==$LLM_NUMPY_VERSION gguf==$LLM_GGUF_VERSION safetensors==$LLM_SAFETENSORS_VERSION tokenizers==$LLM_TOKENIZERS_VERSION jinja2==$LLM_JINJA2_VERSION into $venv"
+    echo "-- installing numpy==$LLM_NUMPY_VERSION gguf==$LLM_GGUF_VERSION safetensors==$LLM_SAFETENSORS_VERSION tokenizers==$LLM_TOKENIZERS_VERSION jinja2==$LLM_JINJA2_VERSION sentencepiece==$LLM_SENTENCEPIECE_VERSION into $venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "numpy==$LLM_NUMPY_VERSION" \
         "gguf==$LLM_GGUF_VERSION" "safetensors==$LLM_SAFETENSORS_VERSION" "tokenizers==$LLM_TOKENIZERS_VERSION" \
-        "jinja2==$LLM_JINJA2_VERSION"
+        "jinja2==$LLM_JINJA2_VERSION" "sentencepiece==$LLM_SENTENCEPIECE_VERSION"
 }

@@ -32,8 +32,14 @@ default is all of them for tiny and small, f16 alone for bench).
       and, for the types that convert_hf_to_gguf.py cannot write (q4_0, q4_k, q6_k), the way
       `llama-quantize --pure` would: every 2-D weight in TYPE, with llama.cpp's fallback
       where a row length is not a multiple of the type's block (below). The tokenizer is in
-      the file (tokenizer.ggml.model "gpt2", pre "gpt-2": the trained tokenizer splits with
-      GPT-2's byte-level regex, which is llama.cpp's "gpt-2" pre-tokenizer).
+      the file: tokenizer.ggml.model "gpt2" with pre --pre (the trained byte-level BPE
+      splits text as that llama.cpp pre-tokenizer does: "llama-bpe" for llama, "qwen2" for
+      qwen2 by default, or "gpt-2"); with --vocab spm, "llama": a SentencePiece BPE trained
+      with the `sentencepiece` package as Llama 2's is configured (hf/ then holds
+      tokenizer.model instead of tokenizer.json).
+  DIR/text-cases.json
+      The tokenizer's ids for a few texts and a chat rendered by jinja2 with its ids (the
+      tests compare libinfer's tokenizers and chat templates with them).
   DIR/hf-TYPE/ for each quantized TYPE (q8_0, q4_0, q4_k, q6_k)
       An F32 Hugging Face folder holding the DEQUANTIZED weights of model-TYPE.gguf (the
       llama q/k permutation undone), the same config and tokenizer: the model that
@@ -317,6 +323,25 @@ CHAT_TEMPLATES = {
         "{%- endif %}\n"),
 }
 
+CHAT_TEMPLATES["llama2"] = (
+    "{%- set system = messages[0]['content'] if messages[0]['role'] == 'system' else '' %}\n"
+    "{%- set turns = messages[1:] if messages[0]['role'] == 'system' else messages %}\n"
+    "{%- for message in turns %}\n"
+    "    {%- if message['role'] == 'user' %}\n"
+    "        {{- bos_token + '[INST] ' + ('<<SYS>>\\n' + system.strip() + '\\n<</SYS>>\\n\\n' if loop.first and system else '') + message['content'].strip() + ' [/INST]' }}\n"
+    "    {%- elif message['role'] == 'assistant' %}\n"
+    "        {{- ' ' + message['content'].strip() + ' ' + eos_token }}\n"
+    "    {%- else %}\n"
+    "        {{- raise_exception('unknown role ' + message['role']) }}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n")
+
+
+def chat_template(cfg: dict, tok) -> str:
+    """Llama 2's style for a SentencePiece vocabulary, else the architecture's."""
+    return CHAT_TEMPLATES["llama2" if isinstance(tok, SpmTokenizer) else cfg["model_type"]]
+
+
 # Texts whose token ids (and a chat whose rendering) the tests compare with this tokenizer's.
 TEXT_CASES = [
     "Hello world",
@@ -372,6 +397,77 @@ def train_tokenizer(arch: str, vocab_size: int, pre: str):
     vocab = tok.get_vocab()
     assert sorted(vocab.values()) == list(range(vocab_size))
     return tok
+
+
+class SpmTokenizer:
+    """A SentencePiece BPE model (the `sentencepiece` package) with the part of
+    tokenizers.Tokenizer's interface this script uses. Encoding follows llama.cpp: the text
+    is split at special tokens (<unk>, <s>, </s>), each piece of text is encoded on its own
+    (so each gets SentencePiece's leading space), and BOS comes first when asked for."""
+
+    class _Enc:
+        def __init__(self, ids):
+            self.ids = ids
+
+    class _Added:
+        def __init__(self, content):
+            self.content = content
+
+    def __init__(self, model_file: Path):
+        import sentencepiece as spm
+        self.model_file = model_file
+        self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
+        self.specials = [self.sp.id_to_piece(i) for i in range(self.sp.get_piece_size())
+                         if self.sp.is_control(i) or self.sp.is_unknown(i)]
+
+    def encode(self, text: str, add_special_tokens: bool = True):
+        import re
+        ids = [self.sp.bos_id()] if add_special_tokens else []
+        pattern = "(" + "|".join(re.escape(t) for t in self.specials) + ")"
+        for part in re.split(pattern, text):
+            if part in self.specials:
+                ids.append(self.sp.piece_to_id(part))
+            elif part:
+                ids.extend(self.sp.encode(part))
+        return self._Enc(ids)
+
+    def decode(self, ids, skip_special_tokens=False):
+        return self.sp.decode(ids)
+
+    def token_to_id(self, t: str):
+        i = self.sp.piece_to_id(t)
+        return None if i == self.sp.unk_id() and t != self.sp.id_to_piece(i) else i
+
+    def id_to_token(self, i: int) -> str:
+        return self.sp.id_to_piece(i)
+
+    def get_vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def get_added_tokens_decoder(self):
+        return {self.sp.piece_to_id(t): self._Added(t) for t in self.specials}
+
+    def save(self, path: str) -> None:
+        shutil.copy(self.model_file, Path(path).parent / "tokenizer.model")
+
+
+def train_spm(out: Path, vocab_size: int) -> SpmTokenizer:
+    """A SentencePiece BPE model trained on TRAINING_TEXT as Llama 2's tokenizer.model is
+    configured: identity normalization, extra whitespace kept, a leading space added, digits
+    split, byte fallback; <unk> 0, <s> 1, </s> 2."""
+    import io
+    import sentencepiece as spm
+    lines = [line for line in TRAINING_TEXT.strip().splitlines() if line.strip()]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size,
+        model_type="bpe", character_coverage=1.0, byte_fallback=True, split_digits=True,
+        normalization_rule_name="identity", remove_extra_whitespaces=False,
+        add_dummy_prefix=True, allow_whitespace_only_pieces=True, hard_vocab_limit=False,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2, num_threads=1)
+    path = out / "spm.model"
+    path.write_bytes(model.getvalue())
+    return SpmTokenizer(path)
 
 
 # ----------------------------------------------------------------------------------------
@@ -553,10 +649,11 @@ def write_hf(folder: Path, cfg: dict, tensors: dict[str, np.ndarray], tok, dtype
     (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     # Generation also ends at the chat template's end-of-turn token.
     turn_end = tok.token_to_id("<|eot_id|>" if cfg["model_type"] == "llama" else "<|im_end|>")
-    gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": [cfg["eos_token_id"], turn_end]}
+    eos = [cfg["eos_token_id"]] + ([turn_end] if turn_end is not None else [])
+    gen = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": eos}
     (folder / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     tok.save(str(folder / "tokenizer.json"))
-    specials = special_tokens("llama" if cfg["model_type"] == "llama" else "qwen2")
+    specials = [tok.id_to_token(cfg["bos_token_id"]), tok.id_to_token(cfg["eos_token_id"])]
     tcfg = {
         "add_bos_token": cfg["model_type"] == "llama",
         "add_eos_token": False,
@@ -565,7 +662,7 @@ def write_hf(folder: Path, cfg: dict, tensors: dict[str, np.ndarray], tok, dtype
         "clean_up_tokenization_spaces": False,
         "model_max_length": cfg["max_position_embeddings"],
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": CHAT_TEMPLATES[cfg["model_type"]],
+        "chat_template": chat_template(cfg, tok),
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2) + "\n")
     write_safetensors(folder / "model.safetensors", tensors, dtype)
@@ -576,6 +673,58 @@ def write_hf(folder: Path, cfg: dict, tensors: dict[str, np.ndarray], tok, dtype
 
 FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0",
               "q4_0": "MOSTLY_Q4_0", "q4_k": "MOSTLY_Q4_K_M", "q6_k": "MOSTLY_Q6_K"}
+
+
+def add_bpe_vocab(w, cfg: dict, tok, pre: str, hf_dir: Path) -> None:
+    """A byte-level BPE vocabulary, as convert_hf_to_gguf.py's _set_vocab_gpt2 writes it."""
+    import gguf
+    vocab = tok.get_vocab()
+    inv = {i: t for t, i in vocab.items()}
+    added = {a.content for a in tok.get_added_tokens_decoder().values()}
+    tokens = [inv[i] for i in range(cfg["vocab_size"])]
+    types = [gguf.TokenType.CONTROL if t in added else gguf.TokenType.NORMAL for t in tokens]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    gguf.SpecialVocab(hf_dir, load_merges=True, n_vocab=len(tokens)).add_to_gguf(w)
+
+
+def add_spm_vocab(w, cfg: dict, tok: "SpmTokenizer") -> None:
+    """A SentencePiece vocabulary, as convert_hf_to_gguf.py's _set_vocab_sentencepiece writes
+    it: pieces, scores and types, padded to the embedding's rows with unused [PADn]."""
+    import gguf
+    sp = tok.sp
+    tokens, scores, types = [], [], []
+    for i in range(sp.get_piece_size()):
+        tokens.append(sp.id_to_piece(i))
+        scores.append(sp.get_score(i))
+        t = gguf.TokenType.NORMAL
+        if sp.is_unknown(i):
+            t = gguf.TokenType.UNKNOWN
+        elif sp.is_control(i):
+            t = gguf.TokenType.CONTROL
+        elif sp.is_unused(i):
+            t = gguf.TokenType.UNUSED
+        elif sp.is_byte(i):
+            t = gguf.TokenType.BYTE
+        types.append(t)
+    for i in range(len(tokens), cfg["vocab_size"]):
+        tokens.append(f"[PAD{i}]")
+        scores.append(-1000.0)
+        types.append(gguf.TokenType.UNUSED)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(sp.bos_id())
+    w.add_eos_token_id(sp.eos_id())
+    w.add_unk_token_id(sp.unk_id())
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_add_space_prefix(True)
+    w.add_chat_template(chat_template(cfg, tok))
 
 
 def write_gguf(path: Path, cfg: dict, tensors: dict[str, np.ndarray], wtype: str, hf_dir: Path,
@@ -607,17 +756,10 @@ def write_gguf(path: Path, cfg: dict, tensors: dict[str, np.ndarray], wtype: str
     w.add_rope_dimension_count(D)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-    # Tokenizer, as convert_hf_to_gguf.py's _set_vocab_gpt2 does.
-    vocab = tok.get_vocab()
-    inv = {i: t for t, i in vocab.items()}
-    added = {a.content for a in tok.get_added_tokens_decoder().values()}
-    tokens = [inv[i] for i in range(cfg["vocab_size"])]
-    types = [gguf.TokenType.CONTROL if t in added else gguf.TokenType.NORMAL for t in tokens]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    gguf.SpecialVocab(hf_dir, load_merges=True, n_vocab=len(tokens)).add_to_gguf(w)
+    if isinstance(tok, SpmTokenizer):
+        add_spm_vocab(w, cfg, tok)
+    else:
+        add_bpe_vocab(w, cfg, tok, pre, hf_dir)
 
     entry = {"weights": wtype, "file_type": int(ftype),
              "reference_hf": "hf" if wtype not in QUANTIZED else f"hf-{wtype}",
@@ -685,7 +827,14 @@ def cmd_make(args) -> None:
 
     cfg = model_config(args.arch, args.shape, tied, args.attention_bias, args.rope_scaling, hf_dtype)
     pre = args.pre or {"llama": "llama-bpe", "qwen2": "qwen2"}[args.arch]
-    tok = train_tokenizer(args.arch, cfg["vocab_size"], pre)
+    if args.vocab == "spm":
+        if args.arch != "llama":
+            sys.exit("--vocab spm is for --arch llama")
+        tok = train_spm(out, cfg["vocab_size"])
+        cfg = dict(cfg, bos_token_id=tok.sp.bos_id(), eos_token_id=tok.sp.eos_id())
+        pre = "default"
+    else:
+        tok = train_tokenizer(args.arch, cfg["vocab_size"], pre)
     tensors = draw_weights(cfg, args.init_std or SHAPES[args.shape]["init_std"], args.seed)
     write_hf(out / "hf", cfg, tensors, tok, hf_dtype)
 
@@ -702,6 +851,7 @@ def cmd_make(args) -> None:
         manifest["files"][path.name] = entry
         del deq
     manifest["pre"] = pre
+    manifest["vocab"] = args.vocab
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     write_text_cases(out / "text-cases.json", out / "hf", tok)
     log(f"wrote {out / 'manifest.json'} ({len(weights)} GGUF files, {time.time() - t0:.1f} s)")
@@ -720,7 +870,10 @@ def write_text_cases(path: Path, hf_dir: Path, tok) -> None:
     cases = [{"text": t, "ids": tok.encode(t, add_special_tokens=True).ids,
               "ids_plain": tok.encode(t, add_special_tokens=False).ids} for t in texts]
     for c in cases:
-        assert tok.decode(c["ids_plain"], skip_special_tokens=False) == c["text"], c["text"]
+        # Text with special tokens inside does not come back from SentencePiece (each
+        # piece after one gained a leading space); everything else does.
+        c["round_trip"] = tok.decode(c["ids_plain"], skip_special_tokens=False) == c["text"]
+        assert c["round_trip"] or (isinstance(tok, SpmTokenizer) and c is cases[-1]), c["text"]
 
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
@@ -1052,6 +1205,8 @@ def main() -> None:
     mk.add_argument("--hf-dtype", choices=["f32", "f16", "bf16"])
     mk.add_argument("--rope-scaling", choices=["llama3"])
     mk.add_argument("--attention-bias", action="store_true")
+    mk.add_argument("--vocab", choices=["bpe", "spm"], default="bpe",
+                    help="bpe: byte-level BPE (tokenizers); spm: SentencePiece BPE as Llama 2's (sentencepiece)")
     mk.add_argument("--pre", choices=["gpt-2", *PRE_SPLITS],
                     help="llama.cpp pre-tokenizer the tokenizer follows (default: llama-bpe for llama, qwen2 for qwen2)")
     mk.add_argument("--init-std", type=float, help="std of the weight matrices (default per shape)")

@@ -163,7 +163,8 @@ llama_models() {
         return 0
     fi
     local py="$venv/bin/python" prompt="3,17,101,45,200,7,9,311,42,5,77,128" spec name args d r
-    for spec in "tiny-llama|--arch llama --shape tiny --rope-scaling llama3 --attention-bias"         "small-llama|--arch llama --shape small --pre gpt-2"         "small-qwen2|--arch qwen2 --shape small"; do
+    for spec in "tiny-llama|--arch llama --shape tiny --rope-scaling llama3 --attention-bias"         "small-llama|--arch llama --shape small --pre gpt-2"         "small-qwen2|--arch qwen2 --shape small" \
+        "tiny-llama2|--arch llama --shape tiny --vocab spm --weights f16 --weights q8_0 --weights q4_k"; do
         name="${spec%%|*}" args="${spec#*|}" d="$out/$name"
         # shellcheck disable=SC2086
         [[ -f "$d/text-cases.json" ]] || "$py" scripts/make_llama.py make --out "$d" $args

@@ -858,7 +858,12 @@ fn llama_family_text_in_and_out() {
         return;
     };
     let root = PathBuf::from(root);
-    for (model, file) in [("small-qwen2", "hf"), ("tiny-llama", "model-q8_0.gguf")] {
+    for (model, file, turn_end) in [
+        ("small-qwen2", "hf", "<|im_end|>"),
+        ("tiny-llama", "model-q8_0.gguf", "<|eot_id|>"),
+        // SentencePiece: spaces as "▁", byte fallback, a leading space stripped.
+        ("tiny-llama2", "model-q8_0.gguf", "</s>"),
+    ] {
         let cases: Value = serde_json::from_str(
             &std::fs::read_to_string(root.join(model).join("text-cases.json")).unwrap(),
         )
@@ -917,12 +922,12 @@ parameters { key: "max_num_sequences" value { string_value: "8" } }"#;
             assert_eq!(by_text.prompt_tokens, ids.len() as i64, "{}", at(text));
             assert_eq!(by_text.tokens(), by_ids.tokens(), "{}", at(text));
             let tokens: Vec<u32> = by_text.tokens().iter().map(|&t| t as u32).collect();
-            assert_eq!(
-                by_text.text,
-                vec![codec.decode(&tokens, true)],
-                "{}",
-                at(text)
-            );
+            // Decoded as it streams; where the tokens are not valid UTF-8 (random weights
+            // make such byte tokens), a one-shot decode may replace other bytes.
+            let whole = codec.decode(&tokens, true);
+            if !whole.contains('\u{FFFD}') {
+                assert_eq!(by_text.text, vec![whole], "{}", at(text));
+            }
             assert_eq!(by_ids.text, by_text.text, "{}", at(text));
             // Streamed: one piece per token at most, adding up to the same text.
             let streamed = run(
@@ -989,16 +994,7 @@ parameters { key: "max_num_sequences" value { string_value: "8" } }"#;
         );
         // The end-of-turn token ends generation by default (forced here by a bias), and
         // is generated like any other with ignore_eos.
-        let turn_end = codec
-            .encode(
-                if model.contains("llama") {
-                    "<|eot_id|>"
-                } else {
-                    "<|im_end|>"
-                },
-                false,
-            )
-            .unwrap()[0];
+        let turn_end = codec.encode(turn_end, false).unwrap()[0];
         let bias = format!("{{\"{turn_end}\": 100}}");
         let g = run(
             &s,

@@ -265,10 +265,15 @@ fn tokenizers_and_chat_templates_match_the_reference() {
         let manifest: Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap())
                 .unwrap();
-        let mut sources: Vec<(String, TextSource)> = vec![(
-            "hf".into(),
-            TextCodec::load(&folder(&dir.join("hf"))).unwrap(),
-        )];
+        // A SentencePiece model's Hugging Face folder holds tokenizer.model, which is not
+        // read (only its GGUF files carry the vocabulary libinfer reads).
+        let mut sources: Vec<(String, TextSource)> = Vec::new();
+        if manifest["vocab"] != "spm" {
+            sources.push((
+                "hf".into(),
+                TextCodec::load(&folder(&dir.join("hf"))).unwrap(),
+            ));
+        }
         for f in manifest["files"].as_object().unwrap().keys() {
             sources.push((f.clone(), TextCodec::load_gguf(&dir.join(f)).unwrap()));
         }
@@ -287,7 +292,9 @@ fn tokenizers_and_chat_templates_match_the_reference() {
                 );
                 let plain = ids(&case["ids_plain"]);
                 assert_eq!(codec.encode(text, false).unwrap(), plain, "{at}: {text:?}");
-                assert_eq!(codec.decode(&plain, false), text, "{at}: decoding {text:?}");
+                if case["round_trip"] != false {
+                    assert_eq!(codec.decode(&plain, false), text, "{at}: decoding {text:?}");
+                }
             }
             let chat = &cases["chat"];
             let rendered = codec.apply_chat_template(&chat["messages"]).unwrap();
@@ -298,7 +305,7 @@ fn tokenizers_and_chat_templates_match_the_reference() {
                 "{at}: chat ids"
             );
             // A GGUF file's end-of-turn token ends generation, as in llama.cpp.
-            if name.ends_with(".gguf") {
+            if name.ends_with(".gguf") && manifest["vocab"] != "spm" {
                 let turn_end = ids(&chat["ids"])
                     .into_iter()
                     .find(|&t| {

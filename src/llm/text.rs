@@ -168,27 +168,6 @@ impl TextCodec {
             }
             Some(m) => m,
         };
-        if model != "gpt2" {
-            return Ok(TextSource::Missing(format!(
-                "{at}: tokenizer.ggml.model \"{model}\" is not supported (\"gpt2\", byte-level BPE, is); send token ids"
-            )));
-        }
-        let pre = g
-            .get("tokenizer.ggml.pre")
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        let (split, nfc, ignore_merges) = match pre {
-            "default" | "gpt-2" | "gpt2" => (None, false, false),
-            "llama-bpe" | "llama3" => (Some(LLAMA3_SPLIT), false, true),
-            "qwen2" => (Some(QWEN2_SPLIT), true, false),
-            // Digits one by one, then GPT-2's split.
-            "smollm" => (None, false, false),
-            other => {
-                return Ok(TextSource::Missing(format!(
-                    "{at}: tokenizer.ggml.pre \"{other}\" is not supported (default, gpt-2, llama-bpe, qwen2 and smollm are); send token ids"
-                )))
-            }
-        };
         let strings = |key: &str| -> Result<Vec<&str>> {
             match g.get(key) {
                 Some(Value::Array(a)) => a
@@ -204,64 +183,41 @@ impl TextCodec {
                 None => Err(Error::invalid(format!("{at}: {key} is missing"))),
             }
         };
-        let tokens = strings("tokenizer.ggml.tokens")?;
-        let merges_raw = strings("tokenizer.ggml.merges")?;
-        let types: Vec<u64> = match g.get("tokenizer.ggml.token_type") {
-            Some(Value::Array(a)) if a.len() == tokens.len() => {
-                a.iter().map(|v| v.as_u64().unwrap_or(1)).collect()
+        let flag = |key: &str, default: bool| match g.get(key) {
+            Some(Value::Bool(b)) => *b,
+            _ => default,
+        };
+        let (mut tok, tokens, types, kind) = match model {
+            "gpt2" => {
+                let pre = g
+                    .get("tokenizer.ggml.pre")
+                    .and_then(Value::as_str)
+                    .unwrap_or("default");
+                let tokens = strings("tokenizer.ggml.tokens")?;
+                let types = token_types(g, tokens.len())?;
+                match byte_level_bpe(g, &tokens, pre)? {
+                    Ok(tok) => (
+                        tok,
+                        tokens,
+                        types,
+                        format!("byte-level BPE, pre-tokenizer \"{pre}\""),
+                    ),
+                    Err(why) => return Ok(TextSource::Missing(format!("{at}: {why}"))),
+                }
             }
-            Some(_) => {
-                return Err(Error::invalid(format!(
-                    "{at}: tokenizer.ggml.token_type is not an array of {} integers",
-                    tokens.len()
+            "llama" => {
+                let tokens = strings("tokenizer.ggml.tokens")?;
+                let types = token_types(g, tokens.len())?;
+                let space = flag("tokenizer.ggml.add_space_prefix", true);
+                let tok = sentencepiece_bpe(g, &tokens, &types, space)?;
+                (tok, tokens, types, "SentencePiece BPE".to_owned())
+            }
+            other => {
+                return Ok(TextSource::Missing(format!(
+                    "{at}: tokenizer.ggml.model \"{other}\" is not supported (\"gpt2\", byte-level BPE, and \"llama\", SentencePiece BPE, are); send token ids"
                 )))
             }
-            None => vec![1; tokens.len()],
         };
-        let mut vocab = Vocab::default();
-        for (i, t) in tokens.iter().enumerate() {
-            vocab.entry((*t).to_owned()).or_insert(i as u32);
-        }
-        let mut merges: Merges = Vec::with_capacity(merges_raw.len());
-        for (i, m) in merges_raw.iter().enumerate() {
-            let (a, b) = m.split_once(' ').ok_or_else(|| {
-                Error::invalid(format!(
-                    "{at}: tokenizer.ggml.merges[{i}] = {m:?} is not two tokens separated by a space"
-                ))
-            })?;
-            merges.push((a.to_owned(), b.to_owned()));
-        }
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .ignore_merges(ignore_merges)
-            .build()
-            .map_err(|e| Error::invalid(format!("{at}: the BPE vocabulary is not valid: {e}")))?;
-        let mut tok = Tokenizer::new(bpe);
-        let byte_level = |use_regex| ByteLevel::new(false, false, use_regex);
-        let split_on = |pattern: &str| -> Result<PreTokenizerWrapper> {
-            Split::new(
-                SplitPattern::Regex(pattern.to_owned()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map(Into::into)
-            .map_err(|e| Error::internal(format!("pre-tokenizer for \"{pre}\": {e}")))
-        };
-        let pre_tokenizer: PreTokenizerWrapper = match (pre, split) {
-            ("smollm", _) => {
-                Sequence::new(vec![split_on(r"\p{N}")?, byte_level(true).into()]).into()
-            }
-            (_, Some(pattern)) => {
-                Sequence::new(vec![split_on(pattern)?, byte_level(false).into()]).into()
-            }
-            (_, None) => byte_level(true).into(),
-        };
-        tok.with_pre_tokenizer(Some(pre_tokenizer));
-        if nfc {
-            tok.with_normalizer(Some(NFC))
-                .map_err(|e| Error::internal(format!("normalizer: {e}")))?;
-        }
-        tok.with_decoder(Some(ByteLevel::default()));
         // Control tokens (3) are special: matched in text, left out of decoded text;
         // user-defined ones (4) are matched in text and kept.
         let added = |kind: u64, special: bool| -> Vec<AddedToken> {
@@ -272,7 +228,9 @@ impl TextCodec {
                 .map(|(s, _)| AddedToken::from(*s, special).normalized(false))
                 .collect()
         };
-        tok.add_special_tokens(added(3, true))
+        let mut specials = added(3, true);
+        specials.extend(added(2, true));
+        tok.add_special_tokens(specials)
             .map_err(|e| Error::internal(format!("{at}: control tokens: {e}")))?;
         tok.add_tokens(added(4, false))
             .map_err(|e| Error::internal(format!("{at}: user-defined tokens: {e}")))?;
@@ -288,10 +246,8 @@ impl TextCodec {
                 .unwrap_or_default()
         };
         let bos = id("bos_token_id");
-        let add_bos = match g.get("tokenizer.ggml.add_bos_token") {
-            Some(Value::Bool(b)) => *b,
-            _ => false,
-        };
+        // SentencePiece vocabularies add BOS unless they say otherwise, as llama.cpp does.
+        let add_bos = flag("tokenizer.ggml.add_bos_token", model == "llama");
         let mut eos_ids: Vec<u32> = ["eos_token_id", "eot_token_id", "eom_token_id"]
             .into_iter()
             .filter_map(id)
@@ -315,10 +271,7 @@ impl TextCodec {
             eos_token: name(id("eos_token_id")),
             template,
             eos_ids,
-            source: format!(
-                "{at} (byte-level BPE of {} tokens, pre-tokenizer \"{pre}\")",
-                tokens.len()
-            ),
+            source: format!("{at} ({kind}, {} tokens)", tokens.len()),
         })))
     }
 
@@ -382,6 +335,197 @@ impl TextCodec {
         t.render(ctx)
             .map_err(|e| Error::invalid(format!("the chat template failed: {}", describe(&e))))
     }
+}
+
+/// `tokenizer.ggml.token_type`, one per token (1, normal, where the file has none).
+fn token_types(g: &Gguf, n: usize) -> Result<Vec<u64>> {
+    match g.get("tokenizer.ggml.token_type") {
+        Some(Value::Array(a)) if a.len() == n => {
+            Ok(a.iter().map(|v| v.as_u64().unwrap_or(1)).collect())
+        }
+        Some(_) => Err(Error::invalid(format!(
+            "{}: tokenizer.ggml.token_type is not an array of {n} integers",
+            g.path
+        ))),
+        None => Ok(vec![1; n]),
+    }
+}
+
+/// Byte-level BPE from the file's tokens and merges, split before BPE as llama.cpp's
+/// pre-tokenizer `pre` splits; Err(why) for a pre-tokenizer not reproduced here.
+fn byte_level_bpe(
+    g: &Gguf,
+    tokens: &[&str],
+    pre: &str,
+) -> Result<std::result::Result<Tokenizer, String>> {
+    let at = &g.path;
+    let (split, nfc, ignore_merges) = match pre {
+        "default" | "gpt-2" | "gpt2" => (None, false, false),
+        "llama-bpe" | "llama3" => (Some(LLAMA3_SPLIT), false, true),
+        "qwen2" => (Some(QWEN2_SPLIT), true, false),
+        // Digits one by one, then GPT-2's split.
+        "smollm" => (None, false, false),
+        other => {
+            return Ok(Err(format!(
+                "tokenizer.ggml.pre \"{other}\" is not supported (default, gpt-2, llama-bpe, qwen2 and smollm are); send token ids"
+            )))
+        }
+    };
+    let merges_raw: Vec<&str> = match g.get("tokenizer.ggml.merges") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_str().ok_or_else(|| {
+                    Error::invalid(format!("{at}: tokenizer.ggml.merges[{i}] is not a string"))
+                })
+            })
+            .collect::<Result<_>>()?,
+        _ => {
+            return Err(Error::invalid(format!(
+                "{at}: tokenizer.ggml.merges is missing or not an array"
+            )))
+        }
+    };
+    let mut vocab = Vocab::default();
+    for (i, t) in tokens.iter().enumerate() {
+        vocab.entry((*t).to_owned()).or_insert(i as u32);
+    }
+    let mut merges: Merges = Vec::with_capacity(merges_raw.len());
+    for (i, m) in merges_raw.iter().enumerate() {
+        let (a, b) = m.split_once(' ').ok_or_else(|| {
+            Error::invalid(format!(
+                "{at}: tokenizer.ggml.merges[{i}] = {m:?} is not two tokens separated by a space"
+            ))
+        })?;
+        merges.push((a.to_owned(), b.to_owned()));
+    }
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(ignore_merges)
+        .build()
+        .map_err(|e| Error::invalid(format!("{at}: the BPE vocabulary is not valid: {e}")))?;
+    let mut tok = Tokenizer::new(bpe);
+    let byte_level = |use_regex| ByteLevel::new(false, false, use_regex);
+    let split_on = |pattern: &str| -> Result<PreTokenizerWrapper> {
+        Split::new(
+            SplitPattern::Regex(pattern.to_owned()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map(Into::into)
+        .map_err(|e| Error::internal(format!("pre-tokenizer for \"{pre}\": {e}")))
+    };
+    let pre_tokenizer: PreTokenizerWrapper = match (pre, split) {
+        ("smollm", _) => Sequence::new(vec![split_on(r"\p{N}")?, byte_level(true).into()]).into(),
+        (_, Some(pattern)) => {
+            Sequence::new(vec![split_on(pattern)?, byte_level(false).into()]).into()
+        }
+        (_, None) => byte_level(true).into(),
+    };
+    tok.with_pre_tokenizer(Some(pre_tokenizer));
+    if nfc {
+        tok.with_normalizer(Some(NFC))
+            .map_err(|e| Error::internal(format!("normalizer: {e}")))?;
+    }
+    tok.with_decoder(Some(ByteLevel::default()));
+    Ok(Ok(tok))
+}
+
+/// SentencePiece BPE (`tokenizer.ggml.model` "llama": Llama 2, Mistral, TinyLlama) as
+/// llama.cpp tokenizes it: spaces become `▁` (one is put before the text and after every
+/// special token when `space_prefix`), then adjacent pieces merge while their join is in
+/// the vocabulary, the join with the highest score first; a character without a piece
+/// becomes its `<0xNN>` byte pieces. The merges are derived from the pieces' scores.
+fn sentencepiece_bpe(
+    g: &Gguf,
+    tokens: &[&str],
+    types: &[u64],
+    space_prefix: bool,
+) -> Result<Tokenizer> {
+    use tokenizers::decoders::byte_fallback::ByteFallback;
+    use tokenizers::decoders::fuse::Fuse;
+    use tokenizers::decoders::sequence::Sequence as Decoders;
+    use tokenizers::decoders::strip::Strip;
+    use tokenizers::normalizers::{Prepend, Replace, Sequence as Normalizers};
+    use tokenizers::{DecoderWrapper, NormalizerWrapper};
+    let at = &g.path;
+    let scores: Vec<f32> = match g.get("tokenizer.ggml.scores") {
+        Some(Value::Array(a)) if a.len() == tokens.len() => {
+            a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect()
+        }
+        _ => {
+            return Err(Error::invalid(format!(
+                "{at}: tokenizer.ggml.scores is missing or not {} numbers",
+                tokens.len()
+            )))
+        }
+    };
+    let mut vocab = Vocab::default();
+    for (i, t) in tokens.iter().enumerate() {
+        vocab.entry((*t).to_owned()).or_insert(i as u32);
+    }
+    // Every way a normal piece splits into two pieces is a merge, ranked by the piece's
+    // score (then by ids, for one order).
+    let mut ranked: Vec<(f32, u32, u32, u32)> = Vec::new();
+    for (i, piece) in tokens.iter().enumerate() {
+        if types[i] != 1 {
+            continue;
+        }
+        for (k, _) in piece.char_indices().skip(1) {
+            let (l, r) = piece.split_at(k);
+            if let (Some(&li), Some(&ri)) = (vocab.get(l), vocab.get(r)) {
+                ranked.push((scores[i], i as u32, li, ri));
+            }
+        }
+    }
+    ranked.sort_by(|a, b| {
+        b.0.total_cmp(&a.0)
+            .then(a.1.cmp(&b.1))
+            .then(a.2.cmp(&b.2))
+            .then(a.3.cmp(&b.3))
+    });
+    let merges: Merges = ranked
+        .iter()
+        .map(|&(_, _, l, r)| (tokens[l as usize].to_owned(), tokens[r as usize].to_owned()))
+        .collect();
+    let unk = types
+        .iter()
+        .position(|&t| t == 2)
+        .map(|i| tokens[i].to_owned());
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .byte_fallback(true)
+        .fuse_unk(true);
+    if let Some(u) = unk {
+        builder = builder.unk_token(u);
+    }
+    let bpe = builder.build().map_err(|e| {
+        Error::invalid(format!(
+            "{at}: the SentencePiece vocabulary is not valid: {e}"
+        ))
+    })?;
+    let mut tok = Tokenizer::new(bpe);
+    let replace = |from: &str, to: &str| {
+        Replace::new(from, to).map_err(|e| Error::internal(format!("normalizer: {e}")))
+    };
+    let mut normalizers = Vec::new();
+    if space_prefix {
+        normalizers.push(NormalizerWrapper::Prepend(Prepend::new("▁".into())));
+    }
+    normalizers.push(NormalizerWrapper::Replace(replace(" ", "▁")?));
+    tok.with_normalizer(Some(Normalizers::new(normalizers)))
+        .map_err(|e| Error::internal(format!("normalizer: {e}")))?;
+    let mut decoders = vec![
+        DecoderWrapper::Replace(replace("▁", " ")?),
+        DecoderWrapper::ByteFallback(ByteFallback::new()),
+        DecoderWrapper::Fuse(Fuse::new()),
+    ];
+    if space_prefix {
+        decoders.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
+    }
+    tok.with_decoder(Some(Decoders::new(decoders)));
+    Ok(tok)
 }
 
 /// The end-of-sequence ids a Hugging Face folder declares: `eos_token_id` (one id or a
