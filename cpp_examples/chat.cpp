@@ -14,7 +14,9 @@
 // character). The reply joins the conversation for the next turn.
 //
 // Options: --max-tokens N (default 128), --temperature T (default 0: greedy), --seed S,
-// --system TEXT (a system message first), --threads N (default 2), --ignore-eos.
+// --system TEXT (a system message first), --threads N (default 2), --ignore-eos,
+// --raw (no chat template: each line is a prompt the model continues, for base models
+// that have no template).
 //
 // Exits 1 on any error.
 #include <chrono>
@@ -45,12 +47,13 @@ struct Options {
     int64_t seed = 0;
     int threads = 2;
     bool ignore_eos = false;
+    bool raw = false;
 };
 
 [[noreturn]] void usage(const char *why) {
     std::cerr << "chat: " << why
               << "\nusage: chat MODEL [--max-tokens N] [--temperature T] [--seed S] "
-                 "[--system TEXT] [--threads N] [--ignore-eos] [MESSAGE...]\n";
+                 "[--system TEXT] [--threads N] [--ignore-eos] [--raw] [MESSAGE...]\n";
     std::exit(1);
 }
 
@@ -76,6 +79,8 @@ Options parse(int argc, char **argv) {
             o.threads = std::stoi(value());
         } else if (a == "--ignore-eos") {
             o.ignore_eos = true;
+        } else if (a == "--raw") {
+            o.raw = true;
         } else if (a.rfind("--", 0) == 0) {
             usage(("unknown option " + a).c_str());
         } else if (o.model.empty()) {
@@ -190,10 +195,10 @@ int main(int argc, char **argv) {
             conversation.push_back({"user", line});
 
             Reply reply;
-            const std::string messages = to_json(conversation);
+            const std::string input = o.raw ? line : to_json(conversation);
             infer::Request req = server.request("chat")
-                                     .input_strings("text_input", {1}, std::vector<std::string>{messages})
-                                     .parameter("apply_chat_template", true)
+                                     .input_strings("text_input", {1}, std::vector<std::string>{input})
+                                     .parameter("apply_chat_template", !o.raw)
                                      .parameter("streaming", true)
                                      .parameter("max_tokens", o.max_tokens)
                                      .parameter("ignore_eos", o.ignore_eos);
