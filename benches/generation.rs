@@ -174,6 +174,12 @@ fn enqueue(
             infer_request_set_parameter_int(r, c"max_tokens".as_ptr(), max_tokens),
             "max_tokens",
         );
+        // Every request generates max_tokens, as llama-bench and llama-batched-bench do
+        // (the model's end-of-sequence token would end a random-weight model's early).
+        check(
+            infer_request_set_parameter_bool(r, c"ignore_eos".as_ptr(), true),
+            "ignore_eos",
+        );
         check(
             infer_request_set_parameter_bool(r, c"streaming".as_ptr(), true),
             "streaming",

@@ -47,12 +47,34 @@ pub(crate) fn attention(
 ) {
     let e = shape.n_head * shape.head_dim;
     let t = tokens.len();
-    let work: usize = tokens.iter().map(|s| (s.pos as usize + 1) * e * 2).sum();
-    let parts = exec.parts(work, t.min(scratch.len()));
-    let per = t.div_ceil(parts.max(1)).max(1);
-    let part = |((i, out), scores): ((usize, &mut [f32]), &mut Scratch)| {
+    // A token's cost grows with its position (a prompt's last token attends over all of
+    // it): parts are contiguous runs of tokens with equal shares of the positions, not of
+    // the tokens.
+    let cost = |s: &TokenSlot| s.pos as usize + 1;
+    let total: usize = tokens.iter().map(cost).sum();
+    let parts = exec.parts(total * e * 2, t.min(scratch.len())).max(1);
+    let mut bounds = Vec::with_capacity(parts + 1);
+    bounds.push(0);
+    let mut acc = 0;
+    for (i, s) in tokens.iter().enumerate() {
+        acc += cost(s);
+        while bounds.len() < parts && acc * parts >= total * bounds.len() {
+            bounds.push(i + 1);
+        }
+    }
+    while bounds.len() <= parts {
+        bounds.push(t);
+    }
+    let mut chunks: Vec<(usize, &mut [f32], &mut Scratch)> = Vec::with_capacity(parts);
+    let mut rest = &mut out[..t * e];
+    for (w, sc) in bounds.windows(2).zip(scratch.iter_mut()) {
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut((w[1] - w[0]) * e);
+        rest = tail;
+        chunks.push((w[0], head, sc));
+    }
+    let part = |(first, out, scores): (usize, &mut [f32], &mut Scratch)| {
         for (r, o) in out.chunks_exact_mut(e).enumerate() {
-            let ti = i * per + r;
+            let ti = first + r;
             let slot = tokens[ti];
             let q = &q[ti * shape.q_stride..ti * shape.q_stride + e];
             attend(
@@ -66,15 +88,9 @@ pub(crate) fn attention(
             );
         }
     };
-    let out = &mut out[..t * e];
     match exec.pool {
-        Some(pool) if parts > 1 => pool.install(|| {
-            out.par_chunks_mut(per * e)
-                .enumerate()
-                .zip(scratch.par_iter_mut())
-                .for_each(part)
-        }),
-        _ => part(((0, out), &mut scratch[0])),
+        Some(pool) if parts > 1 => pool.install(|| chunks.into_par_iter().for_each(part)),
+        _ => chunks.into_iter().for_each(part),
     }
 }
 

@@ -298,7 +298,13 @@ pub(crate) fn matmul(
         return;
     }
     let tiles = n.div_ceil(TILE);
-    let parts = exec.parts(t * n * k, tiles);
+    // With several tokens, more parts than threads: a thread that finishes early (or one
+    // the host preempted) takes another part instead of waiting at the end. One token's
+    // product is too short for that to pay.
+    let parts = match exec.parts(t * n * k, tiles) {
+        p if p > 1 && t >= 4 => (p * 4).min(tiles),
+        p => p,
+    };
     let per = tiles.div_ceil(parts);
     let yp = OutPtr(y.as_mut_ptr());
     let dot = w.dot;
