@@ -113,8 +113,18 @@ fn attend(
         // SAFETY: the CPU has AVX2.
         return unsafe { attend_avx2(shape, q, kv, blocks, pos, scores, out) };
     }
-    attend_body(shape, q, kv, blocks, pos, scores, out, dot)
+    attend_body(shape, q, kv, blocks, pos, scores, out, dot, None::<F16Fns>)
 }
+
+/// Products with an F16 cache's keys and values read as they lie (no widened copy):
+/// `dot(q, k)` and `axpy(o, p, v)` (`o += p · v`), in the same operations and order as
+/// [`dot`] and the f32 loop over a widened copy, so the bits are the same.
+struct F16Ops<D: Fn(&[f32], &[u16]) -> f32, A: Fn(&mut [f32], f32, &[u16])> {
+    dot: D,
+    axpy: A,
+}
+
+type F16Fns = F16Ops<fn(&[f32], &[u16]) -> f32, fn(&mut [f32], f32, &[u16])>;
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
@@ -129,7 +139,66 @@ fn attend_avx2(
 ) {
     // Closures inherit the enclosing function's target features.
     let dot = |a: &[f32], b: &[f32]| dot_avx2(a, b);
-    attend_body(shape, q, kv, blocks, pos, scores, out, dot)
+    // F16C comes with every AVX2 CPU this runs on; checked all the same.
+    let f16 = std::arch::is_x86_feature_detected!("f16c").then(|| F16Ops {
+        // SAFETY: the CPU has AVX2 and F16C.
+        dot: |a: &[f32], b: &[u16]| unsafe { dot_f16_avx2(a, b) },
+        // SAFETY: as above.
+        axpy: |o: &mut [f32], p: f32, v: &[u16]| unsafe { axpy_f16_avx2(o, p, v) },
+    });
+    attend_body(shape, q, kv, blocks, pos, scores, out, dot, f16)
+}
+
+/// [`dot_avx2`] with `b` in F16, widened by F16C as it is read (widening is exact).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn dot_f16_avx2(a: &[f32], b: &[u16]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len().min(b.len());
+    let (a8, ar) = a[..n].as_chunks::<8>();
+    let (b8, br) = b[..n].as_chunks::<8>();
+    let mut acc = _mm256_setzero_ps();
+    for (x, y) in a8.iter().zip(b8) {
+        // SAFETY: `x` is 8 f32s and `y` 8 u16s (16 bytes).
+        let (x, y) = unsafe {
+            (
+                _mm256_loadu_ps(x.as_ptr()),
+                _mm256_cvtph_ps(_mm_loadu_si128(y.as_ptr() as *const __m128i)),
+            )
+        };
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(x, y));
+    }
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: `lanes` holds 8 f32s.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+    for (l, (&x, &y)) in ar.iter().zip(br).enumerate() {
+        lanes[l] += x * half::f16::from_bits(y).to_f32();
+    }
+    reduce8(lanes)
+}
+
+/// `o += p · v` with `v` in F16 (a multiply, then an add: no fused multiply-add).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn axpy_f16_avx2(o: &mut [f32], p: f32, v: &[u16]) {
+    use std::arch::x86_64::*;
+    let n = o.len().min(v.len());
+    let (o8, or) = o[..n].as_chunks_mut::<8>();
+    let (v8, vr) = v[..n].as_chunks::<8>();
+    let pv = _mm256_set1_ps(p);
+    for (o, v) in o8.iter_mut().zip(v8) {
+        // SAFETY: `o` is 8 f32s and `v` 8 u16s (16 bytes).
+        unsafe {
+            let w = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr() as *const __m128i));
+            let sum = _mm256_add_ps(_mm256_loadu_ps(o.as_ptr()), _mm256_mul_ps(pv, w));
+            _mm256_storeu_ps(o.as_mut_ptr(), sum);
+        }
+    }
+    for (o, &v) in or.iter_mut().zip(vr) {
+        *o += p * half::f16::from_bits(v).to_f32();
+    }
 }
 
 /// [`dot`] with the 8 accumulators in one AVX register: the same sums in the same order.
@@ -171,6 +240,7 @@ fn attend_body(
     scratch: &mut Scratch,
     out: &mut [f32],
     dot: impl Fn(&[f32], &[f32]) -> f32,
+    f16: Option<F16Ops<impl Fn(&[f32], &[u16]) -> f32, impl Fn(&mut [f32], f32, &[u16])>>,
 ) {
     let (nh, hd) = (shape.n_head, shape.head_dim);
     let group = nh / shape.n_kv_head.max(1);
@@ -187,6 +257,16 @@ fn attend_body(
         let count = tpb.min(n_ctx - first);
         for g in 0..shape.n_kv_head {
             let keys: HeadRef<'_> = kv.head(block as usize, shape.layer, false, g);
+            if let (HeadRef::F16(keys), Some(f16)) = (&keys, &f16) {
+                for h in g * group..(g + 1) * group {
+                    let qh = &q[h * hd..(h + 1) * hd];
+                    let row = &mut scores[h * n_ctx + first..h * n_ctx + first + count];
+                    for (s, k) in row.iter_mut().zip(keys.chunks_exact(hd)) {
+                        *s = (f16.dot)(qh, k) / shape.divisor;
+                    }
+                }
+                continue;
+            }
             let keys = keys.as_f32(widened);
             for h in g * group..(g + 1) * group {
                 let qh = &q[h * hd..(h + 1) * hd];
@@ -214,6 +294,16 @@ fn attend_body(
         let count = tpb.min(n_ctx - first);
         for g in 0..shape.n_kv_head {
             let values: HeadRef<'_> = kv.head(block as usize, shape.layer, true, g);
+            if let (HeadRef::F16(values), Some(f16)) = (&values, &f16) {
+                for h in g * group..(g + 1) * group {
+                    let oh = &mut out[h * hd..(h + 1) * hd];
+                    let probs = &scores[h * n_ctx + first..h * n_ctx + first + count];
+                    for (&p, v) in probs.iter().zip(values.chunks_exact(hd)) {
+                        (f16.axpy)(oh, p, v);
+                    }
+                }
+                continue;
+            }
             let values = values.as_f32(widened);
             for h in g * group..(g + 1) * group {
                 let oh = &mut out[h * hd..(h + 1) * hd];
@@ -267,8 +357,53 @@ mod tests {
             let mut a = vec![0.0; 60];
             let mut b = vec![0.0; 60];
             attend(&shape, &q, &kv, &blocks, pos, &mut scores, &mut a);
-            attend_body(&shape, &q, &kv, &blocks, pos, &mut scores, &mut b, dot);
+            let none = None::<F16Fns>;
+            attend_body(
+                &shape,
+                &q,
+                &kv,
+                &blocks,
+                pos,
+                &mut scores,
+                &mut b,
+                dot,
+                none,
+            );
             assert_eq!(bits(&a), bits(&b), "position {pos}");
+        }
+        // An F16 cache: the AVX2 path reads it as it lies, the baseline widens a copy;
+        // head_dim 20 leaves a remainder of 4 after the 8-wide steps.
+        let mut kv16 = KvCache::new(
+            crate::llm::KvShape {
+                dtype: crate::llm::KvType::F16,
+                ..crate::llm::KvShape::from(&c)
+            },
+            5,
+            13,
+        )
+        .unwrap();
+        for p in 0..64 {
+            let k: Vec<f32> = (0..60).map(|d| val(p * 120 + d)).collect();
+            let v: Vec<f32> = (0..60).map(|d| val(p * 120 + 60 + d)).collect();
+            kv16.write(blocks[p / 5] as usize, p % 5, 0, &k, &v);
+        }
+        for pos in [0, 4, 5, 37, 63] {
+            let mut a = vec![0.0; 60];
+            let mut b = vec![0.0; 60];
+            attend(&shape, &q, &kv16, &blocks, pos, &mut scores, &mut a);
+            let none = None::<F16Fns>;
+            attend_body(
+                &shape,
+                &q,
+                &kv16,
+                &blocks,
+                pos,
+                &mut scores,
+                &mut b,
+                dot,
+                none,
+            );
+            assert_eq!(bits(&a), bits(&b), "F16 cache, position {pos}");
         }
     }
 }
