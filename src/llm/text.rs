@@ -168,21 +168,7 @@ impl TextCodec {
             }
             Some(m) => m,
         };
-        let strings = |key: &str| -> Result<Vec<&str>> {
-            match g.get(key) {
-                Some(Value::Array(a)) => a
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| {
-                        v.as_str().ok_or_else(|| {
-                            Error::invalid(format!("{at}: {key}[{i}] is not a string"))
-                        })
-                    })
-                    .collect(),
-                Some(_) => Err(Error::invalid(format!("{at}: {key} is not an array"))),
-                None => Err(Error::invalid(format!("{at}: {key} is missing"))),
-            }
-        };
+        let strings = |key: &str| gguf_strings(g, key);
         let flag = |key: &str, default: bool| match g.get(key) {
             Some(Value::Bool(b)) => *b,
             _ => default,
@@ -337,6 +323,32 @@ impl TextCodec {
     }
 }
 
+/// A metadata array of strings.
+fn gguf_strings<'g>(g: &'g Gguf, key: &str) -> Result<Vec<&'g str>> {
+    let at = &g.path;
+    match g.get(key) {
+        Some(Value::Array(a)) => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_str()
+                    .ok_or_else(|| Error::invalid(format!("{at}: {key}[{i}] is not a string")))
+            })
+            .collect(),
+        Some(_) => Err(Error::invalid(format!("{at}: {key} is not an array"))),
+        None => Err(Error::invalid(format!("{at}: {key} is missing"))),
+    }
+}
+
+/// Token to id; a token listed twice keeps its first id.
+fn vocab_of(tokens: &[&str]) -> Vocab {
+    let mut vocab = Vocab::default();
+    for (i, t) in tokens.iter().enumerate() {
+        vocab.entry((*t).to_owned()).or_insert(i as u32);
+    }
+    vocab
+}
+
 /// `tokenizer.ggml.token_type`, one per token (1, normal, where the file has none).
 fn token_types(g: &Gguf, n: usize) -> Result<Vec<u64>> {
     match g.get("tokenizer.ggml.token_type") {
@@ -371,26 +383,8 @@ fn byte_level_bpe(
             )))
         }
     };
-    let merges_raw: Vec<&str> = match g.get("tokenizer.ggml.merges") {
-        Some(Value::Array(a)) => a
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                v.as_str().ok_or_else(|| {
-                    Error::invalid(format!("{at}: tokenizer.ggml.merges[{i}] is not a string"))
-                })
-            })
-            .collect::<Result<_>>()?,
-        _ => {
-            return Err(Error::invalid(format!(
-                "{at}: tokenizer.ggml.merges is missing or not an array"
-            )))
-        }
-    };
-    let mut vocab = Vocab::default();
-    for (i, t) in tokens.iter().enumerate() {
-        vocab.entry((*t).to_owned()).or_insert(i as u32);
-    }
+    let merges_raw = gguf_strings(g, "tokenizer.ggml.merges")?;
+    let vocab = vocab_of(tokens);
     let mut merges: Merges = Vec::with_capacity(merges_raw.len());
     for (i, m) in merges_raw.iter().enumerate() {
         let (a, b) = m.split_once(' ').ok_or_else(|| {
@@ -461,10 +455,7 @@ fn sentencepiece_bpe(
             )))
         }
     };
-    let mut vocab = Vocab::default();
-    for (i, t) in tokens.iter().enumerate() {
-        vocab.entry((*t).to_owned()).or_insert(i as u32);
-    }
+    let vocab = vocab_of(tokens);
     // Every way a normal piece splits into two pieces is a merge, ranked by the piece's
     // score (then by ids, for one order).
     let mut ranked: Vec<(f32, u32, u32, u32)> = Vec::new();
