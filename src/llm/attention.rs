@@ -155,27 +155,13 @@ fn attend_avx2(
 #[inline]
 fn dot_f16_avx2(a: &[f32], b: &[u16]) -> f32 {
     use std::arch::x86_64::*;
-    let n = a.len().min(b.len());
-    let (a8, ar) = a[..n].as_chunks::<8>();
-    let (b8, br) = b[..n].as_chunks::<8>();
-    let mut acc = _mm256_setzero_ps();
-    for (x, y) in a8.iter().zip(b8) {
-        // SAFETY: `x` is 8 f32s and `y` 8 u16s (16 bytes).
-        let (x, y) = unsafe {
-            (
-                _mm256_loadu_ps(x.as_ptr()),
-                _mm256_cvtph_ps(_mm_loadu_si128(y.as_ptr() as *const __m128i)),
-            )
-        };
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(x, y));
-    }
-    let mut lanes = [0.0f32; 8];
-    // SAFETY: `lanes` holds 8 f32s.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
-    for (l, (&x, &y)) in ar.iter().zip(br).enumerate() {
-        lanes[l] += x * half::f16::from_bits(y).to_f32();
-    }
-    reduce8(lanes)
+    dot8_avx2(
+        a,
+        b,
+        // SAFETY: `y` is 8 u16s (16 bytes).
+        |y| unsafe { _mm256_cvtph_ps(_mm_loadu_si128(y.as_ptr() as *const __m128i)) },
+        |y| half::f16::from_bits(y).to_f32(),
+    )
 }
 
 /// `o += p · v` with `v` in F16 (a multiply, then an add: no fused multiply-add).
@@ -207,20 +193,36 @@ fn axpy_f16_avx2(o: &mut [f32], p: f32, v: &[u16]) {
 #[inline]
 fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     use std::arch::x86_64::*;
+    // SAFETY: `y` is 8 f32s.
+    dot8_avx2(a, b, |y| unsafe { _mm256_loadu_ps(y.as_ptr()) }, |y| y)
+}
+
+/// The sums of [`dot`] in one AVX register, `b`'s elements read as f32 by `load8` (8 at a
+/// time) and `one` (the rest).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn dot8_avx2<T: Copy>(
+    a: &[f32],
+    b: &[T],
+    load8: impl Fn(&[T; 8]) -> std::arch::x86_64::__m256,
+    one: impl Fn(T) -> f32,
+) -> f32 {
+    use std::arch::x86_64::*;
     let n = a.len().min(b.len());
     let (a8, ar) = a[..n].as_chunks::<8>();
     let (b8, br) = b[..n].as_chunks::<8>();
     let mut acc = _mm256_setzero_ps();
     for (x, y) in a8.iter().zip(b8) {
-        // SAFETY: `x` and `y` are 8 f32s each.
-        let (x, y) = unsafe { (_mm256_loadu_ps(x.as_ptr()), _mm256_loadu_ps(y.as_ptr())) };
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(x, y));
+        // SAFETY: `x` is 8 f32s.
+        let x = unsafe { _mm256_loadu_ps(x.as_ptr()) };
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(x, load8(y)));
     }
     let mut lanes = [0.0f32; 8];
     // SAFETY: `lanes` holds 8 f32s.
     unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
     for (l, (&x, &y)) in ar.iter().zip(br).enumerate() {
-        lanes[l] += x * y;
+        lanes[l] += x * one(y);
     }
     reduce8(lanes)
 }
