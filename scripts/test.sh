@@ -84,12 +84,15 @@ standin_gpu_tests() {
         cargo test --release
 }
 
-# The kernels of the GPU executor through the real NVRTC (from PyPI; no GPU needed), for
-# every architecture the library serves. Where PyPI cannot be reached, says so and skips.
+# The kernels of the GPU executor through the real NVRTC (from PyPI; no GPU needed): NVRTC
+# 13 for every architecture the library serves, and NVRTC 12.2 (what a machine with a
+# CUDA 12 driver compiles with) for those it knows. Where PyPI cannot be reached, says so
+# and skips.
 NVRTC_VERSION=13.0.88
+NVRTC12_VERSION=12.2.140
 nvrtc_check() {
-    local venv="$TARGET_DIR/onnx-venv" dir="$TARGET_DIR/nvrtc"
-    case "$dir" in /*) ;; *) dir="$PWD/$dir" ;; esac
+    local venv="$TARGET_DIR/onnx-venv" dir="$TARGET_DIR/nvrtc" dir12="$TARGET_DIR/nvrtc12"
+    case "$dir" in /*) ;; *) dir="$PWD/$dir" dir12="$PWD/$dir12" ;; esac
     if [[ ! -f "$dir/nvidia/cu13/lib/libnvrtc.so.13" ]]; then
         onnx_python "$venv"
         echo "-- installing nvidia-cuda-nvrtc==$NVRTC_VERSION into $dir"
@@ -100,6 +103,17 @@ nvrtc_check() {
         fi
     fi
     INFER_NVRTC_LIB_DIR="$dir/nvidia/cu13/lib" \
+        cargo test --release --test gpu kernels_compile_with_nvrtc -- --nocapture || return 1
+    if [[ ! -f "$dir12/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ]]; then
+        onnx_python "$venv"
+        echo "-- installing nvidia-cuda-nvrtc-cu12==$NVRTC12_VERSION into $dir12"
+        if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check --target "$dir12" \
+            "nvidia-cuda-nvrtc-cu12==$NVRTC12_VERSION"; then
+            echo "SKIP: NVRTC 12 could not be installed from PyPI; the kernels were not compiled with it"
+            return 0
+        fi
+    fi
+    INFER_NVRTC_LIB_DIR="$dir12/nvidia/cuda_nvrtc/lib" INFER_NVRTC_ARCHS=75,80,86,89,90 \
         cargo test --release --test gpu kernels_compile_with_nvrtc -- --nocapture
 }
 
@@ -220,7 +234,7 @@ summary() {
     fi
     if [[ -f "$LOGS/nvrtc.log" ]]; then
         echo "kernels through NVRTC $NVRTC_VERSION:"
-        grep -E '^(sm_[0-9]+: CUBIN|SKIP)' "$LOGS/nvrtc.log" | sed 's/^/  /' || true
+        grep -E '^(sm_[0-9]+: CUBIN|kernels compiled|SKIP)' "$LOGS/nvrtc.log" | sed 's/^/  /' || true
     fi
     [[ -f "$LOGS/symbols.log" ]] && sed 's/^/  /' "$LOGS/symbols.log"
     if [[ -f "$LOGS/c-tests.log" ]]; then

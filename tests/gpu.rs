@@ -456,22 +456,12 @@ fn custom_backend_sees_host_memory_on_a_cpu_instance() {
 
 /// Builds the stand-in driver into `dir` as libcuda.so and libcuda.so.1; Err says why not.
 fn build_fake_driver(dir: &std::path::Path, only_version: bool) -> Result<(), String> {
+    if !only_version {
+        return build_fakes(dir, 13);
+    }
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake_libcuda.c");
     let lib = dir.join("libcuda.so.1");
-    if !only_version {
-        // The driver with the kernels built for the host, NVRTC and cuBLAS.
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/build_fakes.sh");
-        let out = std::process::Command::new("sh")
-            .arg(script)
-            .arg(dir)
-            .output()
-            .map_err(|e| format!("sh: {e}"))?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-        }
-        return Ok(());
-    }
     let mut cc = std::process::Command::new("cc");
     cc.args([
         "-shared",
@@ -494,6 +484,23 @@ fn build_fake_driver(dir: &std::path::Path, only_version: bool) -> Result<(), St
     let link = dir.join("libcuda.so");
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink("libcuda.so.1", &link).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Builds the stand-ins of tests/fixtures/build_fakes.sh into `dir`: the driver (of CUDA
+/// `driver_major`) with the kernels built for the host, NVRTC and cuBLAS.
+fn build_fakes(dir: &std::path::Path, driver_major: u32) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/build_fakes.sh");
+    let out = std::process::Command::new("sh")
+        .arg(script)
+        .arg(dir)
+        .env("FAKE_DRIVER_MAJOR", driver_major.to_string())
+        .output()
+        .map_err(|e| format!("sh: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
     Ok(())
 }
 
@@ -546,7 +553,7 @@ fn fake_driver_child() {
     let scenario = scenario.to_string_lossy().into_owned();
     let required = server_in(INFER_GPU_REQUIRED);
     let want = match scenario.as_str() {
-        "old" => Some("supports CUDA 12.8; this build needs 13.0"),
+        "old" => Some("supports CUDA 11.8; this build needs 12.0"),
         "nodevice" => Some("cuInit failed: CUDA_ERROR_NO_DEVICE"),
         "partial" => Some("the CUDA driver could not be used"),
         _ => None,
@@ -1967,8 +1974,8 @@ fn run_child(test: &str, envs: &[(&str, &std::ffi::OsStr)], done: &str) -> Strin
 }
 
 /// Runs `gpu_data_path_child` under the stand-in driver with `scenario` (the checks of
-/// "onnx" run with one device).
-fn run_data_path(dir: &std::path::Path, scenario: &str) {
+/// "onnx" run with one device); returns its output.
+fn run_data_path(dir: &std::path::Path, scenario: &str) -> String {
     let devices = if scenario == "two" { "two" } else { "one" };
     let all = run_child(
         "gpu_data_path_child",
@@ -1990,6 +1997,57 @@ fn run_data_path(dir: &std::path::Path, scenario: &str) {
     }) {
         println!("{scenario}: {line}");
     }
+    all
+}
+
+/// A machine with a CUDA 12 driver (the stand-in reporting 12.2, without the symbols of
+/// 12.8 and later) where CUDA 12 and CUDA 13 libraries are both installed, the 13s also
+/// under the unversioned names: GPU instances serve there, with NVRTC 12 and cuBLAS 12
+/// (the driver refuses NVRTC 13's images, and cuBLAS 13 cannot start on it), and the log
+/// says which files; event timing (the statistics' `gpu` section) uses the driver's
+/// original cuEventElapsedTime.
+#[test]
+fn gpu_instances_on_a_cuda_12_driver() {
+    if std::env::var_os("INFER_FAKE_CUDA").is_some() {
+        return; // a child, or a run against the stand-ins already
+    }
+    let dir = std::env::temp_dir().join(format!("infer-fake-cuda12-{}", std::process::id()));
+    if let Err(why) = build_fakes(&dir, 12) {
+        println!("SKIP: cannot build the stand-in driver ({why})");
+        return;
+    }
+    run_data_path(&dir, "one");
+    let all = run_data_path(&dir, "onnx");
+    let said = all
+        .lines()
+        .find(|l| l.starts_with("CUDA libraries in use: "))
+        .unwrap_or_else(|| panic!("no library line in {all}"));
+    for want in [
+        "/libnvrtc.so.12",
+        "/libcublas.so.12",
+        "NVRTC 12.0 (libnvrtc.so.12)",
+        "cuBLAS 12.0 (libcublas.so.12)",
+    ] {
+        assert!(said.contains(want), "{want} not in {said}");
+    }
+    assert!(!said.contains(".so.13"), "{said}");
+    // Only CUDA 13 libraries there: KIND_GPU is UNAVAILABLE naming the file refused and
+    // why, and KIND_AUTO serves on the CPU.
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        if e.file_name().to_string_lossy().ends_with(".so.12") {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+    run_child(
+        "executor_start_child",
+        &[
+            ("LD_LIBRARY_PATH", dir.as_os_str()),
+            ("INFER_FAKE_CUDA", "one".as_ref()),
+            ("INFER_EXECUTOR_START", "cuda13-libraries".as_ref()),
+        ],
+        "executor start 'cuda13-libraries': checked",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -2209,9 +2267,18 @@ fn executor_start_child() {
     let st = load(&gpu_config_of("mlp"));
     let msg = last_error();
     assert_eq!(st, INFER_STATUS_UNAVAILABLE, "{msg}");
-    let want = if case == "cublas" { "cublas" } else { "nvrtc" };
+    let want: &[&str] = match case.as_str() {
+        "cublas" => &["cublas"],
+        "cuda13-libraries" => &[
+            "nvrtc",
+            "libnvrtc.so is version 13.0, which needs a cuda 13 driver (this one is cuda 12)",
+        ],
+        _ => &["nvrtc"],
+    };
     assert!(
-        msg.to_ascii_lowercase().contains(want) && msg.contains("'mlp'") && msg.contains("GPU 0"),
+        want.iter().all(|w| msg.to_ascii_lowercase().contains(w))
+            && msg.contains("'mlp'")
+            && msg.contains("GPU 0"),
         "{msg}"
     );
     ok(load(&gpu_config_of("mlp").replace("KIND_GPU", "KIND_AUTO")));
@@ -4508,9 +4575,10 @@ fn value_info_of(name: &str, dims: &[&str], elem_type: i32) -> pb::ValueInfoProt
 // ---- the kernels through the real NVRTC (no GPU needed) ----
 
 /// Compiles src/onnx/gpu/kernels.cu with the real NVRTC for the architectures the
-/// library serves, in a child process whose loader path starts with
-/// `INFER_NVRTC_LIB_DIR` (scripts/test.sh installs NVRTC from PyPI there). Without it:
-/// SKIP.
+/// library serves (`INFER_NVRTC_ARCHS`, e.g. "75,80,86,89,90", for an NVRTC that knows
+/// fewer), in a child process whose loader path is `INFER_NVRTC_LIB_DIR`
+/// (scripts/test.sh installs NVRTC 13 and NVRTC 12 from PyPI and runs this with each).
+/// Without it: SKIP.
 #[test]
 fn kernels_compile_with_nvrtc() {
     if std::env::var_os("INFER_FAKE_CUDA").is_some()
@@ -4525,19 +4593,26 @@ fn kernels_compile_with_nvrtc() {
         return;
     };
     let exe = std::env::current_exe().expect("the test binary's path");
-    let out = std::process::Command::new(exe)
+    let mut child = std::process::Command::new(exe);
+    child
         .args(["--exact", "nvrtc_child", "--nocapture"])
         .env("LD_LIBRARY_PATH", &dir)
-        .env("INFER_NVRTC_CHILD", "1")
-        .output()
-        .expect("running the test binary again");
+        .env("INFER_NVRTC_CHILD", "1");
+    // An older NVRTC knows fewer architectures (NVRTC 12.2: up to sm_90).
+    if let Some(archs) = std::env::var_os("INFER_NVRTC_ARCHS") {
+        child.env("INFER_NVRTC_ARCHS", archs);
+    }
+    let out = child.output().expect("running the test binary again");
     let all =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success() && all.contains("kernels compiled"),
         "{all}"
     );
-    for line in all.lines().filter(|l| l.starts_with("sm_")) {
+    for line in all
+        .lines()
+        .filter(|l| l.starts_with("sm_") || l.starts_with("kernels compiled"))
+    {
         println!("{line}");
     }
 }
@@ -4548,7 +4623,18 @@ fn nvrtc_child() {
     if std::env::var_os("INFER_NVRTC_CHILD").is_none() {
         return;
     }
-    for cc in [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
+    let archs = std::env::var("INFER_NVRTC_ARCHS").unwrap_or("75,80,86,89,90,100,120".into());
+    let archs: Vec<(i32, i32)> = archs
+        .split(',')
+        .map(|a| {
+            let n: i32 = a
+                .trim()
+                .parse()
+                .expect("INFER_NVRTC_ARCHS: numbers such as 90");
+            (n / 10, n % 10)
+        })
+        .collect();
+    for cc in archs {
         let cubin = infer::onnx::gpu::kernels::compile(cc)
             .unwrap_or_else(|e| panic!("sm_{}{}: {}", cc.0, cc.1, e.message));
         assert!(
@@ -4559,5 +4645,5 @@ fn nvrtc_child() {
         );
         println!("sm_{}{}: CUBIN of {} bytes", cc.0, cc.1, cubin.len());
     }
-    println!("kernels compiled");
+    println!("kernels compiled with {}", infer::cuda::libs::describe());
 }

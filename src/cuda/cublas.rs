@@ -1,14 +1,16 @@
-//! cuBLAS, loaded at run time like the driver: a handle bound to one stream and the
+//! cuBLAS (opened by `libs` for the driver in use): a handle bound to one stream and the
 //! strided-batched GEMMs (FP32, FP16, BF16) run on it.
 
 use super::driver::DevicePtr;
+use super::libs::{self, BlasHandle, Cublas};
 use crate::status::{Error, Result};
 use cudarc::driver::sys;
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 
 /// A cuBLAS handle bound to one stream.
 pub struct Blas {
-    handle: cudarc::cublas::sys::cublasHandle_t,
+    lib: &'static Cublas,
+    handle: BlasHandle,
 }
 
 // SAFETY: used by one instance's worker thread at a time.
@@ -40,82 +42,84 @@ impl Blas {
     /// A handle on `stream` (the context must be bound). `tf32` allows TF32 tensor-core
     /// math for FP32 GEMMs.
     pub fn new(stream: sys::CUstream, tf32: bool) -> Result<Blas> {
-        use cudarc::cublas::sys as b;
-        let made = std::panic::catch_unwind(|| {
-            // SAFETY: only tries to dlopen the library.
-            if !unsafe { b::is_culib_present() } {
-                return Err(Error::unavailable(
-                    "cuBLAS (libcublas.so) was not found by the dynamic loader; the GPU executor runs GEMMs with it",
-                ));
-            }
-            let mut handle: b::cublasHandle_t = std::ptr::null_mut();
-            let st = |r: b::cublasStatus_t, what: &str| {
-                if r == b::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                    Ok(())
-                } else {
-                    Err(Error::internal(format!("{what} failed: {r:?}")))
-                }
-            };
-            // SAFETY: valid out-pointer; stream of the bound context.
-            unsafe {
-                st(b::cublasCreate_v2(&mut handle), "cublasCreate")?;
-                let blas = Blas { handle };
-                st(
-                    b::cublasSetStream_v2(handle, stream as b::cudaStream_t),
-                    "cublasSetStream",
-                )?;
-                let mode = if tf32 {
-                    b::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
-                } else {
-                    b::cublasMath_t::CUBLAS_DEFAULT_MATH
-                };
-                st(b::cublasSetMathMode(handle, mode), "cublasSetMathMode")?;
-                Ok(blas)
-            }
-        });
-        made.unwrap_or_else(|_| {
-            Err(Error::unavailable(
-                "cuBLAS could not be used (a symbol is missing)",
+        let lib = libs::cublas().map_err(|why| {
+            Error::unavailable(format!(
+                "cuBLAS cannot be used: {why}; the GPU executor runs GEMMs with it"
             ))
-        })
+        })?;
+        let mut handle: BlasHandle = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        let r = unsafe { (lib.create)(&mut handle) };
+        if r != 0 {
+            return Err(Error::unavailable(format!(
+                "cublasCreate failed: {} ({} {}.{})",
+                lib.status_name(r),
+                lib.file,
+                lib.version.0,
+                lib.version.1
+            )));
+        }
+        let mut blas = Blas { lib, handle };
+        blas.set_stream(stream)?;
+        let mode = if tf32 {
+            libs::CUBLAS_TF32_TENSOR_OP_MATH
+        } else {
+            libs::CUBLAS_DEFAULT_MATH
+        };
+        // SAFETY: a live handle.
+        blas.check(
+            unsafe { (lib.set_math_mode)(handle, mode) },
+            "cublasSetMathMode",
+        )?;
+        Ok(blas)
+    }
+
+    fn check(&self, r: c_int, what: &str) -> Result<()> {
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(Error::internal(format!(
+                "{what} failed: {}",
+                self.lib.status_name(r)
+            )))
+        }
     }
 
     /// Moves the handle to `stream` (of the handle's context).
     pub fn set_stream(&mut self, stream: sys::CUstream) -> Result<()> {
         // SAFETY: a live handle; a stream of its context.
-        let r = unsafe {
-            cudarc::cublas::sys::cublasSetStream_v2(
-                self.handle,
-                stream as cudarc::cublas::sys::cudaStream_t,
-            )
-        };
-        if r == cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            Ok(())
-        } else {
-            Err(Error::internal(format!("cublasSetStream failed: {r:?}")))
-        }
+        let r = unsafe { (self.lib.set_stream)(self.handle, stream as *mut c_void) };
+        self.check(r, "cublasSetStream")
+    }
+
+    /// Gives the handle `bytes` of device memory at `workspace` for its GEMMs' scratch
+    /// (the memory must outlive every GEMM queued with it); needed for GEMMs captured
+    /// into a CUDA graph, which must not allocate.
+    pub fn set_workspace(&mut self, workspace: DevicePtr, bytes: usize) -> Result<()> {
+        // SAFETY: a live handle; device memory of its context.
+        let r = unsafe { (self.lib.set_workspace)(self.handle, workspace as *mut c_void, bytes) };
+        self.check(r, "cublasSetWorkspace")
     }
 
     /// C = alpha op(A) op(B) + beta C on the handle's stream (column-major): FP32 through
     /// cublasSgemmStridedBatched (TF32 when the handle allows it), FP16 and BF16 through
     /// cublasGemmStridedBatchedEx with FP32 accumulation (tensor cores).
     pub fn gemm(&self, g: &GemmArgs, a: DevicePtr, b: DevicePtr, c: DevicePtr) -> Result<()> {
-        use cudarc::cublas::sys as bl;
         if g.m == 0 || g.n == 0 || g.batch == 0 {
             return Ok(()); // an empty result
         }
         let op = |t: bool| {
             if t {
-                bl::cublasOperation_t::CUBLAS_OP_T
+                libs::CUBLAS_OP_T
             } else {
-                bl::cublasOperation_t::CUBLAS_OP_N
+                libs::CUBLAS_OP_N
             }
         };
         let (r, what) = match g.dt {
             0 => (
                 // SAFETY: the plan sized every operand; device addresses of this context.
                 unsafe {
-                    bl::cublasSgemmStridedBatched(
+                    (self.lib.sgemm_strided_batched)(
                         self.handle,
                         op(g.trans_a),
                         op(g.trans_b),
@@ -140,14 +144,14 @@ impl Blas {
             ),
             1 | 2 => {
                 let ty = if g.dt == 1 {
-                    bl::cudaDataType::CUDA_R_16F
+                    libs::CUDA_R_16F
                 } else {
-                    bl::cudaDataType::CUDA_R_16BF
+                    libs::CUDA_R_16BF
                 };
                 (
                     // SAFETY: as above; alpha and beta are f32 for a 32F compute type.
                     unsafe {
-                        bl::cublasGemmStridedBatchedEx(
+                        (self.lib.gemm_strided_batched_ex)(
                             self.handle,
                             op(g.trans_a),
                             op(g.trans_b),
@@ -169,8 +173,8 @@ impl Blas {
                             g.ldc,
                             g.stride_c,
                             g.batch,
-                            bl::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                            bl::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                            libs::CUBLAS_COMPUTE_32F,
+                            libs::CUBLAS_GEMM_DEFAULT,
                         )
                     },
                     "cublasGemmStridedBatchedEx",
@@ -182,17 +186,13 @@ impl Blas {
                 )))
             }
         };
-        if r == bl::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            Ok(())
-        } else {
-            Err(Error::internal(format!("{what} failed: {r:?}")))
-        }
+        self.check(r, what)
     }
 }
 
 impl Drop for Blas {
     fn drop(&mut self) {
         // SAFETY: created once, destroyed once.
-        unsafe { cudarc::cublas::sys::cublasDestroy_v2(self.handle) };
+        unsafe { (self.lib.destroy)(self.handle) };
     }
 }

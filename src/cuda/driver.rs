@@ -295,10 +295,13 @@ impl Event {
     /// error too for an event never recorded, or last recorded into a stream capture. The
     /// context must be bound.
     pub fn elapsed_ms_since(&self, start: &Event) -> Result<f32> {
+        let Some(elapsed) = elapsed_time_fn() else {
+            return Err(Error::internal("the CUDA driver has no cuEventElapsedTime"));
+        };
         let mut ms = 0f32;
         // SAFETY: live events, a valid out-pointer.
         check(
-            unsafe { sys::cuEventElapsedTime_v2(&mut ms, start.raw, self.raw) },
+            unsafe { elapsed(&mut ms, start.raw, self.raw) },
             "cuEventElapsedTime",
         )?;
         Ok(ms)
@@ -742,6 +745,25 @@ impl Drop for PinnedBuf {
             .or_default()
             .push(self.ptr as usize);
     }
+}
+
+type ElapsedTimeFn = unsafe extern "C" fn(*mut f32, sys::CUevent, sys::CUevent) -> sys::CUresult;
+
+/// `cuEventElapsedTime_v2` where the driver has it (CUDA 12.8 and newer), else the
+/// original `cuEventElapsedTime` (same signature): the bindings name only the first,
+/// which a CUDA 12.0-12.7 driver lacks.
+fn elapsed_time_fn() -> Option<ElapsedTimeFn> {
+    static F: std::sync::OnceLock<Option<ElapsedTimeFn>> = std::sync::OnceLock::new();
+    *F.get_or_init(|| {
+        // SAFETY: the driver is loaded (an event exists), and both symbols have the
+        // signature of `ElapsedTimeFn` (cuda.h).
+        unsafe {
+            let lib = sys::culib();
+            ["cuEventElapsedTime_v2", "cuEventElapsedTime"]
+                .iter()
+                .find_map(|name| lib.get::<ElapsedTimeFn>(name.as_bytes()).ok().map(|f| *f))
+        }
+    })
 }
 
 #[cfg(test)]

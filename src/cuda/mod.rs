@@ -1,7 +1,7 @@
 //! The CUDA room, every raw CUDA call of the library: whether this process can use NVIDIA
 //! GPUs, and which ones (`probe`); the driver's contexts, streams, events and memory
-//! (`driver`); loaded kernel modules (`module`); NVRTC (`nvrtc`), cuBLAS (`cublas`) and
-//! CUDA graphs (`graph`). It imports nothing above `status` and `log`.
+//! (`driver`); loaded kernel modules (`module`); NVRTC (`nvrtc`), cuBLAS (`cublas`), the
+//! choice of their files for the driver in use (`libs`) and CUDA graphs (`graph`). It imports nothing above `status` and `log`.
 //!
 //! The CUDA driver is loaded at run time (cudarc's dynamic loading), so the library builds
 //! and runs where no CUDA is installed. The driver and its devices are probed once per
@@ -18,6 +18,7 @@
 pub mod cublas;
 pub mod driver;
 pub mod graph;
+pub mod libs;
 pub mod module;
 pub mod nvrtc;
 pub(crate) mod probe;
@@ -102,6 +103,15 @@ pub fn loaded_libraries() -> Vec<String> {
 
 /// The process-wide probe result, computed on first use.
 static PROBE: OnceLock<Result<GpuRuntime, Box<str>>> = OnceLock::new();
+
+/// The CUDA major version of the driver the probe found (None before a probe, or when
+/// it found none): the newest NVRTC and cuBLAS `libs` may open.
+fn probed_driver_major() -> Option<i32> {
+    match PROBE.get() {
+        Some(Ok(runtime)) => Some(runtime.driver_version / 1000),
+        _ => None,
+    }
+}
 
 impl GpuState {
     /// The state for a server in `mode`; probes the driver (once per process) unless the

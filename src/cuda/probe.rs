@@ -8,8 +8,11 @@ use cudarc::driver::sys;
 use std::ffi::{c_char, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-/// The oldest driver API this build works with (cudarc's `cuda-13000` feature).
-const DRIVER_API_NEEDED: i32 = 13000;
+/// The oldest driver this build works with: CUDA 12.0 (R525). The bindings are CUDA
+/// 13.0's (cudarc's `cuda-13000` feature), and every driver function the library calls
+/// has the same symbol in 12.0 drivers, except `cuEventElapsedTime_v2` (12.8), which
+/// `driver::Event::elapsed_ms_since` resolves by the driver's version.
+const DRIVER_API_NEEDED: i32 = 12000;
 
 /// One device, as the driver describes it.
 #[derive(Clone, Debug)]
@@ -82,7 +85,7 @@ fn probe_unguarded() -> Result<GpuRuntime, String> {
     )?;
     if version < DRIVER_API_NEEDED {
         return Err(format!(
-            "the CUDA driver supports CUDA {}; this build needs {} or newer (driver R580 or later)",
+            "the CUDA driver supports CUDA {}; this build needs {} or newer (driver R525 or later)",
             api_version(version),
             api_version(DRIVER_API_NEEDED)
         ));

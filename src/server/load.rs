@@ -288,8 +288,16 @@ impl Server {
         if !self.said_cuda_libraries.swap(true, Ordering::AcqRel) {
             let libs = crate::cuda::loaded_libraries();
             if !libs.is_empty() {
-                self.log
-                    .info(&format!("CUDA libraries in use: {}", libs.join(", ")));
+                let chosen = crate::cuda::libs::describe();
+                let chosen = if chosen.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({chosen})")
+                };
+                self.log.info(&format!(
+                    "CUDA libraries in use: {}{chosen}",
+                    libs.join(", ")
+                ));
             }
         }
         Ok(made)
