@@ -673,6 +673,25 @@ struct Driver {
     host_func: unsafe extern "C" fn(*mut c_void, HostFn, *mut c_void) -> i32,
     pointer_attr: unsafe extern "C" fn(*mut c_void, i32, u64) -> i32,
     begin_capture: unsafe extern "C" fn(*mut c_void, i32) -> i32,
+    /// The stand-in's `fake_cuda_inject_fault(dev, code)` (None with a real driver).
+    inject_fault: Option<unsafe extern "C" fn(i32, i32)>,
+    module_load_data: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> i32,
+    module_get_function:
+        unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const std::ffi::c_char) -> i32,
+    #[allow(clippy::type_complexity)]
+    launch_kernel: unsafe extern "C" fn(
+        *mut c_void,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        *mut c_void,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> i32,
 }
 
 /// Streams (created, destroyed) counted before the last reset of the counters.
@@ -705,6 +724,10 @@ fn driver() -> &'static Driver {
             host_func: t(sym(c"cuLaunchHostFunc")),
             pointer_attr: t(sym(c"cuPointerGetAttribute")),
             begin_capture: t(sym(c"cuStreamBeginCapture_v2")),
+            inject_fault: t(optional(c"fake_cuda_inject_fault")),
+            module_load_data: t(sym(c"cuModuleLoadData")),
+            module_get_function: t(sym(c"cuModuleGetFunction")),
+            launch_kernel: t(sym(c"cuLaunchKernel")),
         }
     })
 }
@@ -2048,6 +2071,265 @@ fn gpu_instances_on_a_cuda_12_driver() {
         "executor start 'cuda13-libraries': checked",
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---- a sticky device fault ----
+
+/// A kernel that stores to address `p`: given an address that maps to nothing, the GPU
+/// faults (CUDA_ERROR_ILLEGAL_ADDRESS), and the device's context is lost for good. PTX,
+/// which the driver compiles itself, so no NVRTC is needed.
+const FAULT_PTX: &std::ffi::CStr = c".version 7.0
+.target sm_75
+.address_size 64
+.visible .entry infer_test_fault(.param .u64 p)
+{
+    .reg .b64 %rd<2>;
+    .reg .b32 %r<2>;
+    ld.param.u64 %rd1, [p];
+    mov.u32 %r1, 1;
+    st.global.u32 [%rd1], %r1;
+    ret;
+}
+";
+
+/// A backend whose batches fault the device: on the stand-in through its fault
+/// injection, on a real GPU with a kernel that stores to an unmapped address. Its
+/// output is allocated and never written (the batch cannot succeed).
+unsafe extern "C" fn faulty_execute(_: *mut c_void, b: *mut Batch) -> u32 {
+    let d = driver();
+    let stream = infer_batch_cuda_stream(b);
+    let mut out = null_mut();
+    let rows = infer_batch_size(b) as i64;
+    let st = infer_batch_output_device(b, c"Y".as_ptr(), [rows, 4].as_ptr(), 2, &mut out);
+    if st != INFER_STATUS_OK || stream.is_null() {
+        return INFER_STATUS_INTERNAL;
+    }
+    if let Some(inject) = d.inject_fault {
+        inject(0, 700);
+        return INFER_STATUS_OK;
+    }
+    let (mut module, mut f) = (null_mut(), null_mut());
+    if (d.module_load_data)(&mut module, FAULT_PTX.as_ptr() as *const c_void) != 0
+        || (d.module_get_function)(&mut f, module, c"infer_test_fault".as_ptr()) != 0
+    {
+        return INFER_STATUS_INTERNAL;
+    }
+    let mut p: u64 = 0xdead_0000;
+    let mut params = [&mut p as *mut u64 as *mut c_void];
+    let launched = (d.launch_kernel)(
+        f,
+        1,
+        1,
+        1,
+        1,
+        1,
+        1,
+        0,
+        stream,
+        params.as_mut_ptr(),
+        null_mut(),
+    );
+    if launched != 0 {
+        return INFER_STATUS_INTERNAL;
+    }
+    INFER_STATUS_OK
+}
+
+/// A GPU that has a sticky fault (a kernel's illegal address) is marked unusable, in a
+/// child process each (the fault is process-wide): the stand-in's injected fault, and a
+/// real fault on a real GPU. Requests in flight and later requests on that GPU end with
+/// UNAVAILABLE naming the device and the fault (none is lost), GPU loads there are
+/// UNAVAILABLE, KIND_AUTO serves on the CPU, CPU models keep serving, and the statistics
+/// and the log say what happened.
+#[test]
+fn a_device_fault_marks_the_gpu_unusable() {
+    if std::env::var_os("INFER_FAKE_CUDA").is_some()
+        || std::env::var_os("INFER_FAULT_CHILD").is_some()
+    {
+        return; // a child, or a run against the stand-ins already
+    }
+    let dir = std::env::temp_dir().join(format!("infer-fake-cuda-fault-{}", std::process::id()));
+    match build_fakes(&dir, 13) {
+        Err(why) => println!("SKIP: cannot build the stand-in driver ({why})"),
+        Ok(()) => {
+            let all = run_child(
+                "device_fault_child",
+                &[
+                    ("LD_LIBRARY_PATH", dir.as_os_str()),
+                    ("INFER_FAKE_CUDA", "one".as_ref()),
+                    ("INFER_FAULT_CHILD", "1".as_ref()),
+                    ("INFER_FAKE_CUDA_DELAY_US", "300".as_ref()),
+                ],
+                "device fault: checked",
+            );
+            for l in all.lines().filter(|l| l.starts_with("device fault")) {
+                println!("stand-in: {l}");
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+    match no_gpu_reason() {
+        Some(why) => println!("SKIP (real GPU): {why}"),
+        None => {
+            let all = run_child(
+                "device_fault_child",
+                &[("INFER_FAULT_CHILD", "1".as_ref())],
+                "device fault: checked",
+            );
+            for l in all.lines().filter(|l| l.starts_with("device fault")) {
+                println!("real GPU: {l}");
+            }
+        }
+    }
+}
+
+/// The child of `a_device_fault_marks_the_gpu_unusable`.
+#[test]
+fn device_fault_child() {
+    if std::env::var_os("INFER_FAULT_CHILD").is_none() {
+        return;
+    }
+    let s = {
+        let mut opts = null_mut();
+        ok(unsafe { infer_server_options_new(&mut opts) });
+        ok(unsafe { infer_server_options_set_gpu(opts, INFER_GPU_REQUIRED) });
+        ok(unsafe {
+            infer_server_options_set_log_callback(
+                opts,
+                INFER_LOG_INFO,
+                Some(gpu_log_line),
+                null_mut(),
+            )
+        });
+        let s = Server::with_options(opts);
+        unsafe { infer_server_options_free(opts) };
+        s
+    };
+    s.load(
+        "cpu",
+        &add_sub_config("cpu", "instance_group [ { kind: KIND_CPU } ]"),
+    );
+    load_from_models(&s, "mlp", Some(&gpu_config_of("mlp")));
+    let vt = infer_backend {
+        struct_size: std::mem::size_of::<infer_backend>() as u32,
+        instance_init: Some(affine_init),
+        execute: Some(faulty_execute),
+        instance_fini: Some(affine_fini),
+        finalize: None,
+    };
+    ok(unsafe { infer_server_register_backend(s.0, c"faulty".as_ptr(), &vt, null_mut()) });
+    s.load(
+        "faulty",
+        r#"name: "faulty" backend: "faulty" max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+instance_group [ { kind: KIND_GPU gpus: [ 0 ] } ]"#,
+    );
+    let mut rng = Rand(11);
+    let r = s.infer(random_request(&s, "mlp", 2, &mut rng));
+    assert_eq!(r.status(), INFER_STATUS_OK, "{}", r.error());
+
+    let is_fault = |status: u32, error: &str| {
+        status == INFER_STATUS_UNAVAILABLE
+            && error.contains("GPU 0 is unusable")
+            && error.contains("CUDA_ERROR_")
+    };
+    // The fault, with requests of the ONNX model in flight on the same GPU.
+    let mut ids = vec![enqueue_seen(
+        &s,
+        s.request("faulty").input_f32("X", &[1, 4], &[1.; 4]),
+    )];
+    for _ in 0..8 {
+        ids.push(enqueue_seen(&s, random_request(&s, "mlp", 1, &mut rng)));
+    }
+    let seen = wait_seen(&ids);
+    assert_eq!(seen.len(), ids.len(), "every request is answered once");
+    let (mut failed, mut served) = (0, 0);
+    for r in &seen {
+        if r.id == ids[0] {
+            assert!(
+                is_fault(r.status, &r.error),
+                "faulty: {} {}",
+                r.status,
+                r.error
+            );
+        } else if r.status == INFER_STATUS_OK {
+            served += 1;
+        } else {
+            assert!(
+                is_fault(r.status, &r.error),
+                "mlp: {} {}",
+                r.status,
+                r.error
+            );
+            failed += 1;
+        }
+    }
+    let fault = seen
+        .iter()
+        .find(|r| r.id == ids[0])
+        .map(|r| r.error.clone());
+    let fault = fault.unwrap_or_default();
+    println!("device fault: {fault}");
+    println!(
+        "device fault: in flight on the ONNX model: {served} served before it, {failed} failed"
+    );
+    // Later requests on that GPU: UNAVAILABLE, naming it.
+    for _ in 0..3 {
+        let r = s.infer(random_request(&s, "mlp", 1, &mut rng));
+        assert!(
+            is_fault(r.status(), &r.error()),
+            "{} {}",
+            r.status(),
+            r.error()
+        );
+        let r = s.infer(s.request("faulty").input_f32("X", &[1, 4], &[1.; 4]));
+        assert!(
+            is_fault(r.status(), &r.error()),
+            "{} {}",
+            r.status(),
+            r.error()
+        );
+    }
+    // The CPU keeps serving.
+    let r = s.infer(add_sub_request(&s, "cpu", [1.; 4], [2.; 4]));
+    assert_eq!(r.output_f32("OUTPUT0"), vec![3.; 4]);
+    // Loads on that GPU are refused; KIND_AUTO serves on the CPU.
+    let dir = model_dir_of("cnn");
+    let load = |config: &str| unsafe {
+        infer_server_load_model(s.0, cs("cnn").as_ptr(), cs(config).as_ptr(), dir.as_ptr())
+    };
+    let st = load(&gpu_config_of("cnn"));
+    let msg = last_error();
+    assert_eq!(st, INFER_STATUS_UNAVAILABLE, "{msg}");
+    assert!(
+        msg.contains("GPU 0 is unusable") && msg.contains("'cnn'"),
+        "{msg}"
+    );
+    ok(load(&gpu_config_of("cnn").replace("KIND_GPU", "KIND_AUTO")));
+    assert!(s.stats("cnn")["models"][0].get("gpu").is_none());
+    let r = s.infer(random_request(&s, "cnn", 1, &mut rng));
+    assert_eq!(r.status(), INFER_STATUS_OK, "{}", r.error());
+    // The statistics and the log say what happened, once per model.
+    let stats = s.stats("mlp");
+    let faults = &stats["models"][0]["gpu"]["faults"];
+    assert_eq!(faults[0]["device"], 0, "{stats}");
+    assert!(
+        faults[0]["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("GPU 0 is unusable"),
+        "{stats}"
+    );
+    let log = GPU_LOG.lock().unwrap().clone();
+    for m in ["faulty", "mlp"] {
+        let n = log
+            .iter()
+            .filter(|l| l.starts_with(&format!("model '{m}': GPU 0 is unusable")))
+            .count();
+        assert_eq!(n, 1, "model '{m}' in the log: {log:?}");
+    }
+    println!("device fault: checked");
 }
 
 #[test]

@@ -17,8 +17,102 @@ use std::sync::Arc;
 /// A device address (`CUdeviceptr`).
 pub type DevicePtr = u64;
 
-fn check(r: sys::CUresult, what: &str) -> Result<()> {
+/// Errors after which a context is lost for good (cuda.h: "the context cannot be used
+/// anymore, and must be destroyed"): the device's primary context, which every model and
+/// the host application share, answers every later call with the same error until the
+/// process ends. They come from the device (a kernel's bad address, an assert, a trap, an
+/// uncorrectable memory error), usually at the next synchronization after the launch.
+fn is_sticky(r: sys::CUresult) -> bool {
+    use sys::CUresult::*;
+    matches!(
+        r,
+        CUDA_ERROR_ECC_UNCORRECTABLE
+            | CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUDA_ERROR_ASSERT
+            | CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUDA_ERROR_INVALID_PC
+            | CUDA_ERROR_LAUNCH_FAILED
+    )
+}
+
+/// The sticky fault of each device that had one ("GPU 0 is unusable: ..."), in the order
+/// they were seen. A device stays here for the life of the process.
+static FAULTS: Mutex<Vec<(i32, String)>> = Mutex::new(Vec::new());
+
+/// Whether any device has faulted: the common case reads one atomic.
+static ANY_FAULT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+thread_local! {
+    /// The ordinal of the context the library bound last on this thread (-1: none, or
+    /// the caller's own).
+    static BOUND: std::cell::Cell<i32> = const { std::cell::Cell::new(-1) };
+}
+
+/// Why GPU `ordinal` is unusable, if a sticky fault was seen there.
+pub fn device_fault(ordinal: i32) -> Option<String> {
+    if !ANY_FAULT.load(Ordering::Acquire) {
+        return None;
+    }
+    FAULTS
+        .lock()
+        .iter()
+        .find(|(d, _)| *d == ordinal)
+        .map(|(_, why)| why.clone())
+}
+
+/// Every device that faulted, with why.
+pub fn device_faults() -> Vec<(i32, String)> {
+    if !ANY_FAULT.load(Ordering::Acquire) {
+        return Vec::new();
+    }
+    FAULTS.lock().clone()
+}
+
+/// Records a sticky fault of GPU `ordinal` seen as `why` (the first one seen stays) and
+/// returns the error for the call that saw it.
+fn record_fault(ordinal: i32, why: &str) -> Error {
+    let mut faults = FAULTS.lock();
+    let msg = match faults.iter().find(|(d, _)| *d == ordinal) {
+        Some((_, first)) => first.clone(),
+        None => {
+            let msg = format!(
+                "GPU {ordinal} is unusable: {why}, a device fault after which the driver refuses all work on the GPU until the process restarts"
+            );
+            faults.push((ordinal, msg.clone()));
+            ANY_FAULT.store(true, Ordering::Release);
+            msg
+        }
+    };
+    Error::unavailable(msg)
+}
+
+/// The device of the calling thread's current context (-1 if it cannot be told).
+fn current_ordinal() -> i32 {
+    let bound = BOUND.with(|b| b.get());
+    if bound >= 0 {
+        return bound;
+    }
+    let mut dev = 0;
+    // SAFETY: a valid out-pointer.
+    if unsafe { sys::cuCtxGetDevice(&mut dev) } == sys::CUresult::CUDA_SUCCESS {
+        dev
+    } else {
+        -1
+    }
+}
+
+/// A driver call's result as the library's: out of memory is RESOURCE_EXHAUSTED, a
+/// sticky device fault marks the device unusable (UNAVAILABLE from then on), anything
+/// else is INTERNAL. Modules, graphs and launches use it too.
+pub(super) fn check(r: sys::CUresult, what: &str) -> Result<()> {
     super::probe::check(r, what).map_err(|why| {
+        if is_sticky(r) {
+            return record_fault(current_ordinal(), &why);
+        }
         let code = if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
             Code::ResourceExhausted
         } else {
@@ -55,10 +149,17 @@ impl Context {
         self.ordinal
     }
 
-    /// Makes this context current on the calling thread.
+    /// Makes this context current on the calling thread. On a device that faulted, it is
+    /// still made current (so that clean-up calls go to the right context) and the fault
+    /// is the error.
     pub fn bind(&self) -> Result<()> {
         // SAFETY: `raw` is a retained primary context.
-        check(unsafe { sys::cuCtxSetCurrent(self.raw) }, "cuCtxSetCurrent")
+        check(unsafe { sys::cuCtxSetCurrent(self.raw) }, "cuCtxSetCurrent")?;
+        BOUND.with(|b| b.set(self.ordinal));
+        match device_fault(self.ordinal) {
+            Some(why) => Err(Error::unavailable(why)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -66,6 +167,7 @@ impl Context {
 /// when dropped (for work on a caller's thread, whose own CUDA state must not change).
 pub struct ScopedBind {
     previous: sys::CUcontext,
+    previous_ordinal: i32,
 }
 
 impl ScopedBind {
@@ -76,8 +178,12 @@ impl ScopedBind {
             unsafe { sys::cuCtxGetCurrent(&mut previous) },
             "cuCtxGetCurrent",
         )?;
+        let scoped = ScopedBind {
+            previous,
+            previous_ordinal: BOUND.with(|b| b.get()),
+        };
         ctx.bind()?;
-        Ok(ScopedBind { previous })
+        Ok(scoped)
     }
 }
 
@@ -85,6 +191,7 @@ impl Drop for ScopedBind {
     fn drop(&mut self) {
         // SAFETY: the context that was current before (or NULL: none).
         unsafe { sys::cuCtxSetCurrent(self.previous) };
+        BOUND.with(|b| b.set(self.previous_ordinal));
     }
 }
 

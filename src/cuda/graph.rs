@@ -1,12 +1,12 @@
 //! CUDA graphs: the work queued on a stream captured once and replayed with one launch.
 
 use super::driver::Context;
-use crate::status::{Error, Result};
+use crate::status::Result;
 use cudarc::driver::sys as cu;
 use std::sync::Arc;
 
 fn cu_check(r: cu::CUresult, what: &str) -> Result<()> {
-    super::probe::check(r, what).map_err(Error::internal)
+    super::driver::check(r, what)
 }
 
 /// An instantiated CUDA graph: a plan's launches captured from a stream, replayed with one

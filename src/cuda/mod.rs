@@ -59,8 +59,12 @@ pub enum GpuState {
 static CONTEXTS: parking_lot::Mutex<Vec<Option<std::sync::Arc<Context>>>> =
     parking_lot::Mutex::new(Vec::new());
 
-/// The primary context of GPU `ordinal` (which the probe found).
+/// The primary context of GPU `ordinal` (which the probe found); UNAVAILABLE once the
+/// device has had a sticky fault.
 pub fn context(ordinal: i32) -> crate::status::Result<std::sync::Arc<Context>> {
+    if let Some(why) = driver::device_fault(ordinal) {
+        return Err(crate::status::Error::unavailable(why));
+    }
     let mut all = CONTEXTS.lock();
     let i = usize::try_from(ordinal)
         .map_err(|_| crate::status::Error::invalid(format!("GPU {ordinal} does not exist")))?;

@@ -8,7 +8,7 @@ use std::ffi::{c_void, CStr};
 use std::sync::Arc;
 
 fn cu_check(r: cu::CUresult, what: &str) -> Result<()> {
-    super::probe::check(r, what).map_err(Error::internal)
+    super::driver::check(r, what)
 }
 
 /// A CUBIN loaded into one context, with the functions asked for at load.

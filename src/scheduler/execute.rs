@@ -43,6 +43,8 @@ pub(super) struct Batches {
     pub(super) running: Vec<Mutex<Vec<Running>>>,
     /// The data-path statistics of the instances on a GPU: (instance index, counters).
     gpu_stats: Vec<(usize, Arc<crate::stats::GpuInstanceStats>)>,
+    /// The devices (bit = ordinal) whose sticky fault this model has logged.
+    faults_logged: std::sync::atomic::AtomicU64,
 }
 
 impl Batches {
@@ -71,7 +73,15 @@ impl Batches {
                 .enumerate()
                 .filter_map(|(i, inst)| inst.gpu_stats().map(|g| (i, g)))
                 .collect(),
+            faults_logged: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// The sticky faults of the devices this model's instances run on: (GPU, why).
+    fn device_faults(&self) -> Vec<(i32, String)> {
+        let mut faults = crate::cuda::driver::device_faults();
+        faults.retain(|(d, _)| self.gpu_stats.iter().any(|(_, g)| g.device() == *d));
+        faults
     }
 
     /// True when a worker is executing request `id`.
@@ -102,7 +112,24 @@ impl Batches {
         let instances: Vec<String> = self.gpu_stats.iter().map(|(i, g)| g.json(*i)).collect();
         out.push_str(",\"gpu\":{\"instances\":[");
         out.push_str(&instances.join(","));
-        out.push_str("]}");
+        out.push(']');
+        // Devices lost to a sticky fault: their instances fail every batch.
+        let faults: Vec<String> = self
+            .device_faults()
+            .iter()
+            .map(|(d, why)| {
+                format!(
+                    "{{\"device\":{d},\"error\":{}}}",
+                    serde_json::Value::String(why.clone())
+                )
+            })
+            .collect();
+        if !faults.is_empty() {
+            out.push_str(",\"faults\":[");
+            out.push_str(&faults.join(","));
+            out.push(']');
+        }
+        out.push('}');
     }
 
     pub(super) fn stats_prometheus(&self, out: &mut crate::stats::PromText, labels: &str) {
@@ -241,6 +268,46 @@ impl Worker<'_> {
         }
     }
 
+    /// A failed batch's error, as the requests get it: where this worker's instance is on
+    /// a GPU that has had a sticky fault, that is the reason (UNAVAILABLE, naming the
+    /// device and the fault), whatever call of the batch saw it first; the fault is
+    /// logged once per device for this model.
+    fn device_fault_error(&self, e: Error) -> Error {
+        self.log_device_faults();
+        let device = self
+            .b
+            .gpu_stats
+            .iter()
+            .find(|(i, _)| *i == self.index)
+            .map(|(_, g)| g.device());
+        let Some(why) = device.and_then(crate::cuda::driver::device_fault) else {
+            return e;
+        };
+        if e.message.contains(&why) {
+            return Error::unavailable(e.message);
+        }
+        Error::unavailable(format!(
+            "model '{}': {why} (the batch failed with: {})",
+            self.s.model.name_str(),
+            e.message
+        ))
+    }
+
+    /// Logs, once per device for this model, a sticky fault of a GPU its instances run
+    /// on (a failed batch is where it shows).
+    fn log_device_faults(&self) {
+        use std::sync::atomic::Ordering;
+        for (dev, why) in self.b.device_faults() {
+            let bit = 1u64 << (dev.clamp(0, 63) as u32);
+            if self.b.faults_logged.fetch_or(bit, Ordering::AcqRel) & bit == 0 {
+                self.s.log.error(&format!(
+                    "model '{}': {why}; its instances on GPU {dev} answer every request with UNAVAILABLE (models on the CPU and on other GPUs keep serving)",
+                    self.s.model.name_str()
+                ));
+            }
+        }
+    }
+
     pub(super) fn split(
         &self,
         batch: Batch,
@@ -256,6 +323,10 @@ impl Worker<'_> {
             ..
         } = batch;
         self.reclaim_sinks(&mut requests);
+        let result = match result {
+            Err(e) => Err(self.device_fault_error(e)),
+            ok => ok,
+        };
         let mut answers = Vec::with_capacity(requests.len());
         let outputs_checked: Result<Vec<SplitOutput>> = match &result {
             Ok(()) => outputs
