@@ -541,9 +541,24 @@ infer_status infer_response_parameter_int(const struct infer_response *r, const 
 infer_status infer_response_parameter_string(const struct infer_response *r, const char *key, const char **v);
 
 /**
- * Frees a response, on any thread (NULL is ignored).
+ * Frees a response, on any thread (NULL is ignored). Outputs in GPU memory go back to
+ * the library's memory pool, to be reused only once the work queued so far on the
+ * legacy default stream, and so on every blocking stream (the runtime's default
+ * streams, streams created without `cudaStreamNonBlocking`), has run: reads of them
+ * queued there need no wait before this call. Reads queued on a non-blocking stream
+ * need [`infer_response_free_after_stream`], or a wait before this call.
  */
 void infer_response_free(struct infer_response *r);
+
+/**
+ * Frees a response as [`infer_response_free`] does, and holds its outputs in GPU memory
+ * back from reuse until the work queued so far on `stream` (a `cudaStream_t` or
+ * `CUstream` of the outputs' GPU) has run too: for a caller that queued reads of the
+ * outputs on a non-blocking stream and frees the response without waiting for them.
+ * Where no event can be recorded on `stream` (a stream of another GPU, say), the call
+ * waits for `stream` instead. NULL `r` is ignored.
+ */
+void infer_response_free_after_stream(struct infer_response *r, void *stream);
 
 /**
  * Creates server options with defaults: no repository, load every model at start-up,

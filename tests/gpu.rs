@@ -673,6 +673,9 @@ struct Driver {
     host_func: unsafe extern "C" fn(*mut c_void, HostFn, *mut c_void) -> i32,
     pointer_attr: unsafe extern "C" fn(*mut c_void, i32, u64) -> i32,
     begin_capture: unsafe extern "C" fn(*mut c_void, i32) -> i32,
+    stream_create: unsafe extern "C" fn(*mut *mut c_void, u32) -> i32,
+    stream_destroy: unsafe extern "C" fn(*mut c_void) -> i32,
+    dtoh_async: unsafe extern "C" fn(*mut c_void, u64, usize, *mut c_void) -> i32,
     /// The stand-in's `fake_cuda_inject_fault(dev, code)` (None with a real driver).
     inject_fault: Option<unsafe extern "C" fn(i32, i32)>,
     module_load_data: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> i32,
@@ -724,6 +727,9 @@ fn driver() -> &'static Driver {
             host_func: t(sym(c"cuLaunchHostFunc")),
             pointer_attr: t(sym(c"cuPointerGetAttribute")),
             begin_capture: t(sym(c"cuStreamBeginCapture_v2")),
+            stream_create: t(sym(c"cuStreamCreate")),
+            stream_destroy: t(sym(c"cuStreamDestroy_v2")),
+            dtoh_async: t(sym(c"cuMemcpyDtoHAsync_v2")),
             inject_fault: t(optional(c"fake_cuda_inject_fault")),
             module_load_data: t(sym(c"cuModuleLoadData")),
             module_get_function: t(sym(c"cuModuleGetFunction")),
@@ -1285,6 +1291,7 @@ fn data_path_one_gpu() {
     assert_eq!(resp.output_f32("OUT"), vec![1., 2.]);
 
     gpu_statistics_one_gpu(&s);
+    outputs_read_after_free(&s);
     host_outputs_on_the_device(&s);
 
     // A backend that leaves a CUDA graph capture open on the instance's stream fails its
@@ -1762,6 +1769,79 @@ fn decode_bytes(b: &[u8]) -> Vec<String> {
         at += 4 + n;
     }
     out
+}
+
+unsafe extern "C" fn sleep_30ms(_: *mut c_void) {
+    std::thread::sleep(std::time::Duration::from_millis(30));
+}
+
+/// A caller that queues a read of a GPU output on its own stream and frees the response
+/// before the read has run: the output's buffer is not handed to the next batch (which
+/// would write into it) until the read has run. `infer_response_free` covers reads on
+/// blocking streams (they synchronize with the legacy stream it fences on);
+/// `infer_response_free_after_stream` covers any stream. The read waits 30 ms behind a
+/// host function on the stream, so that the next request's batch runs first. Needs the
+/// model "s1" (gpu_affine, one instance on GPU 0) of `data_path_one_gpu`.
+fn outputs_read_after_free(s: &Server) {
+    let d = driver();
+    for (flags, after_stream) in [(0u32, false), (1, true), (0, true)] {
+        d.bind(0);
+        let mut stream = null_mut();
+        assert_eq!(unsafe { (d.stream_create)(&mut stream, flags) }, 0);
+        let (x1, x2) = ([1.0f32, 2., 3., 4.], [-5.0f32, -6., -7., -8.]);
+        let r1 = s.infer(affine_request(s, "s1", x1, Some(0)));
+        let (mut data, mut bytes) = (null(), 0usize);
+        let y = (0..unsafe { infer_response_output_count(r1.0) })
+            .find(|&i| {
+                let mut name = null();
+                ok(unsafe {
+                    infer_response_output(
+                        r1.0,
+                        i,
+                        &mut name,
+                        null_mut(),
+                        null_mut(),
+                        null_mut(),
+                        &mut data,
+                        &mut bytes,
+                    )
+                });
+                unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes() == b"Y"
+            })
+            .expect("output Y");
+        let mut host = vec![0f32; bytes / 4];
+        let y1 = data as u64;
+        unsafe {
+            assert_eq!((d.host_func)(stream, sleep_30ms, null_mut()), 0);
+            assert_eq!(
+                (d.dtoh_async)(host.as_mut_ptr() as *mut c_void, y1, bytes, stream),
+                0
+            );
+        }
+        let _ = y;
+        let raw = r1.0;
+        std::mem::forget(r1);
+        unsafe {
+            if after_stream {
+                infer_response_free_after_stream(raw, stream);
+            } else {
+                infer_response_free(raw);
+            }
+        }
+        // The next request's output, computed while the read still waits.
+        let r2 = s.infer(affine_request(s, "s1", x2, Some(0)));
+        assert_eq!(read_output(&r2, "Y").2, x2.map(|v| 2. * v + 1.).to_vec());
+        d.bind(0);
+        assert_eq!(unsafe { (d.stream_sync)(stream) }, 0);
+        assert_eq!(
+            host,
+            x1.map(|v| 2. * v + 1.).to_vec(),
+            "the read of a freed response's output (stream flags {flags}, {}) saw the next batch's data",
+            if after_stream { "infer_response_free_after_stream" } else { "infer_response_free" }
+        );
+        assert_eq!(unsafe { (d.stream_destroy)(stream) }, 0);
+    }
+    println!("outputs read after free: blocking and non-blocking streams checked");
 }
 
 /// Models on the CPU (a Rust backend with a BYTES output, the built-in add_sub, an

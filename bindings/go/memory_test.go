@@ -149,6 +149,23 @@ func TestHostOutputsReportCPU(t *testing.T) {
 	wantCode(t, err, InvalidArgument, "closed")
 }
 
+// CloseAfterStream closes like Close (host outputs: nothing is held back, no CUDA).
+func TestCloseAfterStream(t *testing.T) {
+	s := newTestServer(t, map[string]string{"add_sub": addSubConfig})
+	resp, err := s.Infer(context.Background(), addSubRequest(t, s, []float32{1, 2, 3, 4}, []float32{1, 1, 1, 1}))
+	if err != nil {
+		t.Fatalf("Infer: %v", err)
+	}
+	if err := resp.CloseAfterStream(nil); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = resp.OutputMemory("OUTPUT0")
+	wantCode(t, err, InvalidArgument, "closed")
+	if err := resp.CloseAfterStream(nil); err != nil || resp.Close() != nil {
+		t.Errorf("closing again: %v", err)
+	}
+}
+
 // The guard of the copying accessors, on an output as the library describes one in GPU
 // memory (no GPU needed: the address is never read).
 func TestGPUOutputsAreNotCopiedAsHostMemory(t *testing.T) {

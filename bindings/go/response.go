@@ -48,6 +48,25 @@ func (r *Response) Close() error {
 	return nil
 }
 
+// CloseAfterStream releases the response as Close does, keeping its outputs in GPU
+// memory from being reused until the work queued so far on stream (a cudaStream_t of
+// their GPU) has run: for reads of them queued on a non-blocking stream and not waited
+// for (infer_response_free_after_stream).
+func (r *Response) CloseAfterStream(stream unsafe.Pointer) error {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	p := r.ptr
+	r.ptr = nil
+	r.mu.Unlock()
+	if p != nil {
+		runtime.SetFinalizer(r, nil)
+		C.infer_response_free_after_stream(p, stream)
+	}
+	return nil
+}
+
 // read runs f on the live C response; it reports whether the response was still open.
 func (r *Response) read(f func(p *C.infer_response)) bool {
 	r.mu.RLock()

@@ -625,9 +625,28 @@ pub struct PoolCounters {
 /// free lists and tries once more before it reports RESOURCE_EXHAUSTED.
 pub struct MemoryPool {
     ctx: Arc<Context>,
-    device_free: Mutex<HashMap<usize, Vec<DevicePtr>>>,
+    device_free: Mutex<HashMap<usize, Vec<FreeDevice>>>,
     pinned_free: Mutex<HashMap<usize, Vec<usize>>>,
     pub counters: PoolCounters,
+}
+
+/// A device buffer on a pool's free list, with the events that must complete before it
+/// is handed out again (reads of it that a caller queued on its own streams).
+struct FreeDevice {
+    ptr: DevicePtr,
+    fences: Vec<Event>,
+}
+
+impl FreeDevice {
+    /// Whether every fence has completed (a fence that cannot be queried, on a device
+    /// that faulted say, no longer holds anything back).
+    fn ready(&self) -> bool {
+        self.fences.iter().all(|e| {
+            // SAFETY: a live event.
+            let r = unsafe { sys::cuEventQuery(e.raw) };
+            r != sys::CUresult::CUDA_ERROR_NOT_READY
+        })
+    }
 }
 
 fn size_class(bytes: usize) -> usize {
@@ -651,13 +670,20 @@ impl MemoryPool {
     /// `len` bytes of device memory (uninitialised). The context must be bound.
     pub fn device(self: &Arc<Self>, len: usize) -> Result<DeviceBuf> {
         let class = size_class(len);
-        let reused = self
-            .device_free
-            .lock()
-            .get_mut(&class)
-            .and_then(|v| v.pop());
+        // The most recently freed buffer whose fences have completed; a fenced one that
+        // is still being read stays on the list.
+        let reused = {
+            let mut free = self.device_free.lock();
+            free.get_mut(&class).and_then(|v| {
+                let i = v.iter().rposition(FreeDevice::ready)?;
+                Some(v.remove(i))
+            })
+        };
         let ptr = match reused {
-            Some(p) => p,
+            Some(f) => {
+                drop(f.fences); // completed: destroyed outside the lock
+                f.ptr
+            }
             None => {
                 let alloc = || {
                     let mut p: DevicePtr = 0;
@@ -689,6 +715,7 @@ impl MemoryPool {
             len,
             class,
             pool: self.clone(),
+            fences: Mutex::new(Vec::new()),
         })
     }
 
@@ -740,16 +767,17 @@ impl MemoryPool {
 
     /// Frees every buffer on the free lists.
     fn release_free(&self) {
-        let device: Vec<(usize, Vec<DevicePtr>)> = self.device_free.lock().drain().collect();
+        // cuMemFree waits for the device's work first, so fenced buffers go too.
+        let device: Vec<(usize, Vec<FreeDevice>)> = self.device_free.lock().drain().collect();
         let pinned: Vec<(usize, Vec<usize>)> = self.pinned_free.lock().drain().collect();
         if device.is_empty() && pinned.is_empty() {
             return;
         }
         let _ = self.ctx.bind();
-        for (class, ptrs) in device {
-            for p in ptrs {
+        for (class, frees) in device {
+            for f in frees {
                 // SAFETY: allocated by cuMemAlloc in this context, no longer referenced.
-                unsafe { sys::cuMemFree_v2(p) };
+                unsafe { sys::cuMemFree_v2(f.ptr) };
                 self.counters
                     .device_bytes
                     .fetch_sub(class as u64, Ordering::Relaxed);
@@ -779,6 +807,8 @@ pub struct DeviceBuf {
     len: usize,
     class: usize,
     pool: Arc<MemoryPool>,
+    /// Events on streams of the caller's that read this buffer (`release_after`).
+    fences: Mutex<Vec<Event>>,
 }
 
 impl DeviceBuf {
@@ -794,16 +824,48 @@ impl DeviceBuf {
     pub fn device(&self) -> i32 {
         self.pool.ctx.ordinal
     }
+
+    /// Keeps this buffer from being handed out again, once dropped, until the work
+    /// queued on `stream` (a stream of the buffer's device, NULL for the legacy default
+    /// stream) up to now has run: a caller's asynchronous reads of it. Where no event can
+    /// be recorded there (a stream of another device, a device that faulted), waits for
+    /// the stream instead. The calling thread's current context is left as it was.
+    ///
+    /// # Safety
+    /// `stream` is NULL or a live stream handle.
+    pub unsafe fn release_after(&self, stream: sys::CUstream) {
+        let fenced = (|| -> Result<()> {
+            let _bound = ScopedBind::new(&self.pool.ctx)?;
+            let event = Event::new(&self.pool.ctx)?;
+            // SAFETY: a live event; `stream` is NULL or live (this function's contract).
+            check(
+                unsafe { sys::cuEventRecord(event.raw, stream) },
+                "cuEventRecord",
+            )?;
+            self.fences.lock().push(event);
+            Ok(())
+        })();
+        if fenced.is_err() {
+            if let Ok(_bound) = ScopedBind::new(&self.pool.ctx) {
+                // SAFETY: NULL or a live stream (this function's contract).
+                unsafe { sys::cuStreamSynchronize(stream) };
+            }
+        }
+    }
 }
 
 impl Drop for DeviceBuf {
     fn drop(&mut self) {
+        let fences = std::mem::take(&mut *self.fences.lock());
         self.pool
             .device_free
             .lock()
             .entry(self.class)
             .or_default()
-            .push(self.ptr);
+            .push(FreeDevice {
+                ptr: self.ptr,
+                fences,
+            });
     }
 }
 

@@ -197,13 +197,44 @@ pub unsafe extern "C" fn infer_response_parameter_string(
     })
 }
 
-/// Frees a response, on any thread (NULL is ignored).
+/// Frees a response, on any thread (NULL is ignored). Outputs in GPU memory go back to
+/// the library's memory pool, to be reused only once the work queued so far on the
+/// legacy default stream, and so on every blocking stream (the runtime's default
+/// streams, streams created without `cudaStreamNonBlocking`), has run: reads of them
+/// queued there need no wait before this call. Reads queued on a non-blocking stream
+/// need [`infer_response_free_after_stream`], or a wait before this call.
 #[no_mangle]
 pub unsafe extern "C" fn infer_response_free(r: *mut Response) {
     value_boundary((), || {
         if !r.is_null() {
             // SAFETY: `r` came from Box::into_raw here and is freed once.
-            crate::request::pool::recycle_response(unsafe { Box::from_raw(r) });
+            let r = unsafe { Box::from_raw(r) };
+            // SAFETY: NULL is the legacy default stream.
+            unsafe { r.release_device_outputs_after(std::ptr::null_mut()) };
+            crate::request::pool::recycle_response(r);
+        }
+    })
+}
+
+/// Frees a response as [`infer_response_free`] does, and holds its outputs in GPU memory
+/// back from reuse until the work queued so far on `stream` (a `cudaStream_t` or
+/// `CUstream` of the outputs' GPU) has run too: for a caller that queued reads of the
+/// outputs on a non-blocking stream and frees the response without waiting for them.
+/// Where no event can be recorded on `stream` (a stream of another GPU, say), the call
+/// waits for `stream` instead. NULL `r` is ignored.
+#[no_mangle]
+pub unsafe extern "C" fn infer_response_free_after_stream(r: *mut Response, stream: *mut c_void) {
+    value_boundary((), || {
+        if !r.is_null() {
+            // SAFETY: `r` came from Box::into_raw here and is freed once.
+            let r = unsafe { Box::from_raw(r) };
+            // SAFETY: `stream` is the caller's stream handle (its contract: a stream of
+            // the outputs' GPU; NULL is the legacy default stream).
+            unsafe {
+                r.release_device_outputs_after(stream as crate::cuda::CUstream);
+                r.release_device_outputs_after(std::ptr::null_mut());
+            }
+            crate::request::pool::recycle_response(r);
         }
     })
 }

@@ -236,6 +236,30 @@ pub struct Response {
 }
 
 impl Response {
+    /// Holds the library's device buffers behind this response's GPU outputs back from
+    /// reuse until the work queued on `stream` so far has run (see
+    /// [`crate::cuda::DeviceBuf::release_after`]); NULL: the legacy default stream,
+    /// which every blocking stream of the caller's synchronizes with.
+    ///
+    /// # Safety
+    /// `stream` is NULL or a live stream handle.
+    pub unsafe fn release_device_outputs_after(&self, stream: crate::cuda::CUstream) {
+        let mut fenced: Vec<&std::sync::Arc<crate::cuda::DeviceBuf>> = Vec::new();
+        for o in &self.outputs {
+            if let crate::tensor::TensorData::Device(crate::tensor::DeviceData {
+                keep: crate::tensor::DeviceKeep::Pooled(buf),
+                ..
+            }) = &o.data
+            {
+                if !fenced.iter().any(|b| std::sync::Arc::ptr_eq(b, buf)) {
+                    // SAFETY: NULL or a live stream (this function's contract).
+                    unsafe { buf.release_after(stream) };
+                    fenced.push(buf);
+                }
+            }
+        }
+    }
+
     /// A successful response (outputs to be added), from the pool when one is there.
     pub fn ok(request_id: u64, model: &ModelIdentity, corr: &CorrelationId) -> Box<Response> {
         let correlation_id = match corr {

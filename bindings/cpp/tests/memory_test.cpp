@@ -142,6 +142,20 @@ TEST(Memory, HostOutputsReportCpuAndAreNotDeviceOutputs) {
     EXPECT_EQ(thrown_by([&] { (void)r.output_at(2); }).code(), INFER_STATUS_INVALID_ARGUMENT);
 }
 
+TEST(Memory, FreeAfterStreamEmptiesTheResponse) {
+    infer::Server server = gpu_off_server();
+    infer::Response r = server
+                            .infer(server.request("add_sub")
+                                       .input<float>("INPUT0", {1, 4}, {1, 2, 3, 4})
+                                       .input<float>("INPUT1", {1, 4}, {1, 1, 1, 1}))
+                            .get();
+    ASSERT_TRUE(r.ok()) << r.error_message();
+    // Host outputs only: nothing to hold back, and no CUDA is touched.
+    r.free_after_stream(nullptr);
+    EXPECT_EQ(r.native_handle(), nullptr);
+    r.free_after_stream(nullptr); // again: nothing
+}
+
 TEST(Memory, FailedResponseThrowsItsErrorFromTheMemoryAccessors) {
     infer::Server server(infer::ServerOptions().gpu(infer::GpuMode::Off));
     server.load_model("add_sub", support::add_sub_config("TYPE_FP32", 4, "dynamic_batching { }"));

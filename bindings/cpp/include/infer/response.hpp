@@ -155,6 +155,14 @@ public:
     /// Gives up ownership: the caller frees the result with infer_response_free.
     infer_response *release() noexcept { return handle_.release(); }
 
+    /// Frees the response now (this Response is empty afterwards), keeping its outputs in
+    /// GPU memory from being reused until the work queued so far on `stream` (a
+    /// cudaStream_t of their GPU) has run: for reads of them queued on a non-blocking
+    /// stream and not waited for (infer_response_free_after_stream).
+    void free_after_stream(void *stream) noexcept {
+        infer_response_free_after_stream(handle_.release(), stream);
+    }
+
 private:
     /// One output as infer_response_output gives it, with its memory.
     struct Raw {
