@@ -4126,6 +4126,7 @@ instance_group [ {{ kind: {kind} }} ]"#,
         }
     }
     println!("ConvTranspose (strides, pads, output_padding, dilations, groups, bias, 1-D) matches the CPU");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Resize, nearest and linear, over the coordinate transformations the executor maps

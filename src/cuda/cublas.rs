@@ -1,7 +1,7 @@
 //! cuBLAS (opened by `libs` for the driver in use): a handle bound to one stream and the
 //! strided-batched GEMMs (FP32, FP16, BF16) run on it.
 
-use super::driver::DevicePtr;
+use super::driver::{DeviceMem, DevicePtr};
 use super::libs::{self, BlasHandle, Cublas};
 use crate::status::{Error, Result};
 use cudarc::driver::sys;
@@ -11,6 +11,8 @@ use std::ffi::{c_int, c_void};
 pub struct Blas {
     lib: &'static Cublas,
     handle: BlasHandle,
+    /// The handle's own workspace (`use_workspace`), dropped after the handle.
+    workspace: Option<DeviceMem>,
 }
 
 // SAFETY: used by one instance's worker thread at a time.
@@ -59,7 +61,11 @@ impl Blas {
                 lib.version.1
             )));
         }
-        let mut blas = Blas { lib, handle };
+        let mut blas = Blas {
+            lib,
+            handle,
+            workspace: None,
+        };
         blas.set_stream(stream)?;
         let mode = if tf32 {
             libs::CUBLAS_TF32_TENSOR_OP_MATH
@@ -85,19 +91,31 @@ impl Blas {
         }
     }
 
-    /// Moves the handle to `stream` (of the handle's context).
+    /// Moves the handle to `stream` (of the handle's context). cublasSetStream puts the
+    /// handle back on cuBLAS's own workspace, so the handle's workspace, if it has one, is
+    /// given again.
     pub fn set_stream(&mut self, stream: sys::CUstream) -> Result<()> {
         // SAFETY: a live handle; a stream of its context.
         let r = unsafe { (self.lib.set_stream)(self.handle, stream as *mut c_void) };
-        self.check(r, "cublasSetStream")
+        self.check(r, "cublasSetStream")?;
+        self.apply_workspace()
     }
 
-    /// Gives the handle `bytes` of device memory at `workspace` for its GEMMs' scratch
-    /// (the memory must outlive every GEMM queued with it); needed for GEMMs captured
-    /// into a CUDA graph, which must not allocate.
-    pub fn set_workspace(&mut self, workspace: DevicePtr, bytes: usize) -> Result<()> {
-        // SAFETY: a live handle; device memory of its context.
-        let r = unsafe { (self.lib.set_workspace)(self.handle, workspace as *mut c_void, bytes) };
+    /// Gives the handle `mem` as the scratch memory of its GEMMs, kept with the handle.
+    /// GEMMs captured into a CUDA graph need one: with cuBLAS's own workspace, the graph
+    /// would use memory the handle may give back or hand to other work (cuBLAS's notes
+    /// on CUDA graphs).
+    pub fn use_workspace(&mut self, mem: DeviceMem) -> Result<()> {
+        self.workspace = Some(mem);
+        self.apply_workspace()
+    }
+
+    fn apply_workspace(&self) -> Result<()> {
+        let Some(w) = &self.workspace else {
+            return Ok(());
+        };
+        // SAFETY: a live handle; device memory of its context that lives as long.
+        let r = unsafe { (self.lib.set_workspace)(self.handle, w.ptr() as *mut c_void, w.len()) };
         self.check(r, "cublasSetWorkspace")
     }
 

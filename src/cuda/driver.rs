@@ -500,27 +500,28 @@ pub struct DeviceMem {
 }
 
 impl DeviceMem {
-    /// Allocates `bytes.len()` bytes (at least 1) and copies `bytes` in, complete on the
-    /// device when this returns. The context must be bound.
-    pub fn upload(ctx: &Arc<Context>, bytes: &[u8]) -> Result<DeviceMem> {
+    /// Allocates `len` bytes (at least 1), uninitialised. The context must be bound.
+    pub fn alloc(ctx: &Arc<Context>, len: usize) -> Result<DeviceMem> {
         let mut ptr: DevicePtr = 0;
         // SAFETY: valid out-pointer; the caller bound the context.
         check(
-            unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.len().max(1)) },
+            unsafe { sys::cuMemAlloc_v2(&mut ptr, len.max(1)) },
             "cuMemAlloc",
         )
-        .map_err(|e| {
-            e.context(format!(
-                "{} bytes of constants on GPU {}",
-                bytes.len(),
-                ctx.ordinal
-            ))
-        })?;
-        let mem = DeviceMem {
+        .map_err(|e| e.context(format!("{len} bytes on GPU {}", ctx.ordinal)))?;
+        Ok(DeviceMem {
             ptr,
-            len: bytes.len(),
+            len,
             ctx: ctx.clone(),
-        };
+        })
+    }
+
+    /// Allocates `bytes.len()` bytes (at least 1) and copies `bytes` in, complete on the
+    /// device when this returns. The context must be bound.
+    pub fn upload(ctx: &Arc<Context>, bytes: &[u8]) -> Result<DeviceMem> {
+        let mem = DeviceMem::alloc(ctx, bytes.len())
+            .map_err(|e| e.context(format!("{} bytes of constants", bytes.len())))?;
+        let ptr = mem.ptr;
         if !bytes.is_empty() {
             // SAFETY: `ptr` holds `len` bytes; a synchronous copy from host memory.
             check(

@@ -389,7 +389,20 @@ impl OnnxGpuInstance {
         let opts = Options::of(config, what)?;
         let (tf32, precision) = (opts.tf32, opts.precision);
         // On the legacy stream until the first batch gives the instance's stream.
-        let blas = crate::cuda::cublas::Blas::new(std::ptr::null_mut(), tf32).map_err(unusable)?;
+        let mut blas =
+            crate::cuda::cublas::Blas::new(std::ptr::null_mut(), tf32).map_err(unusable)?;
+        if opts.graph_max_batch > 0 {
+            // GEMMs captured into CUDA graphs run on a workspace of the handle's own, of
+            // the size cuBLAS's notes give (32 MiB from Hopper on, 4 MiB before).
+            let bytes = if info.compute_capability.0 >= 9 {
+                32
+            } else {
+                4
+            } << 20;
+            let mem = crate::cuda::driver::DeviceMem::alloc(&ctx, bytes)
+                .map_err(|e| e.context(format!("{what}: cuBLAS workspace for CUDA graphs")))?;
+            blas.use_workspace(mem).map_err(unusable)?;
+        }
         let mut inst = OnnxGpuInstance {
             graph,
             precision,
