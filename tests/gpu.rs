@@ -673,6 +673,7 @@ struct Driver {
     host_func: unsafe extern "C" fn(*mut c_void, HostFn, *mut c_void) -> i32,
     pointer_attr: unsafe extern "C" fn(*mut c_void, i32, u64) -> i32,
     begin_capture: unsafe extern "C" fn(*mut c_void, i32) -> i32,
+    get_current: unsafe extern "C" fn(*mut *mut c_void) -> i32,
     stream_create: unsafe extern "C" fn(*mut *mut c_void, u32) -> i32,
     stream_destroy: unsafe extern "C" fn(*mut c_void) -> i32,
     dtoh_async: unsafe extern "C" fn(*mut c_void, u64, usize, *mut c_void) -> i32,
@@ -727,6 +728,7 @@ fn driver() -> &'static Driver {
             host_func: t(sym(c"cuLaunchHostFunc")),
             pointer_attr: t(sym(c"cuPointerGetAttribute")),
             begin_capture: t(sym(c"cuStreamBeginCapture_v2")),
+            get_current: t(sym(c"cuCtxGetCurrent")),
             stream_create: t(sym(c"cuStreamCreate")),
             stream_destroy: t(sym(c"cuStreamDestroy_v2")),
             dtoh_async: t(sym(c"cuMemcpyDtoHAsync_v2")),
@@ -1292,6 +1294,7 @@ fn data_path_one_gpu() {
 
     gpu_statistics_one_gpu(&s);
     outputs_read_after_free(&s);
+    frees_keep_the_callers_context(&s);
     host_outputs_on_the_device(&s);
 
     // A backend that leaves a CUDA graph capture open on the instance's stream fails its
@@ -1842,6 +1845,34 @@ fn outputs_read_after_free(s: &Server) {
         assert_eq!(unsafe { (d.stream_destroy)(stream) }, 0);
     }
     println!("outputs read after free: blocking and non-blocking streams checked");
+}
+
+/// The library's clean-up (a pool, its streams, events and memory, let go of on the
+/// caller's thread when the last response holding its memory is freed after the model
+/// was unloaded) leaves the calling thread's current context as it was: the
+/// application's own CUDA code on that thread keeps its context (here: none). Needs the
+/// backend "gpu_affine" of `data_path_one_gpu`.
+fn frees_keep_the_callers_context(s: &Server) {
+    let d = driver();
+    s.load(
+        "ctx_keep",
+        &affine_config("ctx_keep", "{ kind: KIND_GPU count: 1 gpus: [ 0 ] }", ""),
+    );
+    let r = s.infer(affine_request(s, "ctx_keep", [1., 2., 3., 4.], Some(0)));
+    assert_eq!(read_output(&r, "Y").0, INFER_MEMORY_GPU);
+    s.unload("ctx_keep");
+    let current = || {
+        let mut c = null_mut();
+        assert_eq!(unsafe { (d.get_current)(&mut c) }, 0);
+        c
+    };
+    assert_eq!(unsafe { (d.set_current)(null_mut()) }, 0);
+    drop(r); // the instance's pool goes with its last buffer
+    assert!(
+        current().is_null(),
+        "freeing a response changed the calling thread's current context"
+    );
+    println!("frees keep the caller's context");
 }
 
 /// Models on the CPU (a Rust backend with a BYTES output, the built-in add_sub, an

@@ -187,6 +187,30 @@ impl ScopedBind {
     }
 }
 
+impl ScopedBind {
+    /// As [`ScopedBind::new`], for clean-up (drops run on whatever thread let go of the
+    /// last reference, an application's thread too, whose current context must not
+    /// change): a device fault does not stop the bind (the clean-up calls then fail,
+    /// harmlessly). None when the context cannot be made current at all.
+    pub(super) fn for_cleanup(ctx: &Context) -> Option<ScopedBind> {
+        let mut previous = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        if unsafe { sys::cuCtxGetCurrent(&mut previous) } != sys::CUresult::CUDA_SUCCESS {
+            return None;
+        }
+        let scoped = ScopedBind {
+            previous,
+            previous_ordinal: BOUND.with(|b| b.get()),
+        };
+        // SAFETY: `raw` is a retained primary context.
+        if unsafe { sys::cuCtxSetCurrent(ctx.raw) } != sys::CUresult::CUDA_SUCCESS {
+            return None; // `scoped` puts the previous one back
+        }
+        BOUND.with(|b| b.set(ctx.ordinal));
+        Some(scoped)
+    }
+}
+
 impl Drop for ScopedBind {
     fn drop(&mut self) {
         // SAFETY: the context that was current before (or NULL: none).
@@ -336,7 +360,7 @@ impl Stream {
 impl Drop for Stream {
     fn drop(&mut self) {
         // Work still queued may use memory about to be freed: drain first.
-        let _ = self.ctx.bind();
+        let _bound = ScopedBind::for_cleanup(&self.ctx);
         // SAFETY: a live stream, destroyed once.
         unsafe {
             sys::cuStreamSynchronize(self.raw);
@@ -448,7 +472,7 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        let _ = self.ctx.bind();
+        let _bound = ScopedBind::for_cleanup(&self.ctx);
         // SAFETY: a live event, destroyed once.
         unsafe { sys::cuEventDestroy_v2(self.raw) };
     }
@@ -552,7 +576,7 @@ impl DeviceMem {
 
 impl Drop for DeviceMem {
     fn drop(&mut self) {
-        let _ = self.ctx.bind();
+        let _bound = ScopedBind::for_cleanup(&self.ctx);
         // SAFETY: allocated by cuMemAlloc, freed once (the driver waits for pending work).
         unsafe { sys::cuMemFree_v2(self.ptr) };
     }
@@ -774,7 +798,7 @@ impl MemoryPool {
         if device.is_empty() && pinned.is_empty() {
             return;
         }
-        let _ = self.ctx.bind();
+        let _bound = ScopedBind::for_cleanup(&self.ctx);
         for (class, frees) in device {
             for f in frees {
                 // SAFETY: allocated by cuMemAlloc in this context, no longer referenced.

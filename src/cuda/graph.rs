@@ -83,7 +83,7 @@ impl CudaGraph {
 
 impl Drop for CudaGraph {
     fn drop(&mut self) {
-        let _ = self.ctx.bind();
+        let _bound = super::driver::ScopedBind::for_cleanup(&self.ctx);
         // SAFETY: instantiated once, destroyed once.
         unsafe { cu::cuGraphExecDestroy(self.exec) };
     }

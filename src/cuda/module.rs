@@ -25,7 +25,7 @@ unsafe impl Sync for Module {}
 
 impl Drop for Module {
     fn drop(&mut self) {
-        let _ = self.ctx.bind();
+        let _bound = super::driver::ScopedBind::for_cleanup(&self.ctx);
         // SAFETY: loaded once, unloaded once.
         unsafe { cu::cuModuleUnload(self.raw) };
     }
