@@ -2575,6 +2575,31 @@ fn workers_wait_asleep() {
         "{cpu:.3} s of CPU over {wall:.3} s of wall time: a thread spins while the device computes"
     );
     println!("waits: {cpu:.3} s of CPU over {wall:.3} s of wall time for 3 requests");
+    // Host outputs copied to the GPU for the response: the delivering thread (here, the
+    // caller's) waits for the copy asleep too.
+    s.load(
+        "cpu",
+        &add_sub_config("cpu", "instance_group [ { kind: KIND_CPU } ]"),
+    );
+    let (cpu0, t0) = (process_cpu_seconds(), std::time::Instant::now());
+    for _ in 0..3 {
+        let r = add_sub_request(&s, "cpu", [1.; 4], [2.; 4]);
+        ok(unsafe { infer_request_set_output_memory(r.0, INFER_MEMORY_GPU, 0) });
+        let resp = s.infer(r);
+        assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
+    }
+    let (cpu, wall) = (process_cpu_seconds() - cpu0, t0.elapsed().as_secs_f64());
+    assert!(
+        wall > 0.05,
+        "3 requests took {wall} s: the stand-in's delay did not apply"
+    );
+    assert!(
+        cpu < 0.5 * wall,
+        "{cpu:.3} s of CPU over {wall:.3} s of wall time: the thread that copies outputs to the GPU spins"
+    );
+    println!(
+        "output copies to the GPU: {cpu:.3} s of CPU over {wall:.3} s of wall time for 3 requests"
+    );
 }
 
 /// The ONNX checks of the "onnx" scenario on a real GPU: every model, precision, fused

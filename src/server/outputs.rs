@@ -16,7 +16,11 @@
 //! nothing. A failure (no device memory, a driver error) turns the response into an
 //! error response naming the model, the outputs and the device.
 
-use crate::cuda::driver::{Context, MemoryPool, Stream};
+use crate::cuda::driver::{Context, Event, MemoryPool, Stream};
+
+/// How long a delivering thread polls for its copies before it sleeps until they are
+/// done (as GPU instances wait for their batches).
+const WAIT_SPIN: std::time::Duration = std::time::Duration::from_micros(200);
 use crate::cuda::ScopedBind;
 use crate::request::{DeliveryHook, Response};
 use crate::status::{Code, Error, Result};
@@ -32,8 +36,9 @@ const ALIGN: usize = 256;
 pub struct OutputPlacer {
     ctx: Arc<Context>,
     pool: Arc<MemoryPool>,
-    /// Streams no delivering thread uses now.
-    streams: Mutex<Vec<Stream>>,
+    /// Streams no delivering thread uses now, each with the event its copies are
+    /// waited for by.
+    streams: Mutex<Vec<(Stream, Event)>>,
 }
 
 impl OutputPlacer {
@@ -127,9 +132,13 @@ impl OutputPlacer {
                 pinned.as_mut_slice()[a..a + src.len()].copy_from_slice(src);
             }
         }
-        let stream = match self.streams.lock().pop() {
+        let popped = self.streams.lock().pop();
+        let (stream, event) = match popped {
             Some(s) => s,
-            None => Stream::new(&self.ctx).map_err(|e| e.context(what()))?,
+            None => (
+                Stream::new(&self.ctx).map_err(|e| e.context(what()))?,
+                Event::new(&self.ctx).map_err(|e| e.context(what()))?,
+            ),
         };
         let mut queued = Ok(());
         for (o, a) in resp.outputs.iter().zip(&at) {
@@ -143,10 +152,16 @@ impl OutputPlacer {
                 break;
             }
         }
-        let synced = stream.synchronize();
+        // Waited for as a GPU instance waits for its batch: polled briefly, then asleep
+        // (a stream synchronize would spin this thread's core, the application's, for
+        // as long as the copy runs).
+        let synced = match &queued {
+            Ok(()) => event.record(&stream).and_then(|()| event.wait(WAIT_SPIN)),
+            Err(_) => stream.synchronize(),
+        };
         let done = queued.and(synced);
         if done.is_ok() {
-            self.streams.lock().push(stream);
+            self.streams.lock().push((stream, event));
         }
         // (A stream that failed is dropped: it is destroyed, not reused.)
         done.map_err(|e| {
