@@ -90,28 +90,30 @@ standin_gpu_tests() {
 # and skips.
 NVRTC_VERSION=13.0.88
 NVRTC12_VERSION=12.2.140
+# Installs pip package $2 into folder $1 (in the onnx venv's pip) unless $3 is there.
+install_nvrtc() {
+    local dir=$1 package=$2 marker=$3
+    [[ -f $marker ]] && return 0
+    onnx_python "$TARGET_DIR/onnx-venv"
+    echo "-- installing $package into $dir"
+    "$TARGET_DIR/onnx-venv/bin/python" -m pip install -q --disable-pip-version-check \
+        --target "$dir" "$package"
+}
+
 nvrtc_check() {
-    local venv="$TARGET_DIR/onnx-venv" dir="$TARGET_DIR/nvrtc" dir12="$TARGET_DIR/nvrtc12"
+    local dir="$TARGET_DIR/nvrtc" dir12="$TARGET_DIR/nvrtc12"
     case "$dir" in /*) ;; *) dir="$PWD/$dir" dir12="$PWD/$dir12" ;; esac
-    if [[ ! -f "$dir/nvidia/cu13/lib/libnvrtc.so.13" ]]; then
-        onnx_python "$venv"
-        echo "-- installing nvidia-cuda-nvrtc==$NVRTC_VERSION into $dir"
-        if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check --target "$dir" \
-            "nvidia-cuda-nvrtc==$NVRTC_VERSION"; then
-            echo "SKIP: NVRTC could not be installed from PyPI; the kernels were not compiled"
-            return 0
-        fi
+    if ! install_nvrtc "$dir" "nvidia-cuda-nvrtc==$NVRTC_VERSION" \
+        "$dir/nvidia/cu13/lib/libnvrtc.so.13"; then
+        echo "SKIP: NVRTC could not be installed from PyPI; the kernels were not compiled"
+        return 0
     fi
     INFER_NVRTC_LIB_DIR="$dir/nvidia/cu13/lib" \
         cargo test --release --test gpu kernels_compile_with_nvrtc -- --nocapture || return 1
-    if [[ ! -f "$dir12/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" ]]; then
-        onnx_python "$venv"
-        echo "-- installing nvidia-cuda-nvrtc-cu12==$NVRTC12_VERSION into $dir12"
-        if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check --target "$dir12" \
-            "nvidia-cuda-nvrtc-cu12==$NVRTC12_VERSION"; then
-            echo "SKIP: NVRTC 12 could not be installed from PyPI; the kernels were not compiled with it"
-            return 0
-        fi
+    if ! install_nvrtc "$dir12" "nvidia-cuda-nvrtc-cu12==$NVRTC12_VERSION" \
+        "$dir12/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"; then
+        echo "SKIP: NVRTC 12 could not be installed from PyPI; the kernels were not compiled with it"
+        return 0
     fi
     INFER_NVRTC_LIB_DIR="$dir12/nvidia/cuda_nvrtc/lib" INFER_NVRTC_ARCHS=75,80,86,89,90 \
         cargo test --release --test gpu kernels_compile_with_nvrtc -- --nocapture

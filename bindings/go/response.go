@@ -34,6 +34,14 @@ func newResponse(p *C.infer_response) *Response {
 
 // Close releases the response. Calling it again, or on nil, does nothing.
 func (r *Response) Close() error {
+	if p := r.take(); p != nil {
+		C.infer_response_free(p)
+	}
+	return nil
+}
+
+// take detaches the C response (nil if closed already, or r is nil) for freeing.
+func (r *Response) take() *C.infer_response {
 	if r == nil {
 		return nil
 	}
@@ -43,9 +51,8 @@ func (r *Response) Close() error {
 	r.mu.Unlock()
 	if p != nil {
 		runtime.SetFinalizer(r, nil)
-		C.infer_response_free(p)
 	}
-	return nil
+	return p
 }
 
 // CloseAfterStream releases the response as Close does, keeping its outputs in GPU
@@ -53,15 +60,7 @@ func (r *Response) Close() error {
 // their GPU) has run: for reads of them queued on a non-blocking stream and not waited
 // for (infer_response_free_after_stream).
 func (r *Response) CloseAfterStream(stream unsafe.Pointer) error {
-	if r == nil {
-		return nil
-	}
-	r.mu.Lock()
-	p := r.ptr
-	r.ptr = nil
-	r.mu.Unlock()
-	if p != nil {
-		runtime.SetFinalizer(r, nil)
+	if p := r.take(); p != nil {
 		C.infer_response_free_after_stream(p, stream)
 	}
 	return nil

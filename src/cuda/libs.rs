@@ -96,6 +96,29 @@ unsafe fn sym<F: Copy>(lib: &Library, name: &str) -> Result<F, String> {
         .map_err(|_| format!("it has no {name}"))
 }
 
+/// The library's name for result code `r` (`name` is its nvrtcGetErrorString or
+/// cublasGetStatusName: a static string, or NULL, for any value), or "`what` r".
+fn code_name(name: unsafe extern "C" fn(c_int) -> *const c_char, r: c_int, what: &str) -> String {
+    // SAFETY: returns a static string (or NULL) for any value.
+    let p = unsafe { name(r) };
+    if p.is_null() {
+        return format!("{what} {r}");
+    }
+    // SAFETY: non-NULL and NUL-terminated.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// The library in `cell`, loaded on first use by `load` for the driver the probe found
+/// (any, before a probe).
+fn loaded<T>(
+    cell: &'static OnceLock<Result<T, String>>,
+    load: fn(Option<i32>) -> Result<T, String>,
+) -> Result<&'static T, &'static str> {
+    cell.get_or_init(|| load(super::probed_driver_major()))
+        .as_ref()
+        .map_err(String::as_str)
+}
+
 // ---- NVRTC ----
 
 pub(crate) type NvrtcProgram = *mut c_void;
@@ -125,13 +148,7 @@ pub(crate) struct Nvrtc {
 impl Nvrtc {
     /// "NVRTC_ERROR_COMPILATION", or the number.
     pub fn error_name(&self, r: c_int) -> String {
-        // SAFETY: returns a static string (or NULL) for any value.
-        let p = unsafe { (self.error_string)(r) };
-        if p.is_null() {
-            return format!("NVRTC error {r}");
-        }
-        // SAFETY: non-NULL and NUL-terminated.
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        code_name(self.error_string, r, "NVRTC error")
     }
 }
 
@@ -168,10 +185,7 @@ fn load_nvrtc(driver_major: Option<i32>) -> Result<Nvrtc, String> {
 
 /// NVRTC, opened on first use for the driver the probe found (any, before a probe).
 pub(crate) fn nvrtc() -> Result<&'static Nvrtc, &'static str> {
-    NVRTC
-        .get_or_init(|| load_nvrtc(super::probed_driver_major()))
-        .as_ref()
-        .map_err(String::as_str)
+    loaded(&NVRTC, load_nvrtc)
 }
 
 // ---- cuBLAS ----
@@ -257,13 +271,7 @@ pub(crate) struct Cublas {
 impl Cublas {
     /// "CUBLAS_STATUS_NOT_INITIALIZED", or the number.
     pub fn status_name(&self, r: c_int) -> String {
-        // SAFETY: returns a static string (or NULL) for any value.
-        let p = unsafe { (self.status_name)(r) };
-        if p.is_null() {
-            return format!("cuBLAS status {r}");
-        }
-        // SAFETY: non-NULL and NUL-terminated.
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        code_name(self.status_name, r, "cuBLAS status")
     }
 }
 
@@ -301,10 +309,7 @@ fn load_cublas(driver_major: Option<i32>) -> Result<Cublas, String> {
 
 /// cuBLAS, opened on first use for the driver the probe found.
 pub(crate) fn cublas() -> Result<&'static Cublas, &'static str> {
-    CUBLAS
-        .get_or_init(|| load_cublas(super::probed_driver_major()))
-        .as_ref()
-        .map_err(String::as_str)
+    loaded(&CUBLAS, load_cublas)
 }
 
 /// "NVRTC 13.0 (libnvrtc.so.13), cuBLAS 13.1 (libcublas.so.13)": the libraries opened
