@@ -747,6 +747,10 @@ fn llama_cpp(a: &Args) {
     );
     let mut whats: Vec<String> = vec!["tg".into(), "pp".into()];
     whats.extend(a.streams.iter().map(|s| s.to_string()));
+    if !a.what.is_empty() {
+        // `--what tg,pp,8`: only those measurements.
+        whats = a.what.split(',').map(String::from).collect();
+    }
     println!(
         "threads {}, {} rounds; ratio = libinfer / llama.cpp (tokens/s; higher is better)",
         a.threads.max(1),

@@ -181,6 +181,16 @@ impl Acts {
         Ok(())
     }
 
+    /// The bytes of one prepared token row of `kind`.
+    fn row_bytes(&self, kind: ActKind) -> usize {
+        match kind {
+            ActKind::F32 => self.k * size_of::<f32>(),
+            ActKind::Q8 => self.k / 32 * size_of::<Q8>(),
+            ActKind::Q8K => self.k / 256 * size_of::<Q8K>(),
+        }
+        .max(1)
+    }
+
     #[inline]
     fn row<'a>(&'a self, kind: ActKind, x: &'a [f32], r: usize) -> ActRow<'a> {
         let k = self.k;
@@ -261,10 +271,28 @@ impl OutPtr {
     }
 }
 
-/// Weight rows per tile: a tile's rows stay in cache while every token row meets them.
+/// Weight rows per tile, the unit the threads share out.
 const TILE: usize = 16;
-/// Token rows a weight row meets per kernel call.
+/// The most token rows a weight row meets per kernel call.
 const TOKENS: usize = 32;
+
+/// How `matmul` walks the product, in bytes of cache each level may fill.
+#[derive(Clone, Copy)]
+pub(crate) struct Blocking {
+    /// Prepared activations of a token group: the group stays in the L1 cache while
+    /// each weight row of a block meets it.
+    pub group_bytes: usize,
+    /// Weight rows of a block: the block stays in the L2 cache while every token group
+    /// meets it, so that weights and activations are each read from memory once a block.
+    pub block_bytes: usize,
+}
+
+impl Blocking {
+    pub(crate) const DEFAULT: Blocking = Blocking {
+        group_bytes: 16 << 10,
+        block_bytes: 192 << 10,
+    };
+}
 
 /// `y[i][j] (op)= w.row(j) · x[i]` for `i < t`, `j < w.rows`: `x` is `[t][w.cols]`
 /// (prepared in `acts` for `w`'s type), `y` holds token rows `ldy` apart, this matrix's
@@ -277,6 +305,21 @@ pub(crate) fn matmul(
     y: &mut [f32],
     ldy: usize,
     out: Out<'_>,
+) {
+    matmul_blocked(exec, w, acts, x, y, ldy, out, Blocking::DEFAULT)
+}
+
+/// `matmul`, walked as `blocking` says.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_blocked(
+    exec: Exec<'_>,
+    w: &Matrix,
+    acts: &Acts,
+    x: &[f32],
+    y: &mut [f32],
+    ldy: usize,
+    out: Out<'_>,
+    blocking: Blocking,
 ) {
     let (t, n, k) = (acts.t, w.rows, w.cols);
     assert_eq!(
@@ -309,33 +352,46 @@ pub(crate) fn matmul(
     let yp = OutPtr(y.as_mut_ptr());
     let dot = w.dot;
     let rows_of: Vec<ActRow<'_>> = (0..t).map(|i| acts.row(kind, x, i)).collect();
+    let put = |i: usize, r: usize, v: f32| {
+        // SAFETY: `i * ldy + r` is inside `y` (asserted above), and only the part that
+        // owns row `r` writes it.
+        unsafe {
+            let o = yp.get().add(i * ldy + r);
+            match out {
+                Out::Set => *o = v,
+                Out::Bias(b) => *o = v + b[r],
+                Out::Add => *o += v,
+                Out::BiasAdd(b) => *o += v + b[r],
+            }
+        }
+    };
+    // Token groups small enough for L1 (whole kernel groups of 4), weight blocks for L2.
+    let group = (blocking.group_bytes / acts.row_bytes(kind)).clamp(4, TOKENS) & !3;
+    let block = (blocking.block_bytes / w.row_bytes).max(TILE) / TILE * TILE;
     let run = |p: usize| {
         let rows = (p * per * TILE).min(n)..((p + 1) * per * TILE).min(n);
-        let mut dots = [0.0f32; TOKENS];
-        let mut r0 = rows.start;
-        while r0 < rows.end {
-            let r1 = (r0 + TILE).min(rows.end);
-            for i0 in (0..t).step_by(TOKENS) {
-                let group = &rows_of[i0..(i0 + TOKENS).min(t)];
-                for r in r0..r1 {
-                    let dots = &mut dots[..group.len()];
-                    dot(w.row(r), group, dots);
-                    for (i, &v) in (i0..).zip(dots.iter()) {
-                        // SAFETY: `i * ldy + r` is inside `y` (asserted above), and only
-                        // this part writes outputs of rows `rows`.
-                        unsafe {
-                            let o = yp.get().add(i * ldy + r);
-                            match out {
-                                Out::Set => *o = v,
-                                Out::Bias(b) => *o = v + b[r],
-                                Out::Add => *o += v,
-                                Out::BiasAdd(b) => *o += v + b[r],
-                            }
+        // A tile's products, `[row][token]`; they are written out token by token, each
+        // token's outputs of the tile side by side, not one row at a time `ldy` apart.
+        let mut dots = [0.0f32; TILE * TOKENS];
+        let mut b0 = rows.start;
+        while b0 < rows.end {
+            let b1 = (b0 + block).min(rows.end);
+            for i0 in (0..t).step_by(group) {
+                let group = &rows_of[i0..(i0 + group).min(t)];
+                let g = group.len();
+                for r0 in (b0..b1).step_by(TILE) {
+                    let r1 = (r0 + TILE).min(b1);
+                    for (r, d) in (r0..r1).zip(dots.chunks_exact_mut(g)) {
+                        dot(w.row(r), group, d);
+                    }
+                    for (j, i) in (i0..i0 + g).enumerate() {
+                        for (r, d) in (r0..r1).zip(dots.chunks_exact(g)) {
+                            put(i, r, d[j]);
                         }
                     }
                 }
             }
-            r0 = r1;
+            b0 = b1;
         }
     };
     match exec.pool {
@@ -394,6 +450,76 @@ mod tests {
             }
             // Columns past the matrix's rows are untouched.
             assert!(whole.chunks(n + 3).all(|r| r[n..] == [1.0, 1.0, 1.0]));
+        }
+    }
+
+    /// Multiply-adds per second of `matmul` on prompt- and decode-shaped products, walked
+    /// as `Blocking::DEFAULT` says and as the environment says (rounds interleaved, best
+    /// of each):
+    /// `cargo test --release --lib llm::linear::tests::speed -- --ignored --nocapture`
+    /// `INFER_MATMUL_TYPES=q8_0,q4_k` picks the types, `INFER_MATMUL_THREADS` the threads,
+    /// `INFER_MATMUL_GROUP_BYTES` and `INFER_MATMUL_BLOCK_BYTES` the other blocking (by
+    /// default, 32 tokens against 16 rows at a time).
+    #[test]
+    #[ignore]
+    fn speed() {
+        let env = |name: &str, default: &str| std::env::var(name).unwrap_or(default.into());
+        let threads: usize = env("INFER_MATMUL_THREADS", "1").parse().unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let exec = Exec {
+            pool: (threads > 1).then_some(&pool),
+            threads,
+            min_par_work: 0,
+        };
+        for name in env("INFER_MATMUL_TYPES", "q8_0,q4_0,q4_k,q6_k").split(',') {
+            let wt = WeightType::ALL
+                .into_iter()
+                .find(|w| w.name().eq_ignore_ascii_case(name))
+                .unwrap_or_else(|| panic!("no weight type {name}"));
+            for (n, k, t) in [
+                (4096, 1024, 512),
+                (1024, 4096, 512),
+                (1024, 1024, 1),
+                (65536, 1024, 1),
+                (32, 1024, 16),
+            ] {
+                let data: Vec<u8> = (0..n)
+                    .flat_map(|r| random_row(wt, k, r as u64 + 1))
+                    .collect();
+                let w = Matrix::new("w", wt, n, k, Bytes::Owned(Arc::new(data))).unwrap();
+                let other = Blocking {
+                    group_bytes: env("INFER_MATMUL_GROUP_BYTES", "1000000").parse().unwrap(),
+                    block_bytes: env("INFER_MATMUL_BLOCK_BYTES", "0").parse().unwrap(),
+                };
+                let x: Vec<f32> = (0..t * k)
+                    .map(|i| ((i * 13 % 29) as f32 - 14.0) * 0.1)
+                    .collect();
+                let mut acts = Acts::default();
+                acts.prepare(exec, &x, t, k, [wt]).unwrap();
+                let mut y = vec![0.0f32; t * n];
+                let mut best = [f64::MAX; 2];
+                let reps = (1 << 28) / (n * k * t) + 1;
+                for round in 0..10 {
+                    let blocking = [other, Blocking::DEFAULT][round % 2];
+                    let t0 = std::time::Instant::now();
+                    for _ in 0..reps {
+                        matmul_blocked(exec, &w, &acts, &x, &mut y, n, Out::Set, blocking);
+                    }
+                    let b = &mut best[round % 2];
+                    *b = b.min(t0.elapsed().as_secs_f64() / reps as f64);
+                }
+                let g = |b: f64| (n * k * t) as f64 / b / 1e9;
+                println!(
+                    "{:>5} n {n:>5} k {k:>5} t {t:>4}: other {:6.1}, default {:6.1} G multiply-adds/s ({:.2}x)",
+                    wt.name(),
+                    g(best[0]),
+                    g(best[1]),
+                    best[0] / best[1],
+                );
+            }
         }
     }
 

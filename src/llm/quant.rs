@@ -190,6 +190,15 @@ fn quantize_block(b: &[f32], qs: &mut [i8]) -> f32 {
 
 /// Quantizes `x` (a multiple of 32 long) into `out`.
 pub(crate) fn quantize_q8(x: &[f32], out: &mut [Q8]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::available() {
+        // SAFETY: the CPU has AVX2, FMA and F16C.
+        return unsafe { avx2::quantize_q8(x, out) };
+    }
+    portable_quantize_q8(x, out)
+}
+
+fn portable_quantize_q8(x: &[f32], out: &mut [Q8]) {
     for (b, o) in x.chunks_exact(32).zip(out.iter_mut()) {
         o.d = quantize_block(b, &mut o.qs);
     }
@@ -197,6 +206,15 @@ pub(crate) fn quantize_q8(x: &[f32], out: &mut [Q8]) {
 
 /// Quantizes `x` (a multiple of 256 long) into `out`.
 pub(crate) fn quantize_q8k(x: &[f32], out: &mut [Q8K]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::available() {
+        // SAFETY: the CPU has AVX2, FMA and F16C.
+        return unsafe { avx2::quantize_q8k(x, out) };
+    }
+    portable_quantize_q8k(x, out)
+}
+
+fn portable_quantize_q8k(x: &[f32], out: &mut [Q8K]) {
     for (b, o) in x.chunks_exact(256).zip(out.iter_mut()) {
         o.d = quantize_block(b, &mut o.qs);
         for (s, g) in o.bsums.iter_mut().zip(o.qs.chunks_exact(16)) {
@@ -566,6 +584,72 @@ mod avx2 {
             WeightType::Q5_0 => |r, a, o| unsafe { many_q5_0(r, a, o) },
             WeightType::Q4K => |r, a, o| unsafe { many_q4k(r, a, o) },
             WeightType::Q6K => |r, a, o| unsafe { many_q6k(r, a, o) },
+        }
+    }
+
+    /// `quantize_block` for a block of whole 32s: the same scale and, for finite
+    /// values, the same integers (rounding halves away from zero, as `f32::round`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn quantize_block(b: &[f32], qs: &mut [i8]) -> f32 {
+        let n = b.len().min(qs.len()) / 32 * 32;
+        let magnitude = _mm256_set1_ps(f32::from_bits(0x7fff_ffff));
+        let mut m = _mm256_setzero_ps();
+        for c in b[..n].chunks_exact(8) {
+            // `max(|v|, m)`: a NaN is passed over, as `f32::max` does.
+            m = _mm256_max_ps(_mm256_and_ps(load8f(c), magnitude), m);
+        }
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        let (half, one) = (_mm256_set1_ps(0.5), _mm256_set1_ps(1.0));
+        let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+        let int = |c: &[f32]| {
+            let v = _mm256_mul_ps(load8f(c), id);
+            // Round half away from zero: truncate, then step away from zero where the
+            // part cut off was at least a half (`v - t` is exact).
+            let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
+            let cut = _mm256_and_ps(_mm256_sub_ps(v, t), magnitude);
+            let away = _mm256_or_ps(one, _mm256_andnot_ps(magnitude, v));
+            let r = _mm256_add_ps(
+                t,
+                _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(cut, half), away),
+            );
+            _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi))
+        };
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (c, q) in b[..n].chunks_exact(32).zip(qs.chunks_exact_mut(32)) {
+            let w01 = _mm256_packs_epi32(int(&c[..8]), int(&c[8..16]));
+            let w23 = _mm256_packs_epi32(int(&c[16..24]), int(&c[24..]));
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order);
+            // SAFETY: `q` holds 32 bytes; the store is unaligned.
+            unsafe { _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, bytes) };
+        }
+        d
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn quantize_q8(x: &[f32], out: &mut [Q8]) {
+        for (b, o) in x.chunks_exact(32).zip(out.iter_mut()) {
+            o.d = quantize_block(b, &mut o.qs);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn quantize_q8k(x: &[f32], out: &mut [Q8K]) {
+        let (ones8, ones16) = (_mm256_set1_epi8(1), _mm256_set1_epi16(1));
+        for (b, o) in x.chunks_exact(256).zip(out.iter_mut()) {
+            o.d = quantize_block(b, &mut o.qs);
+            for (s, q) in o.bsums.chunks_exact_mut(2).zip(o.qs.chunks_exact(32)) {
+                // Sums of 4 as i32, then of each 16 (one per 128-bit half).
+                let s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, load32(q)), ones16);
+                let s8 = _mm256_hadd_epi32(s4, s4);
+                let s16 = _mm256_hadd_epi32(s8, s8);
+                s[0] = _mm256_extract_epi32::<0>(s16) as i16;
+                s[1] = _mm256_extract_epi32::<4>(s16) as i16;
+            }
         }
     }
 

@@ -191,6 +191,36 @@ fn known_blocks_dequantize_as_ggml_defines_them() {
 }
 
 #[test]
+fn the_fast_quantizer_equals_the_portable_one() {
+    // The first 512 values: blocks whose largest magnitude is 127, so a step is 1 and
+    // every other value lies exactly on a half; then zeros, an extreme, random values.
+    let mut x = act(2048, 11);
+    for (i, v) in x[..512].iter_mut().enumerate() {
+        *v = match i % 32 {
+            0 => 127.0,
+            j => (j * 8) as f32 - 124.5,
+        };
+    }
+    x[512..576].fill(0.0);
+    x[700] = -1e6;
+    let (mut a, mut b) = (vec![Q8::default(); 64], vec![Q8::default(); 64]);
+    quantize_q8(&x, &mut a);
+    portable_quantize_q8(&x, &mut b);
+    for (a, b) in a.iter().zip(&b) {
+        assert_eq!((a.d.to_bits(), a.qs), (b.d.to_bits(), b.qs));
+    }
+    let (mut a, mut b) = (vec![Q8K::default(); 8], vec![Q8K::default(); 8]);
+    quantize_q8k(&x, &mut a);
+    portable_quantize_q8k(&x, &mut b);
+    for (a, b) in a.iter().zip(&b) {
+        assert_eq!(
+            (a.d.to_bits(), a.qs, a.bsums),
+            (b.d.to_bits(), b.qs, b.bsums)
+        );
+    }
+}
+
+#[test]
 fn activations_quantize_within_half_a_step() {
     let x = act(512, 5);
     let mut q = vec![Q8K::default(); 2];
