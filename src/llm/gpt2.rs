@@ -22,7 +22,7 @@ const MIN_PARALLEL_WORK: usize = 1 << 18;
 /// threads (`step` takes `&mut self`); one Runner per instance.
 pub struct Runner {
     model: Arc<Gpt2>,
-    pool: Option<rayon::ThreadPool>,
+    pool: Option<Arc<rayon::ThreadPool>>,
     threads: usize,
     pub(crate) min_par_work: usize,
     plan: Planner,
@@ -47,7 +47,7 @@ impl Runner {
         let scores = (0..threads).map(|_| Scratch::default()).collect();
         Ok(Runner {
             model,
-            pool,
+            pool: pool.map(Arc::new),
             threads,
             min_par_work: MIN_PARALLEL_WORK,
             plan: Planner::default(),
@@ -80,6 +80,20 @@ impl Runner {
         seqs: &[StepSeq<'_>],
         logits: &mut Vec<f32>,
     ) -> Result<()> {
+        // On the pool, as `LlamaRunner::step` (one hand-over a step, not one a product).
+        match self.pool.clone() {
+            Some(pool) => pool.install(|| self.step_on(Some(&pool), kv, seqs, logits)),
+            None => self.step_on(None, kv, seqs, logits),
+        }
+    }
+
+    fn step_on(
+        &mut self,
+        pool: Option<&rayon::ThreadPool>,
+        kv: &mut KvCache,
+        seqs: &[StepSeq<'_>],
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
         logits.clear();
         let model = Arc::clone(&self.model);
         let c = &model.config;
@@ -105,7 +119,7 @@ impl Runner {
         let head_in = grow(&mut self.head_in, rows * e)?;
         grow(logits, rows * v)?;
         let exec = Exec {
-            pool: self.pool.as_ref(),
+            pool,
             threads: self.threads,
             min_par_work: self.min_par_work,
         };

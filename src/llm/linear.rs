@@ -306,92 +306,124 @@ pub(crate) fn matmul(
     ldy: usize,
     out: Out<'_>,
 ) {
-    matmul_blocked(exec, w, acts, x, y, ldy, out, Blocking::DEFAULT)
+    matmuls(
+        exec,
+        &[(w, 0, 0, out)],
+        acts,
+        x,
+        &mut [Target { y, ldy }],
+        Blocking::DEFAULT,
+    )
 }
 
-/// `matmul`, walked as `blocking` says.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn matmul_blocked(
+/// Where [`matmuls`] writes: token rows `ldy` apart in `y`.
+pub(crate) struct Target<'a> {
+    pub y: &'a mut [f32],
+    pub ldy: usize,
+}
+
+/// One matrix of [`matmuls`]: its outputs go to this target, from this column of each
+/// token row on.
+pub(crate) type Product<'a> = (&'a Matrix, usize, usize, Out<'a>);
+
+/// Several matrices with the same input, at once: for each `(w, target, col, out)`,
+/// `targets[target].y[i][col + j] (op)= w.row(j) · x[i]`. The threads share out the
+/// rows of all of them in one go, so that one wait ends the lot (a decode step's
+/// products are short, and each wait for the pool costs about as much as one). The
+/// matrices' output columns in one target must not overlap. Each output is the same
+/// bits as [`matmul`] gives.
+pub(crate) fn matmuls(
     exec: Exec<'_>,
-    w: &Matrix,
+    products: &[Product<'_>],
     acts: &Acts,
     x: &[f32],
-    y: &mut [f32],
-    ldy: usize,
-    out: Out<'_>,
+    targets: &mut [Target<'_>],
     blocking: Blocking,
 ) {
-    let (t, n, k) = (acts.t, w.rows, w.cols);
-    assert_eq!(
-        acts.k, k,
-        "{}: activations prepared for another width",
-        w.name
-    );
-    assert!(x.len() >= t * k && ldy >= n && (t == 0 || y.len() >= (t - 1) * ldy + n));
-    if let Out::Bias(b) | Out::BiasAdd(b) = out {
-        assert!(b.len() >= n);
+    let (t, k) = (acts.t, acts.k);
+    assert!(x.len() >= t * k);
+    for &(w, target, col, out) in products {
+        assert_eq!(
+            k, w.cols,
+            "{}: activations prepared for another width",
+            w.name
+        );
+        let (n, Target { y, ldy }) = (w.rows, &targets[target]);
+        assert!(*ldy >= col + n && (t == 0 || y.len() >= (t - 1) * ldy + col + n));
+        if let Out::Bias(b) | Out::BiasAdd(b) = out {
+            assert!(b.len() >= n);
+        }
+        match w.wtype.act() {
+            ActKind::Q8 => assert!(acts.has_q8, "{}: activations not quantized", w.name),
+            ActKind::Q8K => assert!(acts.has_q8k, "{}: activations not quantized", w.name),
+            ActKind::F32 => {}
+        }
     }
-    let kind = w.wtype.act();
-    match kind {
-        ActKind::Q8 => assert!(acts.has_q8, "{}: activations not quantized", w.name),
-        ActKind::Q8K => assert!(acts.has_q8k, "{}: activations not quantized", w.name),
-        ActKind::F32 => {}
+    for (a, pa) in products.iter().enumerate() {
+        for pb in &products[a + 1..] {
+            assert!(
+                pa.1 != pb.1 || pa.2 + pa.0.rows <= pb.2 || pb.2 + pb.0.rows <= pa.2,
+                "{} and {}: output columns overlap",
+                pa.0.name,
+                pb.0.name
+            );
+        }
     }
-    if t == 0 || n == 0 {
+    let ys: Vec<(OutPtr, usize)> = targets
+        .iter_mut()
+        .map(|t| (OutPtr(t.y.as_mut_ptr()), t.ldy))
+        .collect();
+    // The tiles of every matrix in turn, as (product, first row).
+    let tiles: Vec<(usize, usize)> = products
+        .iter()
+        .enumerate()
+        .flat_map(|(p, &(w, ..))| (0..w.rows).step_by(TILE).map(move |r| (p, r)))
+        .collect();
+    if t == 0 || tiles.is_empty() {
         return;
     }
-    let tiles = n.div_ceil(TILE);
+    let work: usize = products.iter().map(|p| t * p.0.rows * k).sum();
     // With several tokens, more parts than threads: a thread that finishes early (or one
     // the host preempted) takes another part instead of waiting at the end. One token's
     // product is too short for that to pay.
-    let parts = match exec.parts(t * n * k, tiles) {
-        p if p > 1 && t >= 4 => (p * 4).min(tiles),
+    let parts = match exec.parts(work, tiles.len()) {
+        p if p > 1 && t >= 4 => (p * 4).min(tiles.len()),
         p => p,
     };
-    let per = tiles.div_ceil(parts);
-    let yp = OutPtr(y.as_mut_ptr());
-    let dot = w.dot;
-    let rows_of: Vec<ActRow<'_>> = (0..t).map(|i| acts.row(kind, x, i)).collect();
-    let put = |i: usize, r: usize, v: f32| {
-        // SAFETY: `i * ldy + r` is inside `y` (asserted above), and only the part that
-        // owns row `r` writes it.
-        unsafe {
-            let o = yp.get().add(i * ldy + r);
-            match out {
-                Out::Set => *o = v,
-                Out::Bias(b) => *o = v + b[r],
-                Out::Add => *o += v,
-                Out::BiasAdd(b) => *o += v + b[r],
+    let per = tiles.len().div_ceil(parts);
+    let rows_of: Vec<Vec<ActRow<'_>>> = products
+        .iter()
+        .map(|&(w, ..)| (0..t).map(|i| acts.row(w.wtype.act(), x, i)).collect())
+        .collect();
+    let run = |part: usize| {
+        let mine = &tiles[(part * per).min(tiles.len())..((part + 1) * per).min(tiles.len())];
+        // Runs of the part's tiles of one matrix: rows `first..end` of product `p`.
+        let mut at = 0;
+        while at < mine.len() {
+            let (p, first) = mine[at];
+            while at < mine.len() && mine[at].0 == p {
+                at += 1;
             }
-        }
-    };
-    // Token groups small enough for L1 (whole kernel groups of 4), weight blocks for L2.
-    let group = (blocking.group_bytes / acts.row_bytes(kind)).clamp(4, TOKENS) & !3;
-    let block = (blocking.block_bytes / w.row_bytes).max(TILE) / TILE * TILE;
-    let run = |p: usize| {
-        let rows = (p * per * TILE).min(n)..((p + 1) * per * TILE).min(n);
-        // A tile's products, `[row][token]`; they are written out token by token, each
-        // token's outputs of the tile side by side, not one row at a time `ldy` apart.
-        let mut dots = [0.0f32; TILE * TOKENS];
-        let mut b0 = rows.start;
-        while b0 < rows.end {
-            let b1 = (b0 + block).min(rows.end);
-            for i0 in (0..t).step_by(group) {
-                let group = &rows_of[i0..(i0 + group).min(t)];
-                let g = group.len();
-                for r0 in (b0..b1).step_by(TILE) {
-                    let r1 = (r0 + TILE).min(b1);
-                    for (r, d) in (r0..r1).zip(dots.chunks_exact_mut(g)) {
-                        dot(w.row(r), group, d);
-                    }
-                    for (j, i) in (i0..i0 + g).enumerate() {
-                        for (r, d) in (r0..r1).zip(dots.chunks_exact(g)) {
-                            put(i, r, d[j]);
-                        }
+            let (w, target, col, out) = products[p];
+            let (yp, ldy) = ys[target];
+            let end = (mine[at - 1].1 + TILE).min(w.rows);
+            let kind = w.wtype.act();
+            let group = (blocking.group_bytes / acts.row_bytes(kind)).clamp(4, TOKENS) & !3;
+            let block = (blocking.block_bytes / w.row_bytes).max(TILE) / TILE * TILE;
+            run_rows(w, &rows_of[p], first..end, group, block, |i, r, v| {
+                // SAFETY: `i * ldy + col + r` is inside the target (asserted above), and
+                // only the part that owns row `r` of this matrix writes it (the matrices'
+                // columns in a target do not overlap).
+                unsafe {
+                    let o = yp.get().add(i * ldy + col + r);
+                    match out {
+                        Out::Set => *o = v,
+                        Out::Bias(b) => *o = v + b[r],
+                        Out::Add => *o += v,
+                        Out::BiasAdd(b) => *o += v + b[r],
                     }
                 }
-            }
-            b0 = b1;
+            });
         }
     };
     match exec.pool {
@@ -400,6 +432,42 @@ pub(crate) fn matmul_blocked(
             pool.install(|| (0..parts).into_par_iter().for_each(run))
         }
         _ => (0..parts).for_each(run),
+    }
+}
+
+/// Rows `rows` of `w` against every token row of `acts`, in blocks of `block` weight
+/// rows (for L2) and groups of `group` token rows (for L1); `put(token, row, value)`.
+#[inline]
+fn run_rows(
+    w: &Matrix,
+    acts: &[ActRow<'_>],
+    rows: std::ops::Range<usize>,
+    group: usize,
+    block: usize,
+    put: impl Fn(usize, usize, f32),
+) {
+    // A tile's products, `[row][token]`; they are written out token by token, each
+    // token's outputs of the tile side by side, not one row at a time `ldy` apart.
+    let mut dots = [0.0f32; TILE * TOKENS];
+    let mut b0 = rows.start;
+    while b0 < rows.end {
+        let b1 = (b0 + block).min(rows.end);
+        for i0 in (0..acts.len()).step_by(group) {
+            let group = &acts[i0..(i0 + group).min(acts.len())];
+            let g = group.len();
+            for r0 in (b0..b1).step_by(TILE) {
+                let r1 = (r0 + TILE).min(b1);
+                for (r, d) in (r0..r1).zip(dots.chunks_exact_mut(g)) {
+                    (w.dot)(w.row(r), group, d);
+                }
+                for (j, i) in (i0..i0 + g).enumerate() {
+                    for (r, d) in (r0..r1).zip(dots.chunks_exact(g)) {
+                        put(i, r, d[j]);
+                    }
+                }
+            }
+        }
+        b0 = b1;
     }
 }
 
@@ -506,7 +574,8 @@ mod tests {
                     let blocking = [other, Blocking::DEFAULT][round % 2];
                     let t0 = std::time::Instant::now();
                     for _ in 0..reps {
-                        matmul_blocked(exec, &w, &acts, &x, &mut y, n, Out::Set, blocking);
+                        let target = &mut [Target { y: &mut y, ldy: n }];
+                        matmuls(exec, &[(&w, 0, 0, Out::Set)], &acts, &x, target, blocking);
                     }
                     let b = &mut best[round % 2];
                     *b = b.min(t0.elapsed().as_secs_f64() / reps as f64);
@@ -521,6 +590,73 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn several_products_at_once_equal_each_alone() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let split = Exec {
+            pool: Some(&pool),
+            threads: 3,
+            min_par_work: 0,
+        };
+        let k = 256;
+        let make = |name: &str, wt: WeightType, n: usize, seed: u64| {
+            let data: Vec<u8> = (0..n)
+                .flat_map(|r| random_row(wt, k, seed + r as u64))
+                .collect();
+            Matrix::new(name, wt, n, k, Bytes::Owned(Arc::new(data))).unwrap()
+        };
+        let (a, b, c) = (
+            make("a", WeightType::Q8_0, 37, 1),
+            make("b", WeightType::Q4K, 20, 100),
+            make("c", WeightType::F16, 9, 200),
+        );
+        let bias: Vec<f32> = (0..20).map(|i| i as f32 * 0.25).collect();
+        for t in [1, 6] {
+            let x: Vec<f32> = (0..t * k)
+                .map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.1)
+                .collect();
+            let mut acts = Acts::default();
+            let types = [a.wtype, b.wtype, c.wtype];
+            acts.prepare(split, &x, t, k, types).unwrap();
+            // a and b side by side in one target (b with a bias), c in another.
+            let (mut ab, mut cy) = (vec![0.5f32; t * 60], vec![0.5f32; t * 9]);
+            let products = [
+                (&a, 0, 0, Out::Set),
+                (&b, 0, 40, Out::Bias(&bias)),
+                (&c, 1, 0, Out::Add),
+            ];
+            let targets = &mut [
+                Target {
+                    y: &mut ab,
+                    ldy: 60,
+                },
+                Target { y: &mut cy, ldy: 9 },
+            ];
+            matmuls(split, &products, &acts, &x, targets, Blocking::DEFAULT);
+            let (mut ab1, mut cy1) = (vec![0.5f32; t * 60], vec![0.5f32; t * 9]);
+            matmul(split, &a, &acts, &x, &mut ab1, 60, Out::Set);
+            matmul(split, &b, &acts, &x, &mut ab1[40..], 60, Out::Bias(&bias));
+            matmul(split, &c, &acts, &x, &mut cy1, 9, Out::Add);
+            assert_eq!(bits(&ab), bits(&ab1));
+            assert_eq!(bits(&cy), bits(&cy1));
+            // Columns 37..40 of each row are nobody's.
+            assert!(ab.chunks(60).all(|r| r[37..40] == [0.5; 3]));
+        }
+        let x = vec![0.0f32; k];
+        let mut acts = Acts::default();
+        acts.prepare(split, &x, 1, k, [a.wtype, c.wtype]).unwrap();
+        let overlap = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut y = vec![0.0f32; 60];
+            let products = [(&a, 0, 0, Out::Set), (&c, 0, 30, Out::Set)];
+            let targets = &mut [Target { y: &mut y, ldy: 60 }];
+            matmuls(split, &products, &acts, &x, targets, Blocking::DEFAULT);
+        }));
+        assert!(overlap.is_err(), "overlapping columns were accepted");
     }
 
     #[test]

@@ -9,7 +9,7 @@
 use super::attention::{self, AttentionShape, Scratch};
 use super::kernels::{reduce8, Exec};
 use super::kv::KvCache;
-use super::linear::{matmul, Acts, Out};
+use super::linear::{matmul, matmuls, Acts, Blocking, Out, Target};
 use super::llama::{Llama, RopeStyle};
 use super::step::{Planner, StepSeq};
 use crate::status::{Error, Result};
@@ -22,7 +22,7 @@ const MIN_PARALLEL_WORK: usize = 1 << 16;
 /// takes `&mut self`).
 pub struct LlamaRunner {
     model: Arc<Llama>,
-    pool: Option<rayon::ThreadPool>,
+    pool: Option<Arc<rayon::ThreadPool>>,
     threads: usize,
     pub(crate) min_par_work: usize,
     plan: Planner,
@@ -46,7 +46,7 @@ impl LlamaRunner {
         let (pool, threads) = super::kernels::thread_pool(threads, "llm")?;
         Ok(LlamaRunner {
             model,
-            pool,
+            pool: pool.map(Arc::new),
             threads,
             min_par_work: MIN_PARALLEL_WORK,
             plan: Planner::default(),
@@ -80,6 +80,23 @@ impl LlamaRunner {
         seqs: &[StepSeq<'_>],
         logits: &mut Vec<f32>,
     ) -> Result<()> {
+        // The whole step runs on the pool: its serial parts on one of the pool's threads
+        // while the others spin, each product split from there. From outside, every
+        // product would hand its work over and sleep until it is done (two thread
+        // switches a product; a decode step has about eight a layer).
+        match self.pool.clone() {
+            Some(pool) => pool.install(|| self.step_on(Some(&pool), kv, seqs, logits)),
+            None => self.step_on(None, kv, seqs, logits),
+        }
+    }
+
+    fn step_on(
+        &mut self,
+        pool: Option<&rayon::ThreadPool>,
+        kv: &mut KvCache,
+        seqs: &[StepSeq<'_>],
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
         logits.clear();
         let model = Arc::clone(&self.model);
         let c = &model.config;
@@ -109,7 +126,7 @@ impl LlamaRunner {
         let rope = grow(&mut self.rope, t * 2 * pairs)?;
         grow(logits, rows * v)?;
         let exec = Exec {
-            pool: self.pool.as_ref(),
+            pool,
             threads: self.threads,
             min_par_work: self.min_par_work,
         };
@@ -152,9 +169,13 @@ impl LlamaRunner {
                 ),
                 None => (Out::Set, Out::Set, Out::Set),
             };
-            matmul(exec, &b.wq, acts, normed, qkv, width, bq);
-            matmul(exec, &b.wk, acts, normed, &mut qkv[qw..], width, bk);
-            matmul(exec, &b.wv, acts, normed, &mut qkv[qw + kvw..], width, bv);
+            let qkv_products = [
+                (&b.wq, 0, 0, bq),
+                (&b.wk, 0, qw, bk),
+                (&b.wv, 0, qw + kvw, bv),
+            ];
+            let target = &mut [Target { y: qkv, ldy: width }];
+            matmuls(exec, &qkv_products, acts, normed, target, Blocking::DEFAULT);
             for (row, cs) in qkv
                 .chunks_exact_mut(width)
                 .zip(rope.chunks_exact(2 * pairs))
@@ -195,11 +216,10 @@ impl LlamaRunner {
 
             rms_norm_rows(hidden, &b.ffn_norm, c.rms_eps, normed);
             acts.prepare(exec, normed, t, e, [b.gate.wtype, b.up.wtype])?;
-            matmul(exec, &b.gate, acts, normed, gate, ff, Out::Set);
-            matmul(exec, &b.up, acts, normed, up, ff, Out::Set);
-            for (g, &u) in gate.iter_mut().zip(up.iter()) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
-            }
+            let gate_up = [(&b.gate, 0, 0, Out::Set), (&b.up, 1, 0, Out::Set)];
+            let targets = &mut [Target { y: gate, ldy: ff }, Target { y: up, ldy: ff }];
+            matmuls(exec, &gate_up, acts, normed, targets, Blocking::DEFAULT);
+            swiglu(exec, gate, up);
             acts.prepare(exec, gate, t, ff, [b.down.wtype])?;
             matmul(exec, &b.down, acts, gate, hidden, e, Out::Add);
         }
@@ -213,6 +233,27 @@ impl LlamaRunner {
             matmul(exec, &model.head, acts, head_in, logits, v, Out::Set);
         }
         Ok(())
+    }
+}
+
+/// `gate[i] = silu(gate[i]) · up[i]`, split over threads.
+fn swiglu(exec: Exec<'_>, gate: &mut [f32], up: &[f32]) {
+    use rayon::prelude::*;
+    const CHUNK: usize = 4096;
+    let one = |(g, u): (&mut [f32], &[f32])| {
+        for (g, &u) in g.iter_mut().zip(u) {
+            *g = *g / (1.0 + (-*g).exp()) * u;
+        }
+    };
+    match exec.pool {
+        Some(pool) if exec.parts(gate.len() * 16, gate.len().div_ceil(CHUNK)) > 1 => {
+            pool.install(|| {
+                gate.par_chunks_mut(CHUNK)
+                    .zip(up.par_chunks(CHUNK))
+                    .for_each(one)
+            })
+        }
+        _ => one((gate, up)),
     }
 }
 
