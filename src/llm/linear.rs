@@ -410,20 +410,36 @@ pub(crate) fn matmuls(
             let kind = w.wtype.act();
             let group = (blocking.group_bytes / acts.row_bytes(kind)).clamp(4, TOKENS) & !3;
             let block = (blocking.block_bytes / w.row_bytes).max(TILE) / TILE * TILE;
-            run_rows(w, &rows_of[p], first..end, group, block, |i, r, v| {
-                // SAFETY: `i * ldy + col + r` is inside the target (asserted above), and
-                // only the part that owns row `r` of this matrix writes it (the matrices'
-                // columns in a target do not overlap).
-                unsafe {
-                    let o = yp.get().add(i * ldy + col + r);
+            run_rows(
+                w,
+                &rows_of[p],
+                first..end,
+                group,
+                block,
+                |i, r, v: &[f32]| {
+                    // SAFETY: outputs `r..r + v.len()` of token `i` are inside the target
+                    // (asserted above), and only the part that owns those rows of this matrix
+                    // touches them (the matrices' columns in a target do not overlap), so
+                    // this is the only reference to them while it lives.
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(yp.get().add(i * ldy + col + r), v.len())
+                    };
                     match out {
-                        Out::Set => *o = v,
-                        Out::Bias(b) => *o = v + b[r],
-                        Out::Add => *o += v,
-                        Out::BiasAdd(b) => *o += v + b[r],
+                        Out::Set => o.copy_from_slice(v),
+                        Out::Bias(b) => {
+                            for ((o, &v), &b) in o.iter_mut().zip(v).zip(&b[r..]) {
+                                *o = v + b;
+                            }
+                        }
+                        Out::Add => o.iter_mut().zip(v).for_each(|(o, &v)| *o += v),
+                        Out::BiasAdd(b) => {
+                            for ((o, &v), &b) in o.iter_mut().zip(v).zip(&b[r..]) {
+                                *o += v + b;
+                            }
+                        }
                     }
-                }
-            });
+                },
+            );
         }
     };
     match exec.pool {
@@ -436,7 +452,9 @@ pub(crate) fn matmuls(
 }
 
 /// Rows `rows` of `w` against every token row of `acts`, in blocks of `block` weight
-/// rows (for L2) and groups of `group` token rows (for L1); `put(token, row, value)`.
+/// rows (for L2) and groups of `group` token rows (for L1); `put(token, first row,
+/// values)` takes a token's outputs of up to a tile of rows side by side (written as
+/// whole vectors, not one value at a time `ldy` apart).
 #[inline]
 fn run_rows(
     w: &Matrix,
@@ -444,11 +462,11 @@ fn run_rows(
     rows: std::ops::Range<usize>,
     group: usize,
     block: usize,
-    put: impl Fn(usize, usize, f32),
+    put: impl Fn(usize, usize, &[f32]),
 ) {
-    // A tile's products, `[row][token]`; they are written out token by token, each
-    // token's outputs of the tile side by side, not one row at a time `ldy` apart.
-    let mut dots = [0.0f32; TILE * TOKENS];
+    // A row's products with the group, then the tile's as `[token][row]`.
+    let mut dots = [0.0f32; TOKENS];
+    let mut tile = [0.0f32; TOKENS * TILE];
     let mut b0 = rows.start;
     while b0 < rows.end {
         let b1 = (b0 + block).min(rows.end);
@@ -457,13 +475,14 @@ fn run_rows(
             let g = group.len();
             for r0 in (b0..b1).step_by(TILE) {
                 let r1 = (r0 + TILE).min(b1);
-                for (r, d) in (r0..r1).zip(dots.chunks_exact_mut(g)) {
-                    (w.dot)(w.row(r), group, d);
+                for r in r0..r1 {
+                    (w.dot)(w.row(r), group, &mut dots[..g]);
+                    for (j, &d) in dots[..g].iter().enumerate() {
+                        tile[j * TILE + r - r0] = d;
+                    }
                 }
                 for (j, i) in (i0..i0 + g).enumerate() {
-                    for (r, d) in (r0..r1).zip(dots.chunks_exact(g)) {
-                        put(i, r, d[j]);
-                    }
+                    put(i, r0, &tile[j * TILE..j * TILE + r1 - r0]);
                 }
             }
         }
