@@ -652,23 +652,33 @@ parameters {{ key: "enable_chunked_context" value {{ string_value: "true" }} }}"
 }
 
 /// Runs `cmd`, returning its stdout and its peak resident memory in MiB.
+/// Runs `cmd` to the end: its standard output and its own peak resident memory in MiB
+/// (`wait4`'s, for this child alone: `RUSAGE_CHILDREN` keeps the largest of every
+/// child so far).
+#[allow(clippy::zombie_processes)]
 fn run_measured(cmd: &mut std::process::Command) -> (String, f64) {
-    let out = cmd
+    use std::io::Read;
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
-        .output()
+        .spawn()
         .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    // SAFETY: getrusage fills the struct it is given.
+    let mut out = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        o.read_to_string(&mut out).unwrap();
+    }
+    let mut status = 0;
+    // SAFETY: wait4 fills the status and the struct it is given; the child is ours and
+    // not waited for elsewhere.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        ru.ru_maxrss as f64 / 1024.0,
-    )
+    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru) };
+    assert!(
+        pid > 0 && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{cmd:?} failed: {out}"
+    );
+    // The child is reaped; std's own wait would find no child.
+    std::mem::forget(child);
+    (out, ru.ru_maxrss as f64 / 1024.0)
 }
 
 fn ours(a: &Args, gguf: &str, what: &str) -> Value {
