@@ -80,11 +80,8 @@ impl Runner {
         seqs: &[StepSeq<'_>],
         logits: &mut Vec<f32>,
     ) -> Result<()> {
-        // On the pool, as `LlamaRunner::step` (one hand-over a step, not one a product).
-        match self.pool.clone() {
-            Some(pool) => pool.install(|| self.step_on(Some(&pool), kv, seqs, logits)),
-            None => self.step_on(None, kv, seqs, logits),
-        }
+        let pool = self.pool.clone();
+        super::kernels::on_pool(pool.as_deref(), |pool| self.step_on(pool, kv, seqs, logits))
     }
 
     fn step_on(

@@ -44,6 +44,21 @@ pub(crate) fn thread_pool(
     Ok((Some(pool), threads))
 }
 
+/// Runs `f` on `pool`'s threads (here, without a pool), handing it the pool. A runner's
+/// whole step runs there: its serial parts on one of the pool's threads while the
+/// others spin, each product split from there. Products started from outside the pool
+/// would each hand their work over and sleep until it is done (two thread switches a
+/// product; a decode step has about eight a layer).
+pub(crate) fn on_pool<R: Send>(
+    pool: Option<&rayon::ThreadPool>,
+    f: impl FnOnce(Option<&rayon::ThreadPool>) -> R + Send,
+) -> R {
+    match pool {
+        Some(p) => p.install(|| f(Some(p))),
+        None => f(None),
+    }
+}
+
 impl Exec<'_> {
     /// How many parts to split `work` multiply-adds into (1 = run here).
     pub(crate) fn parts(&self, work: usize, max_parts: usize) -> usize {

@@ -80,14 +80,8 @@ impl LlamaRunner {
         seqs: &[StepSeq<'_>],
         logits: &mut Vec<f32>,
     ) -> Result<()> {
-        // The whole step runs on the pool: its serial parts on one of the pool's threads
-        // while the others spin, each product split from there. From outside, every
-        // product would hand its work over and sleep until it is done (two thread
-        // switches a product; a decode step has about eight a layer).
-        match self.pool.clone() {
-            Some(pool) => pool.install(|| self.step_on(Some(&pool), kv, seqs, logits)),
-            None => self.step_on(None, kv, seqs, logits),
-        }
+        let pool = self.pool.clone();
+        super::kernels::on_pool(pool.as_deref(), |pool| self.step_on(pool, kv, seqs, logits))
     }
 
     fn step_on(
