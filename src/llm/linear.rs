@@ -373,40 +373,39 @@ pub(crate) fn matmuls(
         .iter_mut()
         .map(|t| (OutPtr(t.y.as_mut_ptr()), t.ldy))
         .collect();
-    // The tiles of every matrix in turn, as (product, first row).
-    let tiles: Vec<(usize, usize)> = products
-        .iter()
-        .enumerate()
-        .flat_map(|(p, &(w, ..))| (0..w.rows).step_by(TILE).map(move |r| (p, r)))
-        .collect();
-    if t == 0 || tiles.is_empty() {
+    // The tiles of every matrix in turn: product `p` holds tiles `starts[p]..starts[p + 1]`.
+    let mut starts = Vec::with_capacity(products.len() + 1);
+    starts.push(0);
+    for &(w, ..) in products {
+        starts.push(starts[starts.len() - 1] + w.rows.div_ceil(TILE));
+    }
+    let tiles = starts[products.len()];
+    if t == 0 || tiles == 0 {
         return;
     }
     let work: usize = products.iter().map(|p| t * p.0.rows * k).sum();
     // With several tokens, more parts than threads: a thread that finishes early (or one
     // the host preempted) takes another part instead of waiting at the end. One token's
     // product is too short for that to pay.
-    let parts = match exec.parts(work, tiles.len()) {
-        p if p > 1 && t >= 4 => (p * 4).min(tiles.len()),
+    let parts = match exec.parts(work, tiles) {
+        p if p > 1 && t >= 4 => (p * 4).min(tiles),
         p => p,
     };
-    let per = tiles.len().div_ceil(parts);
+    let per = tiles.div_ceil(parts);
     let rows_of: Vec<Vec<ActRow<'_>>> = products
         .iter()
         .map(|&(w, ..)| (0..t).map(|i| acts.row(w.wtype.act(), x, i)).collect())
         .collect();
     let run = |part: usize| {
-        let mine = &tiles[(part * per).min(tiles.len())..((part + 1) * per).min(tiles.len())];
-        // Runs of the part's tiles of one matrix: rows `first..end` of product `p`.
-        let mut at = 0;
-        while at < mine.len() {
-            let (p, first) = mine[at];
-            while at < mine.len() && mine[at].0 == p {
-                at += 1;
+        let mine = (part * per).min(tiles)..((part + 1) * per).min(tiles);
+        // The part's tiles of each matrix, as rows `first..end`.
+        for (p, &(w, target, col, out)) in products.iter().enumerate() {
+            let (s, e) = (mine.start.max(starts[p]), mine.end.min(starts[p + 1]));
+            if s >= e {
+                continue;
             }
-            let (w, target, col, out) = products[p];
+            let (first, end) = ((s - starts[p]) * TILE, ((e - starts[p]) * TILE).min(w.rows));
             let (yp, ldy) = ys[target];
-            let end = (mine[at - 1].1 + TILE).min(w.rows);
             let kind = w.wtype.act();
             let group = (blocking.group_bytes / acts.row_bytes(kind)).clamp(4, TOKENS) & !3;
             let block = (blocking.block_bytes / w.row_bytes).max(TILE) / TILE * TILE;
