@@ -116,15 +116,21 @@ fn attend(
     attend_body(shape, q, kv, blocks, pos, scores, out, dot, None::<F16Fns>)
 }
 
-/// Products with an F16 cache's keys and values read as they lie (no widened copy):
-/// `dot(q, k)` and `axpy(o, p, v)` (`o += p · v`), in the same operations and order as
-/// [`dot`] and the f32 loop over a widened copy, so the bits are the same.
-struct F16Ops<D: Fn(&[f32], &[u16]) -> f32, A: Fn(&mut [f32], f32, &[u16])> {
-    dot: D,
+/// Products with an F16 cache's keys and values read as they lie (no widened copy), in
+/// the same operations and order as [`dot`] and the f32 loop over a widened copy, so the
+/// bits are the same: `scores(q, keys, divisor, out)` sets `out[i] = dot(q, key i) /
+/// divisor`, and `axpy(o, probs, values)` does `o += probs[i] · value i` for each `i` in
+/// turn.
+struct F16Ops<S, A>
+where
+    S: Fn(&[f32], &[u16], f32, &mut [f32]),
+    A: Fn(&mut [f32], &[f32], &[u16]),
+{
+    scores: S,
     axpy: A,
 }
 
-type F16Fns = F16Ops<fn(&[f32], &[u16]) -> f32, fn(&mut [f32], f32, &[u16])>;
+type F16Fns = F16Ops<fn(&[f32], &[u16], f32, &mut [f32]), fn(&mut [f32], &[f32], &[u16])>;
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
@@ -142,11 +148,142 @@ fn attend_avx2(
     // F16C comes with every AVX2 CPU this runs on; checked all the same.
     let f16 = std::arch::is_x86_feature_detected!("f16c").then(|| F16Ops {
         // SAFETY: the CPU has AVX2 and F16C.
-        dot: |a: &[f32], b: &[u16]| unsafe { dot_f16_avx2(a, b) },
+        scores: |q: &[f32], k: &[u16], div: f32, out: &mut [f32]| unsafe {
+            scores_f16_avx2(q, k, div, out)
+        },
         // SAFETY: as above.
-        axpy: |o: &mut [f32], p: f32, v: &[u16]| unsafe { axpy_f16_avx2(o, p, v) },
+        axpy: |o: &mut [f32], p: &[f32], v: &[u16]| unsafe { axpy_f16_avx2(o, p, v) },
     });
     attend_body(shape, q, kv, blocks, pos, scores, out, dot, f16)
+}
+
+/// `out[i] = dot_f16_avx2(q, key i) / divisor` for the `out.len()` keys of `keys`, eight
+/// keys at a time where the head's width is whole 8s: each key's lanes take the same
+/// products and sums, then the eight keys' lanes are transposed so that `reduce8`'s
+/// sums of all eight run side by side.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn scores_f16_avx2(q: &[f32], keys: &[u16], divisor: f32, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let hd = q.len();
+    let n = out.len();
+    let mut i = 0;
+    if hd.is_multiple_of(8) && hd > 0 {
+        let (q8, _) = q.as_chunks::<8>();
+        let div = _mm256_set1_ps(divisor);
+        while i + 8 <= n {
+            let keys = &keys[i * hd..(i + 8) * hd];
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for (c, qc) in q8.iter().enumerate() {
+                // SAFETY: `qc` is 8 f32s.
+                let qv = unsafe { _mm256_loadu_ps(qc.as_ptr()) };
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let k = &keys[j * hd + 8 * c..j * hd + 8 * c + 8];
+                    // SAFETY: `k` is 8 u16s (16 bytes).
+                    let kv =
+                        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(k.as_ptr() as *const __m128i)) };
+                    *acc = _mm256_add_ps(*acc, _mm256_mul_ps(qv, kv));
+                }
+            }
+            // Lane l of every key in one vector, then reduce8's sums.
+            let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
+            let (t0, t1) = (_mm256_unpacklo_ps(a0, a1), _mm256_unpackhi_ps(a0, a1));
+            let (t2, t3) = (_mm256_unpacklo_ps(a2, a3), _mm256_unpackhi_ps(a2, a3));
+            let (t4, t5) = (_mm256_unpacklo_ps(a4, a5), _mm256_unpackhi_ps(a4, a5));
+            let (t6, t7) = (_mm256_unpacklo_ps(a6, a7), _mm256_unpackhi_ps(a6, a7));
+            let (u0, u1) = (
+                _mm256_shuffle_ps::<0x44>(t0, t2),
+                _mm256_shuffle_ps::<0xee>(t0, t2),
+            );
+            let (u2, u3) = (
+                _mm256_shuffle_ps::<0x44>(t1, t3),
+                _mm256_shuffle_ps::<0xee>(t1, t3),
+            );
+            let (u4, u5) = (
+                _mm256_shuffle_ps::<0x44>(t4, t6),
+                _mm256_shuffle_ps::<0xee>(t4, t6),
+            );
+            let (u6, u7) = (
+                _mm256_shuffle_ps::<0x44>(t5, t7),
+                _mm256_shuffle_ps::<0xee>(t5, t7),
+            );
+            let lane = |lo: __m256, hi: __m256, high: bool| {
+                if high {
+                    _mm256_permute2f128_ps::<0x31>(lo, hi)
+                } else {
+                    _mm256_permute2f128_ps::<0x20>(lo, hi)
+                }
+            };
+            let l: [__m256; 8] = [
+                lane(u0, u4, false),
+                lane(u1, u5, false),
+                lane(u2, u6, false),
+                lane(u3, u7, false),
+                lane(u0, u4, true),
+                lane(u1, u5, true),
+                lane(u2, u6, true),
+                lane(u3, u7, true),
+            ];
+            let sum = _mm256_add_ps(
+                _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[1], l[5])),
+                _mm256_add_ps(_mm256_add_ps(l[2], l[6]), _mm256_add_ps(l[3], l[7])),
+            );
+            let o = &mut out[i..i + 8];
+            // SAFETY: `o` is 8 f32s; the store is unaligned.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr(), _mm256_div_ps(sum, div)) };
+            i += 8;
+        }
+    }
+    for (s, k) in out[i..]
+        .iter_mut()
+        .zip(keys[i * hd..].chunks_exact(hd.max(1)))
+    {
+        *s = dot_f16_avx2(q, k) / divisor;
+    }
+}
+
+/// `o += probs[i] · value i` for each value in turn (a multiply, then an add: no fused
+/// multiply-add), 64 outputs at a time held in registers over all the values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn axpy_f16_avx2(o: &mut [f32], probs: &[f32], values: &[u16]) {
+    use std::arch::x86_64::*;
+    let hd = o.len();
+    let whole = hd / 8 * 8;
+    let mut d0 = 0;
+    while d0 < whole {
+        let width = (whole - d0).min(64) / 8;
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for (c, a) in acc[..width].iter_mut().enumerate() {
+            let s = &o[d0 + 8 * c..d0 + 8 * c + 8];
+            // SAFETY: `s` is 8 f32s.
+            *a = unsafe { _mm256_loadu_ps(s.as_ptr()) };
+        }
+        for (&p, v) in probs.iter().zip(values.chunks_exact(hd.max(1))) {
+            let pv = _mm256_set1_ps(p);
+            for (c, a) in acc[..width].iter_mut().enumerate() {
+                let v = &v[d0 + 8 * c..d0 + 8 * c + 8];
+                // SAFETY: `v` is 8 u16s (16 bytes).
+                let w = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr() as *const __m128i)) };
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, w));
+            }
+        }
+        for (c, a) in acc[..width].iter().enumerate() {
+            let s = &mut o[d0 + 8 * c..d0 + 8 * c + 8];
+            // SAFETY: `s` is 8 f32s.
+            unsafe { _mm256_storeu_ps(s.as_mut_ptr(), *a) };
+        }
+        d0 += 8 * width;
+    }
+    if whole < hd {
+        for (&p, v) in probs.iter().zip(values.chunks_exact(hd)) {
+            for (o, &v) in o[whole..].iter_mut().zip(&v[whole..]) {
+                *o += p * half::f16::from_bits(v).to_f32();
+            }
+        }
+    }
 }
 
 /// [`dot_avx2`] with `b` in F16, widened by F16C as it is read (widening is exact).
@@ -162,29 +299,6 @@ fn dot_f16_avx2(a: &[f32], b: &[u16]) -> f32 {
         |y| unsafe { _mm256_cvtph_ps(_mm_loadu_si128(y.as_ptr() as *const __m128i)) },
         |y| half::f16::from_bits(y).to_f32(),
     )
-}
-
-/// `o += p · v` with `v` in F16 (a multiply, then an add: no fused multiply-add).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-#[inline]
-fn axpy_f16_avx2(o: &mut [f32], p: f32, v: &[u16]) {
-    use std::arch::x86_64::*;
-    let n = o.len().min(v.len());
-    let (o8, or) = o[..n].as_chunks_mut::<8>();
-    let (v8, vr) = v[..n].as_chunks::<8>();
-    let pv = _mm256_set1_ps(p);
-    for (o, v) in o8.iter_mut().zip(v8) {
-        // SAFETY: `o` is 8 f32s and `v` 8 u16s (16 bytes).
-        unsafe {
-            let w = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr() as *const __m128i));
-            let sum = _mm256_add_ps(_mm256_loadu_ps(o.as_ptr()), _mm256_mul_ps(pv, w));
-            _mm256_storeu_ps(o.as_mut_ptr(), sum);
-        }
-    }
-    for (o, &v) in or.iter_mut().zip(vr) {
-        *o += p * half::f16::from_bits(v).to_f32();
-    }
 }
 
 /// [`dot`] with the 8 accumulators in one AVX register: the same sums in the same order.
@@ -242,7 +356,9 @@ fn attend_body(
     scratch: &mut Scratch,
     out: &mut [f32],
     dot: impl Fn(&[f32], &[f32]) -> f32,
-    f16: Option<F16Ops<impl Fn(&[f32], &[u16]) -> f32, impl Fn(&mut [f32], f32, &[u16])>>,
+    f16: Option<
+        F16Ops<impl Fn(&[f32], &[u16], f32, &mut [f32]), impl Fn(&mut [f32], &[f32], &[u16])>,
+    >,
 ) {
     let (nh, hd) = (shape.n_head, shape.head_dim);
     let group = nh / shape.n_kv_head.max(1);
@@ -263,9 +379,7 @@ fn attend_body(
                 for h in g * group..(g + 1) * group {
                     let qh = &q[h * hd..(h + 1) * hd];
                     let row = &mut scores[h * n_ctx + first..h * n_ctx + first + count];
-                    for (s, k) in row.iter_mut().zip(keys.chunks_exact(hd)) {
-                        *s = (f16.dot)(qh, k) / shape.divisor;
-                    }
+                    (f16.scores)(qh, &keys[..count * hd], shape.divisor, row);
                 }
                 continue;
             }
@@ -300,9 +414,7 @@ fn attend_body(
                 for h in g * group..(g + 1) * group {
                     let oh = &mut out[h * hd..(h + 1) * hd];
                     let probs = &scores[h * n_ctx + first..h * n_ctx + first + count];
-                    for (&p, v) in probs.iter().zip(values.chunks_exact(hd)) {
-                        (f16.axpy)(oh, p, v);
-                    }
+                    (f16.axpy)(oh, probs, &values[..count * hd]);
                 }
                 continue;
             }
@@ -406,6 +518,63 @@ mod tests {
                 none,
             );
             assert_eq!(bits(&a), bits(&b), "F16 cache, position {pos}");
+        }
+    }
+
+    /// Heads of whole 8s (the 8-key and register-held paths), grouped-query attention,
+    /// blocks of more than 8 tokens: the AVX2 path on an F16 cache gives the bits of the
+    /// baseline over a widened copy.
+    #[test]
+    fn eight_keys_at_a_time_give_the_same_bits() {
+        let val = |i: usize| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0;
+        for (n_head, n_kv_head, hd, tpb) in [(4, 2, 32, 16), (2, 1, 72, 11), (3, 3, 8, 9)] {
+            let kv_width = n_kv_head * hd;
+            let shape = AttentionShape {
+                n_head,
+                n_kv_head,
+                head_dim: hd,
+                q_stride: n_head * hd,
+                layer: 0,
+                divisor: (hd as f32).sqrt(),
+            };
+            let mut kv = KvCache::new(
+                crate::llm::KvShape {
+                    n_layer: 1,
+                    n_kv_head,
+                    head_dim: hd,
+                    dtype: crate::llm::KvType::F16,
+                },
+                tpb,
+                8,
+            )
+            .unwrap();
+            let blocks: Vec<u32> = (0..8).rev().collect();
+            let positions = 8 * tpb;
+            for p in 0..positions {
+                let k: Vec<f32> = (0..kv_width).map(|d| val(p * 1000 + d)).collect();
+                let v: Vec<f32> = (0..kv_width).map(|d| val(p * 1000 + 500 + d)).collect();
+                kv.write(blocks[p / tpb] as usize, p % tpb, 0, &k, &v);
+            }
+            let q: Vec<f32> = (0..n_head * hd).map(|d| val(100_000 + d)).collect();
+            let mut scratch = Scratch::default();
+            for pos in [0, 7, 8, tpb, 2 * tpb + 9, positions - 1] {
+                let mut a = vec![0.0; n_head * hd];
+                let mut b = vec![0.0; n_head * hd];
+                attend(&shape, &q, &kv, &blocks, pos, &mut scratch, &mut a);
+                let none = None::<F16Fns>;
+                attend_body(
+                    &shape,
+                    &q,
+                    &kv,
+                    &blocks,
+                    pos,
+                    &mut scratch,
+                    &mut b,
+                    dot,
+                    none,
+                );
+                assert_eq!(bits(&a), bits(&b), "head width {hd}, position {pos}");
+            }
         }
     }
 }

@@ -8,6 +8,7 @@
 //! `kernels`) holds by construction, and threads may split the outputs any way.
 
 use super::kernels::Exec;
+use super::quant::panel::{self, Panel};
 use super::quant::{self, ActKind, ActRow, DotFn, WeightType, Q8, Q8K};
 use crate::status::{Error, Result};
 use std::sync::Arc;
@@ -463,6 +464,21 @@ fn run_rows(
     block: usize,
     put: impl Fn(usize, usize, &[f32]),
 ) {
+    if acts.len() >= PANEL_TOKENS && panel::available() {
+        match w.wtype {
+            WeightType::Q4K => {
+                return Q4K_PANELS.with(|panels| {
+                    run_panels(w, acts, rows, group, block, &mut panels.borrow_mut(), put)
+                })
+            }
+            WeightType::Q6K => {
+                return Q6K_PANELS.with(|panels| {
+                    run_panels(w, acts, rows, group, block, &mut panels.borrow_mut(), put)
+                })
+            }
+            _ => {}
+        }
+    }
     // A row's products with the group, then the tile's as `[token][row]`.
     let mut dots = [0.0f32; TOKENS];
     let mut tile = [0.0f32; TOKENS * TILE];
@@ -482,6 +498,73 @@ fn run_rows(
                 }
                 for (j, i) in (i0..i0 + g).enumerate() {
                     put(i, r0, &tile[j * TILE..j * TILE + r1 - r0]);
+                }
+            }
+        }
+        b0 = b1;
+    }
+}
+
+/// The fewest token rows for which a product packs rows into panels: packing costs
+/// about as much as a few tokens' products, and a panel's product is about twice as
+/// fast.
+const PANEL_TOKENS: usize = 4;
+
+type Panels<P> = std::cell::RefCell<Vec<P>>;
+
+thread_local! {
+    /// A thread's packed panels of the weight block it is working on.
+    static Q4K_PANELS: Panels<panel::Q4KPanel> = const { std::cell::RefCell::new(Vec::new()) };
+    static Q6K_PANELS: Panels<panel::Q6KPanel> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`run_rows`] through panels of eight rows (Q4_K, Q6_K): each block of rows is packed
+/// once, then every token group meets it; rows past the last whole eight use the
+/// row kernel (the same bits).
+fn run_panels<P: Panel>(
+    w: &Matrix,
+    acts: &[ActRow<'_>],
+    rows: std::ops::Range<usize>,
+    group: usize,
+    block: usize,
+    panels: &mut Vec<P>,
+    put: impl Fn(usize, usize, &[f32]),
+) {
+    let nb = w.cols / 256;
+    let mut outs = [[0.0f32; 8]; TOKENS];
+    let mut dots = [0.0f32; TOKENS];
+    let mut tail = [0.0f32; TOKENS * 8];
+    let mut b0 = rows.start;
+    while b0 < rows.end {
+        let b1 = (b0 + block).min(rows.end);
+        let whole = (b1 - b0) / 8;
+        if panels.len() < whole * nb {
+            panels.resize(whole * nb, P::default());
+        }
+        for (p, packed) in panels[..whole * nb].chunks_exact_mut(nb.max(1)).enumerate() {
+            let r0 = b0 + 8 * p;
+            let rows: [&[u8]; 8] = std::array::from_fn(|i| w.row(r0 + i));
+            P::pack(rows, packed);
+        }
+        for i0 in (0..acts.len()).step_by(group) {
+            let group = &acts[i0..(i0 + group).min(acts.len())];
+            let g = group.len();
+            for (p, packed) in panels[..whole * nb].chunks_exact(nb.max(1)).enumerate() {
+                P::gemm(packed, group, &mut outs[..g]);
+                for (j, o) in outs[..g].iter().enumerate() {
+                    put(i0 + j, b0 + 8 * p, o);
+                }
+            }
+            let r0 = b0 + 8 * whole;
+            if r0 < b1 {
+                for r in r0..b1 {
+                    (w.dot)(w.row(r), group, &mut dots[..g]);
+                    for (j, &d) in dots[..g].iter().enumerate() {
+                        tail[j * 8 + r - r0] = d;
+                    }
+                }
+                for j in 0..g {
+                    put(i0 + j, r0, &tail[j * 8..j * 8 + b1 - r0]);
                 }
             }
         }

@@ -467,8 +467,12 @@ fn dot_q5_0(row: &[u8], a: ActRow<'_>) -> f32 {
     sum
 }
 
+/// Q4_K: each block's integer sums (exact), then `acc = fma(d · x.d, sums, acc)` and
+/// the same for the mins, block by block: the float operations every Q4_K kernel
+/// (one row at a time, or eight interleaved) does in the same order, so all give the
+/// same bits.
 fn dot_q4k(row: &[u8], a: ActRow<'_>) -> f32 {
-    let mut sum = 0.0f32;
+    let (mut acc, mut acc_m) = (0.0f32, 0.0f32);
     for (b, x) in row.chunks_exact(144).zip(q8ks(a)) {
         let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
         let (scales, qs) = (&b[4..16], &b[16..]);
@@ -488,11 +492,14 @@ fn dot_q4k(row: &[u8], a: ActRow<'_>) -> f32 {
             let b2 = x.bsums[4 * c + 2] as i32 + x.bsums[4 * c + 3] as i32;
             mi += m1 as i32 * b1 + m2 as i32 * b2;
         }
-        sum += d * x.d * si as f32 - dmin * x.d * mi as f32;
+        acc = (d * x.d).mul_add(si as f32, acc);
+        acc_m = (dmin * x.d).mul_add(mi as f32, acc_m);
     }
-    sum
+    acc - acc_m
 }
 
+/// Q6_K: each block's integer sum (exact), then `sum = fma(d · x.d, sums, sum)`, block
+/// by block, as every Q6_K kernel does (see `dot_q4k`).
 fn dot_q6k(row: &[u8], a: ActRow<'_>) -> f32 {
     let mut sum = 0.0f32;
     for (b, x) in row.chunks_exact(210).zip(q8ks(a)) {
@@ -518,9 +525,28 @@ fn dot_q6k(row: &[u8], a: ActRow<'_>) -> f32 {
                 si += (sc[8 * n + j] as i8) as i32 * p;
             }
         }
-        sum += d * x.d * si as f32;
+        sum = (d * x.d).mul_add(si as f32, sum);
     }
     sum
+}
+
+/// A Q6_K block's 256 weights as stored (0..=63, to be read minus 32), in order.
+fn unpack_q6k(b: &[u8], out: &mut [u8; 256]) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::available() {
+        // SAFETY: the CPU has AVX2, FMA and F16C.
+        return unsafe { avx2::unpack_q6k(b, out) };
+    }
+    let (ql, qh) = (&b[..128], &b[128..192]);
+    for n in 0..2 {
+        let (ql, qh, o) = (&ql[64 * n..], &qh[32 * n..], &mut out[128 * n..]);
+        for l in 0..32 {
+            o[l] = (ql[l] & 0xf) | ((qh[l] & 3) << 4);
+            o[l + 32] = (ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4);
+            o[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+            o[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -889,8 +915,7 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     fn dot_q4k<const N: usize>(row: &[u8], a: &[ActRow<'_>]) -> [f32; N] {
         let xs = q8ks_n::<N>(a);
-        let mut acc = [_mm256_setzero_ps(); N];
-        let mut acc_m = [_mm_setzero_ps(); N];
+        let (mut acc, mut acc_m) = ([0.0f32; N], [0.0f32; N]);
         let low = _mm256_set1_epi8(0xf);
         for (j, b) in row.chunks_exact(144).enumerate() {
             let (d, dmin) = (f16c(b, 0), f16c(b, 2));
@@ -932,26 +957,35 @@ mod avx2 {
                 acc.iter_mut().zip(acc_m.iter_mut()).zip(&xs).zip(&sumi)
             {
                 let x = &x[j];
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(*sumi), *acc);
                 // Sums of each 32 activations, times the mins.
                 let bs = load32(&x.bsums);
                 let pairs =
                     _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
                 let prod = _mm_madd_epi16(mins, pairs);
-                *acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin * x.d), _mm_cvtepi32_ps(prod), *acc_m);
+                let s = _mm_add_epi32(
+                    _mm256_castsi256_si128(*sumi),
+                    _mm256_extracti128_si256(*sumi, 1),
+                );
+                *acc = (d * x.d).mul_add(hsum_epi32(s) as f32, *acc);
+                *acc_m = (dmin * x.d).mul_add(hsum_epi32(prod) as f32, *acc_m);
             }
         }
-        std::array::from_fn(|i| {
-            let m = _mm_add_ps(acc_m[i], _mm_movehl_ps(acc_m[i], acc_m[i]));
-            let m = _mm_add_ss(m, _mm_movehdup_ps(m));
-            hsum(acc[i]) - _mm_cvtss_f32(m)
-        })
+        std::array::from_fn(|i| acc[i] - acc_m[i])
+    }
+
+    /// The sum of 4 i32 lanes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn hsum_epi32(v: __m128i) -> i32 {
+        let v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+        let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01>(v));
+        _mm_cvtsi128_si32(v)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     fn dot_q6k<const N: usize>(row: &[u8], a: &[ActRow<'_>]) -> [f32; N] {
         let xs = q8ks_n::<N>(a);
-        let mut acc = [_mm256_setzero_ps(); N];
+        let mut acc = [0.0f32; N];
         let low = _mm256_set1_epi8(0xf);
         let three = _mm256_set1_epi8(3);
         for (j, b) in row.chunks_exact(210).enumerate() {
@@ -1003,12 +1037,48 @@ mod avx2 {
                 // The values are stored plus 32: take 32 × scale × (sum of each 16) back.
                 let offset = _mm256_madd_epi16(sc16, load32(&x.bsums));
                 let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(offset, 5));
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), _mm256_cvtepi32_ps(sumi), *acc);
+                let s = _mm_add_epi32(
+                    _mm256_castsi256_si128(sumi),
+                    _mm256_extracti128_si256(sumi, 1),
+                );
+                *acc = (d * x.d).mul_add(hsum_epi32(s) as f32, *acc);
             }
         }
-        acc.map(|v| hsum(v))
+        acc
+    }
+
+    /// [`super::unpack_q6k`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn unpack_q6k(b: &[u8], out: &mut [u8; 256]) {
+        let (low, three) = (_mm256_set1_epi8(0xf), _mm256_set1_epi8(3));
+        for n in 0..2 {
+            let ql = &b[64 * n..];
+            let qh = load32(&b[128 + 32 * n..]);
+            let (l0, l1) = (load32(ql), load32(&ql[32..]));
+            for k in 0..4 {
+                let lowbits = match k {
+                    0 => _mm256_and_si256(l0, low),
+                    1 => _mm256_and_si256(l1, low),
+                    2 => _mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
+                    _ => _mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                };
+                let h = match k {
+                    0 => qh,
+                    1 => _mm256_srli_epi16(qh, 2),
+                    2 => _mm256_srli_epi16(qh, 4),
+                    _ => _mm256_srli_epi16(qh, 6),
+                };
+                let q = _mm256_or_si256(lowbits, _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
+                let o = &mut out[128 * n + 32 * k..128 * n + 32 * k + 32];
+                // SAFETY: `o` holds 32 bytes; the store is unaligned.
+                unsafe { _mm256_storeu_si256(o.as_mut_ptr() as *mut __m256i, q) };
+            }
+        }
     }
 }
+
+#[path = "quant_panel.rs"]
+pub(crate) mod panel;
 
 #[cfg(test)]
 #[path = "quant_tests.rs"]

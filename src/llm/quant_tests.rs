@@ -237,3 +237,89 @@ fn activations_quantize_within_half_a_step() {
     quantize_q8(&[0.0; 32], &mut z);
     assert_eq!((z[0].d, z[0].qs), (0.0, [0; 32]));
 }
+
+/// Q8_K rows of `xs`.
+fn q8k_rows(xs: &[Vec<f32>]) -> Vec<Vec<Q8K>> {
+    xs.iter()
+        .map(|x| {
+            let mut q = vec![Q8K::default(); x.len() / 256];
+            quantize_q8k(x, &mut q);
+            q
+        })
+        .collect()
+}
+
+/// The row kernels (portable and fastest) and the panel kernel of `t` give the same
+/// bits, on random rows and on a row at every extreme (`extreme` sets a block) that
+/// meets activations of ±127, where 16-bit partial sums come closest to overflowing.
+fn kernels_give_the_same_bits_everywhere<P: panel::Panel>(t: WeightType, extreme: fn(&mut [u8])) {
+    let n = 768;
+    let mut rows: Vec<Vec<u8>> = (0..8).map(|r| random_row(t, n, 40 + r)).collect();
+    rows[5].chunks_exact_mut(t.block_bytes()).for_each(extreme);
+    let mut xs: Vec<Vec<f32>> = (0..11).map(|i| act(n, 60 + i)).collect();
+    xs[3] = vec![1.0; n];
+    xs[4] = (0..n)
+        .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
+        .collect();
+    xs[5] = vec![-2.5; n];
+    let q = q8k_rows(&xs);
+    let acts: Vec<ActRow<'_>> = q.iter().map(|q| ActRow::Q8K(q)).collect();
+    let expect: Vec<Vec<f32>> = rows
+        .iter()
+        .map(|row| {
+            let mut o = vec![0.0; acts.len()];
+            portable_dot_fn(t)(row, &acts, &mut o);
+            o
+        })
+        .collect();
+    for (r, row) in rows.iter().enumerate() {
+        let mut o = vec![0.0; acts.len()];
+        dot_fn(t)(row, &acts, &mut o);
+        assert_eq!(
+            o.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            expect[r].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{}: row kernel, row {r}",
+            t.name()
+        );
+    }
+    if !panel::available() {
+        return;
+    }
+    // Panels, with every count of tokens up to the activations'.
+    let mut packed = vec![P::default(); n / 256];
+    P::pack(std::array::from_fn(|r| &rows[r][..]), &mut packed);
+    for count in 1..=acts.len() {
+        let mut out = vec![[0.0f32; 8]; count];
+        P::gemm(&packed, &acts[..count], &mut out);
+        for (i, o) in out.iter().enumerate() {
+            for (r, v) in o.iter().enumerate() {
+                assert_eq!(
+                    v.to_bits(),
+                    expect[r][i].to_bits(),
+                    "{}: panel of {count} tokens: row {r} token {i}: {v} against {}",
+                    t.name(),
+                    expect[r][i]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn q4k_kernels_give_the_same_bits_everywhere() {
+    // Nibbles 15, scales and mins 63.
+    kernels_give_the_same_bits_everywhere::<panel::Q4KPanel>(WeightType::Q4K, |b| {
+        b[4..].fill(0xff)
+    });
+}
+
+#[test]
+fn q6k_kernels_give_the_same_bits_everywhere() {
+    // Weights 63 (31 once read), scales 127 and -128 in turn.
+    kernels_give_the_same_bits_everywhere::<panel::Q6KPanel>(WeightType::Q6K, |b| {
+        b[..192].fill(0xff);
+        for (s, sc) in b[192..208].iter_mut().enumerate() {
+            *sc = if s % 2 == 0 { 0x7f } else { 0x80 };
+        }
+    });
+}

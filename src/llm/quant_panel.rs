@@ -1,0 +1,334 @@
+//! Q4_K and Q6_K weights eight rows at a time, interleaved (a "panel"), for products
+//! with many token rows (prompts, many streams).
+//!
+//! A row-at-a-time kernel spends most of its instructions on work a single row cannot
+//! share: applying each sub-block's scale to each token's partial sums, and combining
+//! the lanes of a vector into one output. In a panel each 32-bit lane of a vector holds
+//! one row: one `maddubs` multiplies 4 weights of each of 8 rows by the same 4
+//! activations, the 16-bit partial sums of a sub-block add up in place (they cannot
+//! overflow: Q4_K 8 × 2 × 15 × 127, Q6_K 2 × 2 × 63 × 127, both < 32768), one `madd`
+//! applies 8 rows' scales, and the block's float update is one vector for 8 outputs.
+//!
+//! Packing is a transpose of 4-byte groups and costs about as much as one token's
+//! product, so a matrix product packs each block of rows once per call (into a
+//! thread's scratch) and runs every token group over it: nothing is repacked at load,
+//! and the weights stay mapped as they lie in the file.
+//!
+//! The outputs are the same bits as the row kernels' (`super::dot_q4k`,
+//! `super::dot_q6k`): the integer sums of a block are exact in any order, and the float
+//! operations per (row, token) are the same, block by block (`acc = fma(d · x.d, sums,
+//! acc)`; for Q4_K the same for the mins, then `acc - mins`).
+
+use super::{f16_at, scale_min_k4, unpack_q6k, ActRow};
+
+/// A weight type's panel: one 256-column block of eight rows.
+pub(crate) trait Panel: Copy + Default + 'static {
+    /// Interleaves eight rows (whole blocks each, all the same length) into `out`, one
+    /// panel block per 256 columns.
+    fn pack(rows: [&[u8]; 8], out: &mut [Self]);
+    /// `out[i][r] = row r · acts[i]` for the eight rows packed in `panel` (as many
+    /// panel blocks as the activation rows have Q8_K blocks). Call only when
+    /// [`available`].
+    fn gemm(panel: &[Self], acts: &[ActRow<'_>], out: &mut [[f32; 8]]);
+}
+
+/// Runs `kernel::<4>` over groups of 4 activation rows, then `kernel::<1>` over the
+/// rest.
+macro_rules! by_fours {
+    ($kernel:ident, $panel:expr, $acts:expr, $out:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (panel, acts, out) = ($panel, $acts, $out);
+            assert!(super::avx2::available(), "the panel kernel needs AVX2");
+            let mut i = 0;
+            while i + 4 <= acts.len() {
+                // SAFETY: the CPU has AVX2, FMA and F16C (asserted above).
+                let r = unsafe { avx2::$kernel::<4>(panel, &acts[i..i + 4]) };
+                out[i..i + 4].copy_from_slice(&r);
+                i += 4;
+            }
+            while i < acts.len() {
+                // SAFETY: as above.
+                out[i] = unsafe { avx2::$kernel::<1>(panel, &acts[i..i + 1]) }[0];
+                i += 1;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = ($panel, $acts, $out);
+            unreachable!("the panel kernel needs AVX2");
+        }
+    }};
+}
+
+/// One 256-column block of eight Q4_K rows, interleaved.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub(crate) struct Q4KPanel {
+    /// Each row's block scale and min scale, as f32.
+    d: [f32; 8],
+    dmin: [f32; 8],
+    /// Sub-block `s`: lane `r` holds row `r`'s 6-bit scale in both 16-bit halves.
+    sc: [[u32; 8]; 8],
+    /// Sub-blocks `2p` and `2p + 1`: lane `r` holds row `r`'s two mins (low, high).
+    mins: [[u32; 8]; 4],
+    /// Chunk `c` (sub-blocks `2c` in the low nibbles and `2c + 1` in the high ones),
+    /// group `j`: lane `r` holds row `r`'s bytes `32c + 4j ..+ 4` of the block's nibbles.
+    qs: [[[u32; 8]; 8]; 4],
+}
+
+impl Default for Q4KPanel {
+    fn default() -> Q4KPanel {
+        Q4KPanel {
+            d: [0.0; 8],
+            dmin: [0.0; 8],
+            sc: [[0; 8]; 8],
+            mins: [[0; 8]; 4],
+            qs: [[[0; 8]; 8]; 4],
+        }
+    }
+}
+
+/// Whether this CPU runs [`gemm_q4k`].
+pub(crate) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::avx2::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+impl Panel for Q4KPanel {
+    fn pack(rows: [&[u8]; 8], out: &mut [Q4KPanel]) {
+        for (bi, p) in out.iter_mut().enumerate() {
+            for (r, row) in rows.iter().enumerate() {
+                let b = &row[144 * bi..144 * (bi + 1)];
+                p.d[r] = f16_at(b, 0);
+                p.dmin[r] = f16_at(b, 2);
+                let mut mins = [0u32; 8];
+                for (s, sc) in p.sc.iter_mut().enumerate() {
+                    let (scale, min) = scale_min_k4(s, &b[4..16]);
+                    sc[r] = scale as u32 * 0x1_0001;
+                    mins[s] = min as u32;
+                }
+                for (q, m) in p.mins.iter_mut().enumerate() {
+                    m[r] = mins[2 * q] | (mins[2 * q + 1] << 16);
+                }
+                for (c, chunk) in p.qs.iter_mut().enumerate() {
+                    for (j, group) in chunk.iter_mut().enumerate() {
+                        let at = 16 + 32 * c + 4 * j;
+                        group[r] = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+                    }
+                }
+            }
+        }
+    }
+
+    fn gemm(panel: &[Q4KPanel], acts: &[ActRow<'_>], out: &mut [[f32; 8]]) {
+        by_fours!(gemm_q4k, panel, acts, out)
+    }
+}
+
+/// One 256-column block of eight Q6_K rows, interleaved.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub(crate) struct Q6KPanel {
+    /// Each row's block scale, as f32.
+    d: [f32; 8],
+    /// Sub-block `s` (16 weights): lane `r` holds row `r`'s scale (i16) in both halves.
+    sc: [[u32; 8]; 16],
+    /// Sub-blocks `2p` and `2p + 1`: lane `r` holds row `r`'s two scales (low, high).
+    sc_pairs: [[u32; 8]; 8],
+    /// Sub-block `s`, group `j`: lane `r` holds row `r`'s weights `16s + 4j ..+ 4` as
+    /// stored (0..=63, read minus 32).
+    q: [[[u32; 8]; 4]; 16],
+}
+
+impl Default for Q6KPanel {
+    fn default() -> Q6KPanel {
+        Q6KPanel {
+            d: [0.0; 8],
+            sc: [[0; 8]; 16],
+            sc_pairs: [[0; 8]; 8],
+            q: [[[0; 8]; 4]; 16],
+        }
+    }
+}
+
+impl Panel for Q6KPanel {
+    fn pack(rows: [&[u8]; 8], out: &mut [Q6KPanel]) {
+        let mut q = [0u8; 256];
+        for (bi, p) in out.iter_mut().enumerate() {
+            for (r, row) in rows.iter().enumerate() {
+                let b = &row[210 * bi..210 * (bi + 1)];
+                p.d[r] = f16_at(b, 208);
+                let scale = |s: usize| (b[192 + s] as i8) as i16 as u16 as u32;
+                for (s, sc) in p.sc.iter_mut().enumerate() {
+                    sc[r] = scale(s) * 0x1_0001;
+                }
+                for (s, pair) in p.sc_pairs.iter_mut().enumerate() {
+                    pair[r] = scale(2 * s) | (scale(2 * s + 1) << 16);
+                }
+                unpack_q6k(b, &mut q);
+                for (s, sub) in p.q.iter_mut().enumerate() {
+                    for (j, group) in sub.iter_mut().enumerate() {
+                        let at = 16 * s + 4 * j;
+                        group[r] = u32::from_le_bytes([q[at], q[at + 1], q[at + 2], q[at + 3]]);
+                    }
+                }
+            }
+        }
+    }
+
+    fn gemm(panel: &[Q6KPanel], acts: &[ActRow<'_>], out: &mut [[f32; 8]]) {
+        by_fours!(gemm_q6k, panel, acts, out)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::super::q8ks;
+    use super::{ActRow, Q4KPanel, Q6KPanel};
+    use std::arch::x86_64::*;
+
+    /// The 8 lanes of `v` as a vector (aligned: panels are 32-byte aligned).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn lanes(v: &[u32; 8]) -> __m256i {
+        // SAFETY: `v` is 32 bytes inside a `Q4KPanel`, which is 32-byte aligned, and
+        // every field of it sits at a multiple of 32 bytes.
+        unsafe { _mm256_load_si256(v.as_ptr() as *const __m256i) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn lanes_f(v: &[f32; 8]) -> __m256 {
+        // SAFETY: as in `lanes`.
+        unsafe { _mm256_load_ps(v.as_ptr()) }
+    }
+
+    /// Activations `at..at + 4` in every 32-bit lane.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn spread4(q: &[i8; 256], at: usize) -> __m256i {
+        let q = &q[at..at + 4];
+        // SAFETY: `q` holds 4 bytes; the read is unaligned.
+        _mm256_set1_epi32(unsafe { (q.as_ptr() as *const i32).read_unaligned() })
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn gemm_q4k<const N: usize>(panel: &[Q4KPanel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
+        let mut xs: [&[super::super::Q8K]; N] = [&[]; N];
+        for (x, a) in xs.iter_mut().zip(a) {
+            *x = q8ks(*a);
+        }
+        let low = _mm256_set1_epi8(0xf);
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut acc_m = [_mm256_setzero_ps(); N];
+        for (b, p) in panel.iter().enumerate() {
+            let mut sums = [_mm256_setzero_si256(); N];
+            for s in 0..8 {
+                let (c, high) = (s / 2, s % 2 == 1);
+                let mut part = [_mm256_setzero_si256(); N];
+                for j in 0..8 {
+                    let v = lanes(&p.qs[c][j]);
+                    let w = if high {
+                        _mm256_and_si256(_mm256_srli_epi16(v, 4), low)
+                    } else {
+                        _mm256_and_si256(v, low)
+                    };
+                    for t in 0..N {
+                        let x = spread4(&xs[t][b].qs, 32 * s + 4 * j);
+                        part[t] = _mm256_add_epi16(part[t], _mm256_maddubs_epi16(w, x));
+                    }
+                }
+                let sc = lanes(&p.sc[s]);
+                for t in 0..N {
+                    sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(part[t], sc));
+                }
+            }
+            let (d, dmin) = (lanes_f(&p.d), lanes_f(&p.dmin));
+            for t in 0..N {
+                let x = &xs[t][b];
+                // Sums of each 32 activations (sub-block), two to a 32-bit lane, times
+                // the mins.
+                // SAFETY: `bsums` is 16 i16s (32 bytes); the load is unaligned.
+                let bs = unsafe { _mm256_loadu_si256(x.bsums.as_ptr() as *const __m256i) };
+                let pairs =
+                    _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+                let mut pair = [0i32; 4];
+                // SAFETY: `pair` is 4 i32s (16 bytes); the store is unaligned.
+                unsafe { _mm_storeu_si128(pair.as_mut_ptr() as *mut __m128i, pairs) };
+                let mut m = _mm256_setzero_si256();
+                for (q, &bp) in pair.iter().enumerate() {
+                    let prod = _mm256_madd_epi16(lanes(&p.mins[q]), _mm256_set1_epi32(bp));
+                    m = _mm256_add_epi32(m, prod);
+                }
+                let xd = _mm256_set1_ps(x.d);
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sums[t]), acc[t]);
+                acc_m[t] =
+                    _mm256_fmadd_ps(_mm256_mul_ps(dmin, xd), _mm256_cvtepi32_ps(m), acc_m[t]);
+            }
+        }
+        let mut out = [[0.0f32; 8]; N];
+        for t in 0..N {
+            let v = _mm256_sub_ps(acc[t], acc_m[t]);
+            // SAFETY: `out[t]` holds 8 f32s; the store is unaligned.
+            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), v) };
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn gemm_q6k<const N: usize>(panel: &[Q6KPanel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
+        let mut xs: [&[super::super::Q8K]; N] = [&[]; N];
+        for (x, a) in xs.iter_mut().zip(a) {
+            *x = q8ks(*a);
+        }
+        let mut acc = [_mm256_setzero_ps(); N];
+        for (b, p) in panel.iter().enumerate() {
+            let mut sums = [_mm256_setzero_si256(); N];
+            for s in 0..16 {
+                let w: [__m256i; 4] = [
+                    lanes(&p.q[s][0]),
+                    lanes(&p.q[s][1]),
+                    lanes(&p.q[s][2]),
+                    lanes(&p.q[s][3]),
+                ];
+                let sc = lanes(&p.sc[s]);
+                for t in 0..N {
+                    let x = &xs[t][b].qs;
+                    let m = |j: usize| _mm256_maddubs_epi16(w[j], spread4(x, 16 * s + 4 * j));
+                    let (lo, hi) = (_mm256_add_epi16(m(0), m(1)), _mm256_add_epi16(m(2), m(3)));
+                    let part =
+                        _mm256_add_epi32(_mm256_madd_epi16(lo, sc), _mm256_madd_epi16(hi, sc));
+                    sums[t] = _mm256_add_epi32(sums[t], part);
+                }
+            }
+            let d = lanes_f(&p.d);
+            for t in 0..N {
+                let x = &xs[t][b];
+                // The weights are stored plus 32: take 32 × scale × (sum of each 16)
+                // back, two sub-blocks to a 32-bit lane of the sums.
+                let mut off = _mm256_setzero_si256();
+                for (q, pair) in x.bsums.chunks_exact(2).enumerate() {
+                    let bp = (pair[0] as u16 as u32 | (pair[1] as u16 as u32) << 16) as i32;
+                    let prod = _mm256_madd_epi16(lanes(&p.sc_pairs[q]), _mm256_set1_epi32(bp));
+                    off = _mm256_add_epi32(off, prod);
+                }
+                let sums = _mm256_sub_epi32(sums[t], _mm256_slli_epi32(off, 5));
+                let xd = _mm256_set1_ps(x.d);
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sums), acc[t]);
+            }
+        }
+        let mut out = [[0.0f32; 8]; N];
+        for t in 0..N {
+            // SAFETY: `out[t]` holds 8 f32s; the store is unaligned.
+            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+        }
+        out
+    }
+}
