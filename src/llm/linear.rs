@@ -464,8 +464,14 @@ fn run_rows(
     block: usize,
     put: impl Fn(usize, usize, &[f32]),
 ) {
-    if acts.len() >= PANEL_TOKENS && panel::available() {
+    if acts.len() >= PANEL_TOKENS && w.cols.is_multiple_of(panel::PANEL_COLS) && panel::available()
+    {
         match w.wtype {
+            WeightType::Q8_0 => {
+                return Q8_PANELS.with(|panels| {
+                    run_panels(w, acts, rows, group, block, &mut panels.borrow_mut(), put)
+                })
+            }
             WeightType::Q4K => {
                 return Q4K_PANELS.with(|panels| {
                     run_panels(w, acts, rows, group, block, &mut panels.borrow_mut(), put)
@@ -516,9 +522,10 @@ thread_local! {
     /// A thread's packed panels of the weight block it is working on.
     static Q4K_PANELS: Panels<panel::Q4KPanel> = const { std::cell::RefCell::new(Vec::new()) };
     static Q6K_PANELS: Panels<panel::Q6KPanel> = const { std::cell::RefCell::new(Vec::new()) };
+    static Q8_PANELS: Panels<panel::Q8Panel> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// [`run_rows`] through panels of eight rows (Q4_K, Q6_K): each block of rows is packed
+/// [`run_rows`] through panels of eight rows (Q4_K, Q6_K, Q8_0): each block of rows is packed
 /// once, then every token group meets it; rows past the last whole eight use the
 /// row kernel (the same bits).
 fn run_panels<P: Panel>(
@@ -530,7 +537,7 @@ fn run_panels<P: Panel>(
     panels: &mut Vec<P>,
     put: impl Fn(usize, usize, &[f32]),
 ) {
-    let nb = w.cols / 256;
+    let nb = w.cols / panel::PANEL_COLS;
     let mut outs = [[0.0f32; 8]; TOKENS];
     let mut dots = [0.0f32; TOKENS];
     let mut tail = [0.0f32; TOKENS * 8];

@@ -425,6 +425,8 @@ fn dot_float(t: WeightType, row: &[u8], a: ActRow<'_>) -> f32 {
     super::kernels::reduce8(acc)
 }
 
+/// The 32-element formats: each block's integer sum (exact), then `sum = fma(d · x.d,
+/// sums, sum)`, block by block, as every kernel of these types does (see `dot_q4k`).
 fn dot_q8_0(row: &[u8], a: ActRow<'_>) -> f32 {
     let mut sum = 0.0f32;
     for (b, x) in row.chunks_exact(34).zip(q8s(a)) {
@@ -433,7 +435,7 @@ fn dot_q8_0(row: &[u8], a: ActRow<'_>) -> f32 {
             .zip(&x.qs)
             .map(|(&w, &x)| (w as i8) as i32 * x as i32)
             .sum();
-        sum += f16_at(b, 0) * x.d * s as f32;
+        sum = (f16_at(b, 0) * x.d).mul_add(s as f32, sum);
     }
     sum
 }
@@ -446,7 +448,7 @@ fn dot_q4_0(row: &[u8], a: ActRow<'_>) -> f32 {
             s += ((q & 0xf) as i32 - 8) * x.qs[j] as i32;
             s += ((q >> 4) as i32 - 8) * x.qs[j + 16] as i32;
         }
-        sum += f16_at(b, 0) * x.d * s as f32;
+        sum = (f16_at(b, 0) * x.d).mul_add(s as f32, sum);
     }
     sum
 }
@@ -462,7 +464,7 @@ fn dot_q5_0(row: &[u8], a: ActRow<'_>) -> f32 {
             s += (((q & 0xf) as u32 | h0) as i32 - 16) * x.qs[j] as i32;
             s += (((q >> 4) as u32 | h1) as i32 - 16) * x.qs[j + 16] as i32;
         }
-        sum += f16_at(b, 0) * x.d * s as f32;
+        sum = (f16_at(b, 0) * x.d).mul_add(s as f32, sum);
     }
     sum
 }
@@ -831,19 +833,77 @@ mod avx2 {
     ) -> [f32; N] {
         let xs = q8s_n::<N>(a);
         let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); N];
-        for (j, b) in row.chunks_exact(bytes).enumerate() {
+        let mut acc = [0.0f32; N];
+        // Four rows at once: their sums side by side in one vector.
+        let mut acc4 = _mm_setzero_ps();
+        let mut first = 0;
+        if N == 1 {
+            // One row: eight blocks' sums added up side by side, then the float updates
+            // one block at a time.
+            let x = xs[0];
+            let mut sums = [_mm256_setzero_si256(); 8];
+            let mut dd = [0.0f32; 8];
+            for (j, b8) in row.chunks_exact(8 * bytes).enumerate() {
+                for (k, b) in b8.chunks_exact(bytes).enumerate() {
+                    let w = unpack(b);
+                    let x = &x[8 * j + k];
+                    let p = _mm256_maddubs_epi16(
+                        _mm256_sign_epi8(w, w),
+                        _mm256_sign_epi8(load32(&x.qs), w),
+                    );
+                    sums[k] = _mm256_madd_epi16(p, ones);
+                    dd[k] = f16c(b, 0) * x.d;
+                }
+                let [s0, s1, s2, s3, s4, s5, s6, s7] = sums;
+                let q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(s0, s1), _mm256_hadd_epi32(s2, s3));
+                let q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(s4, s5), _mm256_hadd_epi32(s6, s7));
+                let total = _mm256_add_epi32(
+                    _mm256_permute2x128_si256::<0x20>(q0, q1),
+                    _mm256_permute2x128_si256::<0x31>(q0, q1),
+                );
+                let mut f = [0.0f32; 8];
+                // SAFETY: `f` is 8 f32s; the store is unaligned.
+                unsafe { _mm256_storeu_ps(f.as_mut_ptr(), _mm256_cvtepi32_ps(total)) };
+                for (&dd, &f) in dd.iter().zip(&f) {
+                    acc[0] = dd.mul_add(f, acc[0]);
+                }
+                first = 8 * (j + 1);
+            }
+        }
+        for (j, b) in row.chunks_exact(bytes).enumerate().skip(first) {
             let w = unpack(b);
             let d = f16c(b, 0);
             let aw = _mm256_sign_epi8(w, w);
-            for (acc, x) in acc.iter_mut().zip(&xs) {
-                let x = &x[j];
-                let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(load32(&x.qs), w));
-                let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x.d), s, *acc);
+            let mut sums = [_mm256_setzero_si256(); N];
+            for (s, x) in sums.iter_mut().zip(&xs) {
+                let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(load32(&x[j].qs), w));
+                *s = _mm256_madd_epi16(p, ones);
+            }
+            if N == 4 {
+                // Each row's 8 lanes added up, the four rows' totals in one vector.
+                let h = _mm256_hadd_epi32(
+                    _mm256_hadd_epi32(sums[0], sums[1]),
+                    _mm256_hadd_epi32(sums[2], sums[3]),
+                );
+                let s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                let xd = _mm_set_ps(xs[3][j].d, xs[2][j].d, xs[1][j].d, xs[0][j].d);
+                let dd = _mm_mul_ps(_mm_set1_ps(d), xd);
+                acc4 = _mm_fmadd_ps(dd, _mm_cvtepi32_ps(s), acc4);
+            } else {
+                for ((acc, x), s) in acc.iter_mut().zip(&xs).zip(&sums) {
+                    let s =
+                        _mm_add_epi32(_mm256_castsi256_si128(*s), _mm256_extracti128_si256(*s, 1));
+                    *acc = (d * x[j].d).mul_add(hsum_epi32(s) as f32, *acc);
+                }
             }
         }
-        acc.map(|v| hsum(v))
+        if N == 4 {
+            let mut four = [0.0f32; 4];
+            // SAFETY: `four` is 4 f32s; the store is unaligned.
+            unsafe { _mm_storeu_ps(four.as_mut_ptr(), acc4) };
+            acc[..4].copy_from_slice(&four);
+        }
+        acc
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

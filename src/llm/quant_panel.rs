@@ -1,5 +1,5 @@
-//! Q4_K and Q6_K weights eight rows at a time, interleaved (a "panel"), for products
-//! with many token rows (prompts, many streams).
+//! Q4_K, Q6_K and Q8_0 weights eight rows at a time, interleaved (a "panel"), for
+//! products with many token rows (prompts, many streams).
 //!
 //! A row-at-a-time kernel spends most of its instructions on work a single row cannot
 //! share: applying each sub-block's scale to each token's partial sums, and combining
@@ -8,6 +8,8 @@
 //! activations, the 16-bit partial sums of a sub-block add up in place (they cannot
 //! overflow: Q4_K 8 × 2 × 15 × 127, Q6_K 2 × 2 × 63 × 127, both < 32768), one `madd`
 //! applies 8 rows' scales, and the block's float update is one vector for 8 outputs.
+//! (Q8_0's products of two signed bytes cannot add up in 16 bits; its panels save the
+//! per-row float work only.)
 //!
 //! Packing is a transpose of 4-byte groups and costs about as much as one token's
 //! product, so a matrix product packs each block of rows once per call (into a
@@ -15,11 +17,14 @@
 //! and the weights stay mapped as they lie in the file.
 //!
 //! The outputs are the same bits as the row kernels' (`super::dot_q4k`,
-//! `super::dot_q6k`): the integer sums of a block are exact in any order, and the float
+//! `super::dot_q6k`, `super::dot_q8_0`): the integer sums of a block are exact in any order, and the float
 //! operations per (row, token) are the same, block by block (`acc = fma(d · x.d, sums,
 //! acc)`; for Q4_K the same for the mins, then `acc - mins`).
 
 use super::{f16_at, scale_min_k4, unpack_q6k, ActRow};
+
+/// Columns of one panel block (of any type).
+pub(crate) const PANEL_COLS: usize = 256;
 
 /// A weight type's panel: one 256-column block of eight rows.
 pub(crate) trait Panel: Copy + Default + 'static {
@@ -188,10 +193,52 @@ impl Panel for Q6KPanel {
     }
 }
 
+/// Eight Q8_0 blocks (256 columns) of eight rows, interleaved.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub(crate) struct Q8Panel {
+    /// Block `k`: each row's scale, as f32.
+    d: [[f32; 8]; 8],
+    /// Block `k`, group `j`: lane `r` holds row `r`'s weights `4j ..+ 4` of the block.
+    qs: [[[u32; 8]; 8]; 8],
+}
+
+impl Default for Q8Panel {
+    fn default() -> Q8Panel {
+        Q8Panel {
+            d: [[0.0; 8]; 8],
+            qs: [[[0; 8]; 8]; 8],
+        }
+    }
+}
+
+impl Panel for Q8Panel {
+    fn pack(rows: [&[u8]; 8], out: &mut [Q8Panel]) {
+        for (bi, p) in out.iter_mut().enumerate() {
+            for (r, row) in rows.iter().enumerate() {
+                for k in 0..8 {
+                    let at = 34 * (8 * bi + k);
+                    let b = &row[at..at + 34];
+                    p.d[k][r] = f16_at(b, 0);
+                    for (j, group) in p.qs[k].iter_mut().enumerate() {
+                        let q = &b[2 + 4 * j..6 + 4 * j];
+                        group[r] = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+                    }
+                }
+            }
+        }
+    }
+
+    fn gemm(panel: &[Q8Panel], acts: &[ActRow<'_>], out: &mut [[f32; 8]]) {
+        by_fours!(gemm_q8_0, panel, acts, out)
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::super::q8ks;
-    use super::{ActRow, Q4KPanel, Q6KPanel};
+    use super::super::q8s;
+    use super::{ActRow, Q4KPanel, Q6KPanel, Q8Panel};
     use std::arch::x86_64::*;
 
     /// The 8 lanes of `v` as a vector (aligned: panels are 32-byte aligned).
@@ -213,7 +260,7 @@ mod avx2 {
     /// Activations `at..at + 4` in every 32-bit lane.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    fn spread4(q: &[i8; 256], at: usize) -> __m256i {
+    fn spread4(q: &[i8], at: usize) -> __m256i {
         let q = &q[at..at + 4];
         // SAFETY: `q` holds 4 bytes; the read is unaligned.
         _mm256_set1_epi32(unsafe { (q.as_ptr() as *const i32).read_unaligned() })
@@ -322,6 +369,43 @@ mod avx2 {
                 let sums = _mm256_sub_epi32(sums[t], _mm256_slli_epi32(off, 5));
                 let xd = _mm256_set1_ps(x.d);
                 acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sums), acc[t]);
+            }
+        }
+        let mut out = [[0.0f32; 8]; N];
+        for t in 0..N {
+            // SAFETY: `out[t]` holds 8 f32s; the store is unaligned.
+            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn gemm_q8_0<const N: usize>(panel: &[Q8Panel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
+        let mut xs: [&[super::super::Q8]; N] = [&[]; N];
+        for (x, a) in xs.iter_mut().zip(a) {
+            *x = q8s(*a);
+        }
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); N];
+        for (b, p) in panel.iter().enumerate() {
+            for k in 0..8 {
+                let mut sums = [_mm256_setzero_si256(); N];
+                for j in 0..8 {
+                    let w = lanes(&p.qs[k][j]);
+                    // |w| times x with w's sign: maddubs wants its first operand unsigned.
+                    let aw = _mm256_sign_epi8(w, w);
+                    for t in 0..N {
+                        let x = _mm256_sign_epi8(spread4(&xs[t][8 * b + k].qs, 4 * j), w);
+                        let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x), ones);
+                        sums[t] = _mm256_add_epi32(sums[t], prod);
+                    }
+                }
+                let d = lanes_f(&p.d[k]);
+                for t in 0..N {
+                    let xd = _mm256_set1_ps(xs[t][8 * b + k].d);
+                    acc[t] =
+                        _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sums[t]), acc[t]);
+                }
             }
         }
         let mut out = [[0.0f32; 8]; N];

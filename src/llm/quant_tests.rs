@@ -263,7 +263,18 @@ fn kernels_give_the_same_bits_everywhere<P: panel::Panel>(t: WeightType, extreme
         .collect();
     xs[5] = vec![-2.5; n];
     let q = q8k_rows(&xs);
-    let acts: Vec<ActRow<'_>> = q.iter().map(|q| ActRow::Q8K(q)).collect();
+    let q8: Vec<Vec<Q8>> = xs
+        .iter()
+        .map(|x| {
+            let mut q = vec![Q8::default(); x.len() / 32];
+            quantize_q8(x, &mut q);
+            q
+        })
+        .collect();
+    let acts: Vec<ActRow<'_>> = match t.act() {
+        ActKind::Q8K => q.iter().map(|q| ActRow::Q8K(q)).collect(),
+        _ => q8.iter().map(|q| ActRow::Q8(q)).collect(),
+    };
     let expect: Vec<Vec<f32>> = rows
         .iter()
         .map(|row| {
@@ -322,4 +333,34 @@ fn q6k_kernels_give_the_same_bits_everywhere() {
             *sc = if s % 2 == 0 { 0x7f } else { 0x80 };
         }
     });
+}
+
+#[test]
+fn q8_0_kernels_give_the_same_bits_everywhere() {
+    // Weights of -128 (only a hand-made file holds them) and 127 in turn.
+    kernels_give_the_same_bits_everywhere::<panel::Q8Panel>(WeightType::Q8_0, |b| {
+        for (i, q) in b[2..].iter_mut().enumerate() {
+            *q = if i % 2 == 0 { 0x80 } else { 0x7f };
+        }
+    });
+}
+
+#[test]
+fn blocks32_kernels_give_the_bits_of_the_portable_ones() {
+    // Four rows at once (one vector of sums) and one at a time.
+    // Blocks in whole eights and not.
+    for (t, n) in [
+        (WeightType::Q4_0, 512),
+        (WeightType::Q5_0, 512),
+        (WeightType::Q8_0, 352),
+        (WeightType::Q4_0, 96),
+    ] {
+        let row = random_row(t, n, 77);
+        let xs: Vec<Vec<f32>> = (0..6).map(|i| act(n, 90 + i)).collect();
+        let refs: Vec<&[f32]> = xs.iter().map(|x| &x[..]).collect();
+        let fast = dots_with(dot_fn(t), t, &row, &refs);
+        let portable = dots_with(portable_dot_fn(t), t, &row, &refs);
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fast), bits(&portable), "{}", t.name());
+    }
 }
