@@ -1046,8 +1046,6 @@ mod avx2 {
     fn dot_q6k<const N: usize>(row: &[u8], a: &[ActRow<'_>]) -> [f32; N] {
         let xs = q8ks_n::<N>(a);
         let mut acc = [0.0f32; N];
-        let low = _mm256_set1_epi8(0xf);
-        let three = _mm256_set1_epi8(3);
         for (j, b) in row.chunks_exact(210).enumerate() {
             let sc = &b[192..208];
             let d = f16c(b, 208);
@@ -1067,20 +1065,7 @@ mod avx2 {
                 let qh = load32(&b[128 + 32 * n..]);
                 let (l0, l1) = (load32(ql), load32(&ql[32..]));
                 for k in 0..4 {
-                    let lowbits = match k {
-                        0 => _mm256_and_si256(l0, low),
-                        1 => _mm256_and_si256(l1, low),
-                        2 => _mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
-                        _ => _mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
-                    };
-                    let h = match k {
-                        0 => qh,
-                        1 => _mm256_srli_epi16(qh, 2),
-                        2 => _mm256_srli_epi16(qh, 4),
-                        _ => _mm256_srli_epi16(qh, 6),
-                    };
-                    let q =
-                        _mm256_or_si256(lowbits, _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
+                    let q = q6k_quarter(l0, l1, qh, k);
                     let e = (8 * n + 2 * k) as i16;
                     let mask =
                         _mm256_set_m128i(_mm_set1_epi16(pick(e + 1)), _mm_set1_epi16(pick(e)));
@@ -1107,28 +1092,37 @@ mod avx2 {
         acc
     }
 
+    /// Quarter `k` (32 weights, as stored: 0..=63) of one half of a Q6_K block, from the
+    /// half's two 32-byte runs of low nibbles (`l0`, `l1`) and its 32 bytes of high bits.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn q6k_quarter(l0: __m256i, l1: __m256i, qh: __m256i, k: usize) -> __m256i {
+        let low = _mm256_set1_epi8(0xf);
+        let lowbits = match k {
+            0 => _mm256_and_si256(l0, low),
+            1 => _mm256_and_si256(l1, low),
+            2 => _mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
+            _ => _mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+        };
+        let h = match k {
+            0 => qh,
+            1 => _mm256_srli_epi16(qh, 2),
+            2 => _mm256_srli_epi16(qh, 4),
+            _ => _mm256_srli_epi16(qh, 6),
+        };
+        let high = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(3)), 4);
+        _mm256_or_si256(lowbits, high)
+    }
+
     /// [`super::unpack_q6k`].
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn unpack_q6k(b: &[u8], out: &mut [u8; 256]) {
-        let (low, three) = (_mm256_set1_epi8(0xf), _mm256_set1_epi8(3));
         for n in 0..2 {
             let ql = &b[64 * n..];
             let qh = load32(&b[128 + 32 * n..]);
             let (l0, l1) = (load32(ql), load32(&ql[32..]));
             for k in 0..4 {
-                let lowbits = match k {
-                    0 => _mm256_and_si256(l0, low),
-                    1 => _mm256_and_si256(l1, low),
-                    2 => _mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
-                    _ => _mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
-                };
-                let h = match k {
-                    0 => qh,
-                    1 => _mm256_srli_epi16(qh, 2),
-                    2 => _mm256_srli_epi16(qh, 4),
-                    _ => _mm256_srli_epi16(qh, 6),
-                };
-                let q = _mm256_or_si256(lowbits, _mm256_slli_epi16(_mm256_and_si256(h, three), 4));
+                let q = q6k_quarter(l0, l1, qh, k);
                 let o = &mut out[128 * n + 32 * k..128 * n + 32 * k + 32];
                 // SAFETY: `o` holds 32 bytes; the store is unaligned.
                 unsafe { _mm256_storeu_si256(o.as_mut_ptr() as *mut __m256i, q) };

@@ -67,22 +67,8 @@ fn dot_with(f: DotFn, t: WeightType, row: &[u8], x: &[f32]) -> f32 {
 
 /// The dots of `row` with each of `xs` in one kernel call.
 fn dots_with(f: DotFn, t: WeightType, row: &[u8], xs: &[&[f32]]) -> Vec<f32> {
-    let q8: Vec<Vec<Q8>> = xs
-        .iter()
-        .map(|x| {
-            let mut q = vec![Q8::default(); x.len() / 32];
-            quantize_q8(x, &mut q);
-            q
-        })
-        .collect();
-    let q8k: Vec<Vec<Q8K>> = xs
-        .iter()
-        .map(|x| {
-            let mut q = vec![Q8K::default(); x.len() / 256];
-            quantize_q8k(x, &mut q);
-            q
-        })
-        .collect();
+    let q8 = q8_rows(xs);
+    let q8k = q8k_rows(xs);
     let acts: Vec<ActRow<'_>> = (0..xs.len())
         .map(|i| match t.act() {
             ActKind::F32 => ActRow::F32(xs[i]),
@@ -239,11 +225,24 @@ fn activations_quantize_within_half_a_step() {
 }
 
 /// Q8_K rows of `xs`.
-fn q8k_rows(xs: &[Vec<f32>]) -> Vec<Vec<Q8K>> {
+fn q8k_rows(xs: &[impl AsRef<[f32]>]) -> Vec<Vec<Q8K>> {
     xs.iter()
         .map(|x| {
+            let x = x.as_ref();
             let mut q = vec![Q8K::default(); x.len() / 256];
             quantize_q8k(x, &mut q);
+            q
+        })
+        .collect()
+}
+
+/// Q8 rows of `xs`.
+fn q8_rows(xs: &[impl AsRef<[f32]>]) -> Vec<Vec<Q8>> {
+    xs.iter()
+        .map(|x| {
+            let x = x.as_ref();
+            let mut q = vec![Q8::default(); x.len() / 32];
+            quantize_q8(x, &mut q);
             q
         })
         .collect()
@@ -263,14 +262,7 @@ fn kernels_give_the_same_bits_everywhere<P: panel::Panel>(t: WeightType, extreme
         .collect();
     xs[5] = vec![-2.5; n];
     let q = q8k_rows(&xs);
-    let q8: Vec<Vec<Q8>> = xs
-        .iter()
-        .map(|x| {
-            let mut q = vec![Q8::default(); x.len() / 32];
-            quantize_q8(x, &mut q);
-            q
-        })
-        .collect();
+    let q8 = q8_rows(&xs);
     let acts: Vec<ActRow<'_>> = match t.act() {
         ActKind::Q8K => q.iter().map(|q| ActRow::Q8K(q)).collect(),
         _ => q8.iter().map(|q| ActRow::Q8(q)).collect(),
