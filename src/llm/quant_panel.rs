@@ -37,6 +37,22 @@ pub(crate) trait Panel: Copy + Default + 'static {
     fn gemm(panel: &[Self], acts: &[ActRow<'_>], out: &mut [[f32; 8]]);
 }
 
+/// `dst[j][r]` = bytes `4j ..+ 4` of `src[r]` (32 bytes each): eight rows' 4-byte
+/// groups interleaved (an 8 x 8 transpose of 32-bit words).
+fn interleave(src: [&[u8]; 8], dst: &mut [[u32; 8]; 8]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::avx2::available() {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { avx2::interleave(src, dst) };
+    }
+    for (r, row) in src.iter().enumerate() {
+        for (j, group) in dst.iter_mut().enumerate() {
+            let q = &row[4 * j..4 * j + 4];
+            group[r] = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+        }
+    }
+}
+
 /// Runs `kernel::<4>` over groups of 4 activation rows, then `kernel::<1>` over the
 /// rest.
 macro_rules! by_fours {
@@ -122,12 +138,10 @@ impl Panel for Q4KPanel {
                 for (q, m) in p.mins.iter_mut().enumerate() {
                     m[r] = mins[2 * q] | (mins[2 * q + 1] << 16);
                 }
-                for (c, chunk) in p.qs.iter_mut().enumerate() {
-                    for (j, group) in chunk.iter_mut().enumerate() {
-                        let at = 16 + 32 * c + 4 * j;
-                        group[r] = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-                    }
-                }
+            }
+            for (c, chunk) in p.qs.iter_mut().enumerate() {
+                let at = 144 * bi + 16 + 32 * c;
+                interleave(std::array::from_fn(|r| &rows[r][at..at + 32]), chunk);
             }
         }
     }
@@ -216,15 +230,13 @@ impl Panel for Q8Panel {
     fn pack(rows: [&[u8]; 8], out: &mut [Q8Panel]) {
         for (bi, p) in out.iter_mut().enumerate() {
             for (r, row) in rows.iter().enumerate() {
-                for k in 0..8 {
-                    let at = 34 * (8 * bi + k);
-                    let b = &row[at..at + 34];
-                    p.d[k][r] = f16_at(b, 0);
-                    for (j, group) in p.qs[k].iter_mut().enumerate() {
-                        let q = &b[2 + 4 * j..6 + 4 * j];
-                        group[r] = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
-                    }
+                for (k, d) in p.d.iter_mut().enumerate() {
+                    d[r] = f16_at(row, 34 * (8 * bi + k));
                 }
+            }
+            for (k, block) in p.qs.iter_mut().enumerate() {
+                let at = 34 * (8 * bi + k) + 2;
+                interleave(std::array::from_fn(|r| &rows[r][at..at + 32]), block);
             }
         }
     }
@@ -255,6 +267,52 @@ mod avx2 {
     fn lanes_f(v: &[f32; 8]) -> __m256 {
         // SAFETY: as in `lanes`.
         unsafe { _mm256_load_ps(v.as_ptr()) }
+    }
+
+    /// [`super::interleave`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn interleave(src: [&[u8]; 8], dst: &mut [[u32; 8]; 8]) {
+        let mut v = [_mm256_setzero_ps(); 8];
+        for (v, s) in v.iter_mut().zip(src) {
+            let s = &s[..32];
+            // SAFETY: `s` holds 32 bytes; the load is unaligned.
+            *v = _mm256_castsi256_ps(unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) });
+        }
+        let [a0, a1, a2, a3, a4, a5, a6, a7] = v;
+        let (t0, t1) = (_mm256_unpacklo_ps(a0, a1), _mm256_unpackhi_ps(a0, a1));
+        let (t2, t3) = (_mm256_unpacklo_ps(a2, a3), _mm256_unpackhi_ps(a2, a3));
+        let (t4, t5) = (_mm256_unpacklo_ps(a4, a5), _mm256_unpackhi_ps(a4, a5));
+        let (t6, t7) = (_mm256_unpacklo_ps(a6, a7), _mm256_unpackhi_ps(a6, a7));
+        let (u0, u1) = (
+            _mm256_shuffle_ps::<0x44>(t0, t2),
+            _mm256_shuffle_ps::<0xee>(t0, t2),
+        );
+        let (u2, u3) = (
+            _mm256_shuffle_ps::<0x44>(t1, t3),
+            _mm256_shuffle_ps::<0xee>(t1, t3),
+        );
+        let (u4, u5) = (
+            _mm256_shuffle_ps::<0x44>(t4, t6),
+            _mm256_shuffle_ps::<0xee>(t4, t6),
+        );
+        let (u6, u7) = (
+            _mm256_shuffle_ps::<0x44>(t5, t7),
+            _mm256_shuffle_ps::<0xee>(t5, t7),
+        );
+        let out = [
+            _mm256_permute2f128_ps::<0x20>(u0, u4),
+            _mm256_permute2f128_ps::<0x20>(u1, u5),
+            _mm256_permute2f128_ps::<0x20>(u2, u6),
+            _mm256_permute2f128_ps::<0x20>(u3, u7),
+            _mm256_permute2f128_ps::<0x31>(u0, u4),
+            _mm256_permute2f128_ps::<0x31>(u1, u5),
+            _mm256_permute2f128_ps::<0x31>(u2, u6),
+            _mm256_permute2f128_ps::<0x31>(u3, u7),
+        ];
+        for (d, o) in dst.iter_mut().zip(out) {
+            // SAFETY: `d` is 8 u32s (32 bytes); the store is unaligned.
+            unsafe { _mm256_storeu_ps(d.as_mut_ptr() as *mut f32, o) };
+        }
     }
 
     /// Activations `at..at + 4` in every 32-bit lane.
