@@ -187,44 +187,7 @@ fn scores_f16_avx2(q: &[f32], keys: &[u16], divisor: f32, out: &mut [f32]) {
                 }
             }
             // Lane l of every key in one vector, then reduce8's sums.
-            let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
-            let (t0, t1) = (_mm256_unpacklo_ps(a0, a1), _mm256_unpackhi_ps(a0, a1));
-            let (t2, t3) = (_mm256_unpacklo_ps(a2, a3), _mm256_unpackhi_ps(a2, a3));
-            let (t4, t5) = (_mm256_unpacklo_ps(a4, a5), _mm256_unpackhi_ps(a4, a5));
-            let (t6, t7) = (_mm256_unpacklo_ps(a6, a7), _mm256_unpackhi_ps(a6, a7));
-            let (u0, u1) = (
-                _mm256_shuffle_ps::<0x44>(t0, t2),
-                _mm256_shuffle_ps::<0xee>(t0, t2),
-            );
-            let (u2, u3) = (
-                _mm256_shuffle_ps::<0x44>(t1, t3),
-                _mm256_shuffle_ps::<0xee>(t1, t3),
-            );
-            let (u4, u5) = (
-                _mm256_shuffle_ps::<0x44>(t4, t6),
-                _mm256_shuffle_ps::<0xee>(t4, t6),
-            );
-            let (u6, u7) = (
-                _mm256_shuffle_ps::<0x44>(t5, t7),
-                _mm256_shuffle_ps::<0xee>(t5, t7),
-            );
-            let lane = |lo: __m256, hi: __m256, high: bool| {
-                if high {
-                    _mm256_permute2f128_ps::<0x31>(lo, hi)
-                } else {
-                    _mm256_permute2f128_ps::<0x20>(lo, hi)
-                }
-            };
-            let l: [__m256; 8] = [
-                lane(u0, u4, false),
-                lane(u1, u5, false),
-                lane(u2, u6, false),
-                lane(u3, u7, false),
-                lane(u0, u4, true),
-                lane(u1, u5, true),
-                lane(u2, u6, true),
-                lane(u3, u7, true),
-            ];
+            let l = super::kernels::transpose8(acc);
             let sum = _mm256_add_ps(
                 _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[1], l[5])),
                 _mm256_add_ps(_mm256_add_ps(l[2], l[6]), _mm256_add_ps(l[3], l[7])),

@@ -278,37 +278,7 @@ mod avx2 {
             // SAFETY: `s` holds 32 bytes; the load is unaligned.
             *v = _mm256_castsi256_ps(unsafe { _mm256_loadu_si256(s.as_ptr() as *const __m256i) });
         }
-        let [a0, a1, a2, a3, a4, a5, a6, a7] = v;
-        let (t0, t1) = (_mm256_unpacklo_ps(a0, a1), _mm256_unpackhi_ps(a0, a1));
-        let (t2, t3) = (_mm256_unpacklo_ps(a2, a3), _mm256_unpackhi_ps(a2, a3));
-        let (t4, t5) = (_mm256_unpacklo_ps(a4, a5), _mm256_unpackhi_ps(a4, a5));
-        let (t6, t7) = (_mm256_unpacklo_ps(a6, a7), _mm256_unpackhi_ps(a6, a7));
-        let (u0, u1) = (
-            _mm256_shuffle_ps::<0x44>(t0, t2),
-            _mm256_shuffle_ps::<0xee>(t0, t2),
-        );
-        let (u2, u3) = (
-            _mm256_shuffle_ps::<0x44>(t1, t3),
-            _mm256_shuffle_ps::<0xee>(t1, t3),
-        );
-        let (u4, u5) = (
-            _mm256_shuffle_ps::<0x44>(t4, t6),
-            _mm256_shuffle_ps::<0xee>(t4, t6),
-        );
-        let (u6, u7) = (
-            _mm256_shuffle_ps::<0x44>(t5, t7),
-            _mm256_shuffle_ps::<0xee>(t5, t7),
-        );
-        let out = [
-            _mm256_permute2f128_ps::<0x20>(u0, u4),
-            _mm256_permute2f128_ps::<0x20>(u1, u5),
-            _mm256_permute2f128_ps::<0x20>(u2, u6),
-            _mm256_permute2f128_ps::<0x20>(u3, u7),
-            _mm256_permute2f128_ps::<0x31>(u0, u4),
-            _mm256_permute2f128_ps::<0x31>(u1, u5),
-            _mm256_permute2f128_ps::<0x31>(u2, u6),
-            _mm256_permute2f128_ps::<0x31>(u3, u7),
-        ];
+        let out = super::super::super::kernels::transpose8(v);
         for (d, o) in dst.iter_mut().zip(out) {
             // SAFETY: `d` is 8 u32s (32 bytes); the store is unaligned.
             unsafe { _mm256_storeu_ps(d.as_mut_ptr() as *mut f32, o) };
