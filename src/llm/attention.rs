@@ -400,6 +400,24 @@ mod tests {
     use super::*;
     use crate::llm::kernels::tests::bits;
 
+    /// One token's attention by the path this CPU takes and by the baseline over a
+    /// widened copy.
+    fn both_paths(
+        shape: &AttentionShape,
+        q: &[f32],
+        kv: &KvCache,
+        blocks: &[u32],
+        pos: usize,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let e = shape.n_head * shape.head_dim;
+        let (mut a, mut b) = (vec![0.0; e], vec![0.0; e]);
+        let mut scratch = Scratch::default();
+        attend(shape, q, kv, blocks, pos, &mut scratch, &mut a);
+        let none = None::<F16Fns>;
+        attend_body(shape, q, kv, blocks, pos, &mut scratch, &mut b, dot, none);
+        (a, b)
+    }
+
     #[test]
     fn attention_versions_agree_bitwise() {
         use crate::llm::config::Gpt2Config;
@@ -429,23 +447,8 @@ mod tests {
             layer: 0,
             divisor: 20f32.sqrt(),
         };
-        let mut scores = Scratch::default();
         for pos in [0, 4, 5, 37, 63] {
-            let mut a = vec![0.0; 60];
-            let mut b = vec![0.0; 60];
-            attend(&shape, &q, &kv, &blocks, pos, &mut scores, &mut a);
-            let none = None::<F16Fns>;
-            attend_body(
-                &shape,
-                &q,
-                &kv,
-                &blocks,
-                pos,
-                &mut scores,
-                &mut b,
-                dot,
-                none,
-            );
+            let (a, b) = both_paths(&shape, &q, &kv, &blocks, pos);
             assert_eq!(bits(&a), bits(&b), "position {pos}");
         }
         // An F16 cache: the AVX2 path reads it as it lies, the baseline widens a copy;
@@ -465,21 +468,7 @@ mod tests {
             kv16.write(blocks[p / 5] as usize, p % 5, 0, &k, &v);
         }
         for pos in [0, 4, 5, 37, 63] {
-            let mut a = vec![0.0; 60];
-            let mut b = vec![0.0; 60];
-            attend(&shape, &q, &kv16, &blocks, pos, &mut scores, &mut a);
-            let none = None::<F16Fns>;
-            attend_body(
-                &shape,
-                &q,
-                &kv16,
-                &blocks,
-                pos,
-                &mut scores,
-                &mut b,
-                dot,
-                none,
-            );
+            let (a, b) = both_paths(&shape, &q, &kv16, &blocks, pos);
             assert_eq!(bits(&a), bits(&b), "F16 cache, position {pos}");
         }
     }
@@ -519,23 +508,8 @@ mod tests {
                 kv.write(blocks[p / tpb] as usize, p % tpb, 0, &k, &v);
             }
             let q: Vec<f32> = (0..n_head * hd).map(|d| val(100_000 + d)).collect();
-            let mut scratch = Scratch::default();
             for pos in [0, 7, 8, tpb, 2 * tpb + 9, positions - 1] {
-                let mut a = vec![0.0; n_head * hd];
-                let mut b = vec![0.0; n_head * hd];
-                attend(&shape, &q, &kv, &blocks, pos, &mut scratch, &mut a);
-                let none = None::<F16Fns>;
-                attend_body(
-                    &shape,
-                    &q,
-                    &kv,
-                    &blocks,
-                    pos,
-                    &mut scratch,
-                    &mut b,
-                    dot,
-                    none,
-                );
+                let (a, b) = both_paths(&shape, &q, &kv, &blocks, pos);
                 assert_eq!(bits(&a), bits(&b), "head width {hd}, position {pos}");
             }
         }
