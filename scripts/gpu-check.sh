@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Validates libinfer on a real NVIDIA GPU: the GPU test suite (tests/gpu.rs, which runs its
-# device checks only where a GPU is usable), ONNX's node test cases on the GPU executor, and
-# the ONNX suites a default server runs (GPU use AUTO) on a machine that has a GPU.
+# device checks only where a GPU is usable), ONNX's node test cases on the GPU executor
+# (and under compute-sanitizer's memcheck, racecheck and synccheck where it is installed),
+# real packaged models and random-weight ResNet-50- and BERT-base-shaped networks against
+# onnxruntime, a GEMM under each precision (FP32, TF32, FP16, BF16) against float64 within
+# the precision's error bound (scripts/random_models.py), and the ONNX suites a default
+# server runs (GPU use AUTO) on a machine that has a GPU.
 #
 #   scripts/gpu-check.sh                       build here (cargo) and run here
 #   scripts/gpu-check.sh --pack DIR            build here, write to DIR what a GPU machine
-#                                              without Rust needs (stripped test binaries and
-#                                              the prepared ONNX cases, compressed)
+#                                              without Rust needs (stripped test binaries in
+#                                              one archive, the prepared ONNX cases and the
+#                                              packaged models, compressed: about 40 MiB)
 #   scripts/gpu-check.sh --prebuilt DIR        run what --pack wrote to DIR
 #   scripts/gpu-check.sh --stand-in DIR        build here, run against the stand-in CUDA
 #                                              libraries of tests/fixtures/build_fakes.sh DIR
@@ -19,7 +24,9 @@
 # interleaved, two rounds; GPU_CHECK_TORCH=0 leaves PyTorch out), --bench-only (the
 # benchmarks alone). Needs on the GPU machine: the NVIDIA driver (CUDA 13 or newer),
 # NVRTC and cuBLAS (found by the loader, or in the CUDA toolkit's or the nvidia-* Python
-# wheels' folders, which this script adds), a C compiler for the stand-in checks.
+# wheels' folders, which this script adds), a C compiler for the stand-in checks, a Python
+# with numpy, onnx and onnxruntime for the random-weight models (GPU_CHECK_PYTHON names
+# one; without onnxruntime only the GEMMs run, without onnx none).
 # Exit status 0 only when every step passed; the summary names each step's outcome.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -97,12 +104,19 @@ if [[ $MODE == pack ]]; then
     mkdir -p "$PACK_DIR"
     PACK_DIR=$(cd "$PACK_DIR" && pwd)
     cargo build --release >/dev/null 2>&1 || true
+    # The test binaries are mostly the same library: one archive, compressed in one
+    # stream with a dictionary wider than a binary, stores it about once (19 MiB for six
+    # binaries of 41 MiB, where one file each took 48 MiB).
+    bins=$(mktemp -d)
     build_suites | while read -r name exe; do
         echo "-- $name: $exe"
-        strip -o "$PACK_DIR/$name" "$exe" && xz -T0 -f "$PACK_DIR/$name"
+        strip -o "$bins/$name" "$exe"
     done
     bench=$(build_bench)
-    [[ -n $bench ]] && strip -o "$PACK_DIR/bench_gpu" "$bench" && xz -T0 -f "$PACK_DIR/bench_gpu"
+    [[ -n $bench ]] && strip -o "$bins/bench_gpu" "$bench"
+    rm -f "$PACK_DIR"/*.xz
+    (cd "$bins" && tar -cf - ./*) | xz -T1 --lzma2=preset=6,dict=96MiB >"$PACK_DIR/binaries.tar.xz"
+    rm -rf "$bins"
     cases=$(prepare_conformance)
     tar -C "$(dirname "$cases")" --exclude='report*.tsv' -cJf "$PACK_DIR/onnx-conformance.tar.xz" \
         "$(basename "$cases")"
@@ -125,11 +139,10 @@ CASES="" MODELS=""
 if [[ $MODE == prebuilt ]]; then
     PREBUILT=$(cd "$PREBUILT" && pwd)
     work=$(mktemp -d)
-    for s in "${SUITES[@]}"; do
-        xz -dc "$PREBUILT/$s.xz" >"$work/$s" && chmod +x "$work/$s" && BIN[$s]=$work/$s
+    tar -C "$work" -xJf "$PREBUILT/binaries.tar.xz" || echo "gpu-check: cannot unpack $PREBUILT/binaries.tar.xz"
+    for s in "${SUITES[@]}" bench_gpu; do
+        [[ -f $work/$s ]] && chmod +x "$work/$s" && BIN[$s]=$work/$s
     done
-    [[ -f $PREBUILT/bench_gpu.xz ]] && xz -dc "$PREBUILT/bench_gpu.xz" >"$work/bench_gpu" &&
-        chmod +x "$work/bench_gpu" && BIN[bench_gpu]=$work/bench_gpu
     tar -C "$work" -xJf "$PREBUILT/onnx-conformance.tar.xz" && CASES=$work/onnx-conformance
     if [[ -f $PREBUILT/packaged.tar.xz ]]; then
         mkdir -p "$work/packaged" && tar -C "$work/packaged" -xJf "$PREBUILT/packaged.tar.xz" &&
@@ -155,6 +168,16 @@ else
         MODELS=$packaged
     fi
 fi
+
+# The Python that writes scripts/random_models.py's models: one with numpy and onnx (and
+# onnxruntime for the networks' references): the GPU machine's own python3 where the
+# binaries were built elsewhere, else the conformance's environment.
+RANDOM_PY=""
+for py in ${GPU_CHECK_PYTHON:-} $([[ $MODE == prebuilt ]] && echo python3) \
+    "$ROOT/${CARGO_TARGET_DIR:-target}/onnx-venv/bin/python" python3; do
+    if "$py" -c 'import numpy, onnx' 2>/dev/null; then RANDOM_PY=$py; break; fi
+done
+[[ -z $RANDOM_PY ]] && echo "gpu-check: no Python with numpy and onnx here: the random-weight models are left out"
 
 # ---- the machine
 NVRTC_DIR=""
@@ -236,12 +259,37 @@ if [[ -n $CASES && -n $SANITIZER && $QUICK == 0 && -z $STAND_IN ]]; then
         "$SANITIZER" --tool memcheck --error-exitcode 1 --print-limit 20 \
         "${BIN[onnx_conformance]}" --nocapture
     grep -E "ERROR SUMMARY|Invalid|Misaligned" "$OUT/memcheck.log" | head -20
+    # racecheck (shared-memory hazards between a block's threads) and synccheck (barriers
+    # that not every thread reaches) over the families whose kernels share memory.
+    for tool in racecheck synccheck; do
+        step "$tool" 120 env INFER_ONNX_CONFORMANCE_GPU=1 INFER_ONNX_CONFORMANCE_DIR="$CASES" \
+            INFER_ONNX_CONFORMANCE_TIMEOUT_S=60 \
+            INFER_ONNX_CONFORMANCE_FILTER="${GPU_CHECK_RACECHECK_FILTER:-gemm,matmul,reduce,softmax,layer_norm,topk,cumsum,conv,attention,einsum}" \
+            "$SANITIZER" --tool "$tool" --error-exitcode 1 --print-limit 20 \
+            "${BIN[onnx_conformance]}" --nocapture
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard|Barrier" "$OUT/$tool.log" | head -10
+    done
 fi
 if [[ -n $MODELS ]]; then
     # Real models on KIND_GPU instances against onnxruntime's outputs (the references
     # were computed where the models were prepared).
     step packaged_gpu 200 env INFER_PACKAGED_ENGINE=gpu INFER_PACKAGED_MODELS_DIR="$MODELS" \
         "${BIN[onnx_packaged]}" --nocapture
+fi
+if [[ $QUICK == 0 && -n $RANDOM_PY ]]; then
+    # Random-weight ResNet-50- and BERT-base-shaped networks against onnxruntime on the
+    # CPU, and a GEMM under each precision (FP32, TF32, FP16, BF16) against float64 with
+    # the precision's error bound (scripts/random_models.py; smaller shapes on the
+    # stand-in, which computes on the host). Every model must load on the GPU.
+    random_dir=$(mktemp -d)
+    small=()
+    [[ -n $STAND_IN ]] && small=(--small)
+    step random_models_prepare 300 "$RANDOM_PY" scripts/random_models.py "$random_dir" "${small[@]}"
+    cat "$OUT/random_models_prepare.log"
+    if [[ ${RESULT[random_models_prepare]} == "rc 0,"* ]]; then
+        step random_models_gpu 300 env INFER_PACKAGED_ENGINE=gpu INFER_PACKAGED_ALL_LOAD=1 \
+            INFER_PACKAGED_MODELS_DIR="$random_dir" "${BIN[onnx_packaged]}" --nocapture
+    fi
 fi
 if [[ $QUICK == 0 ]]; then
     step onnx_backend 100 "${BIN[onnx_backend]}" --test-threads=4

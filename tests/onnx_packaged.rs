@@ -10,6 +10,10 @@
 //! same input got the first time, whatever ran in between (a model with an LSTM answered
 //! the second request from the first one's state before the run state was reset per run).
 //!
+//! `scripts/random_models.py OUT` writes folders of the same form (random-weight ResNet-50-
+//! and BERT-base-shaped networks, GEMMs under each GPU precision) that scripts/gpu-check.sh
+//! runs here on a GPU with `INFER_PACKAGED_ALL_LOAD=1`: a refusal at load fails too.
+//!
 //! Run: `INFER_PACKAGED_MODELS_DIR=OUT cargo test --release --test onnx_packaged -- --nocapture`.
 
 mod common;
@@ -74,9 +78,12 @@ struct Case {
 }
 
 /// |got - want| <= atol + rtol |want| (the script may loosen it for a quantized model).
+/// `min_error`, where given, is a floor on the largest |got - want|: a model whose config
+/// asks for reduced precision (scripts/random_models.py's GEMMs) must show it.
 struct Tolerance {
     atol: f64,
     rtol: f64,
+    min_error: Option<f64>,
 }
 
 fn tensors(dir: &Path, v: &serde_json::Value) -> Vec<Tensor> {
@@ -98,7 +105,8 @@ fn tensors(dir: &Path, v: &serde_json::Value) -> Vec<Tensor> {
         .collect()
 }
 
-fn cases(dir: &Path) -> (Vec<Case>, Tolerance) {
+/// The cases, their tolerance, and what computed the references.
+fn cases(dir: &Path) -> (Vec<Case>, Tolerance, String) {
     let text = std::fs::read_to_string(dir.join("cases.json")).expect("cases.json");
     let v: serde_json::Value = serde_json::from_str(&text).expect("cases.json is JSON");
     let cases = (v["cases"].as_array().expect("cases").iter())
@@ -110,8 +118,21 @@ fn cases(dir: &Path) -> (Vec<Case>, Tolerance) {
     let tol = Tolerance {
         atol: v["tolerance"]["atol"].as_f64().unwrap_or(1e-4),
         rtol: v["tolerance"]["rtol"].as_f64().unwrap_or(1e-3),
+        min_error: v["min_error"].as_f64(),
     };
-    (cases, tol)
+    let reference = match (v["reference"].as_str(), v["onnxruntime"].as_str()) {
+        (Some(r), _) => r.to_owned(),
+        (None, Some(version)) => format!("onnxruntime {version}"),
+        (None, None) => "onnxruntime".to_owned(),
+    };
+    (cases, tol, reference)
+}
+
+/// The largest differences to the reference: relative (to max(|want|, 1e-3)) and absolute.
+#[derive(Default)]
+struct Worst {
+    relative: f64,
+    absolute: f64,
 }
 
 /// A response's outputs: shape and bytes of each.
@@ -127,7 +148,7 @@ fn served_shape(shape: &[i64]) -> Vec<i64> {
 }
 
 /// Runs `case`; its outputs' shapes and values, checked against onnxruntime's.
-fn run(s: &Server, model: &str, case: &Case, tol: &Tolerance, worst: &mut f64) -> Answer {
+fn run(s: &Server, model: &str, case: &Case, tol: &Tolerance, worst: &mut Worst) -> Answer {
     let r = s.request(model);
     for t in &case.inputs {
         ok(r.try_input(
@@ -158,10 +179,11 @@ fn run(s: &Server, model: &str, case: &Case, tol: &Tolerance, worst: &mut f64) -
                 let d = (g - w).abs();
                 assert!(
                     d <= tol.atol + tol.rtol * w.abs(),
-                    "{model}: output '{}' element {i}: {g}, onnxruntime {w}",
+                    "{model}: output '{}' element {i}: {g}, reference {w}",
                     want.name
                 );
-                *worst = worst.max(d / w.abs().max(1e-3));
+                worst.relative = worst.relative.max(d / w.abs().max(1e-3));
+                worst.absolute = worst.absolute.max(d);
             }
             (shape, bytes)
         })
@@ -188,6 +210,7 @@ fn packaged_models_match_onnxruntime_on_every_request() {
     // onnxruntime or is refused at load with UNSUPPORTED (never a wrong answer).
     let engine = std::env::var("INFER_PACKAGED_ENGINE").unwrap_or_default();
     let (tract, gpu) = (engine == "tract", engine == "gpu");
+    let all_load = std::env::var_os("INFER_PACKAGED_ALL_LOAD").is_some_and(|v| v == "1");
     let s = if gpu {
         let mut opts = std::ptr::null_mut();
         ok(unsafe { infer_server_options_new(&mut opts) });
@@ -210,14 +233,14 @@ fn packaged_models_match_onnxruntime_on_every_request() {
             config.push_str("\ninstance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]\n");
         }
         let st = s.try_load_dir(&model, &config, dir);
-        if (tract || gpu) && st == INFER_STATUS_UNSUPPORTED {
+        if (tract || gpu) && st == INFER_STATUS_UNSUPPORTED && !all_load {
             let why = last_error();
             println!("{model} ({engine}): refused at load: {why}");
             refused.push(model);
             continue;
         }
         assert_eq!(st, INFER_STATUS_OK, "{model}: {}", last_error());
-        let (cases, tol) = cases(dir);
+        let (cases, tol, reference) = cases(dir);
         // The first case twice, then every case again after the others: 0, 0, 1, 0, 1, 0...
         let n = cases.len();
         let order: Vec<usize> = [0, 0]
@@ -225,7 +248,7 @@ fn packaged_models_match_onnxruntime_on_every_request() {
             .chain((0..3).flat_map(|_| (1..n).chain([0])))
             .collect();
         let mut first: Vec<Option<Answer>> = vec![None; n];
-        let mut worst = 0f64;
+        let mut worst = Worst::default();
         for (k, &c) in order.iter().enumerate() {
             let got = run(&s, &model, &cases[c], &tol, &mut worst);
             match &first[c] {
@@ -236,15 +259,30 @@ fn packaged_models_match_onnxruntime_on_every_request() {
                 ),
             }
         }
+        if let Some(floor) = tol.min_error {
+            assert!(
+                worst.absolute >= floor,
+                "{model}: the largest difference to the reference, {:.3e}, is under {floor:.3e}, \
+                 what rounding the inputs to the precision its config asks for gives: that \
+                 precision was not applied",
+                worst.absolute
+            );
+        }
         println!(
             "{model}{}: {} requests over {n} inputs, each input answered bit for bit alike, \
-             largest relative difference to onnxruntime {worst:.1e}",
+             largest difference to {} {:.1e} relative, {:.1e} absolute{}",
             if engine.is_empty() {
                 String::new()
             } else {
                 format!(" ({engine})")
             },
-            order.len()
+            order.len(),
+            reference,
+            worst.relative,
+            worst.absolute,
+            tol.min_error
+                .map(|f| format!(" (tolerance {:.1e}, at least {f:.1e})", tol.atol))
+                .unwrap_or_default()
         );
         s.unload(&model);
     }
