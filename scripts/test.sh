@@ -14,6 +14,10 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
 LOGS="$TARGET_DIR/test-logs"
+# The GPU executor's compiled kernels (src/cuda/kernel_cache.rs) stay in the build folder,
+# not in the user's ~/.cache.
+case "$TARGET_DIR" in /*) kernel_cache="$TARGET_DIR/kernel-cache" ;; *) kernel_cache="$PWD/$TARGET_DIR/kernel-cache" ;; esac
+export INFER_KERNEL_CACHE="${INFER_KERNEL_CACHE:-$kernel_cache}"
 C_TESTS="$TARGET_DIR/c-tests"
 mkdir -p "$LOGS"
 rm -f "$LOGS"/*.log

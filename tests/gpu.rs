@@ -2670,6 +2670,139 @@ fn gpu_executor_that_cannot_start_leaves_kind_auto_on_the_cpu() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
+/// Compiled kernels are kept on disk (src/cuda/kernel_cache.rs), across processes on the
+/// stand-ins: the first process compiles and saves, the next reads the file and compiles
+/// nothing, a file whose CUBIN the driver refuses is compiled again and replaced, two
+/// processes that start at once compile once between them, and `INFER_KERNEL_CACHE=off`
+/// compiles every time and writes nothing.
+#[test]
+fn compiled_kernels_are_kept_on_disk_across_processes() {
+    if std::env::var_os("INFER_FAKE_CUDA").is_some() {
+        return; // a child, or a run against the stand-ins already
+    }
+    let base = std::env::temp_dir().join(format!("infer-kernel-cache-{}", std::process::id()));
+    let (fakes, cache) = (base.join("fakes"), base.join("cache"));
+    if let Err(why) = build_fake_driver(&fakes, false) {
+        println!("SKIP: cannot build the stand-in driver ({why})");
+        return;
+    }
+    let spawn = |cache: &std::ffi::OsStr, delay_ms: &str| {
+        std::process::Command::new(std::env::current_exe().expect("the test binary's path"))
+            .args(["--exact", "kernel_cache_child", "--nocapture"])
+            .env("LD_LIBRARY_PATH", &fakes)
+            .env("INFER_FAKE_CUDA", "one")
+            .env("INFER_KERNEL_CACHE_CHILD", "1")
+            .env("INFER_KERNEL_CACHE", cache)
+            .env("INFER_FAKE_NVRTC_DELAY_MS", delay_ms)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("running the test binary again")
+    };
+    // (compiles, notes) of a finished child.
+    let finish = |child: std::process::Child| -> (u64, String) {
+        let out = child.wait_with_output().expect("the child's output");
+        let all = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        let compiles = all
+            .lines()
+            .find_map(|l| l.strip_prefix("kernel cache child: compiles "))
+            .and_then(|n| n.trim().parse().ok());
+        match (out.status.success(), compiles) {
+            (true, Some(n)) => (n, all),
+            _ => panic!("kernel_cache_child: {all}"),
+        }
+    };
+    let files = || -> Vec<std::path::PathBuf> {
+        let mut f: Vec<_> = std::fs::read_dir(&cache)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        f.retain(|p| p.extension().is_some_and(|e| e == "cubin"));
+        f
+    };
+    let run = |delay_ms: &str| finish(spawn(cache.as_os_str(), delay_ms));
+
+    let (n, all) = run("0");
+    assert_eq!(n, 1, "{all}");
+    assert!(
+        all.contains("compiled with NVRTC in") && all.contains("saved to"),
+        "{all}"
+    );
+    let saved = files();
+    assert_eq!(saved.len(), 1, "{saved:?}");
+    let good = std::fs::read(&saved[0]).unwrap();
+
+    let (n, all) = run("0");
+    assert_eq!(n, 0, "{all}");
+    assert!(all.contains("read from the kernel cache"), "{all}");
+
+    // The header is right but the CUBIN is not one this driver loads.
+    let header_end = good
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b'\n')
+        .nth(1)
+        .map(|(i, _)| i + 1)
+        .unwrap();
+    let mut damaged = good[..header_end].to_vec();
+    damaged.extend_from_slice(b"NOT-A-CUBIN");
+    std::fs::write(&saved[0], &damaged).unwrap();
+    let (n, all) = run("0");
+    assert_eq!(n, 1, "{all}");
+    assert_eq!(
+        std::fs::read(&saved[0]).unwrap(),
+        good,
+        "the file is replaced"
+    );
+
+    // Two processes at once, each compile taking 400 ms: one compiles, the other waits
+    // for its file.
+    std::fs::remove_dir_all(&cache).unwrap();
+    let (a, b) = (
+        spawn(cache.as_os_str(), "400"),
+        spawn(cache.as_os_str(), "400"),
+    );
+    let ((na, all_a), (nb, all_b)) = (finish(a), finish(b));
+    assert_eq!(na + nb, 1, "{all_a}\n{all_b}");
+    assert_eq!(files().len(), 1);
+
+    let off = base.join("off");
+    let (n, all) = finish(spawn("off".as_ref(), "0"));
+    assert_eq!(n, 1, "{all}");
+    assert!(all.contains("no kernel cache"), "{all}");
+    assert!(!off.exists());
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+/// The child of `compiled_kernels_are_kept_on_disk_across_processes`: loads a model on
+/// the stand-in GPU and prints how many compiles the stand-in NVRTC saw and the notes on
+/// where the kernels came from.
+#[test]
+fn kernel_cache_child() {
+    if std::env::var_os("INFER_KERNEL_CACHE_CHILD").is_none() {
+        return;
+    }
+    let s = server_in(INFER_GPU_REQUIRED).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
+    load_from_models(&s, "mlp", Some(&gpu_config_of("mlp")));
+    // SAFETY: the stand-in NVRTC the server loaded (RTLD_NOLOAD: never a second copy),
+    // and its counter function of the documented signature.
+    let compiles = unsafe {
+        let h = libc::dlopen(
+            c"libnvrtc.so.13".as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_NOLOAD,
+        );
+        assert!(!h.is_null(), "NVRTC is not loaded");
+        let f = libc::dlsym(h, c"fake_nvrtc_compiles".as_ptr());
+        assert!(!f.is_null(), "not the stand-in NVRTC");
+        let f: extern "C" fn() -> u64 = std::mem::transmute(f);
+        f()
+    };
+    println!("kernel cache child: compiles {compiles}");
+    for n in infer::cuda::kernel_cache::notes() {
+        println!("note: {n}");
+    }
+}
+
 /// The child of `gpu_executor_that_cannot_start_leaves_kind_auto_on_the_cpu`.
 #[test]
 fn executor_start_child() {
@@ -5054,6 +5187,7 @@ fn nvrtc_child() {
         })
         .collect();
     for cc in archs {
+        let t = std::time::Instant::now();
         let cubin = infer::onnx::gpu::kernels::compile(cc)
             .unwrap_or_else(|e| panic!("sm_{}{}: {}", cc.0, cc.1, e.message));
         assert!(
@@ -5062,7 +5196,13 @@ fn nvrtc_child() {
             cc.0,
             cc.1
         );
-        println!("sm_{}{}: CUBIN of {} bytes", cc.0, cc.1, cubin.len());
+        println!(
+            "sm_{}{}: CUBIN of {} bytes in {:.2} s",
+            cc.0,
+            cc.1,
+            cubin.len(),
+            t.elapsed().as_secs_f64()
+        );
     }
     println!("kernels compiled with {}", infer::cuda::libs::describe());
 }

@@ -18,6 +18,7 @@
 pub mod cublas;
 pub mod driver;
 pub mod graph;
+pub mod kernel_cache;
 pub mod libs;
 pub mod module;
 pub mod nvrtc;

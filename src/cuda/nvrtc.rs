@@ -5,6 +5,39 @@ use super::libs::NvrtcProgram;
 use crate::status::{Error, Result};
 use std::ffi::{c_char, c_int, CStr, CString};
 
+/// The options every compile passes besides the architecture.
+pub const OPTIONS: [&str; 2] = ["-default-device", "--std=c++17"];
+
+/// The NVRTC `compile` uses, as one line for a cache key: version, and the file the loader
+/// mapped with its size and modification time (so that a library replaced in place is
+/// another NVRTC). `purpose` as for `compile`.
+pub fn identity(purpose: &str) -> Result<String> {
+    let rtc = super::libs::nvrtc()
+        .map_err(|why| Error::unavailable(format!("NVRTC cannot be used: {why}; {purpose}")))?;
+    let path = super::loaded_libraries()
+        .into_iter()
+        .find(|p| {
+            p.rsplit('/')
+                .next()
+                .is_some_and(|f| f.starts_with("libnvrtc.so"))
+        })
+        .unwrap_or_else(|| rtc.file.to_string());
+    let stamp = std::fs::metadata(&path)
+        .map(|m| {
+            let secs = m
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs());
+            format!("{} bytes, modified {secs}", m.len())
+        })
+        .unwrap_or_default();
+    Ok(format!(
+        "NVRTC {}.{} {path} ({stamp})",
+        rtc.version.0, rtc.version.1
+    ))
+}
+
 /// Compiles the CUDA C++ `source` (named `name` in NVRTC's messages) for a device of
 /// compute capability `cc` into a CUBIN. `purpose` says in the unavailable message what
 /// the caller compiles with NVRTC.
@@ -35,11 +68,13 @@ pub fn compile(source: &str, name: &CStr, cc: (i32, i32), purpose: &str) -> Resu
         return Err(failed(r, "nvrtcCreateProgram"));
     }
     let arch = CString::new(format!("--gpu-architecture=sm_{}{}", cc.0, cc.1)).unwrap_or_default();
-    let opts: [*const c_char; 3] = [
-        arch.as_ptr(),
-        c"-default-device".as_ptr(),
-        c"--std=c++17".as_ptr(),
-    ];
+    let rest: Vec<CString> = OPTIONS
+        .iter()
+        .map(|o| CString::new(*o).unwrap_or_default())
+        .collect();
+    let opts: Vec<*const c_char> = std::iter::once(arch.as_ptr())
+        .chain(rest.iter().map(|o| o.as_ptr()))
+        .collect();
     // SAFETY: a live program; the options are NUL-terminated strings that outlive the
     // call; every out-pointer is valid; the program is destroyed below on every path.
     let result = unsafe {

@@ -300,6 +300,13 @@ impl Server {
                 ));
             }
         }
+        // Where the kernels of each new GPU architecture came from (compiled, how long,
+        // the disk cache), once each.
+        let notes = crate::cuda::kernel_cache::notes();
+        let said = self.said_kernel_notes.swap(notes.len(), Ordering::AcqRel);
+        for line in notes.iter().skip(said) {
+            self.log.info(line);
+        }
         Ok(made)
     }
 

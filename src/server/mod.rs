@@ -109,6 +109,8 @@ pub struct Server {
     said_engine: AtomicBool,
     /// Whether the CUDA libraries in use were logged (after the first GPU instance).
     pub(crate) said_cuda_libraries: AtomicBool,
+    /// How many of `cuda::kernel_cache::notes` (where GPU kernels came from) were logged.
+    pub(crate) said_kernel_notes: std::sync::atomic::AtomicUsize,
 }
 
 /// Servers alive in this process; the object pools are emptied when it drops to zero.
@@ -168,6 +170,7 @@ impl Server {
             timer: Arc::new(crate::scheduler::timer::Timer::new()),
             said_engine: AtomicBool::new(false),
             said_cuda_libraries: AtomicBool::new(false),
+            said_kernel_notes: std::sync::atomic::AtomicUsize::new(0),
             opts,
         });
         if let Some(repo) = &server.opts.repository {
