@@ -2774,6 +2774,76 @@ fn compiled_kernels_are_kept_on_disk_across_processes() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
+/// The memory pools of GPU instances (src/cuda/driver.rs), on the stand-in driver: a
+/// buffer is at most an eighth larger than asked (powers of two gave 64 MiB for 33), a
+/// slightly smaller request reuses a free one, and free device and pinned buffers unused
+/// for the idle time go back to the driver at the next allocation.
+#[test]
+fn memory_pools_fit_sizes_and_give_back_idle_buffers() {
+    if std::env::var_os("INFER_FAKE_CUDA").is_some() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("infer-fake-cuda-pool-{}", std::process::id()));
+    if let Err(why) = build_fake_driver(&dir, false) {
+        println!("SKIP: cannot build the stand-in driver ({why})");
+        return;
+    }
+    run_child(
+        "pool_child",
+        &[
+            ("LD_LIBRARY_PATH", dir.as_os_str()),
+            ("INFER_FAKE_CUDA", "one".as_ref()),
+            ("INFER_POOL_CHILD", "1".as_ref()),
+        ],
+        "pool: checked",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The child of `memory_pools_fit_sizes_and_give_back_idle_buffers`.
+#[test]
+fn pool_child() {
+    if std::env::var_os("INFER_POOL_CHILD").is_none() {
+        return;
+    }
+    let _s = server_in(INFER_GPU_REQUIRED).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
+    let ctx = infer::cuda::context(0).unwrap();
+    ctx.bind().unwrap();
+    let pool = infer::cuda::MemoryPool::new(&ctx);
+    let d = driver();
+    let (dev0, host0) = {
+        let c = d.counters();
+        (c.live_device_bytes, c.live_host_bytes)
+    };
+    let live = || {
+        let c = d.counters();
+        (c.live_device_bytes - dev0, c.live_host_bytes - host0)
+    };
+    let asked = 33usize << 20;
+    let (a, b) = (pool.device(asked).unwrap(), pool.pinned(asked).unwrap());
+    let (dev, host) = live();
+    for got in [dev, host] {
+        assert!(
+            got >= asked as u64 && got <= (asked + asked / 8) as u64,
+            "{got} bytes for {asked}"
+        );
+    }
+    drop((a, b));
+    // A little less is served from the free buffers.
+    let (a, b) = (
+        pool.device(asked - (1 << 20)).unwrap(),
+        pool.pinned(asked - (1 << 20)).unwrap(),
+    );
+    assert_eq!(live(), (dev, host));
+    drop((a, b));
+    pool.set_idle_release(std::time::Duration::from_millis(50));
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    let small = (pool.device(256).unwrap(), pool.pinned(256).unwrap());
+    assert_eq!(live(), (256, 256), "the idle buffers went back");
+    drop(small);
+    println!("pool: checked");
+}
+
 /// The child of `compiled_kernels_are_kept_on_disk_across_processes`: loads a model on
 /// the stand-in GPU and prints how many compiles the stand-in NVRTC saw and the notes on
 /// where the kernels came from.

@@ -9,10 +9,11 @@
 use crate::status::{Code, Error, Result};
 use cudarc::driver::sys;
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// A device address (`CUdeviceptr`).
 pub type DevicePtr = u64;
@@ -644,22 +645,32 @@ pub struct PoolCounters {
     pub pinned_bytes: AtomicU64,
 }
 
-/// Device and pinned host memory of one context, in power-of-two size classes (256 bytes
-/// and up). A buffer goes back to its free list when dropped (from any thread, no driver
-/// call); the driver frees the lists when the pool goes. A failed allocation empties the
-/// free lists and tries once more before it reports RESOURCE_EXHAUSTED.
+/// Device and pinned host memory of one context, in size classes (`size_class`: at most
+/// 12.5% over what is asked). A buffer goes back to its free list when dropped (from any
+/// thread, no driver call), and a request takes a free buffer of its class or of a class
+/// up to a quarter larger. Free buffers unused for `idle_release` (30 s unless set) are
+/// given back to the driver by the next allocation, so that a batch far larger than the
+/// usual does not hold its memory for the life of the instance; the rest when the pool
+/// goes. A failed allocation empties the free lists and tries once more before it
+/// reports RESOURCE_EXHAUSTED.
 pub struct MemoryPool {
     ctx: Arc<Context>,
-    device_free: Mutex<HashMap<usize, Vec<FreeDevice>>>,
-    pinned_free: Mutex<HashMap<usize, Vec<usize>>>,
+    device_free: Mutex<BTreeMap<usize, Vec<FreeDevice>>>,
+    pinned_free: Mutex<BTreeMap<usize, Vec<(usize, Instant)>>>,
+    /// How long a free buffer may stay unused before it is given back (milliseconds).
+    idle_release_ms: AtomicU64,
+    /// When the free lists were last looked over for idle buffers.
+    last_trim: Mutex<Instant>,
     pub counters: PoolCounters,
 }
 
 /// A device buffer on a pool's free list, with the events that must complete before it
-/// is handed out again (reads of it that a caller queued on its own streams).
+/// is handed out again (reads of it that a caller queued on its own streams), and when it
+/// came back.
 struct FreeDevice {
     ptr: DevicePtr,
     fences: Vec<Event>,
+    since: Instant,
 }
 
 impl FreeDevice {
@@ -674,18 +685,95 @@ impl FreeDevice {
     }
 }
 
+/// The size of the buffer a request of `bytes` gets: a power of two up to 4 KiB (256 at
+/// least), then a multiple of an eighth of the power of two below it (5,000 bytes: 5,120;
+/// 33 MiB: 36 MiB), so a buffer is at most 12.5% larger than asked.
 fn size_class(bytes: usize) -> usize {
-    bytes.max(256).next_power_of_two()
+    let b = bytes.max(256);
+    if b <= 4096 {
+        return b.next_power_of_two();
+    }
+    let step = 1usize << (usize::BITS - 1 - b.leading_zeros() - 3);
+    b.div_ceil(step) * step
 }
+
+/// The largest class a request of class `class` may take from a free list.
+fn reuse_limit(class: usize) -> usize {
+    class + class / 4
+}
+
+/// Free buffers unused this long are given back to the driver (unless set otherwise).
+const IDLE_RELEASE: Duration = Duration::from_secs(30);
 
 impl MemoryPool {
     pub fn new(ctx: &Arc<Context>) -> Arc<MemoryPool> {
         Arc::new(MemoryPool {
             ctx: ctx.clone(),
-            device_free: Mutex::new(HashMap::new()),
-            pinned_free: Mutex::new(HashMap::new()),
+            device_free: Mutex::new(BTreeMap::new()),
+            pinned_free: Mutex::new(BTreeMap::new()),
+            idle_release_ms: AtomicU64::new(IDLE_RELEASE.as_millis() as u64),
+            last_trim: Mutex::new(Instant::now()),
             counters: PoolCounters::default(),
         })
+    }
+
+    /// Sets how long a free buffer may stay unused before an allocation gives it back.
+    pub fn set_idle_release(&self, idle: Duration) {
+        self.idle_release_ms
+            .store(idle.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Gives back to the driver the free buffers unused for `idle_release` whose fences
+    /// have completed; looks at most once per half of that (and once a second). The
+    /// context must be bound.
+    fn trim_idle(&self) {
+        let idle = Duration::from_millis(self.idle_release_ms.load(Ordering::Relaxed));
+        let now = Instant::now();
+        {
+            let mut last = self.last_trim.lock();
+            if now.duration_since(*last) < (idle / 2).min(Duration::from_secs(1)) {
+                return;
+            }
+            *last = now;
+        }
+        let old = |since: Instant| now.duration_since(since) >= idle;
+        let mut device = Vec::new();
+        for (class, list) in self.device_free.lock().iter_mut() {
+            let mut i = 0;
+            while i < list.len() {
+                if old(list[i].since) && list[i].ready() {
+                    device.push((*class, list.swap_remove(i)));
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        let mut pinned = Vec::new();
+        for (class, list) in self.pinned_free.lock().iter_mut() {
+            list.retain(|&(p, since)| {
+                let go = old(since);
+                if go {
+                    pinned.push((*class, p));
+                }
+                !go
+            });
+        }
+        for (class, f) in device {
+            drop(f.fences); // completed
+                            // SAFETY: allocated by cuMemAlloc in this (bound) context, no longer
+                            // referenced, its readers done.
+            unsafe { sys::cuMemFree_v2(f.ptr) };
+            self.counters
+                .device_bytes
+                .fetch_sub(class as u64, Ordering::Relaxed);
+        }
+        for (class, p) in pinned {
+            // SAFETY: allocated by cuMemHostAlloc, no longer referenced.
+            unsafe { sys::cuMemFreeHost(p as *mut c_void) };
+            self.counters
+                .pinned_bytes
+                .fetch_sub(class as u64, Ordering::Relaxed);
+        }
     }
 
     pub fn context(&self) -> &Arc<Context> {
@@ -694,18 +782,21 @@ impl MemoryPool {
 
     /// `len` bytes of device memory (uninitialised). The context must be bound.
     pub fn device(self: &Arc<Self>, len: usize) -> Result<DeviceBuf> {
-        let class = size_class(len);
-        // The most recently freed buffer whose fences have completed; a fenced one that
-        // is still being read stays on the list.
+        self.trim_idle();
+        let mut class = size_class(len);
+        // The most recently freed buffer of the smallest class that fits whose fences
+        // have completed; a fenced one that is still being read stays on the list.
         let reused = {
             let mut free = self.device_free.lock();
-            free.get_mut(&class).and_then(|v| {
-                let i = v.iter().rposition(FreeDevice::ready)?;
-                Some(v.remove(i))
-            })
+            free.range_mut(class..=reuse_limit(class))
+                .find_map(|(c, v)| {
+                    let i = v.iter().rposition(FreeDevice::ready)?;
+                    Some((*c, v.remove(i)))
+                })
         };
         let ptr = match reused {
-            Some(f) => {
+            Some((c, f)) => {
+                class = c;
                 drop(f.fences); // completed: destroyed outside the lock
                 f.ptr
             }
@@ -746,14 +837,18 @@ impl MemoryPool {
 
     /// `len` bytes of page-locked host memory (uninitialised). The context must be bound.
     pub fn pinned(self: &Arc<Self>, len: usize) -> Result<PinnedBuf> {
-        let class = size_class(len);
+        self.trim_idle();
+        let mut class = size_class(len);
         let reused = self
             .pinned_free
             .lock()
-            .get_mut(&class)
-            .and_then(|v| v.pop());
+            .range_mut(class..=reuse_limit(class))
+            .find_map(|(c, v)| Some((*c, v.pop()?.0)));
         let addr = match reused {
-            Some(p) => p,
+            Some((c, p)) => {
+                class = c;
+                p
+            }
             None => {
                 let alloc = || {
                     let mut p: *mut c_void = std::ptr::null_mut();
@@ -793,8 +888,8 @@ impl MemoryPool {
     /// Frees every buffer on the free lists.
     fn release_free(&self) {
         // cuMemFree waits for the device's work first, so fenced buffers go too.
-        let device: Vec<(usize, Vec<FreeDevice>)> = self.device_free.lock().drain().collect();
-        let pinned: Vec<(usize, Vec<usize>)> = self.pinned_free.lock().drain().collect();
+        let device = std::mem::take(&mut *self.device_free.lock());
+        let pinned = std::mem::take(&mut *self.pinned_free.lock());
         if device.is_empty() && pinned.is_empty() {
             return;
         }
@@ -809,7 +904,7 @@ impl MemoryPool {
             }
         }
         for (class, ptrs) in pinned {
-            for p in ptrs {
+            for (p, _) in ptrs {
                 // SAFETY: allocated by cuMemHostAlloc, no longer referenced.
                 unsafe { sys::cuMemFreeHost(p as *mut c_void) };
                 self.counters
@@ -890,6 +985,7 @@ impl Drop for DeviceBuf {
             .push(FreeDevice {
                 ptr: self.ptr,
                 fences,
+                since: Instant::now(),
             });
     }
 }
@@ -937,7 +1033,7 @@ impl Drop for PinnedBuf {
             .lock()
             .entry(self.class)
             .or_default()
-            .push(self.ptr as usize);
+            .push((self.ptr as usize, Instant::now()));
     }
 }
 
@@ -962,15 +1058,25 @@ fn elapsed_time_fn() -> Option<ElapsedTimeFn> {
 
 #[cfg(test)]
 mod tests {
-    use super::size_class;
+    use super::{reuse_limit, size_class};
 
     #[test]
-    fn size_classes_are_powers_of_two_from_256() {
+    fn size_classes_waste_at_most_an_eighth() {
         assert_eq!(size_class(0), 256);
         assert_eq!(size_class(1), 256);
         assert_eq!(size_class(256), 256);
         assert_eq!(size_class(257), 512);
+        assert_eq!(size_class(4096), 4096);
+        assert_eq!(size_class(4097), 4608);
+        assert_eq!(size_class(5000), 5120);
         assert_eq!(size_class(1 << 20), 1 << 20);
-        assert_eq!(size_class((1 << 20) + 1), 2 << 20);
+        assert_eq!(size_class((1 << 20) + 1), (1 << 20) + (1 << 17));
+        assert_eq!(size_class(33 << 20), 36 << 20);
+        for n in (4097..1 << 22).step_by(997).chain([usize::MAX / 4]) {
+            let c = size_class(n);
+            assert!(c >= n && c - n <= n / 8, "{n} -> {c}");
+            assert_eq!(size_class(c), c, "a class is its own class");
+        }
+        assert_eq!(reuse_limit(1 << 20), (1 << 20) + (1 << 18));
     }
 }
