@@ -759,21 +759,31 @@ impl MemoryPool {
             });
         }
         for (class, f) in device {
-            drop(f.fences); // completed
-                            // SAFETY: allocated by cuMemAlloc in this (bound) context, no longer
-                            // referenced, its readers done.
-            unsafe { sys::cuMemFree_v2(f.ptr) };
-            self.counters
-                .device_bytes
-                .fetch_sub(class as u64, Ordering::Relaxed);
+            self.free_device(class, f);
         }
         for (class, p) in pinned {
-            // SAFETY: allocated by cuMemHostAlloc, no longer referenced.
-            unsafe { sys::cuMemFreeHost(p as *mut c_void) };
-            self.counters
-                .pinned_bytes
-                .fetch_sub(class as u64, Ordering::Relaxed);
+            self.free_pinned(class, p);
         }
+    }
+
+    /// Gives a free device buffer of class `class` back to the driver (the context bound;
+    /// cuMemFree waits for the device's work, so a fenced buffer may go too).
+    fn free_device(&self, class: usize, f: FreeDevice) {
+        drop(f.fences);
+        // SAFETY: allocated by cuMemAlloc in this context, no longer referenced.
+        unsafe { sys::cuMemFree_v2(f.ptr) };
+        self.counters
+            .device_bytes
+            .fetch_sub(class as u64, Ordering::Relaxed);
+    }
+
+    /// Gives a free pinned buffer of class `class` back to the driver.
+    fn free_pinned(&self, class: usize, p: usize) {
+        // SAFETY: allocated by cuMemHostAlloc, no longer referenced.
+        unsafe { sys::cuMemFreeHost(p as *mut c_void) };
+        self.counters
+            .pinned_bytes
+            .fetch_sub(class as u64, Ordering::Relaxed);
     }
 
     pub fn context(&self) -> &Arc<Context> {
@@ -896,20 +906,12 @@ impl MemoryPool {
         let _bound = ScopedBind::for_cleanup(&self.ctx);
         for (class, frees) in device {
             for f in frees {
-                // SAFETY: allocated by cuMemAlloc in this context, no longer referenced.
-                unsafe { sys::cuMemFree_v2(f.ptr) };
-                self.counters
-                    .device_bytes
-                    .fetch_sub(class as u64, Ordering::Relaxed);
+                self.free_device(class, f);
             }
         }
         for (class, ptrs) in pinned {
             for (p, _) in ptrs {
-                // SAFETY: allocated by cuMemHostAlloc, no longer referenced.
-                unsafe { sys::cuMemFreeHost(p as *mut c_void) };
-                self.counters
-                    .pinned_bytes
-                    .fetch_sub(class as u64, Ordering::Relaxed);
+                self.free_pinned(class, p);
             }
         }
     }
