@@ -1,11 +1,13 @@
 //! Weight matrices of any [`WeightType`], held where they were loaded (a memory-mapped
-//! file or owned bytes), and the matrix product of a step's token rows with them.
+//! file or owned bytes) or packed once into panels of eight rows (Q8_0, Q4_K, Q6_K:
+//! `quant::panel`), and the matrix product of a step's token rows with them.
 //!
 //! A matrix is `[rows][cols]`, one output per row (Hugging Face's `nn.Linear` layout,
 //! GGUF's `[ne1][ne0]`), so each output is the dot product of one weight row with one
-//! token row, computed by one kernel call. Nothing is repacked per call, and an output's
-//! bits depend only on its weight row and token row: batching invariance (see
-//! `kernels`) holds by construction, and threads may split the outputs any way.
+//! token row. Nothing is repacked per call, and an output's bits depend only on its
+//! weight row and token row (a panel kernel's outputs are the row kernel's bits):
+//! batching invariance (see `kernels`) holds by construction, and threads may split
+//! the outputs any way.
 
 use super::kernels::Exec;
 use super::quant::panel::{self, Panel};
@@ -37,6 +39,94 @@ impl Bytes {
     pub(crate) fn is_mapped(&self) -> bool {
         matches!(self, Bytes::Mapped { .. })
     }
+
+    /// Takes a mapped range's whole pages out of this process's resident memory (they
+    /// read back from the file if touched again). Owned bytes stay as they are.
+    fn release_resident(&self) {
+        let Bytes::Mapped { map, start, len } = self else {
+            return;
+        };
+        let page = page_size();
+        let base = map.as_ptr() as usize;
+        let first = (base + start).next_multiple_of(page) - base;
+        let end = (base + start + len) / page * page - base;
+        if end > first {
+            // SAFETY: the map is read-only and private, and nothing writes the file
+            // while a model uses it (the premise of mapping it at all): pages dropped
+            // here read back as the same bytes from the file the next time they are
+            // touched, so every slice borrowed from the map stays valid and unchanged.
+            // The range is inside the map.
+            let r = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, end - first)
+            };
+            // Only resident memory is at stake, never correctness.
+            drop(r);
+        }
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    }
+}
+
+/// A matrix's rows `0 .. rows / 8 * 8` as panels of eight rows, packed once at load
+/// (`panel` explains the layout): Q8_0's, the file's size (see [`run_panels`] for
+/// Q4_K and Q6_K).
+enum Packed {
+    Q8_0(Vec<panel::Q8Panel>),
+}
+
+impl Packed {
+    /// The panels of `data` (`rows` of `row_bytes`, `cols` columns), when the type has
+    /// panels, this CPU runs them, and the shape allows; `None` otherwise.
+    fn of(
+        wtype: WeightType,
+        rows: usize,
+        cols: usize,
+        row_bytes: usize,
+        data: &[u8],
+    ) -> Result<Option<Packed>> {
+        fn pack<P: Panel>(
+            rows: usize,
+            cols: usize,
+            row_bytes: usize,
+            data: &[u8],
+        ) -> Result<Vec<P>> {
+            let nb = cols / panel::PANEL_COLS;
+            let n = rows / 8 * nb;
+            let mut v: Vec<P> = Vec::new();
+            v.try_reserve_exact(n)
+                .map_err(|e| Error::exhausted(format!("cannot allocate {n} weight panels: {e}")))?;
+            v.resize(n, P::default());
+            for (p, out) in v.chunks_exact_mut(nb).enumerate() {
+                let rows: [&[u8]; 8] = std::array::from_fn(|i| {
+                    &data[(8 * p + i) * row_bytes..(8 * p + i + 1) * row_bytes]
+                });
+                P::pack(rows, out);
+            }
+            Ok(v)
+        }
+        if rows < 8 || cols == 0 || !cols.is_multiple_of(panel::PANEL_COLS) || !panel::available() {
+            return Ok(None);
+        }
+        Ok(Some(match wtype {
+            WeightType::Q8_0 => Packed::Q8_0(pack(rows, cols, row_bytes, data)?),
+            _ => return Ok(None),
+        }))
+    }
+
+    fn bytes(&self) -> usize {
+        fn of<P>(v: &[P]) -> usize {
+            std::mem::size_of_val(v)
+        }
+        match self {
+            Packed::Q8_0(v) => of(v),
+        }
+    }
 }
 
 /// A weight matrix `[rows][cols]` of one element type.
@@ -48,6 +138,9 @@ pub(crate) struct Matrix {
     pub cols: usize,
     row_bytes: usize,
     data: Bytes,
+    /// The rows as panels, when packed at load; `data` then serves the rows past the
+    /// last whole eight, and row reads (embedding lookups, dequantizing).
+    packed: Option<Arc<Packed>>,
     dot: DotFn,
 }
 
@@ -84,8 +177,32 @@ impl Matrix {
             cols,
             row_bytes,
             data,
+            packed: None,
             dot: quant::dot_fn(wtype),
         })
+    }
+
+    /// The matrix ready for products: its rows packed into panels where that pays
+    /// (Q8_0 with whole 256-column blocks, on a CPU with AVX2), and the file's pages
+    /// they were packed from released. Other matrices come back as
+    /// they are. A table only looked up by row (an untied token embedding) is not
+    /// worth packing.
+    pub(crate) fn packed(mut self) -> Result<Matrix> {
+        if self.packed.is_none() {
+            let packed = Packed::of(
+                self.wtype,
+                self.rows,
+                self.cols,
+                self.row_bytes,
+                self.data.get(),
+            )
+            .map_err(|e| e.context(&format!("tensor {}", self.name)))?;
+            if let Some(p) = packed {
+                self.data.release_resident();
+                self.packed = Some(Arc::new(p));
+            }
+        }
+        Ok(self)
     }
 
     /// F32 values, owned (for random models and tests).
@@ -119,12 +236,23 @@ impl Matrix {
         quant::dequantize_row(self.wtype, self.row(r), &mut out[..self.cols]);
     }
 
+    /// Bytes the weights take in memory: the panels when packed (and the rows past
+    /// the last whole eight), else the file's bytes.
     pub(crate) fn bytes(&self) -> usize {
-        self.data.get().len()
+        match &self.packed {
+            Some(p) => p.bytes() + (self.rows % 8) * self.row_bytes,
+            None => self.data.get().len(),
+        }
     }
 
+    /// Whether the rows are packed into panels ([`Matrix::packed`]).
+    pub(crate) fn is_packed(&self) -> bool {
+        self.packed.is_some()
+    }
+
+    /// Whether the weights are computed from a mapped file (not packed into memory).
     pub(crate) fn is_mapped(&self) -> bool {
-        self.data.is_mapped()
+        self.packed.is_none() && self.data.is_mapped()
     }
 }
 
@@ -464,22 +592,22 @@ fn run_rows(
     block: usize,
     put: impl Fn(usize, usize, &[f32]),
 ) {
+    if let Some(Packed::Q8_0(p)) = w.packed.as_deref() {
+        return run_panels(w, acts, rows, group, block, Panels::Packed(p), put);
+    }
     if acts.len() >= PANEL_TOKENS && w.cols.is_multiple_of(panel::PANEL_COLS) && panel::available()
     {
         match w.wtype {
-            WeightType::Q8_0 => {
-                return Q8_PANELS.with(|panels| {
-                    run_panels(w, acts, rows, group, block, &mut panels.borrow_mut(), put)
-                })
-            }
             WeightType::Q4K => {
-                return Q4K_PANELS.with(|panels| {
-                    run_panels(w, acts, rows, group, block, &mut panels.borrow_mut(), put)
+                return Q4K_PANELS.with(|p| {
+                    let scratch = &mut p.borrow_mut();
+                    run_panels(w, acts, rows, group, block, Panels::PerCall(scratch), put)
                 })
             }
             WeightType::Q6K => {
-                return Q6K_PANELS.with(|panels| {
-                    run_panels(w, acts, rows, group, block, &mut panels.borrow_mut(), put)
+                return Q6K_PANELS.with(|p| {
+                    let scratch = &mut p.borrow_mut();
+                    run_panels(w, acts, rows, group, block, Panels::PerCall(scratch), put)
                 })
             }
             _ => {}
@@ -511,30 +639,39 @@ fn run_rows(
     }
 }
 
-/// The fewest token rows for which a product packs rows into panels: packing costs
-/// about as much as a few tokens' products, and a panel's product is about twice as
-/// fast.
+/// The fewest token rows for which a product packs Q4_K or Q6_K rows into panels per
+/// call: packing costs about as much as a few tokens' products, and a panel's product
+/// is about twice as fast.
 const PANEL_TOKENS: usize = 4;
 
-type Panels<P> = std::cell::RefCell<Vec<P>>;
-
 thread_local! {
-    /// A thread's packed panels of the weight block it is working on.
-    static Q4K_PANELS: Panels<panel::Q4KPanel> = const { std::cell::RefCell::new(Vec::new()) };
-    static Q6K_PANELS: Panels<panel::Q6KPanel> = const { std::cell::RefCell::new(Vec::new()) };
-    static Q8_PANELS: Panels<panel::Q8Panel> = const { std::cell::RefCell::new(Vec::new()) };
+    /// A thread's panels of the block of Q4_K or Q6_K rows it is working on.
+    static Q4K_PANELS: std::cell::RefCell<Vec<panel::Q4KPanel>> = const { std::cell::RefCell::new(Vec::new()) };
+    static Q6K_PANELS: std::cell::RefCell<Vec<panel::Q6KPanel>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// [`run_rows`] through panels of eight rows (Q4_K, Q6_K, Q8_0): each block of rows is packed
-/// once, then every token group meets it; rows past the last whole eight use the
-/// row kernel (the same bits).
+/// Where [`run_panels`] finds a block's panels.
+enum Panels<'a, P> {
+    /// The matrix's, packed at load (all whole eights of rows).
+    Packed(&'a [P]),
+    /// Packed into this scratch, a block at a time.
+    PerCall(&'a mut Vec<P>),
+}
+
+/// [`run_rows`] through panels (Q8_0 packed at load; Q4_K and Q6_K packed per call, a
+/// block of rows at a time, for 4 or more token rows): each block of rows meets every
+/// token group; rows past the last whole eight use the row kernel (the same bits).
+///
+/// Q4_K's and Q6_K's panels unpack their 6-bit scales and weights (1.3x and 1.7x the
+/// file's bytes), which would slow memory-bound single-stream decoding by as much, so
+/// they stay in the file and are packed per call.
 fn run_panels<P: Panel>(
     w: &Matrix,
     acts: &[ActRow<'_>],
     rows: std::ops::Range<usize>,
     group: usize,
     block: usize,
-    panels: &mut Vec<P>,
+    mut panels: Panels<'_, P>,
     put: impl Fn(usize, usize, &[f32]),
 ) {
     let nb = w.cols / panel::PANEL_COLS;
@@ -544,19 +681,29 @@ fn run_panels<P: Panel>(
     let mut b0 = rows.start;
     while b0 < rows.end {
         let b1 = (b0 + block).min(rows.end);
+        // Blocks start at whole tiles, so at whole eights.
+        debug_assert!(b0.is_multiple_of(8));
         let whole = (b1 - b0) / 8;
-        if panels.len() < whole * nb {
-            panels.resize(whole * nb, P::default());
-        }
-        for (p, packed) in panels[..whole * nb].chunks_exact_mut(nb.max(1)).enumerate() {
-            let r0 = b0 + 8 * p;
-            let rows: [&[u8]; 8] = std::array::from_fn(|i| w.row(r0 + i));
-            P::pack(rows, packed);
-        }
+        let mine: &[P] = match &mut panels {
+            Panels::Packed(all) => &all[b0 / 8 * nb..(b0 / 8 + whole) * nb],
+            Panels::PerCall(scratch) => {
+                if scratch.len() < whole * nb {
+                    scratch.resize(whole * nb, P::default());
+                }
+                for (p, out) in scratch[..whole * nb]
+                    .chunks_exact_mut(nb.max(1))
+                    .enumerate()
+                {
+                    let r0 = b0 + 8 * p;
+                    P::pack(std::array::from_fn(|i| w.row(r0 + i)), out);
+                }
+                &scratch[..whole * nb]
+            }
+        };
         for i0 in (0..acts.len()).step_by(group) {
             let group = &acts[i0..(i0 + group).min(acts.len())];
             let g = group.len();
-            for (p, packed) in panels[..whole * nb].chunks_exact(nb.max(1)).enumerate() {
+            for (p, packed) in mine.chunks_exact(nb.max(1)).enumerate() {
                 P::gemm(packed, group, &mut outs[..g]);
                 for (j, o) in outs[..g].iter().enumerate() {
                     put(i0 + j, b0 + 8 * p, o);
@@ -592,11 +739,23 @@ mod tests {
             .build()
             .unwrap();
         let (n, k, t) = (37, 512, 5);
-        for wt in [WeightType::F16, WeightType::Q4K, WeightType::Q8_0] {
+        for (wt, pack) in [
+            (WeightType::F16, true),
+            (WeightType::Q4K, false),
+            (WeightType::Q4K, true),
+            (WeightType::Q6K, false),
+            (WeightType::Q6K, true),
+            (WeightType::Q8_0, false),
+            (WeightType::Q8_0, true),
+        ] {
             let data: Vec<u8> = (0..n)
                 .flat_map(|r| random_row(wt, k, r as u64 + 1))
                 .collect();
-            let w = Matrix::new("w", wt, n, k, Bytes::Owned(Arc::new(data))).unwrap();
+            let mut w = Matrix::new("w", wt, n, k, Bytes::Owned(Arc::new(data))).unwrap();
+            if pack {
+                w = w.packed().unwrap();
+                assert_eq!(w.is_packed(), wt == WeightType::Q8_0 && panel::available());
+            }
             let x: Vec<f32> = (0..t * k)
                 .map(|i| ((i * 13 % 29) as f32 - 14.0) * 0.1)
                 .collect();
@@ -626,7 +785,109 @@ mod tests {
             }
             // Columns past the matrix's rows are untouched.
             assert!(whole.chunks(n + 3).all(|r| r[n..] == [1.0, 1.0, 1.0]));
+            // Packed or not, the same bits (the panel kernels' outputs are the row
+            // kernels').
+            let plain = Matrix::new("w", wt, n, k, w.data.clone()).unwrap();
+            let mut acts = Acts::default();
+            acts.prepare(alone, &x, t, k, [wt]).unwrap();
+            let mut y = vec![1.0f32; t * (n + 3)];
+            matmul(alone, &plain, &acts, &x, &mut y, n + 3, Out::Add);
+            assert_eq!(bits(&whole), bits(&y), "{} packed", wt.name());
         }
+    }
+
+    /// The resident KiB of this process's mapping that holds `addr` (/proc/self/smaps).
+    fn map_rss_kib(addr: usize) -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((a, b)) = range.split_once('-') {
+                    if let (Ok(a), Ok(b)) =
+                        (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                    {
+                        inside = (a..b).contains(&addr);
+                        continue;
+                    }
+                }
+            }
+            if let Some(v) = line.strip_prefix("Rss:").filter(|_| inside) {
+                return v.trim().trim_end_matches("kB").trim().parse().unwrap();
+            }
+        }
+        panic!("no mapping holds {addr:#x}")
+    }
+
+    /// A matrix packed from a mapped file: its pages are released, its rows still read
+    /// back as the file's, and its products equal the unpacked matrix's.
+    #[test]
+    fn packing_a_mapped_matrix_releases_it_and_keeps_its_rows() {
+        if !panel::available() {
+            return;
+        }
+        let (n, k) = (8 * 300 + 3, 1024);
+        let wt = WeightType::Q8_0;
+        let data: Vec<u8> = (0..n)
+            .flat_map(|r| random_row(wt, k, r as u64 + 7))
+            .collect();
+        let dir = std::env::temp_dir().join(format!("infer-pack-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("w.bin");
+        // An odd offset: the tensor does not start or end at a page.
+        let mut file = vec![0x5au8; 1001];
+        file.extend_from_slice(&data);
+        file.extend_from_slice(&[0xa5; 77]);
+        std::fs::write(&path, &file).unwrap();
+        // SAFETY: the file is this test's own and nothing writes it while mapped.
+        let map =
+            Arc::new(unsafe { memmap2::Mmap::map(&std::fs::File::open(&path).unwrap()) }.unwrap());
+        let bytes = Bytes::Mapped {
+            map: map.clone(),
+            start: 1001,
+            len: data.len(),
+        };
+        let plain = Matrix::new("w", wt, n, k, bytes.clone()).unwrap();
+        let packed = Matrix::new("w", wt, n, k, bytes).unwrap().packed().unwrap();
+        assert!(plain.is_mapped() && !packed.is_mapped() && packed.is_packed());
+        assert_eq!(
+            packed.bytes(),
+            data.len(),
+            "Q8_0 panels are the file's size"
+        );
+        // This process's resident pages of the map after packing: at most the two
+        // partial pages at the tensor's ends.
+        let rss = map_rss_kib(map.as_ptr() as usize);
+        assert!(
+            rss * 1024 <= 2 * page_size(),
+            "{rss} KiB of the map still resident"
+        );
+        let mut a = vec![0.0f32; k];
+        let mut b = vec![0.0f32; k];
+        for r in [0, 1, 7, 8, 1234, n - 4, n - 1] {
+            plain.row_f32(r, &mut a);
+            packed.row_f32(r, &mut b);
+            assert_eq!(bits(&a), bits(&b), "row {r}");
+        }
+        assert_eq!(&map[..1001], &[0x5a; 1001][..]);
+        assert_eq!(&map[1001 + data.len()..], &[0xa5; 77][..]);
+        let exec = Exec {
+            pool: None,
+            threads: 1,
+            min_par_work: 0,
+        };
+        for t in [1, 9] {
+            let x: Vec<f32> = (0..t * k)
+                .map(|i| ((i * 5 % 17) as f32 - 8.0) * 0.1)
+                .collect();
+            let mut acts = Acts::default();
+            acts.prepare(exec, &x, t, k, [wt]).unwrap();
+            let (mut y1, mut y2) = (vec![0.0f32; t * n], vec![0.0f32; t * n]);
+            matmul(exec, &plain, &acts, &x, &mut y1, n, Out::Set);
+            matmul(exec, &packed, &acts, &x, &mut y2, n, Out::Set);
+            assert_eq!(bits(&y1), bits(&y2), "{t} tokens");
+        }
+        drop((plain, packed, map));
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     /// Multiply-adds per second of `matmul` on prompt- and decode-shaped products, walked
@@ -665,7 +926,9 @@ mod tests {
                 let data: Vec<u8> = (0..n)
                     .flat_map(|r| random_row(wt, k, r as u64 + 1))
                     .collect();
-                let w = Matrix::new("w", wt, n, k, Bytes::Owned(Arc::new(data))).unwrap();
+                let w = Matrix::new("w", wt, n, k, Bytes::Owned(Arc::new(data)))
+                    .and_then(Matrix::packed)
+                    .unwrap();
                 let other = Blocking {
                     group_bytes: env("INFER_MATMUL_GROUP_BYTES", "1000000").parse().unwrap(),
                     block_bytes: env("INFER_MATMUL_BLOCK_BYTES", "0").parse().unwrap(),
@@ -716,7 +979,9 @@ mod tests {
             let data: Vec<u8> = (0..n)
                 .flat_map(|r| random_row(wt, k, seed + r as u64))
                 .collect();
-            Matrix::new(name, wt, n, k, Bytes::Owned(Arc::new(data))).unwrap()
+            Matrix::new(name, wt, n, k, Bytes::Owned(Arc::new(data)))
+                .and_then(Matrix::packed)
+                .unwrap()
         };
         let (a, b, c) = (
             make("a", WeightType::Q8_0, 37, 1),

@@ -548,27 +548,29 @@ impl Llama {
             };
             layers.push(Layer {
                 attn_norm: src.vector(&n("attn_norm.weight"), e)?,
-                wq: src.matrix(&n("attn_q.weight"), qw, e)?,
-                wk: src.matrix(&n("attn_k.weight"), kvw, e)?,
-                wv: src.matrix(&n("attn_v.weight"), kvw, e)?,
+                wq: src.matrix(&n("attn_q.weight"), qw, e)?.packed()?,
+                wk: src.matrix(&n("attn_k.weight"), kvw, e)?.packed()?,
+                wv: src.matrix(&n("attn_v.weight"), kvw, e)?.packed()?,
                 qkv_bias,
-                wo: src.matrix(&n("attn_output.weight"), e, qw)?,
+                wo: src.matrix(&n("attn_output.weight"), e, qw)?.packed()?,
                 wo_bias: if src.has(&n("attn_output.bias")) {
                     Some(src.vector(&n("attn_output.bias"), e)?)
                 } else {
                     None
                 },
                 ffn_norm: src.vector(&n("ffn_norm.weight"), e)?,
-                gate: src.matrix(&n("ffn_gate.weight"), c.n_ff, e)?,
-                up: src.matrix(&n("ffn_up.weight"), c.n_ff, e)?,
-                down: src.matrix(&n("ffn_down.weight"), e, c.n_ff)?,
+                gate: src.matrix(&n("ffn_gate.weight"), c.n_ff, e)?.packed()?,
+                up: src.matrix(&n("ffn_up.weight"), c.n_ff, e)?.packed()?,
+                down: src.matrix(&n("ffn_down.weight"), e, c.n_ff)?.packed()?,
             });
         }
         let embed = src.matrix("token_embd.weight", c.vocab_size, e)?;
+        // The embedding is looked up by row; the head multiplies (a tied head is the
+        // embedding packed, its rows still read through the file's map).
         let head = if c.tie_word_embeddings {
-            embed.clone()
+            embed.clone().packed()?
         } else {
-            src.matrix("output.weight", c.vocab_size, e)?
+            src.matrix("output.weight", c.vocab_size, e)?.packed()?
         };
         Ok(Llama {
             embed,
@@ -681,7 +683,8 @@ impl Llama {
     /// Bytes of weights, and how many of them are mapped from the file.
     pub fn weight_bytes(&self) -> (usize, usize) {
         let mut all = vec![&self.embed];
-        if !self.config.tie_word_embeddings {
+        // A tied head is the embedding's bytes, unless packed into its own.
+        if !self.config.tie_word_embeddings || self.head.is_packed() {
             all.push(&self.head);
         }
         for l in &self.layers {
@@ -704,7 +707,7 @@ impl Llama {
             None => by.push((m.wtype, m.bytes())),
         };
         add(&self.embed);
-        if !self.config.tie_word_embeddings {
+        if !self.config.tie_word_embeddings || self.head.is_packed() {
             add(&self.head);
         }
         for l in &self.layers {

@@ -1,5 +1,6 @@
 //! Q4_K, Q6_K and Q8_0 weights eight rows at a time, interleaved (a "panel"), for
-//! products with many token rows (prompts, many streams).
+//! products with Q8_0 matrices (all of them) and with Q4_K and Q6_K matrices of many
+//! token rows (prompts, many streams).
 //!
 //! A row-at-a-time kernel spends most of its instructions on work a single row cannot
 //! share: applying each sub-block's scale to each token's partial sums, and combining
@@ -12,9 +13,14 @@
 //! per-row float work only.)
 //!
 //! Packing is a transpose of 4-byte groups and costs about as much as one token's
-//! product, so a matrix product packs each block of rows once per call (into a
-//! thread's scratch) and runs every token group over it: nothing is repacked at load,
-//! and the weights stay mapped as they lie in the file.
+//! product. A Q8_0 panel is the file's size (f16 scales), so Q8_0 matrices are packed
+//! once, at load (`linear::Matrix::packed`), and the file's pages released; packing per
+//! call had cost a third of the time of 8 streams' decoding steps, and a panel is one
+//! sequential stream for the prefetcher. Q4_K's and Q6_K's panels unpack their 6-bit
+//! values (1.3x and 1.7x the file's bytes), which would slow memory-bound decoding by
+//! as much: their matrices stay in the file, and a product of 4 or more token rows packs
+//! each block of rows once per call (into a thread's scratch) and runs every token
+//! group over it.
 //!
 //! The outputs are the same bits as the row kernels' (`super::dot_q4k`,
 //! `super::dot_q6k`, `super::dot_q8_0`): the integer sums of a block are exact in any order, and the float
@@ -211,8 +217,9 @@ impl Panel for Q6KPanel {
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
 pub(crate) struct Q8Panel {
-    /// Block `k`: each row's scale, as f32.
-    d: [[f32; 8]; 8],
+    /// Block `k`: each row's scale, as f16 bits (as in the file: a packed matrix is the
+    /// file's size).
+    d: [[u16; 8]; 8],
     /// Block `k`, group `j`: lane `r` holds row `r`'s weights `4j ..+ 4` of the block.
     qs: [[[u32; 8]; 8]; 8],
 }
@@ -220,7 +227,7 @@ pub(crate) struct Q8Panel {
 impl Default for Q8Panel {
     fn default() -> Q8Panel {
         Q8Panel {
-            d: [[0.0; 8]; 8],
+            d: [[0; 8]; 8],
             qs: [[[0; 8]; 8]; 8],
         }
     }
@@ -231,7 +238,8 @@ impl Panel for Q8Panel {
         for (bi, p) in out.iter_mut().enumerate() {
             for (r, row) in rows.iter().enumerate() {
                 for (k, d) in p.d.iter_mut().enumerate() {
-                    d[r] = f16_at(row, 34 * (8 * bi + k));
+                    let at = 34 * (8 * bi + k);
+                    d[r] = u16::from_le_bytes([row[at], row[at + 1]]);
                 }
             }
             for (k, block) in p.qs.iter_mut().enumerate() {
@@ -428,7 +436,9 @@ mod avx2 {
                         sums[t] = _mm256_add_epi32(sums[t], prod);
                     }
                 }
-                let d = lanes_f(&p.d[k]);
+                // SAFETY: `p.d[k]` is 8 u16s (16 bytes); the load is unaligned.
+                let d =
+                    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.d[k].as_ptr() as *const __m128i) });
                 for t in 0..N {
                     let xd = _mm256_set1_ps(xs[t][8 * b + k].d);
                     acc[t] =
