@@ -196,7 +196,7 @@ impl Matrix {
                 self.row_bytes,
                 self.data.get(),
             )
-            .map_err(|e| e.context(&format!("tensor {}", self.name)))?;
+            .map_err(|e| e.context(format!("tensor {}", self.name)))?;
             if let Some(p) = packed {
                 self.data.release_resident();
                 self.packed = Some(Arc::new(p));

@@ -214,7 +214,7 @@ impl Panel for Q6KPanel {
 }
 
 /// Eight Q8_0 blocks (256 columns) of eight rows, interleaved.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 #[repr(C, align(32))]
 pub(crate) struct Q8Panel {
     /// Block `k`: each row's scale, as f16 bits (as in the file: a packed matrix is the
@@ -222,15 +222,6 @@ pub(crate) struct Q8Panel {
     d: [[u16; 8]; 8],
     /// Block `k`, group `j`: lane `r` holds row `r`'s weights `4j ..+ 4` of the block.
     qs: [[[u32; 8]; 8]; 8],
-}
-
-impl Default for Q8Panel {
-    fn default() -> Q8Panel {
-        Q8Panel {
-            d: [[0; 8]; 8],
-            qs: [[[0; 8]; 8]; 8],
-        }
-    }
 }
 
 impl Panel for Q8Panel {
