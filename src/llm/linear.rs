@@ -1,11 +1,11 @@
 //! Weight matrices of any [`WeightType`], held where they were loaded (a memory-mapped
-//! file or owned bytes) or packed once into panels of eight rows (Q8_0, Q4_K, Q6_K:
-//! `quant::panel`), and the matrix product of a step's token rows with them.
+//! file or owned bytes) or, for Q8_0, packed once at load into panels of eight rows
+//! (`quant::panel`), and the matrix product of a step's token rows with them.
 //!
 //! A matrix is `[rows][cols]`, one output per row (Hugging Face's `nn.Linear` layout,
 //! GGUF's `[ne1][ne0]`), so each output is the dot product of one weight row with one
-//! token row. Nothing is repacked per call, and an output's bits depend only on its
-//! weight row and token row (a panel kernel's outputs are the row kernel's bits):
+//! token row. An output's bits depend only on its weight row and token row (a panel
+//! kernel's outputs are the row kernel's bits):
 //! batching invariance (see `kernels`) holds by construction, and threads may split
 //! the outputs any way.
 
@@ -120,11 +120,8 @@ impl Packed {
     }
 
     fn bytes(&self) -> usize {
-        fn of<P>(v: &[P]) -> usize {
-            std::mem::size_of_val(v)
-        }
         match self {
-            Packed::Q8_0(v) => of(v),
+            Packed::Q8_0(v) => std::mem::size_of_val(v.as_slice()),
         }
     }
 }
@@ -184,9 +181,8 @@ impl Matrix {
 
     /// The matrix ready for products: its rows packed into panels where that pays
     /// (Q8_0 with whole 256-column blocks, on a CPU with AVX2), and the file's pages
-    /// they were packed from released. Other matrices come back as
-    /// they are. A table only looked up by row (an untied token embedding) is not
-    /// worth packing.
+    /// they were packed from released. Other matrices come back as they are. A table
+    /// only looked up by row (an untied token embedding) is not worth packing.
     pub(crate) fn packed(mut self) -> Result<Matrix> {
         if self.packed.is_none() {
             let packed = Packed::of(
