@@ -77,6 +77,7 @@ fn page_size() -> usize {
 /// (`panel` explains the layout): Q8_0's, the file's size (see [`run_panels`] for
 /// Q4_K and Q6_K).
 enum Packed {
+    Q4K(Vec<panel::Q4KPanel>),
     Q8_0(Vec<panel::Q8Panel>),
 }
 
@@ -114,6 +115,7 @@ impl Packed {
             return Ok(None);
         }
         Ok(Some(match wtype {
+            WeightType::Q4K => Packed::Q4K(pack(rows, cols, row_bytes, data)?),
             WeightType::Q8_0 => Packed::Q8_0(pack(rows, cols, row_bytes, data)?),
             _ => return Ok(None),
         }))
@@ -121,6 +123,7 @@ impl Packed {
 
     fn bytes(&self) -> usize {
         match self {
+            Packed::Q4K(v) => std::mem::size_of_val(v.as_slice()),
             Packed::Q8_0(v) => std::mem::size_of_val(v.as_slice()),
         }
     }
@@ -588,8 +591,14 @@ fn run_rows(
     block: usize,
     put: impl Fn(usize, usize, &[f32]),
 ) {
-    if let Some(Packed::Q8_0(p)) = w.packed.as_deref() {
-        return run_panels(w, acts, rows, group, block, Panels::Packed(p), put);
+    match w.packed.as_deref() {
+        Some(Packed::Q4K(p)) => {
+            return run_panels(w, acts, rows, group, block, Panels::Packed(p), put)
+        }
+        Some(Packed::Q8_0(p)) => {
+            return run_panels(w, acts, rows, group, block, Panels::Packed(p), put)
+        }
+        None => {}
     }
     if acts.len() >= PANEL_TOKENS && w.cols.is_multiple_of(panel::PANEL_COLS) && panel::available()
     {
@@ -750,7 +759,8 @@ mod tests {
             let mut w = Matrix::new("w", wt, n, k, Bytes::Owned(Arc::new(data))).unwrap();
             if pack {
                 w = w.packed().unwrap();
-                assert_eq!(w.is_packed(), wt == WeightType::Q8_0 && panel::available());
+                let packs = matches!(wt, WeightType::Q4K | WeightType::Q8_0);
+                assert_eq!(w.is_packed(), packs && panel::available());
             }
             let x: Vec<f32> = (0..t * k)
                 .map(|i| ((i * 13 % 29) as f32 - 14.0) * 0.1)

@@ -88,17 +88,20 @@ macro_rules! by_fours {
     }};
 }
 
-/// One 256-column block of eight Q4_K rows, interleaved.
+/// One 256-column block of eight Q4_K rows, interleaved: 1,184 bytes against the
+/// file's 1,152 (the 6-bit scales and mins take a byte each), so a matrix can be
+/// packed once, at load.
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
 pub(crate) struct Q4KPanel {
-    /// Each row's block scale and min scale, as f32.
-    d: [f32; 8],
-    dmin: [f32; 8],
-    /// Sub-block `s`: lane `r` holds row `r`'s 6-bit scale in both 16-bit halves.
-    sc: [[u32; 8]; 8],
-    /// Sub-blocks `2p` and `2p + 1`: lane `r` holds row `r`'s two mins (low, high).
-    mins: [[u32; 8]; 4],
+    /// Each row's block scale and min scale, as f16 bits (as in the file).
+    d: [u16; 8],
+    dmin: [u16; 8],
+    /// Sub-block `s`: row `r`'s 6-bit scale at `[s][r]`.
+    sc: [[u8; 8]; 8],
+    /// Sub-blocks `2p` and `2p + 1`: row `r`'s two mins at `[p][2r]` and `[p][2r + 1]`
+    /// (widened to 16 bits, lane `r` holds them low and high).
+    mins: [[u8; 16]; 4],
     /// Chunk `c` (sub-blocks `2c` in the low nibbles and `2c + 1` in the high ones),
     /// group `j`: lane `r` holds row `r`'s bytes `32c + 4j ..+ 4` of the block's nibbles.
     qs: [[[u32; 8]; 8]; 4],
@@ -107,10 +110,10 @@ pub(crate) struct Q4KPanel {
 impl Default for Q4KPanel {
     fn default() -> Q4KPanel {
         Q4KPanel {
-            d: [0.0; 8],
-            dmin: [0.0; 8],
+            d: [0; 8],
+            dmin: [0; 8],
             sc: [[0; 8]; 8],
-            mins: [[0; 8]; 4],
+            mins: [[0; 16]; 4],
             qs: [[[0; 8]; 8]; 4],
         }
     }
@@ -133,16 +136,12 @@ impl Panel for Q4KPanel {
         for (bi, p) in out.iter_mut().enumerate() {
             for (r, row) in rows.iter().enumerate() {
                 let b = &row[144 * bi..144 * (bi + 1)];
-                p.d[r] = f16_at(b, 0);
-                p.dmin[r] = f16_at(b, 2);
-                let mut mins = [0u32; 8];
-                for (s, sc) in p.sc.iter_mut().enumerate() {
+                p.d[r] = u16::from_le_bytes([b[0], b[1]]);
+                p.dmin[r] = u16::from_le_bytes([b[2], b[3]]);
+                for s in 0..8 {
                     let (scale, min) = scale_min_k4(s, &b[4..16]);
-                    sc[r] = scale as u32 * 0x1_0001;
-                    mins[s] = min as u32;
-                }
-                for (q, m) in p.mins.iter_mut().enumerate() {
-                    m[r] = mins[2 * q] | (mins[2 * q + 1] << 16);
+                    p.sc[s][r] = scale;
+                    p.mins[s / 2][2 * r + s % 2] = min;
                 }
             }
             for (c, chunk) in p.qs.iter_mut().enumerate() {
@@ -268,6 +267,14 @@ mod avx2 {
         unsafe { _mm256_load_ps(v.as_ptr()) }
     }
 
+    /// 8 f16 values (bits) as f32 (exact).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn f16s(v: &[u16; 8]) -> __m256 {
+        // SAFETY: `v` is 8 u16s (16 bytes); the load is unaligned.
+        _mm256_cvtph_ps(unsafe { _mm_loadu_si128(v.as_ptr() as *const __m128i) })
+    }
+
     /// [`super::interleave`].
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn interleave(src: [&[u8]; 8], dst: &mut [[u32; 8]; 8]) {
@@ -319,12 +326,17 @@ mod avx2 {
                         part[t] = _mm256_add_epi16(part[t], _mm256_maddubs_epi16(w, x));
                     }
                 }
-                let sc = lanes(&p.sc[s]);
+                // SAFETY: `p.sc[s]` is 8 bytes; the load is unaligned.
+                let sc = _mm256_cvtepu8_epi32(unsafe {
+                    _mm_loadl_epi64(p.sc[s].as_ptr() as *const __m128i)
+                });
+                // Each row's scale in both 16-bit halves of its lane.
+                let sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
                 for t in 0..N {
                     sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(part[t], sc));
                 }
             }
-            let (d, dmin) = (lanes_f(&p.d), lanes_f(&p.dmin));
+            let (d, dmin) = (f16s(&p.d), f16s(&p.dmin));
             for t in 0..N {
                 let x = &xs[t][b];
                 // Sums of each 32 activations (sub-block), two to a 32-bit lane, times
@@ -338,7 +350,11 @@ mod avx2 {
                 unsafe { _mm_storeu_si128(pair.as_mut_ptr() as *mut __m128i, pairs) };
                 let mut m = _mm256_setzero_si256();
                 for (q, &bp) in pair.iter().enumerate() {
-                    let prod = _mm256_madd_epi16(lanes(&p.mins[q]), _mm256_set1_epi32(bp));
+                    // SAFETY: `p.mins[q]` is 16 bytes; the load is unaligned.
+                    let mins = _mm256_cvtepu8_epi16(unsafe {
+                        _mm_loadu_si128(p.mins[q].as_ptr() as *const __m128i)
+                    });
+                    let prod = _mm256_madd_epi16(mins, _mm256_set1_epi32(bp));
                     m = _mm256_add_epi32(m, prod);
                 }
                 let xd = _mm256_set1_ps(x.d);
@@ -427,9 +443,7 @@ mod avx2 {
                         sums[t] = _mm256_add_epi32(sums[t], prod);
                     }
                 }
-                // SAFETY: `p.d[k]` is 8 u16s (16 bytes); the load is unaligned.
-                let d =
-                    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.d[k].as_ptr() as *const __m128i) });
+                let d = f16s(&p.d[k]);
                 for t in 0..N {
                     let xd = _mm256_set1_ps(xs[t][8 * b + k].d);
                     acc[t] =
