@@ -103,12 +103,35 @@ impl Packed {
             v.try_reserve_exact(n)
                 .map_err(|e| Error::exhausted(format!("cannot allocate {n} weight panels: {e}")))?;
             v.resize(n, P::default());
-            for (p, out) in v.chunks_exact_mut(nb).enumerate() {
-                let rows: [&[u8]; 8] = std::array::from_fn(|i| {
-                    &data[(8 * p + i) * row_bytes..(8 * p + i + 1) * row_bytes]
-                });
-                P::pack(rows, out);
-            }
+            // Every core packs its share of the panels (a load is otherwise one
+            // thread's work; the pages stream from the file as they are read).
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let per = (rows / 8).div_ceil(threads).max(1) * nb;
+            let pack_part = |first: usize, part: &mut [P]| {
+                for (p, out) in part.chunks_exact_mut(nb).enumerate() {
+                    let p = first + p;
+                    let rows: [&[u8]; 8] = std::array::from_fn(|i| {
+                        &data[(8 * p + i) * row_bytes..(8 * p + i + 1) * row_bytes]
+                    });
+                    P::pack(rows, out);
+                }
+            };
+            std::thread::scope(|s| {
+                let mut parts = v.chunks_mut(per).enumerate();
+                let mine = parts.next();
+                for (i, part) in parts {
+                    std::thread::Builder::new()
+                        .name("infer-pack".into())
+                        .spawn_scoped(s, move || pack_part(i * per / nb, part))
+                        .map_err(|e| {
+                            Error::exhausted(format!("cannot start a thread to pack weights: {e}"))
+                        })?;
+                }
+                if let Some((_, part)) = mine {
+                    pack_part(0, part);
+                }
+                Ok::<(), Error>(())
+            })?;
             Ok(v)
         }
         if rows < 8 || cols == 0 || !cols.is_multiple_of(panel::PANEL_COLS) || !panel::available() {

@@ -33,7 +33,7 @@ use super::{f16_at, scale_min_k4, unpack_q6k, ActRow};
 pub(crate) const PANEL_COLS: usize = 256;
 
 /// A weight type's panel: one 256-column block of eight rows.
-pub(crate) trait Panel: Copy + Default + 'static {
+pub(crate) trait Panel: Copy + Default + Send + 'static {
     /// Interleaves eight rows (whole blocks each, all the same length) into `out`, one
     /// panel block per 256 columns.
     fn pack(rows: [&[u8]; 8], out: &mut [Self]);
