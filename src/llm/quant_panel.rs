@@ -184,7 +184,7 @@ impl Default for Q6KPanel {
 
 impl Panel for Q6KPanel {
     fn pack(rows: [&[u8]; 8], out: &mut [Q6KPanel]) {
-        let mut q = [0u8; 256];
+        let mut q = [[0u8; 256]; 8];
         for (bi, p) in out.iter_mut().enumerate() {
             for (r, row) in rows.iter().enumerate() {
                 let b = &row[210 * bi..210 * (bi + 1)];
@@ -196,13 +196,15 @@ impl Panel for Q6KPanel {
                 for (s, pair) in p.sc_pairs.iter_mut().enumerate() {
                     pair[r] = scale(2 * s) | (scale(2 * s + 1) << 16);
                 }
-                unpack_q6k(b, &mut q);
-                for (s, sub) in p.q.iter_mut().enumerate() {
-                    for (j, group) in sub.iter_mut().enumerate() {
-                        let at = 16 * s + 4 * j;
-                        group[r] = u32::from_le_bytes([q[at], q[at + 1], q[at + 2], q[at + 3]]);
-                    }
-                }
+                unpack_q6k(b, &mut q[r]);
+            }
+            // Weights 32c ..+ 32 are sub-blocks 2c and 2c + 1: eight 4-byte groups.
+            for (c, subs) in p.q.chunks_exact_mut(2).enumerate() {
+                let groups: &mut [[u32; 8]; 8] = match subs.as_flattened_mut().try_into() {
+                    Ok(g) => g,
+                    Err(_) => unreachable!("two sub-blocks are eight groups"),
+                };
+                interleave(std::array::from_fn(|r| &q[r][32 * c..32 * c + 32]), groups);
             }
         }
     }
