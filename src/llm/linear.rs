@@ -1,5 +1,5 @@
 //! Weight matrices of any [`WeightType`], held where they were loaded (a memory-mapped
-//! file or owned bytes) or, for Q8_0, packed once at load into panels of eight rows
+//! file or owned bytes) or, for Q8_0 and Q4_K, packed once at load into panels of eight rows
 //! (`quant::panel`), and the matrix product of a step's token rows with them.
 //!
 //! A matrix is `[rows][cols]`, one output per row (Hugging Face's `nn.Linear` layout,
@@ -74,8 +74,8 @@ fn page_size() -> usize {
 }
 
 /// A matrix's rows `0 .. rows / 8 * 8` as panels of eight rows, packed once at load
-/// (`panel` explains the layout): Q8_0's, the file's size (see [`run_panels`] for
-/// Q4_K and Q6_K).
+/// (`panel` explains the layout): Q8_0's, the file's size, and Q4_K's, 1.03x (see
+/// [`run_panels`] for Q6_K).
 enum Packed {
     Q4K(Vec<panel::Q4KPanel>),
     Q8_0(Vec<panel::Q8Panel>),
@@ -206,7 +206,7 @@ impl Matrix {
     }
 
     /// The matrix ready for products: its rows packed into panels where that pays
-    /// (Q8_0 with whole 256-column blocks, on a CPU with AVX2), and the file's pages
+    /// (Q8_0 and Q4_K with whole 256-column blocks, on a CPU with AVX2), and the file's pages
     /// they were packed from released. Other matrices come back as they are. A table
     /// only looked up by row (an untied token embedding) is not worth packing.
     pub(crate) fn packed(mut self) -> Result<Matrix> {
@@ -673,7 +673,8 @@ fn run_rows(
 const PANEL_TOKENS: usize = 4;
 
 thread_local! {
-    /// A thread's panels of the block of Q4_K or Q6_K rows it is working on.
+    /// A thread's panels of the block of Q4_K or Q6_K rows it is working on (matrices
+    /// not packed at load).
     static Q4K_PANELS: std::cell::RefCell<Vec<panel::Q4KPanel>> = const { std::cell::RefCell::new(Vec::new()) };
     static Q6K_PANELS: std::cell::RefCell<Vec<panel::Q6KPanel>> = const { std::cell::RefCell::new(Vec::new()) };
 }
@@ -686,13 +687,13 @@ enum Panels<'a, P> {
     PerCall(&'a mut Vec<P>),
 }
 
-/// [`run_rows`] through panels (Q8_0 packed at load; Q4_K and Q6_K packed per call, a
+/// [`run_rows`] through panels (Q8_0 and Q4_K packed at load; Q6_K packed per call, a
 /// block of rows at a time, for 4 or more token rows): each block of rows meets every
 /// token group; rows past the last whole eight use the row kernel (the same bits).
 ///
-/// Q4_K's and Q6_K's panels unpack their 6-bit scales and weights (1.3x and 1.7x the
-/// file's bytes), which would slow memory-bound single-stream decoding by as much, so
-/// they stay in the file and are packed per call.
+/// Q6_K's panels unpack its weights (1.7x the file's bytes), which would slow
+/// memory-bound single-stream decoding, so Q6_K matrices stay in the file and are
+/// packed per call.
 fn run_panels<P: Panel>(
     w: &Matrix,
     acts: &[ActRow<'_>],
@@ -854,12 +855,18 @@ mod tests {
         if !panel::available() {
             return;
         }
+        for wt in [WeightType::Q8_0, WeightType::Q4K] {
+            packs_a_mapped_matrix(wt);
+        }
+    }
+
+    fn packs_a_mapped_matrix(wt: WeightType) {
         let (n, k) = (8 * 300 + 3, 1024);
-        let wt = WeightType::Q8_0;
         let data: Vec<u8> = (0..n)
             .flat_map(|r| random_row(wt, k, r as u64 + 7))
             .collect();
-        let dir = std::env::temp_dir().join(format!("infer-pack-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("infer-pack-{}-{}", wt.name(), std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("w.bin");
         // An odd offset: the tensor does not start or end at a page.
@@ -878,24 +885,27 @@ mod tests {
         let plain = Matrix::new("w", wt, n, k, bytes.clone()).unwrap();
         let packed = Matrix::new("w", wt, n, k, bytes).unwrap().packed().unwrap();
         assert!(plain.is_mapped() && !packed.is_mapped() && packed.is_packed());
-        assert_eq!(
-            packed.bytes(),
-            data.len(),
-            "Q8_0 panels are the file's size"
-        );
+        // Q8_0's panels are the file's size; Q4_K's take a byte for each 6-bit scale.
+        let whole = (n / 8 * 8) * k / 256;
+        let want = match wt {
+            WeightType::Q4K => data.len() + whole * 4,
+            _ => data.len(),
+        };
+        assert_eq!(packed.bytes(), want, "{} panels", wt.name());
         // This process's resident pages of the map after packing: at most the two
         // partial pages at the tensor's ends.
         let rss = map_rss_kib(map.as_ptr() as usize);
         assert!(
             rss * 1024 <= 2 * page_size(),
-            "{rss} KiB of the map still resident"
+            "{}: {rss} KiB of the map still resident",
+            wt.name()
         );
         let mut a = vec![0.0f32; k];
         let mut b = vec![0.0f32; k];
         for r in [0, 1, 7, 8, 1234, n - 4, n - 1] {
             plain.row_f32(r, &mut a);
             packed.row_f32(r, &mut b);
-            assert_eq!(bits(&a), bits(&b), "row {r}");
+            assert_eq!(bits(&a), bits(&b), "{}: row {r}", wt.name());
         }
         assert_eq!(&map[..1001], &[0x5a; 1001][..]);
         assert_eq!(&map[1001 + data.len()..], &[0xa5; 77][..]);
@@ -913,7 +923,7 @@ mod tests {
             let (mut y1, mut y2) = (vec![0.0f32; t * n], vec![0.0f32; t * n]);
             matmul(exec, &plain, &acts, &x, &mut y1, n, Out::Set);
             matmul(exec, &packed, &acts, &x, &mut y2, n, Out::Set);
-            assert_eq!(bits(&y1), bits(&y2), "{t} tokens");
+            assert_eq!(bits(&y1), bits(&y2), "{}: {t} tokens", wt.name());
         }
         drop((plain, packed, map));
         std::fs::remove_dir_all(&dir).ok();

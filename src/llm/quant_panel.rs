@@ -1,5 +1,5 @@
 //! Q4_K, Q6_K and Q8_0 weights eight rows at a time, interleaved (a "panel"), for
-//! products with Q8_0 matrices (all of them) and with Q4_K and Q6_K matrices of many
+//! products with Q8_0 and Q4_K matrices (all of them) and with Q6_K matrices of many
 //! token rows (prompts, many streams).
 //!
 //! A row-at-a-time kernel spends most of its instructions on work a single row cannot
@@ -13,14 +13,17 @@
 //! per-row float work only.)
 //!
 //! Packing is a transpose of 4-byte groups and costs about as much as one token's
-//! product. A Q8_0 panel is the file's size (f16 scales), so Q8_0 matrices are packed
-//! once, at load (`linear::Matrix::packed`), and the file's pages released; packing per
-//! call had cost a third of the time of 8 streams' decoding steps, and a panel is one
-//! sequential stream for the prefetcher. Q4_K's and Q6_K's panels unpack their 6-bit
-//! values (1.3x and 1.7x the file's bytes), which would slow memory-bound decoding by
-//! as much: their matrices stay in the file, and a product of 4 or more token rows packs
-//! each block of rows once per call (into a thread's scratch) and runs every token
-//! group over it.
+//! product. A Q8_0 panel is the file's size (f16 scales) and a Q4_K panel 1.03x (f16
+//! scales, a byte per 6-bit sub-block scale and min, widened in the kernel), so their
+//! matrices are packed once, at load (`linear::Matrix::packed`), and the file's pages
+//! released; packing per call had cost a third of the time of 8 streams' decoding
+//! steps, and a panel is one sequential stream for the prefetcher. Q6_K's panels hold
+//! the weights unpacked to bytes and their scales widened (1.7x the file's bytes). A
+//! layout of the file's size that puts each weight's nibble and bit pair together in
+//! the kernel was tried: the extra shifts and masks made products of many tokens 30 %
+//! slower and the 32000-row head of a one-token decode 40 % slower. So Q6_K matrices
+//! stay in the file, and a product of 4 or more token rows packs each block of rows
+//! once per call (into a thread's scratch) and runs every token group over it.
 //!
 //! The outputs are the same bits as the row kernels' (`super::dot_q4k`,
 //! `super::dot_q6k`, `super::dot_q8_0`): the integer sums of a block are exact in any order, and the float
@@ -91,7 +94,7 @@ macro_rules! by_fours {
 /// One 256-column block of eight Q4_K rows, interleaved: 1,184 bytes against the
 /// file's 1,152 (the 6-bit scales and mins take a byte each), so a matrix can be
 /// packed once, at load.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 #[repr(C, align(32))]
 pub(crate) struct Q4KPanel {
     /// Each row's block scale and min scale, as f16 bits (as in the file).
@@ -105,18 +108,6 @@ pub(crate) struct Q4KPanel {
     /// Chunk `c` (sub-blocks `2c` in the low nibbles and `2c + 1` in the high ones),
     /// group `j`: lane `r` holds row `r`'s bytes `32c + 4j ..+ 4` of the block's nibbles.
     qs: [[[u32; 8]; 8]; 4],
-}
-
-impl Default for Q4KPanel {
-    fn default() -> Q4KPanel {
-        Q4KPanel {
-            d: [0; 8],
-            dmin: [0; 8],
-            sc: [[0; 8]; 8],
-            mins: [[0; 16]; 4],
-            qs: [[[0; 8]; 8]; 4],
-        }
-    }
 }
 
 /// Whether this CPU runs [`gemm_q4k`].
