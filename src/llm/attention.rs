@@ -121,16 +121,30 @@ fn attend(
 /// bits are the same: `scores(q, keys, divisor, out)` sets `out[i] = dot(q, key i) /
 /// divisor`, and `axpy(o, probs, values)` does `o += probs[i] · value i` for each `i` in
 /// turn.
-struct F16Ops<S, A>
+///
+/// `scores2` and `axpy2` do the same for two query heads that share the keys and
+/// values (grouped-query attention): each F16 element is widened once for both, and
+/// each head's outputs get the same operations in the same order as from `scores` and
+/// `axpy`.
+struct F16Ops<S, A, S2, A2>
 where
     S: Fn(&[f32], &[u16], f32, &mut [f32]),
     A: Fn(&mut [f32], &[f32], &[u16]),
+    S2: Fn([&[f32]; 2], &[u16], f32, [&mut [f32]; 2]),
+    A2: Fn([&mut [f32]; 2], [&[f32]; 2], &[u16]),
 {
     scores: S,
     axpy: A,
+    scores2: S2,
+    axpy2: A2,
 }
 
-type F16Fns = F16Ops<fn(&[f32], &[u16], f32, &mut [f32]), fn(&mut [f32], &[f32], &[u16])>;
+type F16Fns = F16Ops<
+    fn(&[f32], &[u16], f32, &mut [f32]),
+    fn(&mut [f32], &[f32], &[u16]),
+    fn([&[f32]; 2], &[u16], f32, [&mut [f32]; 2]),
+    fn([&mut [f32]; 2], [&[f32]; 2], &[u16]),
+>;
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
@@ -153,6 +167,12 @@ fn attend_avx2(
         },
         // SAFETY: as above.
         axpy: |o: &mut [f32], p: &[f32], v: &[u16]| unsafe { axpy_f16_avx2(o, p, v) },
+        // SAFETY: as above.
+        scores2: |q: [&[f32]; 2], k: &[u16], div: f32, out: [&mut [f32]; 2]| unsafe {
+            scores2_f16_avx2(q, k, div, out)
+        },
+        // SAFETY: as above.
+        axpy2: |o: [&mut [f32]; 2], p: [&[f32]; 2], v: &[u16]| unsafe { axpy2_f16_avx2(o, p, v) },
     });
     attend_body(shape, q, kv, blocks, pos, scores, out, dot, f16)
 }
@@ -249,6 +269,121 @@ fn axpy_f16_avx2(o: &mut [f32], probs: &[f32], values: &[u16]) {
     }
 }
 
+/// [`scores_f16_avx2`] for two query heads over the same keys, four keys at a time:
+/// the eight (head, key) sums of a step are the eight vectors `reduce8` sums side by
+/// side, each with the lanes and order of [`dot_f16_avx2`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn scores2_f16_avx2(q: [&[f32]; 2], keys: &[u16], divisor: f32, out: [&mut [f32]; 2]) {
+    use std::arch::x86_64::*;
+    let hd = q[0].len();
+    let n = out[0].len().min(out[1].len());
+    let mut i = 0;
+    if hd.is_multiple_of(8) && hd > 0 && q[1].len() == hd {
+        let q8 = [q[0].as_chunks::<8>().0, q[1].as_chunks::<8>().0];
+        let div = _mm256_set1_ps(divisor);
+        while i + 4 <= n {
+            let keys = &keys[i * hd..(i + 4) * hd];
+            // acc[4h + j]: head h, key j.
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for c in 0..hd / 8 {
+                // SAFETY: each is 8 f32s.
+                let qv = unsafe {
+                    [
+                        _mm256_loadu_ps(q8[0][c].as_ptr()),
+                        _mm256_loadu_ps(q8[1][c].as_ptr()),
+                    ]
+                };
+                for j in 0..4 {
+                    let k = &keys[j * hd + 8 * c..j * hd + 8 * c + 8];
+                    // SAFETY: `k` is 8 u16s (16 bytes).
+                    let kv =
+                        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(k.as_ptr() as *const __m128i)) };
+                    acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(qv[0], kv));
+                    acc[4 + j] = _mm256_add_ps(acc[4 + j], _mm256_mul_ps(qv[1], kv));
+                }
+            }
+            let l = super::kernels::transpose8(acc);
+            let sum = _mm256_add_ps(
+                _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[1], l[5])),
+                _mm256_add_ps(_mm256_add_ps(l[2], l[6]), _mm256_add_ps(l[3], l[7])),
+            );
+            let mut s = [0.0f32; 8];
+            // SAFETY: `s` holds 8 f32s; the store is unaligned.
+            unsafe { _mm256_storeu_ps(s.as_mut_ptr(), _mm256_div_ps(sum, div)) };
+            out[0][i..i + 4].copy_from_slice(&s[..4]);
+            out[1][i..i + 4].copy_from_slice(&s[4..]);
+            i += 4;
+        }
+    }
+    for (h, out) in out.into_iter().enumerate() {
+        for (s, k) in out[i..n]
+            .iter_mut()
+            .zip(keys[i * hd..].chunks_exact(hd.max(1)))
+        {
+            *s = dot_f16_avx2(q[h], k) / divisor;
+        }
+    }
+}
+
+/// [`axpy_f16_avx2`] for two heads' outputs over the same values (32 outputs of each
+/// at a time in registers), each value widened once for both.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn axpy2_f16_avx2(o: [&mut [f32]; 2], probs: [&[f32]; 2], values: &[u16]) {
+    use std::arch::x86_64::*;
+    let hd = o[0].len();
+    if o[1].len() != hd {
+        let [o0, o1] = o;
+        axpy_f16_avx2(o0, probs[0], values);
+        axpy_f16_avx2(o1, probs[1], values);
+        return;
+    }
+    let whole = hd / 8 * 8;
+    let count = probs[0].len().min(probs[1].len());
+    let mut d0 = 0;
+    while d0 < whole {
+        let width = (whole - d0).min(32) / 8;
+        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+        for (h, acc) in acc.iter_mut().enumerate() {
+            for (c, a) in acc[..width].iter_mut().enumerate() {
+                let s = &o[h][d0 + 8 * c..d0 + 8 * c + 8];
+                // SAFETY: `s` is 8 f32s.
+                *a = unsafe { _mm256_loadu_ps(s.as_ptr()) };
+            }
+        }
+        for (i, v) in values.chunks_exact(hd.max(1)).take(count).enumerate() {
+            let p = [_mm256_set1_ps(probs[0][i]), _mm256_set1_ps(probs[1][i])];
+            for c in 0..width {
+                let v = &v[d0 + 8 * c..d0 + 8 * c + 8];
+                // SAFETY: `v` is 8 u16s (16 bytes).
+                let w = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr() as *const __m128i)) };
+                acc[0][c] = _mm256_add_ps(acc[0][c], _mm256_mul_ps(p[0], w));
+                acc[1][c] = _mm256_add_ps(acc[1][c], _mm256_mul_ps(p[1], w));
+            }
+        }
+        for (h, acc) in acc.iter().enumerate() {
+            for (c, a) in acc[..width].iter().enumerate() {
+                let s = &mut o[h][d0 + 8 * c..d0 + 8 * c + 8];
+                // SAFETY: `s` is 8 f32s.
+                unsafe { _mm256_storeu_ps(s.as_mut_ptr(), *a) };
+            }
+        }
+        d0 += 8 * width;
+    }
+    if whole < hd {
+        for (h, o) in o.into_iter().enumerate() {
+            for (&p, v) in probs[h].iter().zip(values.chunks_exact(hd)) {
+                for (o, &v) in o[whole..].iter_mut().zip(&v[whole..]) {
+                    *o += p * half::f16::from_bits(v).to_f32();
+                }
+            }
+        }
+    }
+}
+
 /// [`dot_avx2`] with `b` in F16, widened by F16C as it is read (widening is exact).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
@@ -320,7 +455,12 @@ fn attend_body(
     out: &mut [f32],
     dot: impl Fn(&[f32], &[f32]) -> f32,
     f16: Option<
-        F16Ops<impl Fn(&[f32], &[u16], f32, &mut [f32]), impl Fn(&mut [f32], &[f32], &[u16])>,
+        F16Ops<
+            impl Fn(&[f32], &[u16], f32, &mut [f32]),
+            impl Fn(&mut [f32], &[f32], &[u16]),
+            impl Fn([&[f32]; 2], &[u16], f32, [&mut [f32]; 2]),
+            impl Fn([&mut [f32]; 2], [&[f32]; 2], &[u16]),
+        >,
     >,
 ) {
     let (nh, hd) = (shape.n_head, shape.head_dim);
@@ -339,10 +479,22 @@ fn attend_body(
         for g in 0..shape.n_kv_head {
             let keys: HeadRef<'_> = kv.head(block as usize, shape.layer, false, g);
             if let (HeadRef::F16(keys), Some(f16)) = (&keys, &f16) {
-                for h in g * group..(g + 1) * group {
-                    let qh = &q[h * hd..(h + 1) * hd];
-                    let row = &mut scores[h * n_ctx + first..h * n_ctx + first + count];
-                    (f16.scores)(qh, &keys[..count * hd], shape.divisor, row);
+                let keys = &keys[..count * hd];
+                let mut h = g * group;
+                while h < (g + 1) * group {
+                    let row = |h: usize| h * n_ctx + first..h * n_ctx + first + count;
+                    if h + 2 <= (g + 1) * group {
+                        // Two heads' rows of the scores (the second starts n_ctx on).
+                        let (a, b) = scores[h * n_ctx..].split_at_mut(n_ctx);
+                        let qs = [&q[h * hd..(h + 1) * hd], &q[(h + 1) * hd..(h + 2) * hd]];
+                        let rows = [&mut a[first..first + count], &mut b[first..first + count]];
+                        (f16.scores2)(qs, keys, shape.divisor, rows);
+                        h += 2;
+                    } else {
+                        let qh = &q[h * hd..(h + 1) * hd];
+                        (f16.scores)(qh, keys, shape.divisor, &mut scores[row(h)]);
+                        h += 1;
+                    }
                 }
                 continue;
             }
@@ -374,10 +526,18 @@ fn attend_body(
         for g in 0..shape.n_kv_head {
             let values: HeadRef<'_> = kv.head(block as usize, shape.layer, true, g);
             if let (HeadRef::F16(values), Some(f16)) = (&values, &f16) {
-                for h in g * group..(g + 1) * group {
-                    let oh = &mut out[h * hd..(h + 1) * hd];
-                    let probs = &scores[h * n_ctx + first..h * n_ctx + first + count];
-                    (f16.axpy)(oh, probs, &values[..count * hd]);
+                let values = &values[..count * hd];
+                let probs = |h: usize| &scores[h * n_ctx + first..h * n_ctx + first + count];
+                let mut h = g * group;
+                while h < (g + 1) * group {
+                    if h + 2 <= (g + 1) * group {
+                        let (a, b) = out[h * hd..(h + 2) * hd].split_at_mut(hd);
+                        (f16.axpy2)([a, b], [probs(h), probs(h + 1)], values);
+                        h += 2;
+                    } else {
+                        (f16.axpy)(&mut out[h * hd..(h + 1) * hd], probs(h), values);
+                        h += 1;
+                    }
                 }
                 continue;
             }
