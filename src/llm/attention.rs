@@ -163,147 +163,64 @@ fn attend_avx2(
     let f16 = std::arch::is_x86_feature_detected!("f16c").then(|| F16Ops {
         // SAFETY: the CPU has AVX2 and F16C.
         scores: |q: &[f32], k: &[u16], div: f32, out: &mut [f32]| unsafe {
+            scores_f16_avx2([q], k, div, [out])
+        },
+        // SAFETY: as above.
+        axpy: |o: &mut [f32], p: &[f32], v: &[u16]| unsafe { axpy_f16_avx2([o], [p], v) },
+        // SAFETY: as above.
+        scores2: |q: [&[f32]; 2], k: &[u16], div: f32, out: [&mut [f32]; 2]| unsafe {
             scores_f16_avx2(q, k, div, out)
         },
         // SAFETY: as above.
-        axpy: |o: &mut [f32], p: &[f32], v: &[u16]| unsafe { axpy_f16_avx2(o, p, v) },
-        // SAFETY: as above.
-        scores2: |q: [&[f32]; 2], k: &[u16], div: f32, out: [&mut [f32]; 2]| unsafe {
-            scores2_f16_avx2(q, k, div, out)
-        },
-        // SAFETY: as above.
-        axpy2: |o: [&mut [f32]; 2], p: [&[f32]; 2], v: &[u16]| unsafe { axpy2_f16_avx2(o, p, v) },
+        axpy2: |o: [&mut [f32]; 2], p: [&[f32]; 2], v: &[u16]| unsafe { axpy_f16_avx2(o, p, v) },
     });
     attend_body(shape, q, kv, blocks, pos, scores, out, dot, f16)
 }
 
-/// `out[i] = dot_f16_avx2(q, key i) / divisor` for the `out.len()` keys of `keys`, eight
-/// keys at a time where the head's width is whole 8s: each key's lanes take the same
-/// products and sums, then the eight keys' lanes are transposed so that `reduce8`'s
-/// sums of all eight run side by side.
+/// `out[h][i] = dot_f16_avx2(q[h], key i) / divisor` for `H` query heads (1 or 2: two
+/// heads that share a KV head) over the `out[h].len()` keys of `keys`, `8 / H` keys at a
+/// time where the head's width is whole 8s. Each (head, key) pair's lanes take the same
+/// products and sums as [`dot_f16_avx2`], each key widened once for all heads; then the
+/// eight pairs' lanes are transposed so that `reduce8`'s sums of all eight run side by
+/// side.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-fn scores_f16_avx2(q: &[f32], keys: &[u16], divisor: f32, out: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let hd = q.len();
-    let n = out.len();
-    let mut i = 0;
-    if hd.is_multiple_of(8) && hd > 0 {
-        let (q8, _) = q.as_chunks::<8>();
-        let div = _mm256_set1_ps(divisor);
-        while i + 8 <= n {
-            let keys = &keys[i * hd..(i + 8) * hd];
-            let mut acc = [_mm256_setzero_ps(); 8];
-            for (c, qc) in q8.iter().enumerate() {
-                // SAFETY: `qc` is 8 f32s.
-                let qv = unsafe { _mm256_loadu_ps(qc.as_ptr()) };
-                for (j, acc) in acc.iter_mut().enumerate() {
-                    let k = &keys[j * hd + 8 * c..j * hd + 8 * c + 8];
-                    // SAFETY: `k` is 8 u16s (16 bytes).
-                    let kv =
-                        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(k.as_ptr() as *const __m128i)) };
-                    *acc = _mm256_add_ps(*acc, _mm256_mul_ps(qv, kv));
-                }
-            }
-            // Lane l of every key in one vector, then reduce8's sums.
-            let l = super::kernels::transpose8(acc);
-            let sum = _mm256_add_ps(
-                _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[1], l[5])),
-                _mm256_add_ps(_mm256_add_ps(l[2], l[6]), _mm256_add_ps(l[3], l[7])),
-            );
-            let o = &mut out[i..i + 8];
-            // SAFETY: `o` is 8 f32s; the store is unaligned.
-            unsafe { _mm256_storeu_ps(o.as_mut_ptr(), _mm256_div_ps(sum, div)) };
-            i += 8;
-        }
-    }
-    for (s, k) in out[i..]
-        .iter_mut()
-        .zip(keys[i * hd..].chunks_exact(hd.max(1)))
-    {
-        *s = dot_f16_avx2(q, k) / divisor;
-    }
-}
-
-/// `o += probs[i] · value i` for each value in turn (a multiply, then an add: no fused
-/// multiply-add), 64 outputs at a time held in registers over all the values.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-#[inline]
-fn axpy_f16_avx2(o: &mut [f32], probs: &[f32], values: &[u16]) {
-    use std::arch::x86_64::*;
-    let hd = o.len();
-    let whole = hd / 8 * 8;
-    let mut d0 = 0;
-    while d0 < whole {
-        let width = (whole - d0).min(64) / 8;
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for (c, a) in acc[..width].iter_mut().enumerate() {
-            let s = &o[d0 + 8 * c..d0 + 8 * c + 8];
-            // SAFETY: `s` is 8 f32s.
-            *a = unsafe { _mm256_loadu_ps(s.as_ptr()) };
-        }
-        for (&p, v) in probs.iter().zip(values.chunks_exact(hd.max(1))) {
-            let pv = _mm256_set1_ps(p);
-            for (c, a) in acc[..width].iter_mut().enumerate() {
-                let v = &v[d0 + 8 * c..d0 + 8 * c + 8];
-                // SAFETY: `v` is 8 u16s (16 bytes).
-                let w = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr() as *const __m128i)) };
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, w));
-            }
-        }
-        for (c, a) in acc[..width].iter().enumerate() {
-            let s = &mut o[d0 + 8 * c..d0 + 8 * c + 8];
-            // SAFETY: `s` is 8 f32s.
-            unsafe { _mm256_storeu_ps(s.as_mut_ptr(), *a) };
-        }
-        d0 += 8 * width;
-    }
-    if whole < hd {
-        for (&p, v) in probs.iter().zip(values.chunks_exact(hd)) {
-            for (o, &v) in o[whole..].iter_mut().zip(&v[whole..]) {
-                *o += p * half::f16::from_bits(v).to_f32();
-            }
-        }
-    }
-}
-
-/// [`scores_f16_avx2`] for two query heads over the same keys, four keys at a time:
-/// the eight (head, key) sums of a step are the eight vectors `reduce8` sums side by
-/// side, each with the lanes and order of [`dot_f16_avx2`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-#[inline]
-fn scores2_f16_avx2(q: [&[f32]; 2], keys: &[u16], divisor: f32, out: [&mut [f32]; 2]) {
+fn scores_f16_avx2<const H: usize>(
+    q: [&[f32]; H],
+    keys: &[u16],
+    divisor: f32,
+    mut out: [&mut [f32]; H],
+) {
     use std::arch::x86_64::*;
     let hd = q[0].len();
-    let n = out[0].len().min(out[1].len());
+    let n = out.iter().map(|o| o.len()).min().unwrap_or(0);
+    let step = 8 / H;
     let mut i = 0;
-    if hd.is_multiple_of(8) && hd > 0 && q[1].len() == hd {
-        let q8 = [q[0].as_chunks::<8>().0, q[1].as_chunks::<8>().0];
+    if hd.is_multiple_of(8) && hd > 0 && q.iter().all(|q| q.len() == hd) {
         let div = _mm256_set1_ps(divisor);
-        while i + 4 <= n {
-            let keys = &keys[i * hd..(i + 4) * hd];
-            // acc[4h + j]: head h, key j.
+        while i + step <= n {
+            let keys = &keys[i * hd..(i + step) * hd];
+            // acc[h · step + j]: head h, key j.
             let mut acc = [_mm256_setzero_ps(); 8];
             for c in 0..hd / 8 {
-                // SAFETY: each is 8 f32s.
-                let qv = unsafe {
-                    [
-                        _mm256_loadu_ps(q8[0][c].as_ptr()),
-                        _mm256_loadu_ps(q8[1][c].as_ptr()),
-                    ]
-                };
-                for j in 0..4 {
+                let qv: [__m256; H] = std::array::from_fn(|h| {
+                    let qc = &q[h][8 * c..8 * c + 8];
+                    // SAFETY: `qc` is 8 f32s.
+                    unsafe { _mm256_loadu_ps(qc.as_ptr()) }
+                });
+                for j in 0..step {
                     let k = &keys[j * hd + 8 * c..j * hd + 8 * c + 8];
                     // SAFETY: `k` is 8 u16s (16 bytes).
                     let kv =
                         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(k.as_ptr() as *const __m128i)) };
-                    acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(qv[0], kv));
-                    acc[4 + j] = _mm256_add_ps(acc[4 + j], _mm256_mul_ps(qv[1], kv));
+                    for (h, qv) in qv.iter().enumerate() {
+                        let a = &mut acc[h * step + j];
+                        *a = _mm256_add_ps(*a, _mm256_mul_ps(*qv, kv));
+                    }
                 }
             }
+            // Lane l of every pair in one vector, then reduce8's sums.
             let l = super::kernels::transpose8(acc);
             let sum = _mm256_add_ps(
                 _mm256_add_ps(_mm256_add_ps(l[0], l[4]), _mm256_add_ps(l[1], l[5])),
@@ -312,12 +229,13 @@ fn scores2_f16_avx2(q: [&[f32]; 2], keys: &[u16], divisor: f32, out: [&mut [f32]
             let mut s = [0.0f32; 8];
             // SAFETY: `s` holds 8 f32s; the store is unaligned.
             unsafe { _mm256_storeu_ps(s.as_mut_ptr(), _mm256_div_ps(sum, div)) };
-            out[0][i..i + 4].copy_from_slice(&s[..4]);
-            out[1][i..i + 4].copy_from_slice(&s[4..]);
-            i += 4;
+            for (h, out) in out.iter_mut().enumerate() {
+                out[i..i + step].copy_from_slice(&s[h * step..(h + 1) * step]);
+            }
+            i += step;
         }
     }
-    for (h, out) in out.into_iter().enumerate() {
+    for (h, out) in out.iter_mut().enumerate() {
         for (s, k) in out[i..n]
             .iter_mut()
             .zip(keys[i * hd..].chunks_exact(hd.max(1)))
@@ -327,55 +245,62 @@ fn scores2_f16_avx2(q: [&[f32]; 2], keys: &[u16], divisor: f32, out: [&mut [f32]
     }
 }
 
-/// [`axpy_f16_avx2`] for two heads' outputs over the same values (32 outputs of each
-/// at a time in registers), each value widened once for both.
+/// `o[h] += probs[h][i] · value i` for each value in turn (a multiply, then an add: no
+/// fused multiply-add), for `H` heads (1 or 2) over the same values, each value widened
+/// once for all heads; `64 / H` outputs of each head at a time held in registers over
+/// all the values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-fn axpy2_f16_avx2(o: [&mut [f32]; 2], probs: [&[f32]; 2], values: &[u16]) {
+fn axpy_f16_avx2<const H: usize>(mut o: [&mut [f32]; H], probs: [&[f32]; H], values: &[u16]) {
     use std::arch::x86_64::*;
     let hd = o[0].len();
-    if o[1].len() != hd {
-        let [o0, o1] = o;
-        axpy_f16_avx2(o0, probs[0], values);
-        axpy_f16_avx2(o1, probs[1], values);
+    if o.iter().any(|o| o.len() != hd) {
+        for (o, p) in o.into_iter().zip(probs) {
+            axpy_f16_avx2([o], [p], values);
+        }
         return;
     }
     let whole = hd / 8 * 8;
-    let count = probs[0].len().min(probs[1].len());
+    let count = probs.iter().map(|p| p.len()).min().unwrap_or(0);
+    // Vectors of each head's outputs in registers.
+    let per = 8 / H;
     let mut d0 = 0;
     while d0 < whole {
-        let width = (whole - d0).min(32) / 8;
-        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
-        for (h, acc) in acc.iter_mut().enumerate() {
-            for (c, a) in acc[..width].iter_mut().enumerate() {
-                let s = &o[h][d0 + 8 * c..d0 + 8 * c + 8];
+        let width = (whole - d0).min(8 * per) / 8;
+        // acc[h · per + c]: head h, outputs d0 + 8c ..+ 8.
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for (h, o) in o.iter().enumerate() {
+            for c in 0..width {
+                let s = &o[d0 + 8 * c..d0 + 8 * c + 8];
                 // SAFETY: `s` is 8 f32s.
-                *a = unsafe { _mm256_loadu_ps(s.as_ptr()) };
+                acc[h * per + c] = unsafe { _mm256_loadu_ps(s.as_ptr()) };
             }
         }
         for (i, v) in values.chunks_exact(hd.max(1)).take(count).enumerate() {
-            let p = [_mm256_set1_ps(probs[0][i]), _mm256_set1_ps(probs[1][i])];
+            let p: [__m256; H] = std::array::from_fn(|h| _mm256_set1_ps(probs[h][i]));
             for c in 0..width {
                 let v = &v[d0 + 8 * c..d0 + 8 * c + 8];
                 // SAFETY: `v` is 8 u16s (16 bytes).
                 let w = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr() as *const __m128i)) };
-                acc[0][c] = _mm256_add_ps(acc[0][c], _mm256_mul_ps(p[0], w));
-                acc[1][c] = _mm256_add_ps(acc[1][c], _mm256_mul_ps(p[1], w));
+                for (h, p) in p.iter().enumerate() {
+                    let a = &mut acc[h * per + c];
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(*p, w));
+                }
             }
         }
-        for (h, acc) in acc.iter().enumerate() {
-            for (c, a) in acc[..width].iter().enumerate() {
-                let s = &mut o[h][d0 + 8 * c..d0 + 8 * c + 8];
+        for (h, o) in o.iter_mut().enumerate() {
+            for c in 0..width {
+                let s = &mut o[d0 + 8 * c..d0 + 8 * c + 8];
                 // SAFETY: `s` is 8 f32s.
-                unsafe { _mm256_storeu_ps(s.as_mut_ptr(), *a) };
+                unsafe { _mm256_storeu_ps(s.as_mut_ptr(), acc[h * per + c]) };
             }
         }
         d0 += 8 * width;
     }
     if whole < hd {
-        for (h, o) in o.into_iter().enumerate() {
-            for (&p, v) in probs[h].iter().zip(values.chunks_exact(hd)) {
+        for (o, p) in o.iter_mut().zip(probs) {
+            for (&p, v) in p.iter().zip(values.chunks_exact(hd)) {
                 for (o, &v) in o[whole..].iter_mut().zip(&v[whole..]) {
                     *o += p * half::f16::from_bits(v).to_f32();
                 }
