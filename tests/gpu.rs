@@ -4576,6 +4576,167 @@ instance_group [ {{ kind: {kind} }} ]"#
     println!("Resize (nearest and linear; half_pixel, pytorch_half_pixel, align_corners, asymmetric; scales and sizes) matches the CPU");
 }
 
+/// TopK, CumSum and ScatterElements with a reduction on lines long enough to be shared by
+/// a block's threads ([4, 300, 3] along the middle axis): the cooperative TopK and scan
+/// and the line-parallel scatter give the CPU's results, on a model as a user writes it.
+/// Indices repeat (the scatter adds and takes maxima of several updates per element).
+fn topk_cumsum_and_scatter_on_the_stand_in(cpu: &Server, gpu: &Server) {
+    let dir = temp_dir("gpu-topk-scan-scatter");
+    let node =
+        |op: &str, ins: &[&str], outs: &[&str], attrs: Vec<pb::AttributeProto>| pb::NodeProto {
+            op_type: op.into(),
+            name: outs[0].into(),
+            input: ins.iter().map(|s| s.to_string()).collect(),
+            output: outs.iter().map(|s| s.to_string()).collect(),
+            attribute: attrs,
+            ..Default::default()
+        };
+    let int = |name: &str, v: i64| pb::AttributeProto {
+        name: name.into(),
+        i: v,
+        r#type: 2,
+        ..Default::default()
+    };
+    let text = |name: &str, v: &str| pb::AttributeProto {
+        name: name.into(),
+        s: v.as_bytes().to_vec(),
+        r#type: 3,
+        ..Default::default()
+    };
+    let i64s = |name: &str, v: &[i64]| pb::TensorProto {
+        name: name.into(),
+        dims: vec![v.len() as i64],
+        data_type: 7,
+        int64_data: v.to_vec(),
+        ..Default::default()
+    };
+    let model = pb::ModelProto {
+        ir_version: 8,
+        opset_import: vec![pb::OperatorSetIdProto {
+            domain: String::new(),
+            version: 18,
+        }],
+        graph: Some(pb::GraphProto {
+            name: "tss".into(),
+            node: vec![
+                node("TopK", &["X", "K"], &["V", "I"], vec![int("axis", 1)]),
+                node(
+                    "TopK",
+                    &["X", "K"],
+                    &["VS", "IS"],
+                    vec![int("axis", 1), int("largest", 0)],
+                ),
+                node("CumSum", &["X", "AX"], &["C"], vec![]),
+                node(
+                    "CumSum",
+                    &["X", "AX"],
+                    &["CR"],
+                    vec![int("exclusive", 1), int("reverse", 1)],
+                ),
+                node(
+                    "ScatterElements",
+                    &["X", "IDX", "UPD"],
+                    &["SA"],
+                    vec![int("axis", 1), text("reduction", "add")],
+                ),
+                node(
+                    "ScatterElements",
+                    &["X", "IDX", "UPD"],
+                    &["SM"],
+                    vec![int("axis", 1), text("reduction", "max")],
+                ),
+            ],
+            initializer: vec![
+                i64s("K", &[9]),
+                pb::TensorProto {
+                    name: "AX".into(),
+                    dims: vec![],
+                    data_type: 7,
+                    int64_data: vec![1],
+                    ..Default::default()
+                },
+            ],
+            input: vec![
+                value_info("X", &["4", "300", "3"]),
+                value_info_of("IDX", &["4", "50", "3"], 7),
+                value_info("UPD", &["4", "50", "3"]),
+            ],
+            output: vec![
+                value_info("V", &["4", "9", "3"]),
+                value_info_of("I", &["4", "9", "3"], 7),
+                value_info("VS", &["4", "9", "3"]),
+                value_info_of("IS", &["4", "9", "3"], 7),
+                value_info("C", &["4", "300", "3"]),
+                value_info("CR", &["4", "300", "3"]),
+                value_info("SA", &["4", "300", "3"]),
+                value_info("SM", &["4", "300", "3"]),
+            ],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mdir = dir.join("tss");
+    std::fs::create_dir_all(mdir.join("1")).unwrap();
+    std::fs::write(
+        mdir.join("1/model.onnx"),
+        prost::Message::encode_to_vec(&model),
+    )
+    .unwrap();
+    for (s, kind) in [(cpu, "KIND_CPU"), (gpu, "KIND_GPU")] {
+        let c = cs(&format!(
+            r#"name: "tss" platform: "onnxruntime_onnx" max_batch_size: 0
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 4, 300, 3 ] }},
+        {{ name: "IDX" data_type: TYPE_INT64 dims: [ 4, 50, 3 ] }},
+        {{ name: "UPD" data_type: TYPE_FP32 dims: [ 4, 50, 3 ] }} ]
+output [ {{ name: "V" data_type: TYPE_FP32 dims: [ 4, 9, 3 ] }},
+         {{ name: "I" data_type: TYPE_INT64 dims: [ 4, 9, 3 ] }},
+         {{ name: "VS" data_type: TYPE_FP32 dims: [ 4, 9, 3 ] }},
+         {{ name: "IS" data_type: TYPE_INT64 dims: [ 4, 9, 3 ] }},
+         {{ name: "C" data_type: TYPE_FP32 dims: [ 4, 300, 3 ] }},
+         {{ name: "CR" data_type: TYPE_FP32 dims: [ 4, 300, 3 ] }},
+         {{ name: "SA" data_type: TYPE_FP32 dims: [ 4, 300, 3 ] }},
+         {{ name: "SM" data_type: TYPE_FP32 dims: [ 4, 300, 3 ] }} ]
+instance_group [ {{ kind: {kind} }} ]"#
+        ));
+        ok(unsafe {
+            infer_server_load_model(
+                s.0,
+                cs("tss").as_ptr(),
+                c.as_ptr(),
+                cs(mdir.to_str().unwrap()).as_ptr(),
+            )
+        });
+    }
+    // Distinct values (7919 is prime to 3600), so the CPU's TopK order has no ties to
+    // break; multiples of 1/4, so every partial sum is exact in f32, in any order.
+    let x: Vec<f32> = (0..3600)
+        .map(|i| ((i * 7919) % 3600) as f32 / 4.0 - 450.0)
+        .collect();
+    let mut rng = Rand(99);
+    // Indices into 300 from 50 rows: many repeat within a line; some negative.
+    let idx: Vec<i64> = (0..600).map(|_| (rng.next() % 40) as i64 - 10).collect();
+    let upd = rng.f32s(600);
+    let request = |s: &Server| {
+        s.request("tss")
+            .input_f32("X", &[4, 300, 3], &x)
+            .input_i64("IDX", &[4, 50, 3], &idx)
+            .input_f32("UPD", &[4, 50, 3], &upd)
+    };
+    let want = all_outputs(&cpu.infer(request(cpu)));
+    let got = all_outputs(&gpu.infer(request(gpu)));
+    for name in ["V", "I", "VS", "IS", "C", "CR", "SA", "SM"] {
+        assert_eq!(got[name].0, want[name].0, "tss.{name}");
+        assert_close(
+            "tss",
+            name,
+            &want[name].1,
+            &got[name].1,
+            name.starts_with('I'),
+        );
+    }
+    println!("TopK, CumSum and ScatterElements (add, max) on lines of 300 match the CPU");
+}
+
 /// Value inputs: graph inputs the planner reads (a Reshape's shape, a Slice's starts, a
 /// Resize's scales) arrive with each request, from host or device memory; each distinct
 /// value gets its own plan, and the results equal the CPU's. A bad value fails only its
@@ -4969,6 +5130,7 @@ fn onnx_on_the_stand_in() {
     pad_and_tile_on_the_stand_in(&gpu);
     conv_transpose_on_the_stand_in(&cpu, &gpu);
     resize_on_the_stand_in(&cpu, &gpu);
+    topk_cumsum_and_scatter_on_the_stand_in(&cpu, &gpu);
     value_inputs_on_the_stand_in(d, &cpu, &gpu);
 
     // Implicit state on the GPU: running sums of interleaved sequences. Then with the

@@ -121,16 +121,18 @@ impl Kernel {
     /// The launch geometry for `a`: (blocks, threads per block).
     ///
     /// Most kernels are grid-stride loops with a thread per work item: a block per
-    /// `THREADS` items. The cooperative ones (Softmax, LayerNorm, ArgMax, Reduce: the
-    /// threads of a block share each row's or output's reduction through shared memory)
-    /// take their outputs in tiles of `team_lanes` outputs, a block per tile (a block per
-    /// row once rows have `THREADS` elements or more). Any geometry is correct (the
+    /// `THREADS` items. The cooperative ones (Softmax, LayerNorm, ArgMax, Reduce, CumSum,
+    /// TopK: the threads of a block share each row's or line's work through shared
+    /// memory) take their outputs in tiles of `team_lanes` outputs, a block per tile (a
+    /// block per row once rows have `THREADS` elements or more). Any geometry is correct (the
     /// kernels loop over what the grid does not cover); this one only sizes the grid.
     pub fn geometry(self, a: &KArgs) -> (u32, u32) {
         let threads = i64::from(Self::THREADS);
         let per_block = match self {
             Kernel::Softmax | Kernel::LayerNorm => team_lanes(a.p[0], 1, threads),
-            Kernel::ArgMax | Kernel::Reduce => team_lanes(a.p[0], a.p[1], threads),
+            Kernel::ArgMax | Kernel::Reduce | Kernel::CumSum | Kernel::TopK => {
+                team_lanes(a.p[0], a.p[1], threads)
+            }
             _ => threads,
         };
         let blocks = (a.n.max(1) + per_block - 1) / per_block;
@@ -183,6 +185,9 @@ mod tests {
         assert_eq!(Kernel::ArgMax.geometry(&args(3000, 50, 1000)), (12, 256));
         assert_eq!(Kernel::Reduce.geometry(&args(40, 5000, 4)), (10, 256));
         assert_eq!(Kernel::Reduce.geometry(&args(40, 2, 4)), (1, 256));
+        // scans and TopK: a line's elements as a reduction's (a line of 32000: a block)
+        assert_eq!(Kernel::TopK.geometry(&args(3, 32000, 1)), (3, 256));
+        assert_eq!(Kernel::CumSum.geometry(&args(12, 100, 3)), (4, 256));
     }
 
     #[test]

@@ -16,9 +16,10 @@
  * kernels.
  *
  * Cooperative kernels (listed in INFER_COOPERATIVE_KERNELS; today infer_softmax,
- * _layernorm, _argmax, _reduce) share work between the threads of a block: they declare
- * block-shared arrays with K_SHARED(type, name, count) (a static size; __shared__ on the
- * device) and wait for the whole block with K_SYNC() (__syncthreads). Their rules:
+ * _layernorm, _argmax, _reduce, _cumsum, _topk) share work between the threads of a
+ * block: they declare block-shared arrays with K_SHARED(type, name, count) (a static
+ * size; __shared__ on the device) and wait for the whole block with K_SYNC()
+ * (__syncthreads). Their rules:
  * - every thread of the block reaches every K_SYNC, the same number of times (a barrier
  *   in divergent code is undefined on a GPU): decide anything that skips a barrier from
  *   values uniform over the block (a.*, blockIdx, blockDim, gridDim, shared memory read
@@ -40,7 +41,9 @@
  * as arrived: on a GPU that is undefined, see above). A launch's blocks run one after
  * another on one OS thread, so K_SHARED is a thread-local static there: exactly one
  * block's shared memory. The other kernels run one thread after another, without
- * coroutines (a K_SYNC in a kernel that is not listed aborts the emulator).
+ * coroutines (a K_SYNC in a kernel that is not listed aborts the emulator), in thread
+ * order on one launch and in reverse order on the next (so a kernel whose threads race
+ * for an element shows it).
  *
  * "Strided" kernels decompose i (row-major) over a.dims[0..a.rank) into idx[d]; input
  * k's element is a.off[k] + sum idx[d] * a.strides[k][d], the output's
@@ -223,10 +226,6 @@ enum infer_fused_kind {
 #define K_NT ((int)(blockDim.x * blockDim.y * blockDim.z))
 #define K_BID ((long long)blockIdx.x)
 #define K_NBLOCKS ((long long)gridDim.x)
-/* The one thread of the whole grid (whatever its y and z extents) that does serial work. */
-#define K_GRID_LEAD                                                                          \
-    (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0 &&            \
-     threadIdx.y == 0 && threadIdx.z == 0)
 /* The threads of the grid's first y/z slice (kernels that read what they write: the
  * others would race with them). */
 #define K_PLANE0                                                                             \
@@ -260,9 +259,6 @@ extern __thread struct infer_emu_dim3 infer_emu_blockIdx, infer_emu_blockDim,
 #define K_NT ((int)(infer_emu_blockDim.x * infer_emu_blockDim.y * infer_emu_blockDim.z))
 #define K_BID ((long long)infer_emu_blockIdx.x)
 #define K_NBLOCKS ((long long)infer_emu_gridDim.x)
-#define K_GRID_LEAD                                                                          \
-    (infer_emu_blockIdx.x == 0 && infer_emu_blockIdx.y == 0 && infer_emu_blockIdx.z == 0 &&  \
-     infer_emu_threadIdx.x == 0 && infer_emu_threadIdx.y == 0 && infer_emu_threadIdx.z == 0)
 #define K_PLANE0                                                                             \
     (infer_emu_blockIdx.y == 0 && infer_emu_blockIdx.z == 0 && infer_emu_threadIdx.y == 0 && \
      infer_emu_threadIdx.z == 0)
@@ -317,7 +313,9 @@ void infer_emu_syncthreads(void);
     X(infer_softmax)                                                                         \
     X(infer_layernorm)                                                                       \
     X(infer_argmax)                                                                          \
-    X(infer_reduce)
+    X(infer_reduce)                                                                          \
+    X(infer_cumsum)                                                                          \
+    X(infer_topk)
 
 #define INFER_DECLARE(k) KERNEL void k(infer_kargs a);
 INFER_KERNELS(INFER_DECLARE)
@@ -1456,27 +1454,72 @@ DEVFN void k_st_any(void *p, long long i, long long t, double v, unsigned long l
 
 /* CumSum: n = outer * inner lines of a.p[0] elements a.p[1] apart; a.p[2] = 1: exclusive,
  * a.p[3] = 1: from the end; a.p[4] the type code (floats summed in double, integers in
- * 64 bits wrapping). One thread per line. */
+ * 64 bits wrapping). Cooperative: a k_team per line, which takes the line a round of
+ * `groups` consecutive elements at a time (loads coalesce): a scan of the round in shared
+ * memory (Hillis and Steele: log2(groups) steps), plus the sum of the rounds before.
+ * Integer sums are exact in any order; float sums are in double, so a result may differ
+ * from a one-by-one sum only in the last bit of the double, before it is rounded to the
+ * output's type. */
 KERNEL void infer_cumsum(infer_kargs a) {
+    K_SHARED(double, sd, K_MAX_BLOCK);
+    K_SHARED(unsigned long long, su, K_MAX_BLOCK);
     long long len = a.p[0], inner = a.p[1], t = a.p[4];
     int exclusive = a.p[2] == 1, reverse = a.p[3] == 1, fl = k_is_float_code(t);
-    K_LOOP(i) {
+    if (inner <= 0 || len <= 0)
+        return;
+    k_team tm = k_team_make(len, inner);
+    int tid = K_TID, on = tm.g < tm.groups;
+    long long tiles = (a.n + tm.lanes - 1) / tm.lanes;
+    for (long long tile = K_BID; tile < tiles; tile += K_NBLOCKS) {
+        long long i = tile * tm.lanes + tm.lane;
+        int mine = on && i < a.n;
         long long o = i / inner, b = o * len * inner + (i - o * inner);
-        double s = 0.0;
-        unsigned long long u = 0ULL;
-        for (long long k = 0; k < len; k++) {
+        double carry = 0.0; /* the sum of the rounds before */
+        unsigned long long ucarry = 0ULL;
+        for (long long start = 0; start < len; start += tm.groups) {
+            long long k = start + tm.g;
+            int have = mine && k < len;
             long long j = b + (reverse ? len - 1 - k : k) * inner;
-            double v = fl ? k_ld_any(a.in[0], j, t) : 0.0;
-            unsigned long long w = fl ? 0ULL : k_ldu(a.in[0], j, t);
-            if (!exclusive) {
-                s += v;
-                u += w;
+            double v = have && fl ? k_ld_any(a.in[0], j, t) : 0.0;
+            unsigned long long u = have && !fl ? k_ldu(a.in[0], j, t) : 0ULL;
+            /* this element's sums of the round: up to it (incl), before it (excl), and all
+             * of it (all) */
+            double incl = v, excl = 0.0, all = v;
+            unsigned long long uincl = u, uexcl = 0ULL, uall = u;
+            if (tm.groups > 1) {
+                if (on) {
+                    sd[tid] = v;
+                    su[tid] = u;
+                }
+                K_SYNC();
+                for (int d = 1; d < tm.groups; d *= 2) {
+                    int add = on && tm.g >= d;
+                    double pv = add ? sd[tid - d * tm.gs] : 0.0;
+                    unsigned long long pu = add ? su[tid - d * tm.gs] : 0ULL;
+                    K_SYNC(); /* every read of this step is done before its writes */
+                    if (add) {
+                        sd[tid] += pv;
+                        su[tid] += pu;
+                    }
+                    K_SYNC();
+                }
+                if (on) {
+                    long long rest = len - start, last = rest < tm.groups ? rest - 1 : tm.groups - 1;
+                    int at = tm.lane * tm.ls + (int)last * tm.gs;
+                    incl = sd[tid];
+                    uincl = su[tid];
+                    excl = tm.g > 0 ? sd[tid - tm.gs] : 0.0;
+                    uexcl = tm.g > 0 ? su[tid - tm.gs] : 0ULL;
+                    all = sd[at];
+                    uall = su[at];
+                }
+                K_SYNC(); /* everyone has read sd, su before the next round writes them */
             }
-            k_st_any(a.out, j, t, s, u);
-            if (exclusive) {
-                s += v;
-                u += w;
-            }
+            if (have)
+                k_st_any(a.out, j, t, carry + (exclusive ? excl : incl),
+                         ucarry + (exclusive ? uexcl : uincl));
+            carry += all;
+            ucarry += uall;
         }
     }
 }
@@ -1531,87 +1574,147 @@ DEVFN void k_scatter_one(void *y, long long at, const void *u, long long i, long
  * along the axis zeroed (oo: the element's place off the axis); a.p[0] the output's
  * stride along the axis, a.p[1] its size there, a.p[2] the element size, a.p[3] index type
  * (0 i64, 1 i32), a.p[4] the reduction (0 none, 1 add, 2 mul, 3 max, 4 min), a.p[5] the
- * type code. Indices out of range are skipped. With a reduction one thread applies the
- * updates in order (repeated indices combine); without, they are written in parallel. */
-KERNEL void infer_scatter_elements(infer_kargs a) {
-    unsigned char *y = (unsigned char *)a.out;
-    const unsigned char *upd = (const unsigned char *)a.in[1];
-    long long size = a.p[2], red = a.p[4], t = a.p[5];
-    if (red != 0 && !K_GRID_LEAD)
+ * type code, a.p[6] the indices' size along the axis and a.p[7] their elements after it.
+ * Indices out of range are skipped. Without a reduction the updates are written in
+ * parallel. With one, repeated indices combine, in the updates' order: a thread takes a
+ * line of the indices along the axis and applies its updates in turn. Lines never meet
+ * (an update lands off the axis where it is), and every update of an output element is
+ * in one line, in the order of the whole, so the result is that of one thread applying
+ * them all in order. */
+DEVFN void k_scatter_element(const infer_kargs *a, long long i) {
+    long long o[2], oo;
+    K_STRIDED(*a, i, 2, o, oo);
+    long long idx = a->p[3] == 1 ? (long long)((const int *)a->in[0])[o[0]]
+                                 : ((const long long *)a->in[0])[o[0]];
+    if (idx < 0)
+        idx += a->p[1];
+    if (idx < 0 || idx >= a->p[1])
         return;
-    for (long long i = K_FIRST; i < a.n; i += red != 0 ? 1 : K_STEP) {
-        long long o[2], oo;
-        K_STRIDED(a, i, 2, o, oo);
-        long long idx = a.p[3] == 1 ? (long long)((const int *)a.in[0])[o[0]]
-                                    : ((const long long *)a.in[0])[o[0]];
-        if (idx < 0)
-            idx += a.p[1];
-        if (idx < 0 || idx >= a.p[1])
-            continue;
-        long long at = oo + idx * a.p[0];
-        k_scatter_one(y, at, upd, o[1], size, red, t);
+    k_scatter_one(a->out, oo + idx * a->p[0], a->in[1], o[1], a->p[2], a->p[4], a->p[5]);
+}
+
+KERNEL void infer_scatter_elements(infer_kargs a) {
+    long long len = a.p[6], inner = a.p[7];
+    if (a.p[4] == 0) {
+        K_LOOP(i) {
+            k_scatter_element(&a, i);
+        }
+        return;
+    }
+    if (!K_PLANE0 || len <= 0 || inner <= 0)
+        return; /* a reduction applied twice would count twice */
+    for (long long l = K_FIRST; l < a.n / len; l += K_STEP) {
+        long long o = l / inner, b = o * len * inner + (l - o * inner);
+        for (long long k = 0; k < len; k++)
+            k_scatter_element(&a, b + k * inner);
     }
 }
 
 /* TopK: n = outer * inner lines of a.p[0] elements a.p[1] apart; the a.p[2] largest
  * (a.p[3] = 1) or smallest values of each, sorted, ties to the lower index, into a.out
  * (values, type code a.p[4], the lines' layout with k along the axis) and in[3] (their
- * indices, i64). NaN counts as larger than every number (as numpy sorts it). One thread
- * per line inserts each element into the sorted output it is building: O(len * k). */
-DEVFN int k_topk_before(double v, long long i, double w, long long j, int largest) {
-    int vn = v != v, wn = w != w;
-    if (vn || wn) {
-        if (vn && wn)
-            return i < j;
-        return largest ? vn : wn;
+ * indices, i64). NaN counts as larger than every number (as numpy sorts it).
+ *
+ * Is (v, u, i) before (w, x, j) in that order? Floats (fl) compare as the doubles v and
+ * w; integers exactly, as the 64-bit values u and x (unsigned types as unsigned). A strict
+ * total order over elements of distinct indices. */
+DEVFN int k_topk_before(int fl, long long t, int largest, double v, unsigned long long u,
+                        long long i, double w, unsigned long long x, long long j) {
+    if (fl) {
+        int vn = v != v, wn = w != w;
+        if (vn || wn) {
+            if (vn && wn)
+                return i < j;
+            return largest ? vn : wn;
+        }
+        if (v != w)
+            return largest ? v > w : v < w;
+        return i < j;
     }
-    if (v != w)
-        return largest ? v > w : v < w;
-    return i < j;
+    if (u == x)
+        return i < j;
+    int uns = t == 1 || t == 6 || t == 8 || t == 9;
+    int gt = uns ? u > x : (long long)u > (long long)x;
+    return largest ? gt : !gt;
 }
 
+/* Cooperative: a k_team per line takes the k outputs in k rounds; in each, every thread
+ * finds the first, in TopK's order, of its elements (g, g + groups, ...) that come after
+ * the previous round's output, and a tree over the team keeps the first of those. No
+ * element is marked: the order is total, so "after the previous output" excludes exactly
+ * the ones taken. O(k * len / groups) loads per thread. */
 KERNEL void infer_topk(infer_kargs a) {
+    K_SHARED(double, sv, K_MAX_BLOCK);
+    K_SHARED(unsigned long long, su, K_MAX_BLOCK);
+    K_SHARED(long long, si, K_MAX_BLOCK);
     long long len = a.p[0], inner = a.p[1], k = a.p[2], t = a.p[4];
     int largest = a.p[3] == 1, fl = k_is_float_code(t);
     long long *yi = (long long *)a.in[3];
-    if (!K_PLANE0)
+    if (inner <= 0 || len <= 0 || k <= 0)
         return;
-    K_LOOP(i) {
+    k_team tm = k_team_make(len, inner);
+    int tid = K_TID, on = tm.g < tm.groups;
+    long long tiles = (a.n + tm.lanes - 1) / tm.lanes;
+    for (long long tile = K_BID; tile < tiles; tile += K_NBLOCKS) {
+        long long i = tile * tm.lanes + tm.lane;
+        int mine = on && i < a.n;
         long long o = i / inner, in = i - o * inner;
-        long long b = o * len * inner + in, ob = o * k * inner + in, have = 0;
-        for (long long j = 0; j < len; j++) {
-            double v = k_ld_any(a.in[0], b + j * inner, t);
-            unsigned long long u = fl ? 0ULL : k_ldu(a.in[0], b + j * inner, t);
-            /* Where it goes among the `have` kept so far (sorted best first). */
-            long long at = have;
-            while (at > 0) {
-                long long p = ob + (at - 1) * inner;
-                int before;
-                if (fl) {
-                    before = k_topk_before(v, j, k_ld_any(a.out, p, t), yi[p], largest);
-                } else { /* integers exactly, as 64-bit values */
-                    unsigned long long w = k_ldu(a.out, p, t);
-                    int uns = t == 1 || t == 6 || t == 8 || t == 9;
-                    int gt = uns ? u > w : (long long)u > (long long)w;
-                    int lt = uns ? u < w : (long long)u < (long long)w;
-                    before = u == w ? j < yi[p] : largest ? gt : lt;
+        long long b = o * len * inner + in, ob = o * k * inner + in;
+        double pv = 0.0; /* the previous round's output; pi < 0: none yet */
+        unsigned long long pu = 0ULL;
+        long long pi = -1;
+        for (long long r = 0; r < k; r++) {
+            double bv = 0.0; /* this thread's first; bi < 0: none */
+            unsigned long long bu = 0ULL;
+            long long bi = -1;
+            for (long long j = mine ? tm.g : len; j < len; j += tm.groups) {
+                double v = fl ? k_ld_any(a.in[0], b + j * inner, t) : 0.0;
+                unsigned long long u = fl ? 0ULL : k_ldu(a.in[0], b + j * inner, t);
+                if (pi >= 0 && !k_topk_before(fl, t, largest, pv, pu, pi, v, u, j))
+                    continue; /* taken already */
+                if (bi < 0 || k_topk_before(fl, t, largest, v, u, j, bv, bu, bi)) {
+                    bv = v;
+                    bu = u;
+                    bi = j;
                 }
-                if (!before)
-                    break;
-                at--;
             }
-            if (at >= k)
-                continue;
-            long long last = have < k ? have : k - 1;
-            for (long long m = last; m > at; m--) {
-                long long to = ob + m * inner, from = ob + (m - 1) * inner;
-                k_st_any(a.out, to, t, k_ld_any(a.out, from, t), fl ? 0ULL : k_ldu(a.out, from, t));
-                yi[to] = yi[from];
+            if (tm.groups > 1) {
+                if (on) {
+                    sv[tid] = bv;
+                    su[tid] = bu;
+                    si[tid] = bi;
+                }
+                K_SYNC();
+                for (int m = tm.groups; m > 1;) {
+                    int h = (m + 1) / 2; /* groups [h, m) fold into [0, m - h) */
+                    if (tm.g < m - h) {
+                        int q = tid + h * tm.gs;
+                        if (si[q] >= 0 &&
+                            (si[tid] < 0 || k_topk_before(fl, t, largest, sv[q], su[q], si[q],
+                                                          sv[tid], su[tid], si[tid]))) {
+                            sv[tid] = sv[q];
+                            su[tid] = su[q];
+                            si[tid] = si[q];
+                        }
+                    }
+                    K_SYNC();
+                    m = h;
+                }
+                if (on) {
+                    int w = tm.lane * tm.ls;
+                    bv = sv[w];
+                    bu = su[w];
+                    bi = si[w];
+                }
+                K_SYNC(); /* everyone has read the winner before the next round writes */
             }
-            k_st_any(a.out, ob + at * inner, t, v, u);
-            yi[ob + at * inner] = j;
-            if (have < k)
-                have++;
+            if (mine && tm.g == 0 && bi >= 0) {
+                k_st_any(a.out, ob + r * inner, t, bv, bu);
+                yi[ob + r * inner] = bi;
+            }
+            pv = bv;
+            pu = bu;
+            pi = bi;
         }
     }
 }
@@ -1624,37 +1727,50 @@ KERNEL void infer_topk(infer_kargs a) {
  * tuple entry t indexes (negative entries count from the end). Gather: n = B * J * slice
  * outputs from in[0]; an entry out of range gives zeros. Scatter: a.out (already a copy
  * of the data) takes in[2] (the updates, J * slice) at the tuples; out-of-range tuples are
- * skipped; with a reduction one thread applies the updates in order. */
-KERNEL void infer_nd(infer_kargs a) {
-    long long J = a.p[1], m = a.p[2], slice = a.p[3], per = a.p[4], size = a.p[5];
-    long long op = a.p[6], t = a.p[7];
-    const long long *ix = (const long long *)a.in[1];
-    if (op > 1 && !K_GRID_LEAD)
-        return;
-    for (long long i = K_FIRST; i < a.n; i += op > 1 ? 1 : K_STEP) {
-        long long e = i % slice, tj = i / slice, b = tj / J;
-        long long at = b * per + e;
-        int ok = 1;
-        for (long long q = 0; q < m; q++) {
-            long long v = ix[tj * m + q];
-            if (v < 0)
-                v += a.dims[q];
-            if (v < 0 || v >= a.dims[q])
-                ok = 0;
-            at += v * a.strides[0][q];
-        }
-        if (op == 0) {
-            unsigned char *y = (unsigned char *)a.out + i * size;
-            if (ok)
-                k_copy_elem(y, (const unsigned char *)a.in[0] + at * size, size);
-            else
-                k_store_bits(y, 0, size);
-            continue;
-        }
-        if (!ok)
-            continue;
-        k_scatter_one(a.out, at, a.in[2], i, size, op - 1, t);
+ * skipped. With a reduction, a thread takes one element of the slice (e) and applies that
+ * element of every tuple in turn: a tuple's slice starts at a multiple of `slice`, so
+ * updates of different elements never meet, and those of one output element come in the
+ * tuples' order, as one thread applying them all in order would. */
+DEVFN void k_nd_one(const infer_kargs *a, long long i) {
+    long long J = a->p[1], m = a->p[2], slice = a->p[3], per = a->p[4], size = a->p[5];
+    long long op = a->p[6], t = a->p[7];
+    const long long *ix = (const long long *)a->in[1];
+    long long e = i % slice, tj = i / slice, b = tj / J;
+    long long at = b * per + e;
+    int ok = 1;
+    for (long long q = 0; q < m; q++) {
+        long long v = ix[tj * m + q];
+        if (v < 0)
+            v += a->dims[q];
+        if (v < 0 || v >= a->dims[q])
+            ok = 0;
+        at += v * a->strides[0][q];
     }
+    if (op == 0) {
+        unsigned char *y = (unsigned char *)a->out + i * size;
+        if (ok)
+            k_copy_elem(y, (const unsigned char *)a->in[0] + at * size, size);
+        else
+            k_store_bits(y, 0, size);
+        return;
+    }
+    if (ok)
+        k_scatter_one(a->out, at, a->in[2], i, size, op - 1, t);
+}
+
+KERNEL void infer_nd(infer_kargs a) {
+    long long slice = a.p[3];
+    if (a.p[6] <= 1) {
+        K_LOOP(i) {
+            k_nd_one(&a, i);
+        }
+        return;
+    }
+    if (!K_PLANE0 || slice <= 0)
+        return; /* a reduction applied twice would count twice */
+    for (long long e = K_FIRST; e < slice; e += K_STEP)
+        for (long long tj = 0; tj < a.n / slice; tj++)
+            k_nd_one(&a, tj * slice + e);
 }
 
 /* RotaryEmbedding: n = B * S * H * D outputs in the input's layout (a.p[6]: 0 [B, H, S, D],
@@ -1667,17 +1783,14 @@ KERNEL void infer_rope(infer_kargs a) {
     int inter = a.p[5] == 1, bshd = a.p[6] == 1, ids = a.p[7] == 1;
     long long half = rot / 2;
     K_LOOP(i) {
-        long long d = i % D, r = i / D, h, s, b;
+        long long d = i % D, r = i / D, s, b; /* the row's position and batch (not its head) */
         if (bshd) {
-            h = r % H;
             s = (r / H) % S;
             b = r / (H * S);
         } else {
             s = r % S;
-            h = (r / S) % H;
             b = r / (S * H);
         }
-        (void)h;
         float x = k_ldf(a.in[0], i, ft);
         if (d >= rot) {
             k_stf(a.out, i, ft, x);

@@ -331,7 +331,16 @@ impl Planner<'_> {
             &off_axis,
             0,
             |k| {
-                k.p[..6].copy_from_slice(&[xs[a], x.shape[a], size, ity, red, x.dt.cast_code()]);
+                k.p[..8].copy_from_slice(&[
+                    xs[a],
+                    x.shape[a],
+                    size,
+                    ity,
+                    red,
+                    x.dt.cast_code(),
+                    idx.shape[a],
+                    numel(&idx.shape[a + 1..]),
+                ]);
             },
         )?;
         self.set(node, 0, Val::Dev(y));
