@@ -662,6 +662,7 @@ struct Driver {
     /// The stand-in's own functions (None with a real driver).
     counters: Option<unsafe extern "C" fn(*mut FakeCounters)>,
     reset: Option<unsafe extern "C" fn()>,
+    context_state: Option<unsafe extern "C" fn(i32, *mut i32) -> i32>,
     retain: unsafe extern "C" fn(*mut *mut c_void, i32) -> i32,
     set_current: unsafe extern "C" fn(*mut c_void) -> i32,
     mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> i32,
@@ -717,6 +718,7 @@ fn driver() -> &'static Driver {
         Driver {
             counters: t(optional(c"fake_cuda_counters")),
             reset: t(optional(c"fake_cuda_reset_counters")),
+            context_state: t(optional(c"fake_cuda_context_state")),
             retain: t(sym(c"cuDevicePrimaryCtxRetain")),
             set_current: t(sym(c"cuCtxSetCurrent")),
             mem_alloc: t(sym(c"cuMemAlloc_v2")),
@@ -2512,6 +2514,7 @@ fn gpu_instances_against_a_stand_in_driver() {
     run_data_path(&dir, "one");
     run_data_path(&dir, "two");
     run_data_path(&dir, "onnx");
+    run_data_path(&dir, "release");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -2913,6 +2916,57 @@ fn executor_start_child() {
     println!("executor start '{case}': checked ({msg})");
 }
 
+/// GPU 0's primary context and what lives in it, from the stand-in: (retains,
+/// allocations, streams, events, modules, graphs).
+fn context_state() -> [i32; 6] {
+    let f = driver()
+        .context_state
+        .expect("the stand-in driver's fake_cuda_context_state");
+    let mut out = [0i32; 6];
+    assert_eq!(unsafe { f(0, out.as_mut_ptr()) }, 0);
+    out
+}
+
+/// A process whose servers are gone holds no GPU context: the primary context goes back
+/// to the driver with the last thing that works there (here a response's device buffer,
+/// freed after its server), with nothing of the library's left in it (the stand-in counts
+/// anything left as an invalid call: a GPU destroys it with the context). A new server
+/// then retains it again, and its models serve.
+fn contexts_go_with_the_last_server() {
+    let d = driver();
+    assert_eq!(context_state(), [0; 6], "before any server");
+    let invalid = d.counters().invalid_calls;
+    for round in 0..2 {
+        let s = server_in(INFER_GPU_REQUIRED).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
+        load_from_models(&s, "mlp", Some(&gpu_config_of("mlp")));
+        let resp = s.infer(random_request(&s, "mlp", 3, &mut Rand(7)));
+        assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
+        let on_gpu = s.infer(ask_gpu(random_request(&s, "mlp", 2, &mut Rand(8)), 0));
+        assert_eq!(on_gpu.status(), INFER_STATUS_OK, "{}", on_gpu.error());
+        let (mut mem, mut dev) = (99u32, 99i64);
+        ok(unsafe { infer_response_output_memory(on_gpu.0, 0, &mut mem, &mut dev) });
+        assert_eq!((mem, dev), (INFER_MEMORY_GPU, 0));
+        let busy = context_state();
+        assert!(busy[0] >= 1 && busy[4] >= 1, "round {round}: {busy:?}");
+        drop(resp);
+        drop(s);
+        // The response's device buffer still holds the context.
+        let held = context_state();
+        assert!(
+            held[0] >= 1 && held[1] >= 1,
+            "round {round}, after the server: {held:?}"
+        );
+        drop(on_gpu);
+        assert_eq!(
+            context_state(),
+            [0; 6],
+            "round {round}, after the last response"
+        );
+    }
+    assert_eq!(d.counters().invalid_calls, invalid);
+    println!("release: contexts released with the last server and response, twice");
+}
+
 /// The child of `gpu_instances_against_a_stand_in_driver` (does nothing in a normal run).
 #[test]
 fn gpu_data_path_child() {
@@ -2925,6 +2979,7 @@ fn gpu_data_path_child() {
         "two" => data_path_two_gpus(),
         "onnx" => onnx_on_the_stand_in(),
         "wait" => workers_wait_asleep(),
+        "release" => contexts_go_with_the_last_server(),
         other => panic!("no data path checks for scenario {other}"),
     }
     println!("data path '{scenario}': checked");

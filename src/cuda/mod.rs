@@ -54,10 +54,12 @@ pub enum GpuState {
     Ready(&'static GpuRuntime),
 }
 
-/// The primary context of each device this process has used, retained for the life of
-/// the process (retaining is reference counted by the driver; one retain per device is
-/// enough, and releasing it while another server still works there would be wrong).
-static CONTEXTS: parking_lot::Mutex<Vec<Option<std::sync::Arc<Context>>>> =
+/// The primary context of each device in use: one retain per device, shared by whatever
+/// works there (instances, their streams, pools and modules, output placers, responses'
+/// device buffers), and released with the last of them, so that a process whose servers
+/// are all gone holds no GPU context (the driver keeps it while the application itself
+/// retains it). The next user retains it again.
+static CONTEXTS: parking_lot::Mutex<Vec<std::sync::Weak<Context>>> =
     parking_lot::Mutex::new(Vec::new());
 
 /// The primary context of GPU `ordinal` (which the probe found); UNAVAILABLE once the
@@ -70,13 +72,13 @@ pub fn context(ordinal: i32) -> crate::status::Result<std::sync::Arc<Context>> {
     let i = usize::try_from(ordinal)
         .map_err(|_| crate::status::Error::invalid(format!("GPU {ordinal} does not exist")))?;
     if all.len() <= i {
-        all.resize(i + 1, None);
+        all.resize(i + 1, std::sync::Weak::new());
     }
-    if let Some(c) = &all[i] {
-        return Ok(c.clone());
+    if let Some(c) = all[i].upgrade() {
+        return Ok(c);
     }
     let c = Context::retain(ordinal)?;
-    all[i] = Some(c.clone());
+    all[i] = std::sync::Arc::downgrade(&c);
     Ok(c)
 }
 

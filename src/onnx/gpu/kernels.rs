@@ -14,7 +14,7 @@ use crate::status::Result;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 
 /// The kernel source (one file; see its header).
 pub const SOURCE: &str = include_str!("kernels.cu");
@@ -31,10 +31,12 @@ pub struct Kernels {
 
 /// Compiled CUBINs by compute capability (each slot's lock is held while it compiles, so
 /// loads that need the same kernels at once compile them once), and loaded modules by
-/// device.
+/// device, for as long as an instance holds them: the module holds the device's context,
+/// which goes back to the driver with the last instance there (and comes back, with the
+/// module loaded again from the CUBIN kept here, with the next).
 type Slot = Arc<Mutex<Option<Arc<Vec<u8>>>>>;
 static CUBINS: OnceLock<Mutex<HashMap<(i32, i32), Slot>>> = OnceLock::new();
-static LOADED: OnceLock<Mutex<HashMap<i32, Arc<Kernels>>>> = OnceLock::new();
+static LOADED: OnceLock<Mutex<HashMap<i32, Weak<Kernels>>>> = OnceLock::new();
 
 const PURPOSE: &str = "the GPU executor compiles its kernels with it";
 
@@ -91,8 +93,8 @@ fn cubin(cc: (i32, i32), refused: bool) -> Result<Arc<Vec<u8>>> {
 /// The kernels on GPU `ctx` (compiled and loaded on first use; the context must be bound).
 pub fn kernels(ctx: &Arc<Context>, cc: (i32, i32)) -> Result<Arc<Kernels>> {
     let loaded = LOADED.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(m) = loaded.lock().get(&ctx.ordinal()) {
-        return Ok(m.clone());
+    if let Some(m) = loaded.lock().get(&ctx.ordinal()).and_then(Weak::upgrade) {
+        return Ok(m);
     }
     let names: Vec<&std::ffi::CStr> = Kernel::ALL.iter().map(|k| k.name()).collect();
     let module = match Module::load(ctx, &cubin(cc, false)?, &names) {
@@ -102,7 +104,7 @@ pub fn kernels(ctx: &Arc<Context>, cc: (i32, i32)) -> Result<Arc<Kernels>> {
         Err(_) => Module::load(ctx, &cubin(cc, true)?, &names)?,
     };
     let m = Arc::new(Kernels { module });
-    loaded.lock().insert(ctx.ordinal(), m.clone());
+    loaded.lock().insert(ctx.ordinal(), Arc::downgrade(&m));
     Ok(m)
 }
 
