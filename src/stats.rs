@@ -112,9 +112,11 @@ impl ModelStats {
         }
     }
 
-    pub fn record_execution(&self, batch_size: u32, requests: u64, compute_us: u64) {
+    /// One execution of `batch_size` rows that holds `inferences` inferences (the rows of
+    /// its requests: Triton's `inference_count`).
+    pub fn record_execution(&self, batch_size: u32, inferences: u64, compute_us: u64) {
         self.execution_count.fetch_add(1, Relaxed);
-        self.inference_count.fetch_add(requests, Relaxed);
+        self.inference_count.fetch_add(inferences, Relaxed);
         self.compute_us.record(compute_us);
         let i = (batch_size as usize).min(self.batch_sizes.len() - 1);
         self.batch_sizes[i].fetch_add(1, Relaxed);

@@ -337,6 +337,11 @@ fn requests_with_batch_size_above_one_are_split_back() {
     s.resume("m");
     c.wait(2);
     assert_eq!(batch_sizes(&s.stats("m")), vec![(4, 1)]);
+    // Triton's counts: inferences are rows (3 + 1), executions are batches.
+    let st = s.stats("m");
+    assert_eq!(st["models"][0]["inference_count"], 4, "{st}");
+    assert_eq!(st["models"][0]["execution_count"], 1, "{st}");
+    assert_eq!(st["models"][0]["success_count"], 2, "{st}");
     for r in c.take() {
         let (shape, _) = r.output("OUTPUT0").unwrap();
         if r.id() == big {

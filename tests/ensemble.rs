@@ -375,7 +375,7 @@ fn error_at(fail_at: usize) {
     c.assert_exactly_once(&[id]);
     let r = c.take().pop().unwrap();
     assert_eq!(r.status(), INFER_STATUS_INVALID_ARGUMENT, "{}", r.error());
-    let want = format!("in ensemble 'chain': step '{}': ", names[fail_at]);
+    let want = format!("in ensemble 'chain', step '{}': ", names[fail_at]);
     assert!(r.error().starts_with(&want), "{:?} vs {want:?}", r.error());
     assert!(
         r.error().contains("boom from the failing step"),
@@ -446,7 +446,7 @@ fn error_in_one_branch_gives_one_final() {
     c.assert_exactly_once(&ids);
     for r in c.take() {
         assert!(
-            r.error().starts_with("in ensemble 'branchy': step 'bad': "),
+            r.error().starts_with("in ensemble 'branchy', step 'bad': "),
             "{}",
             r.error()
         );
@@ -1200,7 +1200,7 @@ fn timeout_passes_to_composing_requests() {
     let r = c.take().pop().unwrap();
     assert_eq!(r.status(), INFER_STATUS_DEADLINE_EXCEEDED, "{}", r.error());
     assert!(
-        r.error().starts_with("in ensemble 'te': step 't': "),
+        r.error().starts_with("in ensemble 'te', step 't': "),
         "{}",
         r.error()
     );

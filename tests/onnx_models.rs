@@ -366,10 +366,14 @@ fn image_classifier_ensemble_matches_chained_onnxruntime() {
     }
     let ensemble = &s.stats("image_classifier")["models"][0];
     assert_eq!(ensemble["success_count"], cases.len() as u64, "{ensemble}");
-    // Each composing model ran once per case.
+    // Each composing model ran once per case, and counts each case's rows as inferences
+    // (Triton's inference_count), as the ensemble does.
+    let rows: i64 = cases.iter().map(|c| c.inputs[0].shape[0]).sum();
+    assert_eq!(ensemble["inference_count"], rows, "{ensemble}");
     for m in ["preprocess", "cnn", "postprocess"] {
-        let inferences = s.stats(m)["models"][0]["inference_count"].as_u64().unwrap();
-        assert_eq!(inferences, cases.len() as u64, "inferences of '{m}'");
+        let st = &s.stats(m)["models"][0];
+        assert_eq!(st["execution_count"], cases.len() as u64, "executions of '{m}'");
+        assert_eq!(st["inference_count"], rows, "inferences of '{m}'");
     }
 }
 

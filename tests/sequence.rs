@@ -979,6 +979,70 @@ fn correlation_id_type_must_match_the_corrid_control() {
     check_sums(&c, &expected);
 }
 
+/// Where Triton has a well-known message for a refused sequence request, the error starts
+/// with Triton's exact text (as its sequence batcher writes it), then says more.
+#[test]
+fn sequence_errors_start_with_tritons_texts() {
+    let s = Server::new();
+    s.load("tx", &acc("tx", 4, 1));
+    let c = Collector::new();
+    let refused = |r: Req, want: &str| {
+        let (st, msg) = s.enqueue(r, &c).expect_err("refused at enqueue");
+        assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{msg}");
+        assert!(
+            msg.starts_with(want),
+            "{msg:?} does not start with {want:?}"
+        );
+    };
+    let no_start = |id: &str| {
+        format!("inference request for sequence {id} to model 'tx' must specify the START flag on the first request of the sequence (")
+    };
+    refused(req(&s, "tx", 7, 0, 1), &no_start("7"));
+    refused(
+        req_id(&s, "tx", &Id::S("walker".into()), E, 1),
+        &no_start("walker"),
+    );
+    for id in [Id::N(0), Id::S(String::new())] {
+        refused(
+            req_id(&s, "tx", &id, S, 1),
+            "inference request to model 'tx' must specify a non-zero or non-empty correlation ID (",
+        );
+    }
+    refused(
+        s.request("tx")
+            .input_i32("INPUT", &[2, 1], &[1, 2])
+            .correlation_id(9)
+            .flags(S),
+        "inference request to model 'tx' must specify batch-size 1 due to requirements of sequence batcher (",
+    );
+    // After its END, a sequence's next request without START is refused alike.
+    let r = s.infer(req(&s, "tx", 8, S | E, 1));
+    assert_eq!(r.status(), 0, "{}", r.error());
+    refused(req(&s, "tx", 8, 0, 1), &no_start("8"));
+    // A correlation ID of the other kind than the model's CORRID control.
+    for (name, dt, id, want) in [
+        (
+            "txc",
+            "TYPE_UINT64",
+            Id::S("walker".into()),
+            "'BYTES', but model 'txc' expects 'UINT64' (",
+        ),
+        (
+            "txs",
+            "TYPE_STRING",
+            Id::N(5),
+            "'UINT64', but model 'txs' expects 'BYTES' (",
+        ),
+    ] {
+        let body = format!("direct {{ }}\n  {}", start_ready_corrid(dt));
+        s.load(name, &model(name, "accumulator", 4, 1, &body, ""));
+        refused(
+            req_id(&s, name, &id, S, 1),
+            &format!("sequence batching control 'CORRID' data-type is {want}"),
+        );
+    }
+}
+
 #[test]
 fn backlogged_sequence_times_out_with_all_its_requests() {
     let s = Server::new();
@@ -1000,6 +1064,13 @@ fn backlogged_sequence_times_out_with_all_its_requests() {
             INFER_STATUS_DEADLINE_EXCEEDED,
             "request {}: {}",
             r.id(),
+            r.error()
+        );
+        // Triton's text first, then which sequence and why.
+        assert!(
+            r.error()
+                .starts_with("timeout of the corresponding sequence has been expired: model 'bto': sequence 2 timed out in the backlog"),
+            "{}",
             r.error()
         );
     }

@@ -378,7 +378,10 @@ pub unsafe extern "C" fn infer_request_add_requested_output(
         let name = unsafe { arg_str(name, "name") }?;
         let shared: Arc<str> = match &r.checked_against {
             Some(cfg) => cfg.output(name).map(|o| o.name.clone()).ok_or_else(|| {
-                Error::invalid(format!("model '{}' has no output '{name}'", cfg.name))
+                Error::invalid(format!(
+                    "unexpected inference output '{name}' for model '{m}': it has no output '{name}'",
+                    m = cfg.name
+                ))
             })?,
             None => Arc::from(name),
         };

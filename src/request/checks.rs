@@ -196,7 +196,9 @@ pub fn prepare(config: &Arc<ModelConfig>, req: &mut Request) -> Result<Option<Sh
     }
     for o in &req.requested_outputs {
         if config.output(o).is_none() {
-            return Err(Error::invalid(format!("model '{m}' has no output '{o}'")));
+            return Err(Error::invalid(format!(
+                "unexpected inference output '{o}' for model '{m}': it has no output '{o}'"
+            )));
         }
     }
     req.batch_size = 1;

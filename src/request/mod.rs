@@ -34,6 +34,23 @@ pub enum CorrelationId {
     Str(String),
 }
 
+impl CorrelationId {
+    /// The ID as Triton's messages print it: the number, or the string's bytes as they
+    /// are (no quotes).
+    pub fn bare(&self) -> impl std::fmt::Display + '_ {
+        struct Bare<'a>(&'a CorrelationId);
+        impl std::fmt::Display for Bare<'_> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                match self.0 {
+                    CorrelationId::Str(s) => f.write_str(s),
+                    other => write!(f, "{other}"),
+                }
+            }
+        }
+        Bare(self)
+    }
+}
+
 impl std::fmt::Display for CorrelationId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -426,7 +426,7 @@ impl Runner {
         };
         self.runs.lock().remove(&run.id);
         let us = run.started_at.elapsed().as_micros() as u64;
-        sched.stats.record_execution(run.batch_size, 1, us);
+        sched.stats.record_execution(run.batch_size, u64::from(run.batch_size.max(1)), us);
         sched.stats.success_count.fetch_add(1, Ordering::Relaxed);
         sink.send_final(resp);
     }
@@ -445,7 +445,7 @@ impl Runner {
         sched.stats.failure_count.fetch_add(1, Ordering::Relaxed);
         let e = Error::new(
             e.code,
-            format!("in ensemble '{}': {}", sched.model.name_str(), e.message),
+            format!("in ensemble '{}', {}", sched.model.name_str(), e.message),
         );
         sink.send_final(Response::error(run.id, &sched.model, &run.corr, e));
     }

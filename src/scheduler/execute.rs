@@ -236,7 +236,7 @@ impl Worker<'_> {
     ) -> Vec<(ResponseSink, Box<Response>)> {
         let start = Instant::now();
         self.record_queue_times(&requests, start);
-        let nreq = requests.len() as u64;
+        let nreq = inferences(&requests);
         let assembled = if instance.device().is_some() {
             Batch::assemble_gathered(self.s.config.clone(), &self.b.in_names, requests)
         } else {
@@ -542,4 +542,11 @@ fn row_window(
             (a, b - a, s)
         }
     }
+}
+
+/// The inferences a batch of `requests` counts for in the statistics: each request's
+/// batch size (Triton's `inference_count`: a request of batch size 6 is 6 inferences;
+/// padding rows are none).
+pub(super) fn inferences(requests: &[Box<Request>]) -> u64 {
+    requests.iter().map(|r| u64::from(r.batch_size.max(1))).sum()
 }

@@ -280,7 +280,7 @@ impl Sequencer {
         };
         if empty {
             return Err(Error::invalid(format!(
-                "model '{m}' uses sequence batching: request {} needs a correlation ID (0 and \"\" are not IDs)",
+                "inference request to model '{m}' must specify a non-zero or non-empty correlation ID (request {}: the model uses sequence batching, and 0 and \"\" are not IDs)",
                 req.id
             )));
         }
@@ -306,6 +306,18 @@ impl Sequencer {
                 (CorrelationId::U64(v), DataType::Int32) => *v <= i32::MAX as u64,
                 _ => false,
             };
+            let same_kind =
+                matches!(corr, CorrelationId::Str(_)) == (c.data_type == DataType::Bytes);
+            if !fits && !same_kind {
+                // Triton's text, with its protocol type names (BYTES for strings).
+                return Err(Error::invalid(format!(
+                    "sequence batching control '{}' data-type is '{}', but model '{m}' expects '{}' (correlation ID {corr} of request {})",
+                    c.name,
+                    if given == "STRING" { "BYTES" } else { given },
+                    c.data_type.as_str(),
+                    req.id
+                )));
+            }
             if !fits {
                 return Err(Error::invalid(format!(
                     "model '{m}': correlation ID {} ({given}) does not fit the CORRID control '{}' of type {}",
@@ -317,7 +329,7 @@ impl Sequencer {
         }
         if self.max_batch_size > 0 && req.batch_size != 1 {
             return Err(Error::invalid(format!(
-                "model '{m}': request {} of sequence {} has batch size {}; the sequence batcher takes batch size 1",
+                "inference request to model '{m}' must specify batch-size 1 due to requirements of sequence batcher (request {} of sequence {} has batch size {})",
                 req.id, corr, req.batch_size
             )));
         }
@@ -357,7 +369,8 @@ impl Sequencer {
             Some(seq) => {
                 if !start && !seq.accepting {
                     let e = Error::invalid(format!(
-                        "model '{m}': sequence {corr} has ended; a new sequence needs the START flag"
+                        "inference request for sequence {} to model '{m}' must specify the START flag on the first request of the sequence (sequence {corr} has ended: its END is queued)",
+                        corr.bare()
                     ));
                     return Err((pending.req, e));
                 }
@@ -374,7 +387,8 @@ impl Sequencer {
             None => {
                 if !start {
                     let e = Error::invalid(format!(
-                        "model '{m}': sequence {corr} is not active (never started, ended or idle too long); its first request needs the START flag"
+                        "inference request for sequence {} to model '{m}' must specify the START flag on the first request of the sequence (sequence {corr} is not active: never started, ended, or idle too long)",
+                        corr.bare()
                     ));
                     return Err((pending.req, e));
                 }
@@ -577,7 +591,7 @@ impl Sequencer {
             }
             for p in seq.queue.drain(..) {
                 let msg = format!(
-                    "model '{}': sequence {corr} timed out in the backlog waiting for a free slot (request {})",
+                    "timeout of the corresponding sequence has been expired: model '{}': sequence {corr} timed out in the backlog waiting for a free slot (request {})",
                     self.model, p.req.id
                 );
                 ending.push((p.req, Error::deadline(msg)));

@@ -4,7 +4,7 @@
 //! answers (see `execute`). No lock is held while a backend or a response callback runs.
 
 use super::batcher::DynamicBatcher;
-use super::execute::Worker;
+use super::execute::{inferences, Worker};
 use super::queue::Queued;
 use super::sequence::{self, SequenceBatcher};
 use super::Scheduler;
@@ -74,7 +74,7 @@ impl DynamicBatcher {
             let requests: Vec<Box<Request>> = taken.drain(..).map(|q| q.req).collect();
             let start = Instant::now();
             w.record_queue_times(&requests, start);
-            let nreq = requests.len() as u64;
+            let nreq = inferences(&requests);
             let started = match Batch::assemble_gathered(
                 s.config.clone(),
                 &self.batches.in_names,
@@ -172,7 +172,7 @@ impl SequenceBatcher {
             } = formed;
             let start = Instant::now();
             w.record_queue_times(&requests, start);
-            let nreq = requests.len() as u64;
+            let nreq = inferences(&requests);
             let first_rows = rows.iter().map(|r| r.row).collect();
             let ids: Vec<u64> = requests.iter().map(|r| r.id).collect();
             let (answers, mut states) = match Batch::assemble_rows(
