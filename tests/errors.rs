@@ -255,7 +255,10 @@ fn input_errors_name_model_tensor_and_value() {
             infer_request_add_requested_output(r.0, c"OUTPUT7".as_ptr()),
             1,
             // Triton's text, then ours.
-            &["unexpected inference output 'OUTPUT7' for model '", "no output 'OUTPUT7'"],
+            &[
+                "unexpected inference output 'OUTPUT7' for model '",
+                "no output 'OUTPUT7'",
+            ],
         );
         expect_msg(infer_request_set_flags(r.0, 8), 1, &["unknown bits"]);
         let long = std::ffi::CString::new("x".repeat(129)).unwrap();

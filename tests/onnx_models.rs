@@ -372,7 +372,11 @@ fn image_classifier_ensemble_matches_chained_onnxruntime() {
     assert_eq!(ensemble["inference_count"], rows, "{ensemble}");
     for m in ["preprocess", "cnn", "postprocess"] {
         let st = &s.stats(m)["models"][0];
-        assert_eq!(st["execution_count"], cases.len() as u64, "executions of '{m}'");
+        assert_eq!(
+            st["execution_count"],
+            cases.len() as u64,
+            "executions of '{m}'"
+        );
         assert_eq!(st["inference_count"], rows, "inferences of '{m}'");
     }
 }

@@ -1778,6 +1778,59 @@ fn grow(b: &mut Batch) -> infer::status::Result<()> {
     Ok(())
 }
 
+/// STATE_OUT = STATE_IN + INPUT and OUTPUT = STATE_IN + INPUT, except that a batch whose
+/// first INPUT is negative writes OUTPUT = STATE_IN and no STATE_OUT at all.
+fn sum_or_skip(b: &mut Batch) -> infer::status::Result<()> {
+    let (_, sdata) = b.input("STATE_IN").expect("no STATE_IN");
+    let state: Vec<i32> = bytemuck::pod_collect_to_vec(sdata);
+    let (_, idata) = b.input("INPUT").expect("no INPUT");
+    let input: Vec<i32> = bytemuck::pod_collect_to_vec(idata);
+    let rows = b.size as i64;
+    if input[0] < 0 {
+        let out = b.alloc_output("OUTPUT", &[rows, 1], None)?;
+        out.copy_from_slice(bytemuck::cast_slice(&state));
+        return Ok(());
+    }
+    let next: Vec<i32> = state.iter().zip(&input).map(|(s, i)| s + i).collect();
+    let out = b.alloc_output("OUTPUT", &[rows, 1], None)?;
+    out.copy_from_slice(bytemuck::cast_slice(&next));
+    let out = b.alloc_output("STATE_OUT", &[rows, 1], None)?;
+    out.copy_from_slice(bytemuck::cast_slice(&next));
+    Ok(())
+}
+
+/// A backend that writes no output state for a request leaves that state as it was, and
+/// the request succeeds (Triton: the state is not updated).
+#[test]
+fn a_state_not_written_is_not_updated() {
+    let s = Server::new();
+    s.register_fn_backend("sum_or_skip", sum_or_skip);
+    s.load(
+        "skip",
+        r#"
+name: "skip" backend: "sum_or_skip" max_batch_size: 1
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+}
+"#,
+    );
+    // 3, then a request that writes no state (sees 3, leaves 3), then 4: 7.
+    let steps = [(S, 3, 3), (0, -1, 3), (0, -5, 3), (E, 4, 7)];
+    for (k, (flags, v, want)) in steps.into_iter().enumerate() {
+        let r = s.infer(req(&s, "skip", 12, flags, v));
+        assert_eq!(r.status(), 0, "request {k}: {}", r.error());
+        assert_eq!(r.output_i32("OUTPUT"), vec![want], "request {k}");
+    }
+    // A sequence whose first request writes no state keeps the initial (zero) state.
+    for (k, (flags, v, want)) in [(S, -1, 0), (E, 2, 2)].into_iter().enumerate() {
+        let r = s.infer(req(&s, "skip", 13, flags, v));
+        assert_eq!(r.status(), 0, "request {k}: {}", r.error());
+        assert_eq!(r.output_i32("OUTPUT"), vec![want], "request {k}");
+    }
+}
+
 #[test]
 fn variable_dims_state_grows() {
     let s = Server::new();

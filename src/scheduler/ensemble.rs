@@ -426,7 +426,9 @@ impl Runner {
         };
         self.runs.lock().remove(&run.id);
         let us = run.started_at.elapsed().as_micros() as u64;
-        sched.stats.record_execution(run.batch_size, u64::from(run.batch_size.max(1)), us);
+        sched
+            .stats
+            .record_execution(run.batch_size, u64::from(run.batch_size.max(1)), us);
         sched.stats.success_count.fetch_add(1, Ordering::Relaxed);
         sink.send_final(resp);
     }

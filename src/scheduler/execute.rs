@@ -548,5 +548,8 @@ fn row_window(
 /// batch size (Triton's `inference_count`: a request of batch size 6 is 6 inferences;
 /// padding rows are none).
 pub(super) fn inferences(requests: &[Box<Request>]) -> u64 {
-    requests.iter().map(|r| u64::from(r.batch_size.max(1))).sum()
+    requests
+        .iter()
+        .map(|r| u64::from(r.batch_size.max(1)))
+        .sum()
 }

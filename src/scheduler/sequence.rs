@@ -876,8 +876,9 @@ impl Sequencer {
     }
 
     /// The output states of a finished batch, one list per row (None for rows whose
-    /// state does not change: failed rows). An output state the model did not write, or
-    /// wrote with a shape that does not fit the configured dims, fails the batch.
+    /// state does not change: failed rows). An output state the model did not write
+    /// leaves that state as it was fed to each row (Triton: the state is not updated);
+    /// one written with a shape that does not fit the configured dims fails the batch.
     pub(super) fn take_states(
         &self,
         batch: &crate::backend::Batch,
@@ -889,17 +890,15 @@ impl Sequencer {
             .collect();
         let batched = self.max_batch_size > 0;
         let m = &self.model;
-        for st in &self.cfg.states {
-            let o = batch
-                .outputs
-                .iter()
-                .find(|o| o.name == st.output_name)
-                .ok_or_else(|| {
-                    Error::internal(format!(
-                        "model '{m}': the backend did not write output state '{}'",
-                        st.output_name
-                    ))
-                })?;
+        for (k, st) in self.cfg.states.iter().enumerate() {
+            let Some(o) = batch.outputs.iter().find(|o| o.name == st.output_name) else {
+                for (r, slot) in rows.iter().zip(out.iter_mut()) {
+                    if let (Some(list), Some(v)) = (slot.as_mut(), r.state_in.get(k)) {
+                        list.push(v.clone());
+                    }
+                }
+                continue;
+            };
             let per_row_shape: &[i64] = if batched {
                 &o.shape[1.min(o.shape.len())..]
             } else {
