@@ -1045,6 +1045,92 @@ fn validation_map_key_not_in_composing_model() {
     );
 }
 
+/// A tensor a step writes that no step reads and that is not an ensemble output: refused
+/// at load with Triton's text.
+#[test]
+fn validation_unused_tensor() {
+    let s = validation_server();
+    let cfg = ens(
+        "dangling",
+        4,
+        &f4(&["A", "B"]),
+        &f4(&["SUM"]),
+        &[add_sub_step("as", "A", "B", "SUM", "DIFF")],
+    );
+    refused(
+        &s,
+        "dangling",
+        &cfg,
+        &[
+            "step[0].output_map[OUTPUT1]",
+            "ensemble tensor 'DIFF' is unused in ensemble 'dangling'",
+        ],
+    );
+}
+
+/// IN -> A (a copy); B only when IN[0] >= 0.
+fn a_and_sometimes_b(batch: &mut Batch) -> infer::status::Result<()> {
+    let (i, data) = batch.input("IN").unwrap();
+    let shape = i.shape.clone();
+    let v = data.to_vec();
+    let first = f32::from_le_bytes([v[0], v[1], v[2], v[3]]);
+    batch.alloc_output("A", &shape, None)?.copy_from_slice(&v);
+    if first >= 0.0 {
+        batch.alloc_output("B", &shape, None)?.copy_from_slice(&v);
+    }
+    Ok(())
+}
+
+/// A composing model that does not produce an output the ensemble maps: the ensemble
+/// answers without that output (as Triton does); asked of the composing model directly
+/// by name, the missing output still fails the request.
+#[test]
+fn an_output_a_step_does_not_produce_is_left_out() {
+    let s = Server::new();
+    s.register_fn_backend("a_and_b", a_and_sometimes_b);
+    s.load(
+        "ab",
+        r#"name: "ab" backend: "a_and_b" max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]"#,
+    );
+    let cfg = ens(
+        "ens_ab",
+        8,
+        &f4(&["X"]),
+        &f4(&["EA", "EB"]),
+        &[step("ab", &[("IN", "X")], &[("A", "EA"), ("B", "EB")], 0)],
+    );
+    s.load("ens_ab", &cfg);
+    let r = s.infer(
+        s.request("ens_ab")
+            .input_f32("X", &[1, 4], &[1.0, 2.0, 3.0, 4.0]),
+    );
+    assert_eq!(r.status(), 0, "{}", r.error());
+    assert_eq!(r.output_count(), 2);
+    let r = s.infer(
+        s.request("ens_ab")
+            .input_f32("X", &[1, 4], &[-1.0, 2.0, 3.0, 4.0]),
+    );
+    assert_eq!(r.status(), 0, "{}", r.error());
+    assert_eq!(r.output_count(), 1, "EB is left out");
+    assert_eq!(r.output_f32("EA"), vec![-1.0, 2.0, 3.0, 4.0]);
+    assert!(r.output("EB").is_none());
+    // Asked directly, the composing model's missing output fails the request.
+    let r = s.infer(
+        s.request("ab")
+            .input_f32("IN", &[1, 4], &[-1.0, 2.0, 3.0, 4.0])
+            .output("A")
+            .output("B"),
+    );
+    assert_eq!(r.status(), INFER_STATUS_INTERNAL, "{}", r.error());
+    assert!(
+        r.error().contains("did not produce output 'B'"),
+        "{}",
+        r.error()
+    );
+}
+
 #[test]
 fn validation_composing_input_not_mapped() {
     let s = validation_server();

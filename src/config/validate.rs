@@ -628,8 +628,8 @@ impl Checker<'_> {
     }
 
     /// The checks an ensemble needs no other model for: every step maps something, every
-    /// ensemble input is used, every output produced once, no tensor written twice, and
-    /// the steps form no cycle.
+    /// ensemble input is used, every output produced once, no tensor written twice or
+    /// written and never used, and the steps form no cycle.
     fn ensemble(
         &self,
         e: &pb::ModelEnsembling,
@@ -729,6 +729,24 @@ impl Checker<'_> {
                     return Err(self.err(
                         format_args!("{P}.step[{i}].input_map[{k}]"),
                         format!("tensor '{v}' is neither an ensemble input nor written by a step"),
+                    ));
+                }
+            }
+        }
+        // A tensor a step writes that no step reads and no output returns: Triton refuses
+        // the ensemble.
+        for (i, st) in steps.iter().enumerate() {
+            for (k, v) in &st.output_map {
+                let read = steps
+                    .iter()
+                    .any(|s| s.input_map.iter().any(|(_, t)| t == v));
+                if !read && !outputs.iter().any(|t| t.name == *v) {
+                    return Err(self.err(
+                        format_args!("{P}.step[{i}].output_map[{k}]"),
+                        format!(
+                            "ensemble tensor '{v}' is unused in ensemble '{}' (no step reads it and it is not an ensemble output)",
+                            self.model
+                        ),
                     ));
                 }
             }

@@ -102,6 +102,9 @@ pub struct Request {
     /// The GPU this request wants its outputs on (`infer_request_set_output_memory`);
     /// None: host memory.
     pub output_device: Option<i32>,
+    /// A requested output the backend does not produce is left out of the response
+    /// instead of failing it (an ensemble's steps: Triton's ensembles go on without it).
+    pub outputs_optional: bool,
     /// Input buffers of an earlier use of this (pooled) object, kept for reuse.
     spare_buffers: Vec<Vec<u8>>,
 }
@@ -127,6 +130,7 @@ impl Request {
             sink: None,
             gpu: crate::cuda::GpuState::Off,
             output_device: None,
+            outputs_optional: false,
             spare_buffers: Vec::new(),
         }
     }
@@ -195,6 +199,7 @@ impl Request {
         self.sink = None;
         self.gpu = crate::cuda::GpuState::Off;
         self.output_device = None;
+        self.outputs_optional = false;
     }
 
     pub fn input(&self, name: &str) -> Option<&Tensor> {

@@ -6,7 +6,10 @@
 //! parallel; only the steps the requested outputs depend on run. Intermediate tensors are
 //! shared windows into the producing batch's output buffer, passed on without a copy.
 //! The first failing step ends the ensemble request (steps not started stay unstarted);
-//! every path ends in exactly one FINAL, guarded by taking the caller's sink once.
+//! every path ends in exactly one FINAL, guarded by taking the caller's sink once. A
+//! tensor that will not come (an optional ensemble input not given, an output a step's
+//! model did not produce) is "missing": steps that read it go without it, and an ensemble
+//! output that is missing is left out of the response, as Triton does.
 //!
 //! There are no worker threads: steps continue from the composing models' response
 //! callbacks, which run on those models' workers. Per-step `max_inflight_requests` bounds
@@ -74,6 +77,10 @@ struct Run {
 
 struct RunState {
     tensors: HashMap<Arc<str>, Value>,
+    /// Tensors that will not come: optional ensemble inputs not given, and outputs a
+    /// step's model did not produce. A step that reads one goes without that input; an
+    /// ensemble output that is one is left out of the response (as Triton does).
+    missing: HashSet<Arc<str>>,
     started: Vec<bool>,
     /// Ids of internal requests sent (for cancel).
     sent: Vec<u64>,
@@ -195,6 +202,10 @@ impl Runner {
                 },
             );
         }
+        let missing: HashSet<Arc<str>> = (config.inputs.iter())
+            .filter(|t| !tensors.contains_key(&t.name))
+            .map(|t| t.name.clone())
+            .collect();
         let run = Arc::new(Run {
             id: req.id,
             corr: req.correlation_id.clone(),
@@ -207,6 +218,7 @@ impl Runner {
             needed,
             st: Mutex::new(RunState {
                 tensors,
+                missing,
                 started: vec![false; self.steps.len()],
                 sent: Vec::new(),
                 sink: req.sink.take(),
@@ -227,7 +239,7 @@ impl Runner {
             }
             let complete = run.wanted.iter().all(|&i| {
                 let name = &sched.config.outputs[i].name;
-                st.tensors.contains_key(name)
+                st.tensors.contains_key(name) || st.missing.contains(name)
             });
             if complete {
                 drop(st);
@@ -237,7 +249,8 @@ impl Runner {
             for (i, s) in self.steps.iter().enumerate() {
                 if run.needed[i]
                     && !st.started[i]
-                    && s.input_map.iter().all(|(_, t)| st.tensors.contains_key(t))
+                    && (s.input_map.iter())
+                        .all(|(_, t)| st.tensors.contains_key(t) || st.missing.contains(t))
                 {
                     st.started[i] = true;
                     ready.push(i);
@@ -328,6 +341,7 @@ impl Runner {
         }
         req.requested_outputs
             .extend(step.output_map.iter().map(|(o, _)| o.clone()));
+        req.outputs_optional = true;
         req.correlation_id = run.corr.clone();
         req.flags = run.flags;
         req.priority = run.priority;
@@ -369,9 +383,8 @@ impl Runner {
             crate::request::pool::recycle_response(resp);
             return self.fail(sched, run, e);
         }
-        let missing = {
+        {
             let mut st = run.st.lock();
-            let mut missing = None;
             for (output, tensor) in &step.output_map {
                 let found = resp
                     .outputs
@@ -386,19 +399,13 @@ impl Runner {
                         };
                         st.tensors.insert(tensor.clone(), v);
                     }
-                    None => missing = Some(output.clone()),
+                    None => {
+                        st.missing.insert(tensor.clone());
+                    }
                 }
             }
-            missing
-        };
-        crate::request::pool::recycle_response(resp);
-        if let Some(m) = missing {
-            let e = Error::internal(format!(
-                "step '{}' did not return output '{m}'",
-                step.model_name
-            ));
-            return self.fail(sched, run, e);
         }
+        crate::request::pool::recycle_response(resp);
         self.advance(sched, run);
     }
 

@@ -413,9 +413,8 @@ impl Worker<'_> {
         {
             return fail(e.clone());
         }
-        if let Some(m) = req
-            .requested_outputs
-            .iter()
+        if let Some(m) = (req.requested_outputs.iter())
+            .filter(|_| !req.outputs_optional)
             .find(|want| !outs.iter().any(|o| o.name.as_bytes() == want.as_bytes()))
         {
             return fail(Error::internal(format!(
