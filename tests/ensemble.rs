@@ -1388,3 +1388,139 @@ sequence_batching {{
         assert_eq!(r.output_i32("S2"), vec![sum]);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Composing models from the repository (explicit model control)
+// ---------------------------------------------------------------------------------------
+
+/// A server on `repo` with explicit model control, loading `startup` at start.
+fn explicit_server(repo: &std::path::Path, startup: &[&str]) -> Server {
+    let mut opts = std::ptr::null_mut();
+    ok(unsafe { infer_server_options_new(&mut opts) });
+    ok(unsafe {
+        infer_server_options_set_model_repository(opts, cs(repo.to_str().unwrap()).as_ptr())
+    });
+    ok(unsafe { infer_server_options_set_model_control_explicit(opts, true) });
+    for m in startup {
+        ok(unsafe { infer_server_options_add_startup_model(opts, cs(m).as_ptr()) });
+    }
+    let s = Server::with_options(opts);
+    unsafe { infer_server_options_free(opts) };
+    s
+}
+
+fn load_from_repo(s: &Server, name: &str) -> infer_status {
+    unsafe { infer_server_load_model(s.0, cs(name).as_ptr(), std::ptr::null(), std::ptr::null()) }
+}
+
+fn loaded(s: &Server, name: &str) -> bool {
+    let mut ready = false;
+    let st = unsafe { infer_server_model_ready(s.0, cs(name).as_ptr(), -1, &mut ready) };
+    st == INFER_STATUS_OK && ready
+}
+
+/// Which of `names` are loaded.
+fn which(s: &Server, names: &[&'static str]) -> Vec<&'static str> {
+    names.iter().copied().filter(|n| loaded(s, n)).collect()
+}
+
+/// A repository: identity models `id1`, `id2`; `bad` (an unknown backend); ensembles
+/// `chain` (id1 then id2), `pair` (id2 alone), `chain_bad` (id1 then bad) and `nest`
+/// (chain as a step).
+fn ensemble_repo() -> std::path::PathBuf {
+    let t = temp_dir("ens-repo");
+    let put = |name: &str, config: String| {
+        std::fs::create_dir_all(t.join(name).join("1")).unwrap();
+        std::fs::write(t.join(name).join("config.pbtxt"), config).unwrap();
+    };
+    put("id1", identity("id1"));
+    put("id2", identity("id2"));
+    put("bad", unary("bad", "no_such_backend", ""));
+    let one = |e: &str, models: &[&str]| {
+        let mut steps = Vec::new();
+        let mut from = "X".to_string();
+        for (k, m) in models.iter().enumerate() {
+            let to = if k + 1 == models.len() {
+                "Y".to_string()
+            } else {
+                format!("T{k}")
+            };
+            let (i, o) = if m.starts_with("chain") {
+                ("X", "Y")
+            } else {
+                ("IN", "OUT")
+            };
+            steps.push(step(m, &[(i, &from)], &[(o, &to)], 0));
+            from = to;
+        }
+        ens(e, 64, &f4(&["X"]), &f4(&["Y"]), &steps)
+    };
+    put("chain", one("chain", &["id1", "id2"]));
+    put("pair", one("pair", &["id2"]));
+    put("chain_bad", one("chain_bad", &["id1", "bad"]));
+    put("nest", one("nest", &["chain"]));
+    t
+}
+
+/// With explicit model control, loading an ensemble loads the composing models that are
+/// not loaded from the repository (nested ensembles too), as Triton's explicit mode does,
+/// and unloading it unloads those it loaded: not the ones the application loaded itself
+/// (before or after), nor those another loaded ensemble uses.
+#[test]
+fn an_ensemble_loads_its_composing_models_from_the_repository() {
+    let repo = ensemble_repo();
+    let all = ["chain", "pair", "nest", "id1", "id2", "bad", "chain_bad"];
+    let s = explicit_server(&repo, &[]);
+    assert!(which(&s, &all).is_empty());
+    ok(load_from_repo(&s, "chain"));
+    assert_eq!(which(&s, &all), vec!["chain", "id1", "id2"]);
+    let r = s.infer(
+        s.request("chain")
+            .input_f32("X", &[1, 4], &[1.0, 2.0, 3.0, 4.0]),
+    );
+    assert_eq!(r.status(), 0, "{}", r.error());
+    assert_eq!(r.output_f32("Y"), vec![1.0, 2.0, 3.0, 4.0]);
+    s.unload("chain");
+    assert!(which(&s, &all).is_empty(), "{:?}", which(&s, &all));
+    // The application's own model stays: before the ensemble, and after.
+    ok(load_from_repo(&s, "id1"));
+    ok(load_from_repo(&s, "chain"));
+    ok(load_from_repo(&s, "id2"));
+    s.unload("chain");
+    assert_eq!(which(&s, &all), vec!["id1", "id2"]);
+    s.unload("id1");
+    s.unload("id2");
+    // One that another loaded ensemble uses stays until that one goes.
+    ok(load_from_repo(&s, "chain"));
+    ok(load_from_repo(&s, "pair"));
+    s.unload("chain");
+    assert_eq!(which(&s, &all), vec!["pair", "id2"]);
+    s.unload("pair");
+    s.unload("id2");
+    // A composing model that fails to load fails the ensemble, and what was loaded for
+    // it goes again (with the composing model's own status: UNSUPPORTED, no such backend).
+    let msg = expect_status(load_from_repo(&s, "chain_bad"), INFER_STATUS_UNSUPPORTED);
+    assert!(
+        msg.contains("'chain_bad'") && msg.contains("composing model 'bad'"),
+        "{msg}"
+    );
+    assert!(which(&s, &all).is_empty(), "{:?}", which(&s, &all));
+    // Nested: the inner ensemble's models too, and all go with the outer one.
+    ok(load_from_repo(&s, "nest"));
+    assert_eq!(which(&s, &all), vec!["chain", "nest", "id1", "id2"]);
+    let r = s.infer(
+        s.request("nest")
+            .input_f32("X", &[1, 4], &[4.0, 3.0, 2.0, 1.0]),
+    );
+    assert_eq!(r.output_f32("Y"), vec![4.0, 3.0, 2.0, 1.0]);
+    s.unload("nest");
+    assert!(which(&s, &all).is_empty(), "{:?}", which(&s, &all));
+    drop(s);
+    // At start-up: a composing model also named is loaded once, and is the application's.
+    let s = explicit_server(&repo, &["chain", "id2"]);
+    assert_eq!(which(&s, &all), vec!["chain", "id1", "id2"]);
+    s.unload("chain");
+    assert_eq!(which(&s, &all), vec!["id2"]);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&repo);
+}

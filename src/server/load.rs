@@ -42,8 +42,33 @@ impl Server {
         }
     }
 
-    /// Loads (or replaces) a model. `config_text` None reads the model's directory.
+    /// Loads (or replaces) a model. `config_text` None reads the model's directory. The
+    /// application's own load: a model an ensemble had loaded becomes the application's
+    /// (it stays when the ensemble goes).
     pub fn load_model(
+        &self,
+        name: &str,
+        config_text: Option<&str>,
+        model_dir: Option<&Path>,
+    ) -> Result<()> {
+        self.load_model_inner(name, config_text, model_dir)?;
+        self.adopt(name);
+        Ok(())
+    }
+
+    /// Whether a model of this name is loaded.
+    pub(super) fn is_loaded(&self, name: &str) -> bool {
+        self.models.read().contains_key(name)
+    }
+
+    /// The application owns `name` now: no ensemble unloads it.
+    pub(super) fn adopt(&self, name: &str) {
+        for e in self.models.write().values_mut() {
+            e.loaded_with.retain(|m| m != name);
+        }
+    }
+
+    fn load_model_inner(
         &self,
         name: &str,
         config_text: Option<&str>,
@@ -114,7 +139,7 @@ impl Server {
                 }
             }
         }
-        self.register(name, config, started)
+        self.register(name, config, started, Vec::new())
     }
 
     /// The config of a loaded model version (-1: the latest).
@@ -131,8 +156,18 @@ impl Server {
         config: Arc<ModelConfig>,
         dir: Option<&Folder>,
     ) -> Result<()> {
-        crate::scheduler::ensemble::check_composition(&config, &|n, v| self.loaded_config(n, v))?;
-        let versions = select_versions(&config, dir)?;
+        let loaded_here = self.load_composing(name, &config)?;
+        let checked = crate::scheduler::ensemble::check_composition(&config, &|n, v| {
+            self.loaded_config(n, v)
+        })
+        .and_then(|()| select_versions(&config, dir));
+        let versions = match checked {
+            Ok(v) => v,
+            Err(e) => {
+                self.unload_loaded(name, &loaded_here);
+                return Err(e);
+            }
+        };
         let started: BTreeMap<i64, Arc<Scheduler>> = versions
             .into_iter()
             .map(|v| {
@@ -145,7 +180,90 @@ impl Server {
                 (v, s)
             })
             .collect();
-        self.register(name, config, started)
+        self.register(name, config, started, loaded_here)
+    }
+
+    /// With explicit model control, an ensemble's composing models that are not loaded
+    /// are loaded from the repository first (nested ensembles in turn), as Triton's
+    /// explicit mode does; returns their names. One that fails fails the ensemble's load
+    /// (the ones loaded for it are unloaded again).
+    fn load_composing(&self, name: &str, config: &ModelConfig) -> Result<Vec<String>> {
+        thread_local! {
+            /// The ensembles this thread is loading composing models for (a cycle through
+            /// nested ensembles would load forever).
+            static LOADING: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let Some(ens) = &config.ensemble else {
+            return Ok(Vec::new());
+        };
+        if !self.opts.explicit_model_control || self.opts.repository.is_none() {
+            return Ok(Vec::new());
+        }
+        if LOADING.with(|l| l.borrow().iter().any(|n| n == name)) {
+            return Err(Error::invalid(format!(
+                "model '{name}': ensemble_scheduling: cycle: loading its composing models leads back to it"
+            )));
+        }
+        LOADING.with(|l| l.borrow_mut().push(name.to_owned()));
+        let mut loaded: Vec<String> = Vec::new();
+        let mut result = Ok(());
+        for s in &ens.steps {
+            let m = &s.model_name;
+            if loaded.contains(m) || self.is_loaded(m) {
+                continue;
+            }
+            match self.model_folder(m, None) {
+                Ok(Some(_)) => {}
+                // Not in the repository: the composition check says it is not loaded.
+                _ => continue,
+            }
+            match self.load_model_inner(m, None, None) {
+                Ok(()) => {
+                    self.log.info(&format!(
+                        "model '{m}' loaded from the repository for ensemble '{name}'"
+                    ));
+                    loaded.push(m.clone());
+                }
+                Err(e) => {
+                    result = Err(e.context(format!(
+                        "model '{name}': its composing model '{m}' could not be loaded from the repository"
+                    )));
+                    break;
+                }
+            }
+        }
+        LOADING.with(|l| l.borrow_mut().pop());
+        match result {
+            Ok(()) => Ok(loaded),
+            Err(e) => {
+                self.unload_loaded(name, &loaded);
+                Err(e)
+            }
+        }
+    }
+
+    /// Unloads the composing models `ensemble` loaded (newest first), except those
+    /// another loaded ensemble uses or the application has loaded itself since.
+    fn unload_loaded(&self, ensemble: &str, loaded: &[String]) {
+        for m in loaded.iter().rev() {
+            let used = self.models.read().iter().any(|(n, e)| {
+                n != ensemble
+                    && (e.config.ensemble.as_ref())
+                        .is_some_and(|x| x.steps.iter().any(|s| s.model_name == *m))
+            });
+            if used || !self.is_loaded(m) {
+                continue;
+            }
+            match self.unload_model(m) {
+                Ok(()) => self
+                    .log
+                    .info(&format!("model '{m}' unloaded with ensemble '{ensemble}'")),
+                Err(e) => self.log.warn(&format!(
+                    "model '{m}' (loaded for ensemble '{ensemble}'): {}",
+                    e.message
+                )),
+            }
+        }
     }
 
     fn load_generative(
@@ -177,7 +295,7 @@ impl Server {
                 }
             }
         }
-        self.register(name, config, started)
+        self.register(name, config, started, Vec::new())
     }
 
     /// Sets (None: clears) the per-iteration statistics callback of a generative model,
@@ -215,6 +333,7 @@ impl Server {
         name: &str,
         config: Arc<ModelConfig>,
         started: BTreeMap<i64, Arc<Scheduler>>,
+        mut loaded_with: Vec<String>,
     ) -> Result<()> {
         let old = {
             let _guard = self.lifecycle.lock();
@@ -223,11 +342,22 @@ impl Server {
                 stop_versions(started.values());
                 return Err(Error::unavailable("the server is shutting down"));
             }
+            let mut models = self.models.write();
+            // A replaced ensemble's composing models stay loaded, and are the new one's.
+            if let Some(old) = models.get(name) {
+                for m in &old.loaded_with {
+                    if !loaded_with.contains(m) {
+                        loaded_with.push(m.clone());
+                    }
+                }
+            }
             let entry = ModelEntry {
                 config,
                 versions: started,
+                loaded_with,
             };
-            let old = self.models.write().insert(name.to_owned(), entry);
+            let old = models.insert(name.to_owned(), entry);
+            drop(models);
             if let Some(old) = &old {
                 self.retired.lock().extend(old.versions.values().cloned());
             }
@@ -515,6 +645,7 @@ impl Server {
         };
         self.retire(entry.versions.into_values().collect());
         self.log.info(&format!("model '{name}' unloaded"));
+        self.unload_loaded(name, &entry.loaded_with);
         Ok(())
     }
 }

@@ -62,6 +62,9 @@ impl Default for ServerOptions {
 struct ModelEntry {
     config: Arc<ModelConfig>,
     versions: BTreeMap<i64, Arc<Scheduler>>,
+    /// Composing models this ensemble loaded from the repository (explicit model
+    /// control), unloaded with it unless the application loaded them itself since.
+    loaded_with: Vec<String>,
 }
 
 impl ModelEntry {
@@ -199,6 +202,12 @@ impl Server {
                 let mut failed = Vec::new();
                 let mut first_error = None;
                 for n in &names {
+                    // Loaded already, for an ensemble named before it: the application's
+                    // now, and not loaded twice.
+                    if server.opts.explicit_model_control && server.is_loaded(n) {
+                        server.adopt(n);
+                        continue;
+                    }
                     if let Err(e) = server.load_model(n, None, None) {
                         first_error.get_or_insert(e);
                         failed.push(n.clone());
