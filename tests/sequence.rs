@@ -1043,6 +1043,66 @@ fn sequence_errors_start_with_tritons_texts() {
     }
 }
 
+/// A START for a correlation ID whose previous sequence's END is still queued begins a
+/// new sequence, as in Triton: it takes a free slot, or waits in the backlog behind the
+/// sequences already there, while the old one finishes in its own slot.
+#[test]
+fn a_start_after_a_queued_end_begins_a_new_sequence() {
+    // One slot: sequence 5 runs, 7 waits, then the second sequence 5 (behind 7).
+    let s = Server::new();
+    s.load("one", &acc("one", 1, 1));
+    s.pause("one");
+    let c = Collector::new();
+    let mut ids = Vec::new();
+    for (id, flags, v) in [
+        (5, S, 1),
+        (5, E, 2),
+        (7, S, 100),
+        (7, E, 200),
+        (5, S, 10),
+        (5, E, 20),
+    ] {
+        ids.push(s.enqueue(req(&s, "one", id, flags, v), &c).unwrap());
+    }
+    s.resume("one");
+    c.wait(6);
+    c.assert_exactly_once(&ids);
+    let order = c.ids_in_order();
+    let at = |k: usize| order.iter().position(|&x| x == ids[k]).unwrap();
+    assert!(at(1) < at(2) && at(3) < at(4), "order {order:?} of {ids:?}");
+    let sums: HashMap<u64, i32> = c
+        .take()
+        .iter()
+        .map(|r| (r.id(), r.output_i32("OUTPUT")[0]))
+        .collect();
+    let want = [1, 3, 100, 300, 10, 30];
+    for (k, w) in want.iter().enumerate() {
+        assert_eq!(sums[&ids[k]], *w, "request {k}");
+    }
+    // Two slots: the new sequence 5 takes the free slot and runs beside the old one
+    // (batches of 2 rows), instead of after it in the old one's slot.
+    s.load("two", &acc("two", 2, 1));
+    s.pause("two");
+    let c = Collector::new();
+    let mut ids = Vec::new();
+    for (id, flags, v) in [(5, S, 1), (5, E, 2), (5, S, 10), (5, E, 20)] {
+        ids.push(s.enqueue(req(&s, "two", id, flags, v), &c).unwrap());
+    }
+    s.resume("two");
+    c.wait(4);
+    let sums: HashMap<u64, i32> = c
+        .take()
+        .iter()
+        .map(|r| (r.id(), r.output_i32("OUTPUT")[0]))
+        .collect();
+    for (k, w) in [1, 3, 10, 30].iter().enumerate() {
+        assert_eq!(sums[&ids[k]], *w, "request {k}");
+    }
+    let st = s.stats("two");
+    assert_eq!(st["models"][0]["execution_count"], 2, "{st}");
+    assert_eq!(st["models"][0]["inference_count"], 4, "{st}");
+}
+
 #[test]
 fn backlogged_sequence_times_out_with_all_its_requests() {
     let s = Server::new();

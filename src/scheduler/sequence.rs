@@ -3,7 +3,9 @@
 //! and, optionally, implicit state kept by the library between requests.
 //!
 //! Every sequence is placed in a slot of one instance when it starts, or waits in a FIFO
-//! backlog until a slot frees. With the Direct strategy an instance's slots are its batch
+//! backlog until a slot frees. Sequences are numbered: once a sequence's END is queued,
+//! its correlation ID no longer leads to it, and a new START with that ID begins another
+//! sequence (as in Triton), which may run while the old one finishes. With the Direct strategy an instance's slots are its batch
 //! rows: a batch covers rows 0..=highest allocated slot, and slots without a ready request
 //! are padding (READY false, zero inputs, no response). With the Oldest strategy the slots
 //! are candidate places, and batches are the oldest request of each candidate sequence,
@@ -108,12 +110,15 @@ struct Pending {
     key: SmallVec<[i64; 8]>,
 }
 
+/// A sequence's number in its batcher (a correlation ID may have two sequences at once:
+/// one whose END is queued, and a new one started after it).
+type SeqId = u64;
+
 struct Seq {
+    corr: CorrelationId,
     /// (instance, slot); None while in the backlog.
     place: Option<(usize, usize)>,
     queue: VecDeque<Pending>,
-    /// False once END was queued: only a new START is accepted then.
-    accepting: bool,
     /// A request of this sequence is executing.
     in_flight: bool,
     last_activity: Instant,
@@ -122,10 +127,15 @@ struct Seq {
 }
 
 struct SeqState {
-    seqs: HashMap<CorrelationId, Seq>,
+    seqs: HashMap<SeqId, Seq>,
+    /// The sequence each correlation ID's next request joins: from its START until its
+    /// END is queued (as Triton forgets the ID then: a later START begins a new sequence,
+    /// in a free slot or the backlog, while the old one finishes).
+    open: HashMap<CorrelationId, SeqId>,
+    next_seq_id: SeqId,
     /// [instance][slot] -> the sequence there.
-    slots: Vec<Vec<Option<CorrelationId>>>,
-    backlog: VecDeque<CorrelationId>,
+    slots: Vec<Vec<Option<SeqId>>>,
+    backlog: VecDeque<SeqId>,
     /// Requests taken out (cancelled, timed out) whose error FINAL a worker delivers.
     ending: Vec<(Box<Request>, crate::status::Error)>,
     /// Messages for the log, written by a worker after it unlocks.
@@ -146,6 +156,7 @@ struct SeqState {
 /// One request's row in a formed batch.
 pub(super) struct RowInfo {
     pub row: u32,
+    seq: SeqId,
     corr: CorrelationId,
     flags: u32,
     /// The sequence stays after this row (false: it ended and was removed).
@@ -245,6 +256,8 @@ impl Sequencer {
             state_names: cfg.states.iter().map(|s| c_name(&s.input_name)).collect(),
             st: Mutex::new(SeqState {
                 seqs: HashMap::new(),
+                open: HashMap::new(),
+                next_seq_id: 1,
                 slots: vec![vec![None; slots]; instances],
                 backlog: VecDeque::new(),
                 ending: Vec::new(),
@@ -365,47 +378,53 @@ impl Sequencer {
         let mut warning = None;
         let st = &mut *st;
         let corr = &pending.req.correlation_id;
-        let place = match st.seqs.get_mut(corr) {
-            Some(seq) => {
-                if !start && !seq.accepting {
-                    let e = Error::invalid(format!(
-                        "inference request for sequence {} to model '{m}' must specify the START flag on the first request of the sequence (sequence {corr} has ended: its END is queued)",
-                        corr.bare()
-                    ));
-                    return Err((pending.req, e));
-                }
-                if start && seq.accepting {
+        let open = st.open.get(corr).copied();
+        let place = match open.and_then(|id| st.seqs.get_mut(&id).map(|q| (id, q))) {
+            Some((_, seq)) => {
+                if start {
                     warning = Some(format!(
                         "model '{m}': sequence {corr} restarted by a new START before its END"
                     ));
                 }
-                seq.accepting = !end;
+                if end {
+                    st.open.remove(corr);
+                }
                 seq.last_activity = now;
                 seq.queue.push_back(pending);
                 seq.place
             }
             None => {
                 if !start {
+                    let why = if st.seqs.values().any(|q| q.corr == *corr) {
+                        "has ended: its END is queued"
+                    } else {
+                        "is not active: never started, ended, or idle too long"
+                    };
                     let e = Error::invalid(format!(
-                        "inference request for sequence {} to model '{m}' must specify the START flag on the first request of the sequence (sequence {corr} is not active: never started, ended, or idle too long)",
+                        "inference request for sequence {} to model '{m}' must specify the START flag on the first request of the sequence (sequence {corr} {why})",
                         corr.bare()
                     ));
                     return Err((pending.req, e));
                 }
                 let corr = corr.clone();
+                let id = st.next_seq_id;
+                st.next_seq_id += 1;
                 let place = free_slot(&st.slots);
                 match place {
-                    Some((i, s)) => st.slots[i][s] = Some(corr.clone()),
-                    None => st.backlog.push_back(corr.clone()),
+                    Some((i, s)) => st.slots[i][s] = Some(id),
+                    None => st.backlog.push_back(id),
+                }
+                if !end {
+                    st.open.insert(corr.clone(), id);
                 }
                 let mut queue = VecDeque::new();
                 queue.push_back(pending);
                 st.seqs.insert(
-                    corr,
+                    id,
                     Seq {
+                        corr,
                         place,
                         queue,
-                        accepting: !end,
                         in_flight: false,
                         last_activity: now,
                         states: None,
@@ -464,8 +483,8 @@ impl Sequencer {
                 st.ending.push((p.req, Error::cancelled(why.to_owned())));
             }
         }
-        for corr in st.backlog.drain(..) {
-            st.seqs.remove(&corr);
+        for id in std::mem::take(&mut st.backlog) {
+            remove_seq(st, id);
         }
         // The sequences left in slots are idle now.
         let due = Instant::now() + self.idle;
@@ -576,12 +595,13 @@ impl Sequencer {
         }
         let st = &mut **st;
         let mut next: Option<Instant> = None;
-        let (seqs, ending) = (&mut st.seqs, &mut st.ending);
+        let (seqs, ending, open) = (&mut st.seqs, &mut st.ending, &mut st.open);
         let mut removed = 0usize;
-        st.backlog.retain(|corr| {
-            let Some(seq) = seqs.get_mut(corr) else {
+        st.backlog.retain(|id| {
+            let Some(seq) = seqs.get_mut(id) else {
                 return false;
             };
+            let corr = seq.corr.clone();
             let expired = seq.queue.iter().any(|p| p.deadline.is_some_and(|d| d <= now));
             if !expired {
                 if let Some(d) = seq.queue.iter().filter_map(|p| p.deadline).min() {
@@ -597,7 +617,10 @@ impl Sequencer {
                 ending.push((p.req, Error::deadline(msg)));
                 removed += 1;
             }
-            seqs.remove(corr);
+            seqs.remove(id);
+            if open.get(&corr) == Some(id) {
+                open.remove(&corr);
+            }
             false
         });
         st.queued -= removed;
@@ -614,9 +637,9 @@ impl Sequencer {
         let mut next: Option<Instant> = None;
         let mut free = Vec::new();
         for (i, slots) in st.slots.iter().enumerate() {
-            for (s, corr) in slots.iter().enumerate() {
-                let Some(corr) = corr else { continue };
-                let Some(seq) = st.seqs.get(corr) else {
+            for (s, id) in slots.iter().enumerate() {
+                let Some(id) = id else { continue };
+                let Some(seq) = st.seqs.get(id) else {
                     continue;
                 };
                 if !seq.queue.is_empty() || seq.in_flight {
@@ -632,8 +655,8 @@ impl Sequencer {
         }
         st.next_idle_check = next;
         for (i, s) in free {
-            if let Some(corr) = st.slots[i][s].take() {
-                st.seqs.remove(&corr);
+            if let Some(seq) = st.slots[i][s].take().and_then(|id| remove_seq(st, id)) {
+                let corr = seq.corr;
                 if !closed {
                     let msg = format!(
                         "model '{}': sequence {corr} was idle for {} us and lost its slot",
@@ -649,8 +672,8 @@ impl Sequencer {
 
     /// Hands a free slot to the oldest backlogged sequence.
     fn give_slot(&self, st: &mut SeqState, i: usize, s: usize) {
-        while let Some(corr) = st.backlog.pop_front() {
-            if let Some(seq) = st.seqs.get_mut(&corr) {
+        while let Some(id) = st.backlog.pop_front() {
+            if let Some(seq) = st.seqs.get_mut(&id) {
                 seq.place = Some((i, s));
                 if seq.queue.is_empty() {
                     // Its requests were cancelled while it waited: idle from now on.
@@ -658,7 +681,7 @@ impl Sequencer {
                     st.next_idle_check = Some(st.next_idle_check.map_or(due, |t| t.min(due)));
                     self.wake_all();
                 }
-                st.slots[i][s] = Some(corr);
+                st.slots[i][s] = Some(id);
                 self.cvs[i].notify_one();
                 return;
             }
@@ -686,10 +709,10 @@ impl Sequencer {
         // Ready sequences of this instance: (slot, enqueued_at).
         let mut ready: SmallVec<[(usize, Instant); 16]> = SmallVec::new();
         let mut highest = None;
-        for (s, corr) in st.slots[index].iter().enumerate() {
-            let Some(corr) = corr else { continue };
+        for (s, id) in st.slots[index].iter().enumerate() {
+            let Some(id) = id else { continue };
             highest = Some(s);
-            if let Some(seq) = st.seqs.get(corr) {
+            if let Some(seq) = st.seqs.get(id) {
                 if let (false, Some(p)) = (seq.in_flight, seq.queue.front()) {
                     ready.push((s, p.req.enqueued_at));
                 }
@@ -748,12 +771,13 @@ impl Sequencer {
             chosen.sort_unstable();
         }
         for (n, &s) in chosen.iter().enumerate() {
-            let Some(corr) = st.slots[index][s].clone() else {
+            let Some(id) = st.slots[index][s] else {
                 continue;
             };
-            let Some(seq) = st.seqs.get_mut(&corr) else {
+            let Some(seq) = st.seqs.get_mut(&id) else {
                 continue;
             };
+            let corr = seq.corr.clone();
             let Some(p) = seq.queue.pop_front() else {
                 continue;
             };
@@ -769,7 +793,7 @@ impl Sequencer {
             seq.in_flight = true;
             let mut kept = true;
             if flags & FLAG_END != 0 && seq.queue.is_empty() {
-                st.seqs.remove(&corr);
+                remove_seq(st, id);
                 st.slots[index][s] = None;
                 freed.push(s);
                 kept = false;
@@ -778,6 +802,7 @@ impl Sequencer {
             requests.push(p.req);
             rows.push(RowInfo {
                 row,
+                seq: id,
                 corr,
                 flags,
                 kept,
@@ -805,7 +830,7 @@ impl Sequencer {
     /// Shape key of the next request in slot `s` plus its state shapes.
     fn signature(&self, st: &SeqState, index: usize, s: usize) -> SmallVec<[i64; 8]> {
         let mut key = SmallVec::new();
-        let Some(seq) = st.slots[index][s].as_ref().and_then(|c| st.seqs.get(c)) else {
+        let Some(seq) = st.slots[index][s].as_ref().and_then(|id| st.seqs.get(id)) else {
             return key;
         };
         let Some(p) = seq.queue.front() else {
@@ -955,7 +980,7 @@ impl Sequencer {
             if !r.kept {
                 continue;
             }
-            let Some(seq) = st.seqs.get_mut(&r.corr) else {
+            let Some(seq) = st.seqs.get_mut(&r.seq) else {
                 continue;
             };
             seq.in_flight = false;
@@ -980,8 +1005,18 @@ impl Sequencer {
     }
 }
 
+/// Removes sequence `id`, and its correlation ID's entry if it is still the one that
+/// ID's requests join.
+fn remove_seq(st: &mut SeqState, id: SeqId) -> Option<Seq> {
+    let seq = st.seqs.remove(&id)?;
+    if st.open.get(&seq.corr) == Some(&id) {
+        st.open.remove(&seq.corr);
+    }
+    Some(seq)
+}
+
 /// The lowest free slot number over all instances, ties to the lowest instance.
-fn free_slot(slots: &[Vec<Option<CorrelationId>>]) -> Option<(usize, usize)> {
+fn free_slot(slots: &[Vec<Option<SeqId>>]) -> Option<(usize, usize)> {
     let per = slots.first().map_or(0, |s| s.len());
     (0..per).find_map(|s| {
         (0..slots.len())
@@ -1160,6 +1195,7 @@ mod tests {
     fn row(row: u32, corr: CorrelationId, flags: u32) -> RowInfo {
         RowInfo {
             row,
+            seq: 1,
             corr,
             flags,
             kept: true,
@@ -1172,7 +1208,7 @@ mod tests {
         let mut slots = vec![vec![None; 2]; 3];
         let mut order = Vec::new();
         while let Some((i, s)) = free_slot(&slots) {
-            slots[i][s] = Some(CorrelationId::U64(1));
+            slots[i][s] = Some(1);
             order.push((i, s));
         }
         assert_eq!(order, vec![(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]);
