@@ -533,3 +533,49 @@ fn response_accessor_errors() {
     }
     assert!(r.output("NOPE").is_none());
 }
+
+/// Triton config fields whose features the library does not implement are refused at
+/// load with UNSUPPORTED naming the field, never parsed and ignored; a rate limiter (off
+/// in Triton unless its server turns it on) loads, and the log says it has no effect.
+#[test]
+fn unimplemented_triton_fields_are_refused_by_name() {
+    let s = Server::new();
+    for (extra, field) in [
+        ("response_cache { enable: true }", "response_cache.enable"),
+        (
+            r#"model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]"#,
+            "model_warmup",
+        ),
+        (
+            r#"batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_INT32 source_input: "INPUT0" } ]"#,
+            "batch_input",
+        ),
+        (
+            r#"batch_output [ { target_name: "OUTPUT0" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "INPUT0" } ]"#,
+            "batch_output",
+        ),
+        (
+            "model_transaction_policy { decoupled: true }",
+            "model_transaction_policy.decoupled",
+        ),
+    ] {
+        expect_msg(
+            s.try_load("m", &add_sub_config("m", extra)),
+            INFER_STATUS_UNSUPPORTED,
+            &["model 'm'", field, "not supported"],
+        );
+    }
+    // Off: accepted.
+    for extra in [
+        "response_cache { enable: false }",
+        "model_transaction_policy { decoupled: false }",
+        r#"instance_group [ { count: 1 kind: KIND_CPU rate_limiter { resources [ { name: "R" count: 1 } ] priority: 2 } } ]"#,
+    ] {
+        assert_eq!(
+            s.try_load("m", &add_sub_config("m", extra)),
+            INFER_STATUS_OK,
+            "{extra}: {}",
+            last_error()
+        );
+    }
+}

@@ -38,6 +38,9 @@ pub struct ModelConfig {
     /// `optimization`, as written: the ONNX Runtime engine reads `graph` and
     /// `execution_accelerators` from it.
     pub(crate) optimization: Option<pb::ModelOptimizationPolicy>,
+    /// `model_transaction_policy { decoupled }`: responses apart from requests (the
+    /// generative backends stream so; other backends refuse it at load).
+    pub decoupled: bool,
     /// The whole configuration as JSON with Triton's field names (for
     /// `infer_server_model_config_json` and custom backends' `instance_init`).
     pub json: String,
@@ -70,6 +73,10 @@ pub struct InstanceGroup {
     pub gpus: Vec<i32>,
     /// CPU cores the group's worker threads are pinned to; empty = not pinned.
     pub cpus: Vec<u32>,
+    /// A `rate_limiter` with resources or a priority is set: it has no effect (as in
+    /// Triton, whose rate limiter is off unless the server turns it on), and the load
+    /// says so in the log.
+    pub rate_limited: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

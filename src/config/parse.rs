@@ -542,8 +542,29 @@ cc_model_filenames [ { key: "8.6" value: "model_86.plan" } ]
 metric_tags { key: "team" value: "nlp" }
 runtime: "model.so"
 "#;
-        let c = parse_config(bert).unwrap();
+        // Triton features not implemented are refused by name, one after another.
+        let mut bert = bert.to_owned();
+        for (field, text) in [
+            ("response_cache.enable", "response_cache { enable: true }"),
+            ("model_warmup", "model_warmup ["),
+            ("batch_input", "batch_input ["),
+        ] {
+            let e = parse_config(&bert).unwrap_err();
+            assert_eq!(e.code, crate::status::Code::Unsupported, "{e}");
+            assert!(e.message.contains(field), "{e}");
+            // Drop the field (a bracketed list up to its closing line).
+            let at = bert.find(text).unwrap();
+            let end = if text.ends_with('[') {
+                at + bert[at..].find("\n]\n").unwrap() + 2
+            } else {
+                at + text.len()
+            };
+            bert.replace_range(at..end, "");
+        }
+        let c = parse_config(&bert).unwrap();
         assert_eq!(c.version_policy, VersionPolicy::Latest(2));
+        assert!(c.instance_groups[0].rate_limited);
+        assert!(!c.decoupled);
         assert!(c.inputs[0].allow_ragged_batch);
         assert_eq!(c.outputs[0].data_type, DataType::Fp16);
         assert_eq!(c.instance_groups[0].count, 2);

@@ -68,6 +68,35 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
         ));
     }
 
+    // Triton features this library does not implement yet: refused, never ignored.
+    let not_yet = |field: &str, what: &str| {
+        Error::unsupported(format!(
+            "model '{name}': {field} is not supported ({what}); remove it from the config"
+        ))
+    };
+    if config.response_cache.as_ref().is_some_and(|c| c.enable) {
+        return Err(not_yet(
+            "response_cache.enable",
+            "there is no response cache yet",
+        ));
+    }
+    if !config.model_warmup.is_empty() {
+        return Err(not_yet("model_warmup", "warmup samples are not run yet"));
+    }
+    if !config.batch_input.is_empty() {
+        return Err(not_yet("batch_input", "ragged batching is not implemented"));
+    }
+    if !config.batch_output.is_empty() {
+        return Err(not_yet(
+            "batch_output",
+            "ragged batching is not implemented",
+        ));
+    }
+    let decoupled = config
+        .model_transaction_policy
+        .as_ref()
+        .is_some_and(|p| p.decoupled);
+
     let inputs = ck.tensors("input", config.input.iter().map(TensorView::input))?;
     let outputs = ck.tensors("output", config.output.iter().map(TensorView::output))?;
     let instance_groups = ck.instance_groups(&config.instance_group)?;
@@ -125,6 +154,7 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
         version_policy,
         default_model_filename: config.default_model_filename.clone(),
         optimization: config.optimization.clone(),
+        decoupled,
         json,
         name,
     })
@@ -260,6 +290,7 @@ impl Checker<'_> {
                 kind: InstanceKind::Auto,
                 gpus: Vec::new(),
                 cpus: Vec::new(),
+                rate_limited: false,
             }]);
         }
         let mut out = Vec::with_capacity(groups.len());
@@ -329,6 +360,10 @@ impl Checker<'_> {
                 kind,
                 gpus: g.gpus.clone(),
                 cpus,
+                rate_limited: g
+                    .rate_limiter
+                    .as_ref()
+                    .is_some_and(|r| !r.resources.is_empty() || r.priority != 0),
             });
         }
         let total: u64 = out

@@ -117,6 +117,17 @@ impl Server {
             inflight::autocomplete(&mut raw, text);
         }
         let config = Arc::new(raw.finish()?);
+        if config.decoupled && !generative {
+            return Err(Error::unsupported(format!(
+                "model '{name}': model_transaction_policy.decoupled is not supported for backend '{key}' (only the generative backends send responses apart from requests); remove it from the config"
+            )));
+        }
+        for g in config.instance_groups.iter().filter(|g| g.rate_limited) {
+            self.log.info(&format!(
+                "model '{name}': instance_group '{}': rate_limiter has no effect (as in Triton without --rate-limit)",
+                g.name
+            ));
+        }
         if config.ensemble.is_some() {
             return self.load_ensemble(name, config, dir.as_ref());
         }
