@@ -543,10 +543,6 @@ fn unimplemented_triton_fields_are_refused_by_name() {
     for (extra, field) in [
         ("response_cache { enable: true }", "response_cache.enable"),
         (
-            r#"model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]"#,
-            "model_warmup",
-        ),
-        (
             r#"batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_INT32 source_input: "INPUT0" } ]"#,
             "batch_input",
         ),

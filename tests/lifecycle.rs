@@ -392,3 +392,122 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] reshape { shape: [ 2, 2 ] 
     assert_eq!(r.output("Y").unwrap().0, vec![1, 4]);
     assert_eq!(r.output_f32("Y"), vec![1., 2., 3., 4.]);
 }
+
+static WARM_CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static WARM_ROWS: std::sync::Mutex<Vec<(u32, Vec<f32>)>> = std::sync::Mutex::new(Vec::new());
+
+/// Records each batch's size and IN values; IN[0] == 7 fails the batch. OUT = IN.
+fn warm_record(b: &mut infer::backend::Batch) -> infer::status::Result<()> {
+    WARM_CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let (t, data) = b.input("IN").expect("IN");
+    let shape = t.shape.to_vec();
+    let v: Vec<f32> = bytemuck::pod_collect_to_vec(data);
+    WARM_ROWS.lock().unwrap().push((b.size, v.clone()));
+    if v.first() == Some(&7.0) {
+        return Err(infer::status::Error::invalid("seven is not warm"));
+    }
+    let out = b.alloc_output("OUT", &shape, None)?;
+    out.copy_from_slice(bytemuck::cast_slice(&v));
+    Ok(())
+}
+
+/// `model_warmup` as Triton runs it: each instance executes each sample `count` times
+/// before the model is ready (zeros, random values, or a file under `warmup/`), and a
+/// sample that fails fails the load naming it and the instance.
+#[test]
+fn model_warmup_runs_every_sample_on_every_instance_before_ready() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let s = Server::new();
+    s.register_fn_backend("warm", warm_record);
+    let dir = temp_dir("warmup");
+    std::fs::create_dir_all(dir.join("1")).unwrap();
+    std::fs::create_dir_all(dir.join("warmup")).unwrap();
+    let seven: Vec<u8> = [7.0f32, 1.0, 2.0, 3.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let ones: Vec<u8> = [1.0f32; 8].iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(dir.join("warmup/seven"), &seven).unwrap();
+    std::fs::write(dir.join("warmup/ones"), &ones).unwrap();
+    let config = |samples: &str| {
+        format!(
+            r#"name: "w" backend: "warm" max_batch_size: 4
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+instance_group [ {{ count: 2 kind: KIND_CPU }} ]
+model_warmup [ {samples} ]"#
+        )
+    };
+    let sample = |name: &str, batch: u32, count: u32, data: &str| {
+        format!(
+            r#"{{ name: "{name}" batch_size: {batch} count: {count} inputs {{ key: "IN" value {{ data_type: TYPE_FP32 dims: [ 4 ] {data} }} }} }}"#
+        )
+    };
+    let ok_samples = [
+        sample("zeros", 3, 2, "zero_data: true"),
+        sample("noise", 1, 0, "random_data: true"),
+        sample("file", 2, 1, r#"input_data_file: "ones""#),
+    ]
+    .join(", ");
+    WARM_CALLS.store(0, SeqCst);
+    WARM_ROWS.lock().unwrap().clear();
+    assert_eq!(
+        s.try_load_dir("w", &config(&ok_samples), &dir),
+        INFER_STATUS_OK,
+        "{}",
+        last_error()
+    );
+    // 2 instances x (2 + 1 + 1) executions, before the load returned.
+    assert_eq!(WARM_CALLS.load(SeqCst), 8);
+    let rows = WARM_ROWS.lock().unwrap().clone();
+    assert_eq!(
+        rows.iter()
+            .filter(|(n, v)| *n == 3 && v.iter().all(|&x| x == 0.0))
+            .count(),
+        4
+    );
+    let noise: Vec<_> = rows.iter().filter(|(n, _)| *n == 1).collect();
+    assert_eq!(noise.len(), 2);
+    assert!(
+        noise[0].1.iter().all(|x| (-1.0..1.0).contains(x)) && noise[0].1.iter().any(|&x| x != 0.0)
+    );
+    assert_eq!(
+        rows.iter()
+            .filter(|(n, v)| *n == 2 && v.iter().all(|&x| x == 1.0))
+            .count(),
+        2
+    );
+    // Warmup executions are not counted as inferences.
+    assert_eq!(s.stats("w")["models"][0]["inference_count"], 0);
+    // A failing sample fails the load, naming it; the model is not loaded.
+    let bad = [
+        sample("zeros", 1, 1, "zero_data: true"),
+        sample("sevens", 1, 1, r#"input_data_file: "seven""#),
+    ]
+    .join(", ");
+    s.unload("w");
+    let st = s.try_load_dir("w", &config(&bad), &dir);
+    let msg = last_error();
+    assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{msg}");
+    assert!(
+        msg.contains("warmup sample 'sevens'") && msg.contains("seven is not warm"),
+        "{msg}"
+    );
+    // Bad samples are refused at load, naming the field.
+    for (samples, want) in [
+        (sample("big", 9, 1, "zero_data: true"), "batch_size"),
+        (sample("nodata", 1, 1, ""), "no data"),
+        (sample("short", 4, 1, r#"input_data_file: "seven""#), "has 16 bytes"),
+        (sample("missing", 1, 1, r#"input_data_file: "nope""#), "nope"),
+        (
+            r#"{ name: "other" batch_size: 1 inputs { key: "X" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } }"#.to_string(),
+            "not an input",
+        ),
+    ] {
+        let st = s.try_load_dir("w", &config(&samples), &dir);
+        let msg = last_error();
+        assert_ne!(st, INFER_STATUS_OK, "{samples}");
+        assert!(msg.contains(want), "{samples}: {msg}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

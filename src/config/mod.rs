@@ -38,12 +38,42 @@ pub struct ModelConfig {
     /// `optimization`, as written: the ONNX Runtime engine reads `graph` and
     /// `execution_accelerators` from it.
     pub(crate) optimization: Option<pb::ModelOptimizationPolicy>,
+    /// `model_warmup`: samples each instance runs before the model is ready.
+    pub warmup: Vec<Warmup>,
     /// `model_transaction_policy { decoupled }`: responses apart from requests (the
     /// generative backends stream so; other backends refuse it at load).
     pub decoupled: bool,
     /// The whole configuration as JSON with Triton's field names (for
     /// `infer_server_model_config_json` and custom backends' `instance_init`).
     pub json: String,
+}
+
+/// One `model_warmup` sample: `count` executions (at least 1) of a batch of
+/// `batch_size` rows (1 when the model does not batch) with these inputs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Warmup {
+    pub name: String,
+    pub batch_size: u32,
+    pub count: u32,
+    pub inputs: Vec<WarmupInput>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct WarmupInput {
+    pub name: Arc<str>,
+    pub data_type: DataType,
+    /// Without the batch dimension; no -1.
+    pub dims: Vec<i64>,
+    pub data: WarmupData,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum WarmupData {
+    Zero,
+    Random,
+    /// A file under `<model_dir>/warmup/`: the tensor's bytes as a request would carry
+    /// them (BYTES: each element a 4-byte little-endian length, then its bytes).
+    File(String),
 }
 
 #[derive(Clone, Debug, PartialEq)]

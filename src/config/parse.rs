@@ -546,7 +546,6 @@ runtime: "model.so"
         let mut bert = bert.to_owned();
         for (field, text) in [
             ("response_cache.enable", "response_cache { enable: true }"),
-            ("model_warmup", "model_warmup ["),
             ("batch_input", "batch_input ["),
         ] {
             let e = parse_config(&bert).unwrap_err();
@@ -564,6 +563,9 @@ runtime: "model.so"
         let c = parse_config(&bert).unwrap();
         assert_eq!(c.version_policy, VersionPolicy::Latest(2));
         assert!(c.instance_groups[0].rate_limited);
+        assert_eq!(c.warmup.len(), 1);
+        assert_eq!((c.warmup[0].batch_size, c.warmup[0].count), (8, 3));
+        assert_eq!(c.warmup[0].inputs.len(), 2);
         assert!(!c.decoupled);
         assert!(c.inputs[0].allow_ragged_batch);
         assert_eq!(c.outputs[0].data_type, DataType::Fp16);

@@ -9,6 +9,7 @@ use super::{
     InstanceGroup, InstanceKind, ModelConfig, QueuePolicy, SequenceBatching, SequenceStrategy,
     StateConfig, TensorConfig, TimeoutAction, VersionPolicy,
 };
+use super::{Warmup, WarmupData, WarmupInput};
 use crate::status::{Error, Result};
 use crate::tensor::{element_count, shape_string, DataType};
 use std::collections::BTreeMap;
@@ -80,9 +81,6 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
             "there is no response cache yet",
         ));
     }
-    if !config.model_warmup.is_empty() {
-        return Err(not_yet("model_warmup", "warmup samples are not run yet"));
-    }
     if !config.batch_input.is_empty() {
         return Err(not_yet("batch_input", "ragged batching is not implemented"));
     }
@@ -140,6 +138,12 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
         .map(|(k, v)| (k.clone(), v.string_value.clone()))
         .collect();
 
+    let warmup = ck.warmup(
+        &config.model_warmup,
+        max_batch_size,
+        &inputs,
+        sequence_batching.as_ref(),
+    )?;
     Ok(ModelConfig {
         backend: config.backend.clone(),
         platform: config.platform.clone(),
@@ -154,6 +158,7 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
         version_policy,
         default_model_filename: config.default_model_filename.clone(),
         optimization: config.optimization.clone(),
+        warmup,
         decoupled,
         json,
         name,
@@ -250,6 +255,130 @@ impl Checker<'_> {
         }
         if out.is_empty() {
             return Err(self.err(kind, format!("the model has no {kind}s")));
+        }
+        Ok(out)
+    }
+
+    /// `model_warmup`: each sample named, its batch size within the model's, every
+    /// required input given, each input a model input (or a sequence control or state
+    /// input) of the model's type and of dims the model takes (no -1), with its data.
+    fn warmup(
+        &self,
+        samples: &[pb::ModelWarmup],
+        max_batch_size: u32,
+        inputs: &[TensorConfig],
+        seq: Option<&SequenceBatching>,
+    ) -> Result<Vec<Warmup>> {
+        use pb::model_warmup::input::InputDataType;
+        let mut out = Vec::with_capacity(samples.len());
+        for (i, w) in samples.iter().enumerate() {
+            let path = format!("model_warmup[{i}]");
+            if w.name.is_empty() {
+                return Err(self.err(format_args!("{path}.name"), "empty"));
+            }
+            let batch_size = match (max_batch_size, w.batch_size) {
+                (0, 0 | 1) => 1,
+                (0, b) => {
+                    return Err(self.err(
+                        format_args!("{path}.batch_size"),
+                        format!("{b}: the model does not batch (0 or 1)"),
+                    ))
+                }
+                (m, b) if b == 0 || b > m => {
+                    return Err(self.err(
+                        format_args!("{path}.batch_size"),
+                        format!("{b} is not in 1..={m} (max_batch_size)"),
+                    ))
+                }
+                (_, b) => b,
+            };
+            let mut ins = Vec::with_capacity(w.inputs.len());
+            let mut names: Vec<&String> = w.inputs.keys().collect();
+            names.sort();
+            for name in names {
+                let v = &w.inputs[name];
+                let ipath = format!("{path}.inputs[{name}]");
+                let data_type = self.data_type(&format!("{ipath}.data_type"), v.data_type, name)?;
+                let known = inputs.iter().find(|t| *t.name == **name);
+                let extra = seq.and_then(|q| {
+                    (q.controls.iter().find(|c| *c.name == **name))
+                        .map(|c| c.data_type)
+                        .or_else(|| {
+                            (q.states.iter().find(|s| *s.input_name == **name)).map(|s| s.data_type)
+                        })
+                });
+                let want = match (known, extra) {
+                    (Some(t), _) => t.data_type,
+                    (None, Some(dt)) => dt,
+                    (None, None) => {
+                        return Err(
+                            self.err(ipath, format!("'{name}' is not an input of the model"))
+                        )
+                    }
+                };
+                if data_type != want {
+                    return Err(self.err(
+                        format_args!("{ipath}.data_type"),
+                        format!("{} but '{name}' is {}", data_type.as_str(), want.as_str()),
+                    ));
+                }
+                if v.dims.iter().any(|&d| d <= 0) {
+                    return Err(self.err(
+                        format_args!("{ipath}.dims"),
+                        format!("{:?}: every dim must be > 0", v.dims),
+                    ));
+                }
+                if let Some(t) = known {
+                    let fits = t.dims.len() == v.dims.len()
+                        && t.dims.iter().zip(&v.dims).all(|(&c, &d)| c == -1 || c == d);
+                    if !fits {
+                        return Err(self.err(
+                            format_args!("{ipath}.dims"),
+                            format!("{:?} do not fit '{name}' {:?}", v.dims, t.dims),
+                        ));
+                    }
+                }
+                let data = match &v.input_data_type {
+                    Some(InputDataType::ZeroData(true)) => WarmupData::Zero,
+                    Some(InputDataType::RandomData(true)) if data_type == DataType::Bytes => {
+                        return Err(Error::unsupported(format!(
+                            "model '{}': {ipath}.random_data: random TYPE_STRING data is not supported (use zero_data or input_data_file)",
+                            self.model
+                        )))
+                    }
+                    Some(InputDataType::RandomData(true)) => WarmupData::Random,
+                    Some(InputDataType::InputDataFile(f)) if !f.is_empty() => {
+                        WarmupData::File(f.clone())
+                    }
+                    _ => {
+                        return Err(self.err(
+                            ipath,
+                            "no data: set zero_data, random_data or input_data_file",
+                        ))
+                    }
+                };
+                ins.push(WarmupInput {
+                    name: Arc::from(name.as_str()),
+                    data_type,
+                    dims: v.dims.clone(),
+                    data,
+                });
+            }
+            if let Some(t) = inputs
+                .iter()
+                .find(|t| !t.optional && !ins.iter().any(|x| x.name == t.name))
+            {
+                return Err(self.err(
+                    format_args!("{path}.inputs"),
+                    format!("sample '{}' does not give input '{}'", w.name, t.name),
+                ));
+            }
+            out.push(Warmup {
+                name: w.name.clone(),
+                batch_size,
+                count: w.count.max(1),
+                inputs: ins,
+            });
         }
         Ok(out)
     }

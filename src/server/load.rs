@@ -582,6 +582,8 @@ impl Server {
             };
             instances.push(backend.clone().create_version_instance(config, &at)?);
         }
+        // Triton's model_warmup: every instance runs the samples before the version serves.
+        super::warmup::run(config, &mut instances, model_dir)?;
         Scheduler::start(
             ModelIdentity::new(&config.name, version),
             config.clone(),

@@ -8,6 +8,7 @@
 mod generative;
 mod load;
 pub mod outputs;
+mod warmup;
 
 use crate::backend::{builtin, Backend};
 use crate::config::ModelConfig;
