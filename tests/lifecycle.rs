@@ -509,5 +509,13 @@ model_warmup [ {samples} ]"#
         assert_ne!(st, INFER_STATUS_OK, "{samples}");
         assert!(msg.contains(want), "{samples}: {msg}");
     }
+    // An ensemble's warmup is refused, naming the field.
+    let ens = r#"name: "e" platform: "ensemble" max_batch_size: 4
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "w" model_version: -1 input_map { key: "IN" value: "X" } output_map { key: "OUT" value: "Y" } } ] }
+model_warmup [ { name: "z" batch_size: 1 inputs { key: "X" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]"#;
+    assert_eq!(s.try_load("e", ens), INFER_STATUS_UNSUPPORTED);
+    assert!(last_error().contains("model_warmup"), "{}", last_error());
     let _ = std::fs::remove_dir_all(&dir);
 }

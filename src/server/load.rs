@@ -128,6 +128,16 @@ impl Server {
                 g.name
             ));
         }
+        if !config.warmup.is_empty() && (config.ensemble.is_some() || generative) {
+            return Err(Error::unsupported(format!(
+                "model '{name}': model_warmup is not supported for {}; remove it from the config",
+                if generative {
+                    "a generative model"
+                } else {
+                    "an ensemble"
+                }
+            )));
+        }
         if config.ensemble.is_some() {
             return self.load_ensemble(name, config, dir.as_ref());
         }
