@@ -554,6 +554,20 @@ fn unimplemented_triton_fields_are_refused_by_name() {
             "model_transaction_policy { decoupled: true }",
             "model_transaction_policy.decoupled",
         ),
+        (r#"runtime: "libtorch.so""#, "runtime"),
+        (
+            r#"cc_model_filenames [ { key: "8.6" value: "m86.onnx" } ]"#,
+            "cc_model_filenames",
+        ),
+        (r#"metric_tags { key: "team" value: "a" }"#, "metric_tags"),
+        (
+            r#"model_operations { op_library_filename: [ "libops.so" ] }"#,
+            "model_operations.op_library_filename",
+        ),
+        (
+            r#"model_repository_agents { agents [ { name: "checksum" } ] }"#,
+            "model_repository_agents",
+        ),
     ] {
         expect_msg(
             s.try_load("m", &add_sub_config("m", extra)),

@@ -547,6 +547,17 @@ runtime: "model.so"
         for (field, text) in [
             ("response_cache.enable", "response_cache { enable: true }"),
             ("batch_input", "batch_input ["),
+            ("runtime", "runtime: \"model.so\""),
+            ("cc_model_filenames", "cc_model_filenames [ { key: \"8.6\" value: \"model_86.plan\" } ]"),
+            ("metric_tags", "metric_tags { key: \"team\" value: \"nlp\" }"),
+            (
+                "model_operations.op_library_filename",
+                "model_operations { op_library_filename: [ \"libcustom.so\" ] }",
+            ),
+            (
+                "model_repository_agents",
+                "model_repository_agents { agents [ { name: \"checksum\" parameters { key: \"MD5:model.plan\" value: \"abc\" } } ] }",
+            ),
         ] {
             let e = parse_config(&bert).unwrap_err();
             assert_eq!(e.code, crate::status::Code::Unsupported, "{e}");

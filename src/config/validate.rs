@@ -90,6 +90,41 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
             "ragged batching is not implemented",
         ));
     }
+    if !config.runtime.is_empty() {
+        return Err(not_yet(
+            "runtime",
+            "backends are chosen by backend and platform; no runtime library is loaded",
+        ));
+    }
+    if !config.cc_model_filenames.is_empty() {
+        return Err(not_yet(
+            "cc_model_filenames",
+            "the model file is default_model_filename on every device",
+        ));
+    }
+    if !config.metric_tags.is_empty() {
+        return Err(not_yet("metric_tags", "metrics carry no custom labels yet"));
+    }
+    if config
+        .model_operations
+        .as_ref()
+        .is_some_and(|o| !o.op_library_filename.is_empty())
+    {
+        return Err(not_yet(
+            "model_operations.op_library_filename",
+            "custom operation libraries are not loaded",
+        ));
+    }
+    if config
+        .model_repository_agents
+        .as_ref()
+        .is_some_and(|a| !a.agents.is_empty())
+    {
+        return Err(not_yet(
+            "model_repository_agents",
+            "repository agents (checksums, decryption) are not run",
+        ));
+    }
     let decoupled = config
         .model_transaction_policy
         .as_ref()
