@@ -69,61 +69,54 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
         ));
     }
 
-    // Triton features this library does not implement yet: refused, never ignored.
-    let not_yet = |field: &str, what: &str| {
-        Error::unsupported(format!(
-            "model '{name}': {field} is not supported ({what}); remove it from the config"
-        ))
-    };
-    if config.response_cache.as_ref().is_some_and(|c| c.enable) {
-        return Err(not_yet(
+    // Triton features this library does not implement yet: refused, never ignored. In
+    // this order: (set, field, why).
+    let not_yet = [
+        (
+            config.response_cache.as_ref().is_some_and(|c| c.enable),
             "response_cache.enable",
             "there is no response cache yet",
-        ));
-    }
-    if !config.batch_input.is_empty() {
-        return Err(not_yet("batch_input", "ragged batching is not implemented"));
-    }
-    if !config.batch_output.is_empty() {
-        return Err(not_yet(
+        ),
+        (
+            !config.batch_input.is_empty(),
+            "batch_input",
+            "ragged batching is not implemented",
+        ),
+        (
+            !config.batch_output.is_empty(),
             "batch_output",
             "ragged batching is not implemented",
-        ));
-    }
-    if !config.runtime.is_empty() {
-        return Err(not_yet(
+        ),
+        (
+            !config.runtime.is_empty(),
             "runtime",
             "backends are chosen by backend and platform; no runtime library is loaded",
-        ));
-    }
-    if !config.cc_model_filenames.is_empty() {
-        return Err(not_yet(
+        ),
+        (
+            !config.cc_model_filenames.is_empty(),
             "cc_model_filenames",
             "the model file is default_model_filename on every device",
-        ));
-    }
-    if !config.metric_tags.is_empty() {
-        return Err(not_yet("metric_tags", "metrics carry no custom labels yet"));
-    }
-    if config
-        .model_operations
-        .as_ref()
-        .is_some_and(|o| !o.op_library_filename.is_empty())
-    {
-        return Err(not_yet(
+        ),
+        (
+            !config.metric_tags.is_empty(),
+            "metric_tags",
+            "metrics carry no custom labels yet",
+        ),
+        (
+            (config.model_operations.as_ref()).is_some_and(|o| !o.op_library_filename.is_empty()),
             "model_operations.op_library_filename",
             "custom operation libraries are not loaded",
-        ));
-    }
-    if config
-        .model_repository_agents
-        .as_ref()
-        .is_some_and(|a| !a.agents.is_empty())
-    {
-        return Err(not_yet(
+        ),
+        (
+            (config.model_repository_agents.as_ref()).is_some_and(|a| !a.agents.is_empty()),
             "model_repository_agents",
             "repository agents (checksums, decryption) are not run",
-        ));
+        ),
+    ];
+    if let Some((_, field, what)) = not_yet.iter().find(|(set, ..)| *set) {
+        return Err(Error::unsupported(format!(
+            "model '{name}': {field} is not supported ({what}); remove it from the config"
+        )));
     }
     let decoupled = config
         .model_transaction_policy

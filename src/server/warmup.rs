@@ -7,6 +7,7 @@ use crate::backend::{Batch, ModelInstance};
 use crate::config::{ModelConfig, Warmup, WarmupData};
 use crate::folder::Folder;
 use crate::request::{Request, Shape};
+use crate::scheduler::c_name;
 use crate::status::{Error, Result};
 use crate::tensor::{DataType, Tensor, TensorData};
 use std::ffi::CString;
@@ -31,9 +32,7 @@ pub(super) fn run(
         return Ok(());
     }
     let m = &config.name;
-    let in_names: Vec<Arc<CString>> = (config.inputs.iter())
-        .map(|t| Arc::new(CString::new(t.name.as_bytes()).unwrap_or_default()))
-        .collect();
+    let in_names: Vec<Arc<CString>> = config.inputs.iter().map(|t| c_name(&t.name)).collect();
     for (i, w) in config.warmup.iter().enumerate() {
         let what = |e: Error| e.context(format!("model '{m}': warmup sample '{}'", w.name));
         let inputs = prepare(config, w, i, dir).map_err(what)?;
