@@ -595,6 +595,14 @@ infer_status infer_server_options_set_trusted_repository(struct infer_server_opt
 infer_status infer_server_options_set_model_control_explicit(struct infer_server_options *opts, bool explicit_);
 
 /**
+ * Polls the model repository every `period_ms` milliseconds (0: never, the default), as
+ * `infer_server_poll_repository` does, on a thread of the server's own until it shuts
+ * down. Needs a model repository and no explicit model control (`infer_server_new`
+ * refuses the combination with INVALID_ARGUMENT).
+ */
+infer_status infer_server_options_set_repository_poll_ms(struct infer_server_options *opts, uint64_t period_ms);
+
+/**
  * The ONNX Runtime library file (`libonnxruntime.so...`) for ONNX models; searched first,
  * before the `INFER_ONNXRUNTIME_LIBRARY` environment variable, the directory of
  * libinfer and the loader's paths. NULL or "" clears it. ONNX Runtime is loaded once per
@@ -683,6 +691,44 @@ void infer_server_free(struct infer_server *s);
  * `<repository>/<name>` (or no directory).
  */
 infer_status infer_server_load_model(struct infer_server *s, const char *name, const char *config_text, const char *model_dir);
+
+/**
+ * Loads (or replaces) a model whose files the application holds in memory, as Triton's
+ * load with `file:` parameters: `config_text` (config.pbtxt text or JSON; required) and
+ * `count` files, file `i` named by `paths[i]`, its path in the model folder
+ * (`"1/model.onnx"`; a leading `"file:"` is allowed), with `sizes[i]` bytes at
+ * `contents[i]` (NULL only when the size is 0). The files are copied to a new private
+ * folder under the system's temporary folder (`TMPDIR`), loaded from there, and removed
+ * when the model is unloaded or replaced, or the load fails. The repository's folder of
+ * the same name is not read. A path that is absolute, holds `..` or is given twice is
+ * INVALID_ARGUMENT.
+ */
+infer_status infer_server_load_model_files(struct infer_server *s, const char *name, const char *config_text, const char *const *paths, const uint8_t *const *contents, const uintptr_t *sizes, uintptr_t count);
+
+/**
+ * Brings the loaded models in line with the model repository, as Triton's repository
+ * polling: folders that appeared are loaded, loaded models whose folder changed (config,
+ * version folders, any file) are reloaded (new requests go to the new versions, those in
+ * flight finish on the old; none fails), and models whose folder went are unloaded once
+ * their requests finish. Left alone: models the application loaded with its own config,
+ * folder or files, models it unloaded and models whose last load failed (until their
+ * folder changes again). Every change is tried; the first failure is returned, and
+ * `infer_server_repository_index_json` gives each model's reason. UNAVAILABLE without a
+ * repository or with explicit model control.
+ */
+infer_status infer_server_poll_repository(struct infer_server *s);
+
+/**
+ * Triton's repository index as a JSON array: every model of the repository and every
+ * model loaded, one object per version, `{"name", "version", "state", "reason"}`,
+ * sorted by name and version (`version`, a string as in Triton, is left out where a model
+ * has none: not loaded, or loading). `state`: READY, LOADING, UNLOADING (draining after
+ * an unload or a replace) or UNAVAILABLE, whose `reason` is the last load's error,
+ * "unloaded" or "not loaded"; a READY model whose last reload failed keeps serving and
+ * names that failure in `reason`. `ready_only`: the READY entries alone. The caller frees
+ * `*json_out` with `infer_string_free`.
+ */
+infer_status infer_server_repository_index_json(struct infer_server *s, bool ready_only, char **json_out);
 
 /**
  * Unloads a model after its queued and running requests finish; a version that answers

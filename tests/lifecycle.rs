@@ -519,3 +519,455 @@ model_warmup [ { name: "z" batch_size: 1 inputs { key: "X" value { data_type: TY
     assert!(last_error().contains("model_warmup"), "{}", last_error());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn ready(s: &Server, name: &str, version: i64) -> bool {
+    let mut r = false;
+    ok(unsafe { infer_server_model_ready(s.0, cs(name).as_ptr(), version, &mut r) });
+    r
+}
+
+/// The repository index as (name, version, state, reason) tuples.
+fn index(s: &Server, ready_only: bool) -> Vec<(String, String, String, String)> {
+    let mut out = std::ptr::null_mut();
+    ok(unsafe { infer_server_repository_index_json(s.0, ready_only, &mut out) });
+    let text = unsafe { std::ffi::CStr::from_ptr(out) }
+        .to_str()
+        .unwrap()
+        .to_owned();
+    unsafe { infer_string_free(out) };
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let f = |k: &str| e.get(k).and_then(|x| x.as_str()).unwrap_or("").to_owned();
+            (f("name"), f("version"), f("state"), f("reason"))
+        })
+        .collect()
+}
+
+fn repository_options(repo: &std::path::Path, explicit: bool, poll_ms: u64) -> *mut ServerOptions {
+    let mut opts = std::ptr::null_mut();
+    ok(unsafe { infer_server_options_new(&mut opts) });
+    ok(unsafe {
+        infer_server_options_set_model_repository(opts, cs(repo.to_str().unwrap()).as_ptr())
+    });
+    ok(unsafe { infer_server_options_set_model_control_explicit(opts, explicit) });
+    ok(unsafe { infer_server_options_set_repository_poll_ms(opts, poll_ms) });
+    opts
+}
+
+fn write_model(repo: &std::path::Path, name: &str, config: &str, versions: &[&str]) {
+    let d = repo.join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    for v in versions {
+        std::fs::create_dir_all(d.join(v)).unwrap();
+    }
+    std::fs::write(d.join("config.pbtxt"), config).unwrap();
+}
+
+/// Triton's repository index: every model of the repository and every loaded one, each
+/// version with its state, and the reason of the last failure.
+#[test]
+fn the_repository_index_names_every_model_its_state_and_reason() {
+    let repo = temp_dir("index");
+    write_model(
+        &repo,
+        "a",
+        &add_sub_config("a", "version_policy { all { } }"),
+        &["1", "2"],
+    );
+    write_model(
+        &repo,
+        "b",
+        "name: \"b\" backend: \"add_sub\" max_batch_size: -3",
+        &[],
+    );
+    write_model(&repo, "c", &add_sub_config("c", ""), &[]);
+    let opts = repository_options(&repo, true, 0);
+    ok(unsafe { infer_server_options_add_startup_model(opts, c"a".as_ptr()) });
+    let s = Server::with_options(opts);
+    unsafe { infer_server_options_free(opts) };
+    let e = |n: &str, v: &str, st: &str, r: &str| (n.into(), v.into(), st.into(), r.into());
+    assert_eq!(
+        index(&s, false),
+        vec![
+            e("a", "1", "READY", ""),
+            e("a", "2", "READY", ""),
+            e("b", "", "UNAVAILABLE", "not loaded"),
+            e("c", "", "UNAVAILABLE", "not loaded"),
+        ]
+    );
+    // A failed load: its reason, until a load succeeds.
+    let from_repository =
+        unsafe { infer_server_load_model(s.0, c"b".as_ptr(), std::ptr::null(), std::ptr::null()) };
+    assert_ne!(from_repository, INFER_STATUS_OK);
+    let err = last_error();
+    let b = index(&s, false).into_iter().find(|x| x.0 == "b").unwrap();
+    assert_eq!((b.2.as_str(), b.3.as_str()), ("UNAVAILABLE", err.as_str()));
+    assert!(err.contains("max_batch_size"), "{err}");
+    // Loaded with a config of the application's own (Triton's load with a config
+    // override), and one that has no folder at all.
+    s.load("c", &add_sub_config("c", ""));
+    s.load("z", &add_sub_config("z", ""));
+    s.unload("a");
+    assert_eq!(
+        index(&s, false),
+        vec![
+            e("a", "", "UNAVAILABLE", "unloaded"),
+            e("b", "", "UNAVAILABLE", &err),
+            e("c", "1", "READY", ""),
+            e("z", "1", "READY", ""),
+        ]
+    );
+    assert_eq!(
+        index(&s, true),
+        vec![e("c", "1", "READY", ""), e("z", "1", "READY", "")]
+    );
+    // A reload that fails leaves the model serving and says why.
+    assert_ne!(
+        s.try_load("c", "name: \"c\" backend: \"add_sub\" max_batch_size: -1"),
+        INFER_STATUS_OK
+    );
+    let c = index(&s, false).into_iter().find(|x| x.0 == "c").unwrap();
+    assert_eq!(c.2, "READY");
+    assert!(
+        c.3.starts_with("serving; its last load failed: "),
+        "{}",
+        c.3
+    );
+    assert!(ready(&s, "c", 1));
+
+    // LOADING while a load runs (a warmup of 0.4 s), UNLOADING while a request drains.
+    let slow = add_sub_config(
+        "slow",
+        r#"parameters { key: "execute_delay_us" value { string_value: "400000" } }
+model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } inputs { key: "INPUT1" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]"#,
+    );
+    let s = Arc::new(s);
+    let seen = |s: &Arc<Server>, name: &str, state: &str, during: std::thread::JoinHandle<()>| {
+        let mut found = false;
+        while !during.is_finished() {
+            found |= index(s, false).iter().any(|x| x.0 == name && x.2 == state);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        during.join().unwrap();
+        found
+    };
+    let loader = {
+        let (s, slow) = (s.clone(), slow.clone());
+        std::thread::spawn(move || s.load("slow", &slow))
+    };
+    assert!(seen(&s, "slow", "LOADING", loader), "no LOADING entry seen");
+    let c = Collector::new();
+    let id = s
+        .enqueue(add_sub_request(&s, "slow", [1.; 4], [1.; 4]), &c)
+        .unwrap();
+    let unloader = {
+        let s = s.clone();
+        std::thread::spawn(move || s.unload("slow"))
+    };
+    assert!(
+        seen(&s, "slow", "UNLOADING", unloader),
+        "no UNLOADING entry seen"
+    );
+    c.wait(1);
+    c.assert_exactly_once(&[id]);
+    assert!(c.take().iter().all(|r| r.status() == 0));
+    assert!(!index(&s, false)
+        .iter()
+        .any(|x| x.0 == "slow" && x.2 != "UNAVAILABLE"));
+    drop(s);
+    let _ = std::fs::remove_dir_all(repo);
+}
+
+/// Polling the repository: new folders load, changed ones reload, removed ones unload,
+/// and a request sent all the while is never refused or failed.
+#[test]
+fn polling_follows_the_repository_without_failing_a_request() {
+    let repo = temp_dir("poll");
+    write_model(&repo, "m", &delayed_config(200), &[]);
+    let s = Arc::new(Server::with_options({
+        let o = repository_options(&repo, false, 0);
+        // Poll by hand here; the option is checked below.
+        ok(unsafe { infer_server_options_set_repository_poll_ms(o, 0) });
+        o
+    }));
+    let poll = |s: &Server| unsafe { infer_server_poll_repository(s.0) };
+    let c = Collector::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let gens = load_generator(&s, "m", &c, &stop, 2);
+    ok(poll(&s)); // Nothing changed.
+
+    write_model(&repo, "n", &add_sub_config("n", ""), &[]);
+    assert!(!ready(&s, "n", -1));
+    ok(poll(&s));
+    assert!(ready(&s, "n", -1));
+
+    // m changes: a second version and a policy that serves both.
+    std::thread::sleep(Duration::from_millis(30));
+    write_model(
+        &repo,
+        "m",
+        &format!("{}\nversion_policy {{ all {{ }} }}", delayed_config(150)),
+        &["1", "2"],
+    );
+    ok(poll(&s));
+    assert!(ready(&s, "m", 1) && ready(&s, "m", 2));
+
+    // n's folder goes: unloaded.
+    std::fs::remove_dir_all(repo.join("n")).unwrap();
+    ok(poll(&s));
+    assert!(!ready(&s, "n", -1));
+    assert!(!index(&s, false).iter().any(|x| x.0 == "n"));
+
+    // A broken folder: the poll says which and why, and does not try it again until
+    // it changes.
+    write_model(
+        &repo,
+        "x",
+        "name: \"x\" backend: \"add_sub\" max_batch_size: -2",
+        &[],
+    );
+    assert_eq!(poll(&s), INFER_STATUS_INVALID_ARGUMENT);
+    let err = last_error();
+    assert!(
+        err.starts_with("repository poll: ") && err.contains("'x'"),
+        "{err}"
+    );
+    ok(poll(&s));
+    std::thread::sleep(Duration::from_millis(30));
+    write_model(&repo, "x", &add_sub_config("x", ""), &[]);
+    ok(poll(&s));
+    assert!(ready(&s, "x", -1));
+
+    // The application's unload stands until the folder changes.
+    s.unload("x");
+    ok(poll(&s));
+    assert!(!ready(&s, "x", -1));
+    assert!(index(&s, false).contains(&(
+        "x".into(),
+        "".into(),
+        "UNAVAILABLE".into(),
+        "unloaded".into()
+    )));
+    // A model the application loaded with its own config is not the poll's.
+    s.load("n", &add_sub_config("n", ""));
+    ok(poll(&s));
+    assert!(ready(&s, "n", -1));
+
+    stop.store(true, Ordering::Relaxed);
+    let mut ids = Vec::new();
+    for g in gens {
+        let (mut i, refused) = g.join().unwrap();
+        assert!(refused.is_empty(), "refused while polling: {refused:?}");
+        ids.append(&mut i);
+    }
+    c.wait(ids.len());
+    std::thread::sleep(Duration::from_millis(20));
+    c.assert_exactly_once(&ids);
+    assert!(c.take().iter().all(|r| r.status() == 0));
+    drop(s);
+
+    // A poll period: a new folder is found without a call.
+    let s = Server::with_options(repository_options(&repo, false, 20));
+    write_model(&repo, "later", &add_sub_config("later", ""), &[]);
+    let t0 = std::time::Instant::now();
+    while !ready(&s, "later", -1) && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        ready(&s, "later", -1),
+        "the poll thread did not load 'later'"
+    );
+    drop(s);
+
+    // Explicit model control: no polling, and no poll period.
+    let o = repository_options(&repo, true, 0);
+    let s = Server::with_options(o);
+    assert_eq!(poll(&s), INFER_STATUS_UNAVAILABLE);
+    assert!(last_error().contains("explicit model control"));
+    drop(s);
+    ok(unsafe { infer_server_options_set_repository_poll_ms(o, 100) });
+    let mut raw = std::ptr::null_mut();
+    assert_eq!(
+        unsafe { infer_server_new(o, &mut raw) },
+        INFER_STATUS_INVALID_ARGUMENT
+    );
+    assert!(last_error().contains("explicit model control"));
+    unsafe { infer_server_options_free(o) };
+    let _ = std::fs::remove_dir_all(repo);
+}
+
+/// Triton's version_policy over several version folders, with the config given by the
+/// application and the files read from the repository.
+#[test]
+fn version_policies_choose_among_version_folders() {
+    let repo = temp_dir("versions");
+    write_model(&repo, "m", &add_sub_config("m", ""), &["1", "2", "3", "10"]);
+    let s = Server::with_options(repository_options(&repo, true, 0));
+    let served = |s: &Server| -> Vec<i64> {
+        [1, 2, 3, 10]
+            .into_iter()
+            .filter(|&v| ready(s, "m", v))
+            .collect()
+    };
+    for (policy, want) in [
+        ("", vec![10]),
+        (
+            "version_policy { latest { num_versions: 3 } }",
+            vec![2, 3, 10],
+        ),
+        ("version_policy { all { } }", vec![1, 2, 3, 10]),
+        (
+            "version_policy { specific { versions: [ 1, 3 ] } }",
+            vec![1, 3],
+        ),
+    ] {
+        s.load("m", &add_sub_config("m", policy));
+        assert_eq!(served(&s), want, "{policy}");
+        let newest = *want.last().unwrap();
+        let r = s.infer(add_sub_request(&s, "m", [1.; 4], [1.; 4]));
+        assert_eq!(
+            unsafe { infer::ffi::response::infer_response_model_version(r.0) },
+            newest
+        );
+    }
+    assert_eq!(
+        s.try_load(
+            "m",
+            &add_sub_config("m", "version_policy { specific { versions: [ 4 ] } }")
+        ),
+        INFER_STATUS_NOT_FOUND
+    );
+    assert!(last_error().contains("version 4"), "{}", last_error());
+    assert_eq!(served(&s), vec![1, 3]);
+    drop(s);
+    let _ = std::fs::remove_dir_all(repo);
+}
+
+/// The private folders of models loaded from memory, of this process.
+fn memory_folders() -> usize {
+    let prefix = format!("libinfer-model-{}-", std::process::id());
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .count()
+}
+
+/// A file for `infer_server_load_model_files`: path, contents (None: NULL), size.
+type MemFile<'a> = (&'a str, Option<&'a [u8]>, usize);
+
+fn load_files(s: &Server, name: &str, config: &str, files: &[MemFile<'_>]) -> infer_status {
+    let paths: Vec<std::ffi::CString> = files.iter().map(|f| cs(f.0)).collect();
+    let path_ptrs: Vec<*const std::ffi::c_char> = paths.iter().map(|p| p.as_ptr()).collect();
+    let data: Vec<*const u8> = files
+        .iter()
+        .map(|f| f.1.map_or(std::ptr::null(), |d| d.as_ptr()))
+        .collect();
+    let sizes: Vec<usize> = files.iter().map(|f| f.2).collect();
+    unsafe {
+        infer_server_load_model_files(
+            s.0,
+            cs(name).as_ptr(),
+            cs(config).as_ptr(),
+            path_ptrs.as_ptr(),
+            data.as_ptr(),
+            sizes.as_ptr(),
+            files.len(),
+        )
+    }
+}
+
+/// Triton's load with files in memory (`file:1/model.onnx`): the model serves from a
+/// private copy that goes with it.
+#[test]
+fn a_model_loads_from_files_in_memory() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/add_sub");
+    let onnx = std::fs::read(root.join("1/model.onnx")).unwrap();
+    let config = std::fs::read_to_string(root.join("config.pbtxt"))
+        .unwrap()
+        .replace("name: \"add_sub\"", "name: \"mem\"");
+    let s = Server::new();
+    assert_eq!(memory_folders(), 0);
+    ok(load_files(
+        &s,
+        "mem",
+        &config,
+        &[("file:1/model.onnx", Some(&onnx), onnx.len())],
+    ));
+    assert_eq!(memory_folders(), 1);
+    let a: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    let r = s.infer(
+        s.request("mem")
+            .input_f32("INPUT0", &[1, 16], &a)
+            .input_f32("INPUT1", &[1, 16], &[1.0; 16]),
+    );
+    assert_eq!(r.status(), 0, "{}", r.error());
+    let want: Vec<f32> = a.iter().map(|x| x + 1.0).collect();
+    assert_eq!(r.output_f32("OUTPUT0"), want);
+    drop(r);
+    // Replaced from memory again: the old copy goes once the new one serves.
+    ok(load_files(
+        &s,
+        "mem",
+        &config,
+        &[("1/model.onnx", Some(&onnx), onnx.len())],
+    ));
+    assert_eq!(memory_folders(), 1);
+    s.unload("mem");
+    assert_eq!(memory_folders(), 0);
+
+    // Refused, naming the file at fault; nothing is left behind.
+    let cases: [(&[MemFile<'_>], infer_status, &str); 5] = [
+        (
+            &[("../model.onnx", Some(&onnx), onnx.len())],
+            INFER_STATUS_INVALID_ARGUMENT,
+            "'../model.onnx'",
+        ),
+        (
+            &[("/1/model.onnx", Some(&onnx), onnx.len())],
+            INFER_STATUS_INVALID_ARGUMENT,
+            "'/1/model.onnx'",
+        ),
+        (
+            &[
+                ("1/model.onnx", Some(&onnx), onnx.len()),
+                ("file:1/model.onnx", Some(&onnx), 1),
+            ],
+            INFER_STATUS_INVALID_ARGUMENT,
+            "given twice",
+        ),
+        (
+            &[("1/model.onnx", None, 5)],
+            INFER_STATUS_INVALID_ARGUMENT,
+            "contents[0]",
+        ),
+        (
+            &[("1/model.onnx", Some(&onnx[..100]), 100)],
+            INFER_STATUS_INVALID_ARGUMENT,
+            "mem",
+        ),
+    ];
+    for (files, want, says) in cases {
+        let st = load_files(&s, "mem", &config, files);
+        let err = last_error();
+        assert_eq!(st, want, "{err}");
+        assert!(err.contains(says), "{err}");
+        assert_eq!(memory_folders(), 0, "{err}");
+    }
+    let st = unsafe {
+        infer_server_load_model_files(
+            s.0,
+            c"mem".as_ptr(),
+            std::ptr::null(),
+            std::ptr::null(),
+            std::ptr::null(),
+            std::ptr::null(),
+            0,
+        )
+    };
+    assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT);
+    assert!(last_error().contains("config_text"));
+}

@@ -109,6 +109,23 @@ pub unsafe extern "C" fn infer_server_options_set_model_control_explicit(
     })
 }
 
+/// Polls the model repository every `period_ms` milliseconds (0: never, the default), as
+/// `infer_server_poll_repository` does, on a thread of the server's own until it shuts
+/// down. Needs a model repository and no explicit model control (`infer_server_new`
+/// refuses the combination with INVALID_ARGUMENT).
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_options_set_repository_poll_ms(
+    opts: *mut ServerOptions,
+    period_ms: u64,
+) -> infer_status {
+    status_boundary(|| {
+        // SAFETY: `opts`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let o = unsafe { arg_mut(opts, "opts") }?;
+        o.repository_poll = (period_ms > 0).then(|| Duration::from_millis(period_ms));
+        Ok(())
+    })
+}
+
 /// The ONNX Runtime library file (`libonnxruntime.so...`) for ONNX models; searched first,
 /// before the `INFER_ONNXRUNTIME_LIBRARY` environment variable, the directory of
 /// libinfer and the loader's paths. NULL or "" clears it. ONNX Runtime is loaded once per
@@ -411,6 +428,94 @@ pub unsafe extern "C" fn infer_server_load_model(
         let dir = unsafe { opt_str(model_dir, "model_dir") }?;
         s.server
             .load_model(name, text, dir.map(std::path::Path::new))
+    })
+}
+
+/// Loads (or replaces) a model whose files the application holds in memory, as Triton's
+/// load with `file:` parameters: `config_text` (config.pbtxt text or JSON; required) and
+/// `count` files, file `i` named by `paths[i]`, its path in the model folder
+/// (`"1/model.onnx"`; a leading `"file:"` is allowed), with `sizes[i]` bytes at
+/// `contents[i]` (NULL only when the size is 0). The files are copied to a new private
+/// folder under the system's temporary folder (`TMPDIR`), loaded from there, and removed
+/// when the model is unloaded or replaced, or the load fails. The repository's folder of
+/// the same name is not read. A path that is absolute, holds `..` or is given twice is
+/// INVALID_ARGUMENT.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_load_model_files(
+    s: *mut ServerHandle,
+    name: *const c_char,
+    config_text: *const c_char,
+    paths: *const *const c_char,
+    contents: *const *const u8,
+    sizes: *const usize,
+    count: usize,
+) -> infer_status {
+    status_boundary(|| {
+        // SAFETY: `s`: NULL (refused) or a live handle of this library.
+        let s = unsafe { arg_ref(s, "s") }?;
+        // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+        let name = unsafe { arg_str(name, "name") }?;
+        // SAFETY: `config_text`: NULL (refused) or a NUL-terminated string alive for the call.
+        let config = unsafe { arg_str(config_text, "config_text") }?;
+        // SAFETY: each array: NULL with count 0 (else refused) or `count` readable values.
+        let paths = unsafe { arg_slice(paths, count, "paths") }?;
+        // SAFETY: as above.
+        let contents = unsafe { arg_slice(contents, count, "contents") }?;
+        // SAFETY: as above.
+        let sizes = unsafe { arg_slice(sizes, count, "sizes") }?;
+        let mut files: Vec<(&str, &[u8])> = Vec::with_capacity(count);
+        for i in 0..count {
+            // SAFETY: `paths[i]`: NULL (refused) or a NUL-terminated string alive for the call.
+            let path = unsafe { arg_str(paths[i], &format!("paths[{i}]")) }?;
+            // SAFETY: `contents[i]`: NULL with size 0 (else refused) or `sizes[i]` readable
+            // bytes alive for the call.
+            let data = unsafe { arg_slice(contents[i], sizes[i], &format!("contents[{i}]")) }?;
+            files.push((path, data));
+        }
+        s.server.load_model_files(name, config, &files)
+    })
+}
+
+/// Brings the loaded models in line with the model repository, as Triton's repository
+/// polling: folders that appeared are loaded, loaded models whose folder changed (config,
+/// version folders, any file) are reloaded (new requests go to the new versions, those in
+/// flight finish on the old; none fails), and models whose folder went are unloaded once
+/// their requests finish. Left alone: models the application loaded with its own config,
+/// folder or files, models it unloaded and models whose last load failed (until their
+/// folder changes again). Every change is tried; the first failure is returned, and
+/// `infer_server_repository_index_json` gives each model's reason. UNAVAILABLE without a
+/// repository or with explicit model control.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_poll_repository(s: *mut ServerHandle) -> infer_status {
+    status_boundary(|| {
+        // SAFETY: `s`: NULL (refused) or a live handle of this library.
+        unsafe { arg_ref(s, "s") }?.server.poll_repository()
+    })
+}
+
+/// Triton's repository index as a JSON array: every model of the repository and every
+/// model loaded, one object per version, `{"name", "version", "state", "reason"}`,
+/// sorted by name and version (`version`, a string as in Triton, is left out where a model
+/// has none: not loaded, or loading). `state`: READY, LOADING, UNLOADING (draining after
+/// an unload or a replace) or UNAVAILABLE, whose `reason` is the last load's error,
+/// "unloaded" or "not loaded"; a READY model whose last reload failed keeps serving and
+/// names that failure in `reason`. `ready_only`: the READY entries alone. The caller frees
+/// `*json_out` with `infer_string_free`.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_repository_index_json(
+    s: *mut ServerHandle,
+    ready_only: bool,
+    json_out: *mut *mut c_char,
+) -> infer_status {
+    status_boundary(|| {
+        // SAFETY: `s`: NULL (refused) or a live handle of this library.
+        let s = unsafe { arg_ref(s, "s") }?;
+        if json_out.is_null() {
+            return Err(Error::invalid("argument 'json_out' must not be NULL"));
+        }
+        let json = s.server.repository_index_json(ready_only)?;
+        // SAFETY: `json_out`: NULL (refused) or writable for one value.
+        unsafe { write_out(json_out, "json_out", owned_string(json)) }
     })
 }
 

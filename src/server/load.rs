@@ -51,7 +51,7 @@ impl Server {
         config_text: Option<&str>,
         model_dir: Option<&Path>,
     ) -> Result<()> {
-        self.load_model_inner(name, config_text, model_dir)?;
+        self.load_tracked(name, config_text, model_dir, None)?;
         self.adopt(name);
         Ok(())
     }
@@ -68,7 +68,8 @@ impl Server {
         }
     }
 
-    fn load_model_inner(
+    /// The load itself (`load_tracked` records what it did).
+    pub(super) fn load_model_inner(
         &self,
         name: &str,
         config_text: Option<&str>,
@@ -238,7 +239,7 @@ impl Server {
                 // Not in the repository: the composition check says it is not loaded.
                 _ => continue,
             }
-            match self.load_model_inner(m, None, None) {
+            match self.load_tracked(m, None, None, None) {
                 Ok(()) => {
                     self.log.info(&format!(
                         "model '{m}' loaded from the repository for ensemble '{name}'"
@@ -275,7 +276,7 @@ impl Server {
             if used || !self.is_loaded(m) {
                 continue;
             }
-            match self.unload_model(m) {
+            match self.unload_model_by(m, false) {
                 Ok(()) => self
                     .log
                     .info(&format!("model '{m}' unloaded with ensemble '{ensemble}'")),
@@ -656,6 +657,12 @@ impl Server {
     }
 
     pub fn unload_model(&self, name: &str) -> Result<()> {
+        self.unload_model_by(name, false)
+    }
+
+    /// An unload by the application or by a repository poll (`by_poll`: the model's
+    /// folder left the repository).
+    pub(super) fn unload_model_by(&self, name: &str, by_poll: bool) -> Result<()> {
         let entry = {
             let _guard = self.lifecycle.lock();
             let entry = self
@@ -667,6 +674,7 @@ impl Server {
             entry
         };
         self.retire(entry.versions.into_values().collect());
+        self.note_unloaded(name, by_poll);
         self.log.info(&format!("model '{name}' unloaded"));
         self.unload_loaded(name, &entry.loaded_with);
         Ok(())

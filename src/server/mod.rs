@@ -8,6 +8,7 @@
 mod generative;
 mod load;
 pub mod outputs;
+mod repository;
 mod warmup;
 
 use crate::backend::{builtin, Backend};
@@ -42,6 +43,9 @@ pub struct ServerOptions {
     pub startup_models: Vec<String>,
     /// Where ONNX Runtime comes from, whether it is required, its global thread pools.
     pub onnxruntime: onnx::onnxruntime::RuntimeOptions,
+    /// Polls the repository this often (`Server::poll_repository`); None: only when the
+    /// application asks.
+    pub repository_poll: Option<Duration>,
 }
 
 impl Default for ServerOptions {
@@ -55,6 +59,7 @@ impl Default for ServerOptions {
             backends: Vec::new(),
             startup_models: Vec::new(),
             onnxruntime: Default::default(),
+            repository_poll: None,
         }
     }
 }
@@ -100,6 +105,10 @@ pub struct Server {
     retired: Mutex<Vec<Arc<Scheduler>>>,
     /// Serialises load / unload / shutdown.
     lifecycle: Mutex<()>,
+    /// Loads in progress, last failures, models from the repository, folders from memory.
+    tracking: Mutex<repository::Tracking>,
+    /// One repository poll at a time.
+    poll_lock: Mutex<()>,
     next_request_id: AtomicU64,
     accepting: AtomicBool,
     /// Iteration-statistics callbacks by model name (kept across reloads).
@@ -156,6 +165,23 @@ impl Server {
         for (name, b) in &opts.backends {
             backends.insert(name.clone(), b.clone());
         }
+        if let Some(period) = opts.repository_poll {
+            if opts.repository.is_none() {
+                return Err(Error::invalid(
+                    "a repository poll period is set, but the server has no model repository (infer_server_options_set_model_repository)",
+                ));
+            }
+            if opts.explicit_model_control {
+                return Err(Error::invalid(
+                    "a repository poll period is set with explicit model control: polling loads and unloads the repository's models, explicit control leaves that to the application; choose one",
+                ));
+            }
+            if period.is_zero() {
+                return Err(Error::invalid(
+                    "the repository poll period must not be zero",
+                ));
+            }
+        }
         LIVE_SERVERS.fetch_add(1, Ordering::AcqRel);
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let server = Arc::new_cyclic(|me| Server {
@@ -167,6 +193,8 @@ impl Server {
             models: RwLock::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
             lifecycle: Mutex::new(()),
+            tracking: Mutex::new(Default::default()),
+            poll_lock: Mutex::new(()),
             next_request_id: AtomicU64::new(1),
             accepting: AtomicBool::new(true),
             stats_callbacks: Mutex::new(HashMap::new()),
@@ -222,6 +250,12 @@ impl Server {
                     }
                     Some(_) => names = failed,
                 }
+            }
+        }
+        if let Some(period) = server.opts.repository_poll {
+            if let Err(e) = server.start_polling(period) {
+                server.shutdown(Duration::from_secs(1));
+                return Err(e);
             }
         }
         Ok(server)
