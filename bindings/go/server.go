@@ -10,6 +10,7 @@ import (
 	"runtime/cgo"
 	"sync"
 	"time"
+	"unsafe"
 )
 
 // GPUMode says whether the server uses a GPU.
@@ -46,6 +47,9 @@ type ServerOptions struct {
 	TrustedRepository bool
 	// StartupModels are the repository models NewServer loads under explicit control.
 	StartupModels []string
+	// RepositoryPoll, when not zero, polls the repository this often (Server.PollRepository)
+	// on a thread of the server's own; it needs a repository and no ExplicitModelControl.
+	RepositoryPoll time.Duration
 	// ONNXRuntimeLibrary is the ONNX Runtime library file for ONNX models, searched before
 	// INFER_ONNXRUNTIME_LIBRARY, libinfer's directory and the loader's paths. One ONNX
 	// Runtime per process: the first server that loads an ONNX model decides.
@@ -126,6 +130,14 @@ func (s *Server) apply(copts *C.infer_server_options, opts *ServerOptions) error
 	if opts.ExplicitModelControl {
 		if err := call(func() C.infer_status {
 			return C.infer_server_options_set_model_control_explicit(copts, true)
+		}); err != nil {
+			return err
+		}
+	}
+	if opts.RepositoryPoll > 0 {
+		ms := uint64((opts.RepositoryPoll + time.Millisecond - 1) / time.Millisecond)
+		if err := call(func() C.infer_status {
+			return C.infer_server_options_set_repository_poll_ms(copts, C.uint64_t(ms))
 		}); err != nil {
 			return err
 		}
@@ -267,6 +279,85 @@ func (s *Server) LoadModel(name, config, modelDir string) error {
 	return s.use(func(p *C.infer_server) error {
 		return call(func() C.infer_status { return C.infer_server_load_model(p, cname, cconfig, cdir) })
 	})
+}
+
+// LoadModelFiles loads (or replaces) a model from files in memory, as Triton's load with
+// "file:" parameters: files maps each file's path in the model folder ("1/model.onnx")
+// to its contents. They are copied to a private folder that goes with the model. config
+// is required.
+func (s *Server) LoadModelFiles(name, config string, files map[string][]byte) error {
+	cname, err := cString("model name", name)
+	if err != nil {
+		return err
+	}
+	defer freeCString(cname)
+	cconfig, err := cString("model config", config)
+	if err != nil {
+		return err
+	}
+	defer freeCString(cconfig)
+	n := len(files)
+	// The arrays the library reads live in C memory (cgo forbids Go pointers to Go
+	// pointers); the contents are copied there too.
+	slots := n
+	if slots == 0 {
+		slots = 1
+	}
+	words := C.size_t(slots) * C.size_t(unsafe.Sizeof(uintptr(0)))
+	pathsC, contentsC, sizesC := C.malloc(words), C.malloc(words), C.malloc(words)
+	paths := (*[1 << 28]*C.char)(pathsC)[:n:n]
+	contents := (*[1 << 28]*C.uint8_t)(contentsC)[:n:n]
+	sizes := (*[1 << 28]C.size_t)(sizesC)[:n:n]
+	filled := 0
+	defer func() {
+		for i := 0; i < filled; i++ {
+			freeCString(paths[i])
+			C.free(unsafe.Pointer(contents[i]))
+		}
+		C.free(pathsC)
+		C.free(contentsC)
+		C.free(sizesC)
+	}()
+	for path, data := range files {
+		cpath, err := cString("file path", path)
+		if err != nil {
+			return err
+		}
+		paths[filled] = cpath
+		contents[filled] = (*C.uint8_t)(C.CBytes(data))
+		sizes[filled] = C.size_t(len(data))
+		filled++
+	}
+	return s.use(func(p *C.infer_server) error {
+		return call(func() C.infer_status {
+			return C.infer_server_load_model_files(p, cname, cconfig, (**C.char)(pathsC),
+				(**C.uint8_t)(contentsC), (*C.size_t)(sizesC), C.size_t(n))
+		})
+	})
+}
+
+// PollRepository brings the loaded models in line with the repository: new folders
+// load, changed ones reload, removed ones unload (no request fails). Every change is
+// tried; the first failure is returned. Unavailable under ExplicitModelControl.
+func (s *Server) PollRepository() error {
+	return s.use(func(p *C.infer_server) error {
+		return call(func() C.infer_status { return C.infer_server_poll_repository(p) })
+	})
+}
+
+// RepositoryIndexJSON returns Triton's repository index: a JSON array of {"name",
+// "version", "state", "reason"}, every model and version with its state (READY, LOADING,
+// UNLOADING, UNAVAILABLE) and the reason of its last failure.
+func (s *Server) RepositoryIndexJSON(readyOnly bool) (string, error) {
+	var out string
+	err := s.use(func(p *C.infer_server) error {
+		var err error
+		out, err = ownedString(func(o **C.char) C.infer_status {
+			return C.infer_server_repository_index_json(p, C.bool(readyOnly), o)
+		})
+		return err
+	})
+	return out, err
 }
 
 // modelCall runs a call that takes the server and a model name.

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -427,4 +429,66 @@ func TestCloseWhileSending(t *testing.T) {
 	if n := liveSinks.Load(); n != before {
 		t.Errorf("%d requests without their FINAL", n-before)
 	}
+}
+
+// The repository as Triton's users know it: a poll period that finds a new folder, the
+// index with each model's state, and a model loaded from files in memory.
+func TestRepositoryPollIndexAndFilesInMemory(t *testing.T) {
+	repo := t.TempDir()
+	write := func(name string) {
+		if err := os.MkdirAll(filepath.Join(repo, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(repo, name, "config.pbtxt"), []byte(addSubConfig), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a")
+	s, err := NewServer(&ServerOptions{ModelRepository: repo, RepositoryPoll: 20 * time.Millisecond, GPU: GPUOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	write("b")
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if ready, _ := s.ModelReady("b", LatestVersion); ready {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the poll period did not load the new folder 'b'")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := s.PollRepository(); err != nil {
+		t.Fatal(err)
+	}
+	onnx, err := os.ReadFile("../../models/add_sub/1/model.onnx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.LoadModelFiles("mem", `platform: "onnxruntime_onnx" max_batch_size: 8`,
+		map[string][]byte{"file:1/model.onnx": onnx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, err := s.RepositoryIndexJSON(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var index []struct {
+		Name    string `json:"name"`
+		Version string `json:"version"`
+		State   string `json:"state"`
+	}
+	if err := json.Unmarshal([]byte(text), &index); err != nil {
+		t.Fatalf("index %s: %v", text, err)
+	}
+	got := []string{}
+	for _, e := range index {
+		got = append(got, e.Name+"/"+e.Version+"/"+e.State)
+	}
+	if want := "a/1/READY b/1/READY mem/1/READY"; strings.Join(got, " ") != want {
+		t.Errorf("index %s: got %v, want %s", text, got, want)
+	}
+	wantCode(t, s.LoadModelFiles("bad", addSubConfig, map[string][]byte{"../x": {1}}), InvalidArgument, "'../x'")
 }

@@ -238,21 +238,22 @@ impl Server {
             entries.insert((n.clone(), None, State::Unavailable), reason);
         }
         drop(t);
-        let list: Vec<serde_json::Value> = entries
+        // Written by hand to keep Triton's key order (name, version, state, reason).
+        let text = |v: &str| serde_json::Value::from(v).to_string();
+        let list: Vec<String> = entries
             .into_iter()
             .filter(|((_, _, s), _)| !ready_only || *s == State::Ready)
             .map(|((name, version, state), reason)| {
-                let mut o = serde_json::Map::new();
-                o.insert("name".into(), name.into());
-                if let Some(v) = version {
-                    o.insert("version".into(), v.to_string().into());
-                }
-                o.insert("state".into(), state.text().into());
-                o.insert("reason".into(), reason.into());
-                serde_json::Value::Object(o)
+                let version = version.map_or(String::new(), |v| format!(",\"version\":\"{v}\""));
+                format!(
+                    "{{\"name\":{}{version},\"state\":\"{}\",\"reason\":{}}}",
+                    text(&name),
+                    state.text(),
+                    text(&reason)
+                )
             })
             .collect();
-        serde_json::to_string(&list).map_err(|e| Error::internal(format!("index: {e}")))
+        Ok(format!("[{}]", list.join(",")))
     }
 
     /// Brings the loaded models in line with the repository, as Triton's polling does:

@@ -1,6 +1,8 @@
 // The C API version check, errors with their codes, server options and model management.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -124,6 +126,40 @@ TEST(Server, StartupModelsFromTheRepository) {
     } catch (const infer::Error &e) {
         EXPECT_NE(e.message().find("not_in_the_repository"), std::string::npos) << e.what();
     }
+}
+
+TEST(Server, RepositoryIndexAndModelFilesInMemory) {
+    infer::Server server(infer::ServerOptions()
+                             .model_repository(support::repo_dir() + "/models")
+                             .explicit_model_control()
+                             .startup_model("add_sub"));
+    std::string index = server.repository_index_json();
+    EXPECT_NE(index.find(R"({"name":"add_sub","version":"1","state":"READY","reason":""})"),
+              std::string::npos)
+        << index;
+    EXPECT_NE(index.find(R"({"name":"mlp","state":"UNAVAILABLE","reason":"not loaded"})"),
+              std::string::npos)
+        << index;
+    // Explicit model control: the application loads, the repository is not polled.
+    try {
+        server.poll_repository();
+        FAIL() << "a poll under explicit model control was accepted";
+    } catch (const infer::Error &e) {
+        EXPECT_EQ(e.code(), INFER_STATUS_UNAVAILABLE);
+        EXPECT_NE(e.message().find("explicit model control"), std::string::npos) << e.what();
+    }
+    std::ifstream f(support::repo_dir() + "/models/add_sub/1/model.onnx", std::ios::binary);
+    const std::string onnx((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    ASSERT_GT(onnx.size(), 0u);
+    server.load_model_files("mem",
+                            "name: \"mem\" platform: \"onnxruntime_onnx\" max_batch_size: 8",
+                            {{"file:1/model.onnx", onnx}});
+    EXPECT_TRUE(server.model_ready("mem"));
+    index = server.repository_index_json(true);
+    EXPECT_NE(index.find(R"("name":"mem")"), std::string::npos) << index;
+    EXPECT_EQ(index.find(R"("name":"mlp")"), std::string::npos) << index;
+    EXPECT_THROW(server.load_model_files("bad", "backend: \"add_sub\"", {{"../x", onnx}}),
+                 infer::Error);
 }
 
 TEST(Server, MetricsAndShutdown) {

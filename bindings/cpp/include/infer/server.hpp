@@ -211,6 +211,14 @@ public:
         return *this;
     }
 
+    /// Polls the model repository every `period` (0: never, the default), as
+    /// Server::poll_repository; needs a repository and no explicit model control.
+    ServerOptions &repository_poll(std::chrono::milliseconds period) {
+        detail::check(infer_server_options_set_repository_poll_ms(
+            handle(), period.count() > 0 ? static_cast<uint64_t>(period.count()) : 0));
+        return *this;
+    }
+
     /// true: symbolic links in the repository (or a folder given to load_model) may lead
     /// out of it; false (default): every path a model names stays inside.
     ServerOptions &trusted_repository(bool on = true) {
@@ -350,6 +358,45 @@ public:
         detail::last_instance_error().clear();
         check_load(infer_server_load_model(s, name.c_str(), config.empty() ? nullptr : config.c_str(),
                                            model_dir.empty() ? nullptr : model_dir.c_str()));
+    }
+
+    /// A file of a model loaded from memory: its path in the model folder
+    /// ("1/model.onnx") and its bytes (the caller keeps them alive for the call).
+    struct ModelFile {
+        std::string path;
+        std::string_view contents;
+    };
+
+    /// Loads (or replaces) a model from files in memory, as Triton's load with `file:`
+    /// parameters: copied to a private folder that goes with the model.
+    void load_model_files(const std::string &name, const std::string &config,
+                          const std::vector<ModelFile> &files) {
+        std::vector<const char *> paths;
+        std::vector<const uint8_t *> contents;
+        std::vector<size_t> sizes;
+        for (const ModelFile &f : files) {
+            paths.push_back(f.path.c_str());
+            contents.push_back(reinterpret_cast<const uint8_t *>(f.contents.data()));
+            sizes.push_back(f.contents.size());
+        }
+        detail::last_instance_error().clear();
+        check_load(infer_server_load_model_files(handle(), name.c_str(), config.c_str(), paths.data(),
+                                                 contents.data(), sizes.data(), files.size()));
+    }
+
+    /// Brings the loaded models in line with the repository: new folders load, changed
+    /// ones reload, removed ones unload (no request fails); the first failure throws.
+    void poll_repository() {
+        detail::last_instance_error().clear();
+        check_load(infer_server_poll_repository(handle()));
+    }
+
+    /// Triton's repository index as JSON: every model and version with its state
+    /// (READY, LOADING, UNLOADING, UNAVAILABLE) and the reason of its last failure.
+    std::string repository_index_json(bool ready_only = false) const {
+        char *json = nullptr;
+        detail::check(infer_server_repository_index_json(handle(), ready_only, &json));
+        return detail::take_string(json);
     }
 
     /// Unloads a model after its queued and running requests finish.
