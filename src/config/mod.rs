@@ -4,6 +4,7 @@
 //!
 //! This module owns parsing and validation only; it never looks at the file system.
 
+mod fields;
 mod parse;
 pub(crate) mod schema;
 mod validate;

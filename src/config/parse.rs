@@ -25,6 +25,12 @@ fn descriptor() -> Result<MessageDescriptor> {
     .ok_or_else(|| Error::internal("the built-in model config schema does not load"))
 }
 
+/// The schema's root message, for tests.
+#[cfg(test)]
+pub(crate) fn descriptor_for_tests() -> MessageDescriptor {
+    descriptor().expect("the built-in schema")
+}
+
 /// Parses and checks a model configuration whose text must name the model.
 pub fn parse_config(text: &str) -> Result<ModelConfig> {
     parse_config_named(text, None)
@@ -56,6 +62,7 @@ impl RawConfig {
         let mut msg = DynamicMessage::new(descriptor()?);
         msg.transcode_from(&self.pb)
             .map_err(|e| Error::internal(format!("model config schema mismatch: {e}")))?;
+        super::fields::check(&msg, &self.name)?;
         let json = to_json(&msg)?;
         validate::build(&self.pb, self.name, json)
     }
@@ -542,9 +549,10 @@ cc_model_filenames [ { key: "8.6" value: "model_86.plan" } ]
 metric_tags { key: "team" value: "nlp" }
 runtime: "model.so"
 "#;
-        // Triton features not implemented are refused by name, one after another.
+        // Triton features not implemented are refused by name, one after another (in
+        // the schema's field order), until the config loads.
         let mut bert = bert.to_owned();
-        for (field, text) in [
+        let mut fields = vec![
             ("response_cache.enable", "response_cache { enable: true }"),
             ("batch_input", "batch_input ["),
             ("runtime", "runtime: \"model.so\""),
@@ -555,13 +563,28 @@ runtime: "model.so"
                 "model_operations { op_library_filename: [ \"libcustom.so\" ] }",
             ),
             (
-                "model_repository_agents",
+                "model_repository_agents.agents",
                 "model_repository_agents { agents [ { name: \"checksum\" parameters { key: \"MD5:model.plan\" value: \"abc\" } } ] }",
             ),
-        ] {
+            ("instance_group.host_policy", "host_policy: \"numa0\""),
+            ("optimization.priority", "priority: PRIORITY_MAX"),
+            ("optimization.cuda.busy_wait_events", "busy_wait_events: true"),
+            ("optimization.cuda.output_copy_stream", "output_copy_stream: true"),
+            (
+                "optimization.cuda.graph_spec.input",
+                " input { key: \"input_ids\" value: { dim: [ 128 ] } }",
+            ),
+            ("optimization.input_pinned_memory.enable: false", "input_pinned_memory { enable: false }"),
+            ("optimization.gather_kernel_buffer_threshold", "gather_kernel_buffer_threshold: 8"),
+            ("optimization.eager_batching", "eager_batching: true"),
+        ];
+        while !fields.is_empty() {
             let e = parse_config(&bert).unwrap_err();
             assert_eq!(e.code, crate::status::Code::Unsupported, "{e}");
-            assert!(e.message.contains(field), "{e}");
+            let i = (fields.iter())
+                .position(|(f, _)| e.message.contains(&format!(": {f}")))
+                .unwrap_or_else(|| panic!("refused a field not listed: {e}"));
+            let (_, text) = fields.remove(i);
             // Drop the field (a bracketed list up to its closing line).
             let at = bert.find(text).unwrap();
             let end = if text.ends_with('[') {

@@ -69,55 +69,7 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
         ));
     }
 
-    // Triton features this library does not implement yet: refused, never ignored. In
-    // this order: (set, field, why).
-    let not_yet = [
-        (
-            config.response_cache.as_ref().is_some_and(|c| c.enable),
-            "response_cache.enable",
-            "there is no response cache yet",
-        ),
-        (
-            !config.batch_input.is_empty(),
-            "batch_input",
-            "ragged batching is not implemented",
-        ),
-        (
-            !config.batch_output.is_empty(),
-            "batch_output",
-            "ragged batching is not implemented",
-        ),
-        (
-            !config.runtime.is_empty(),
-            "runtime",
-            "backends are chosen by backend and platform; no runtime library is loaded",
-        ),
-        (
-            !config.cc_model_filenames.is_empty(),
-            "cc_model_filenames",
-            "the model file is default_model_filename on every device",
-        ),
-        (
-            !config.metric_tags.is_empty(),
-            "metric_tags",
-            "metrics carry no custom labels yet",
-        ),
-        (
-            (config.model_operations.as_ref()).is_some_and(|o| !o.op_library_filename.is_empty()),
-            "model_operations.op_library_filename",
-            "custom operation libraries are not loaded",
-        ),
-        (
-            (config.model_repository_agents.as_ref()).is_some_and(|a| !a.agents.is_empty()),
-            "model_repository_agents",
-            "repository agents (checksums, decryption) are not run",
-        ),
-    ];
-    if let Some((_, field, what)) = not_yet.iter().find(|(set, ..)| *set) {
-        return Err(Error::unsupported(format!(
-            "model '{name}': {field} is not supported ({what}); remove it from the config"
-        )));
-    }
+    // Fields libinfer does not implement were refused by `fields::check`.
     let decoupled = config
         .model_transaction_policy
         .as_ref()
@@ -201,6 +153,8 @@ struct TensorView<'a> {
     reshape: Option<&'a [i64]>,
     optional: bool,
     allow_ragged_batch: bool,
+    /// `format` FORMAT_NHWC or FORMAT_NCHW (an image input).
+    image_format: bool,
 }
 
 impl<'a> TensorView<'a> {
@@ -212,6 +166,10 @@ impl<'a> TensorView<'a> {
             reshape: t.reshape.as_ref().map(|r| r.shape.as_slice()),
             optional: t.optional,
             allow_ragged_batch: t.allow_ragged_batch,
+            image_format: matches!(
+                pb::model_input::Format::try_from(t.format),
+                Ok(pb::model_input::Format::Nhwc | pb::model_input::Format::Nchw)
+            ),
         }
     }
     fn output(t: &'a pb::ModelOutput) -> Self {
@@ -222,6 +180,7 @@ impl<'a> TensorView<'a> {
             reshape: t.reshape.as_ref().map(|r| r.shape.as_slice()),
             optional: false,
             allow_ragged_batch: false,
+            image_format: false,
         }
     }
 }
@@ -245,6 +204,16 @@ impl Checker<'_> {
             let path = format!("{kind}[{i}]");
             if t.name.is_empty() {
                 return Err(self.err(format_args!("{path}.name"), "empty"));
+            }
+            if t.image_format && t.dims.len() != 3 {
+                return Err(self.err(
+                    format_args!("{path}.format"),
+                    format!(
+                        "model input NHWC/NCHW require 3 dims ('{}' has {})",
+                        t.name,
+                        t.dims.len()
+                    ),
+                ));
             }
             if let Some(j) = out.iter().position(|o| &*o.name == t.name) {
                 return Err(self.err(
@@ -673,12 +642,6 @@ impl Checker<'_> {
     ) -> Result<SequenceBatching> {
         use pb::model_sequence_batching::StrategyChoice;
         const P: &str = "sequence_batching";
-        if q.iterative_sequence {
-            return Err(Error::unsupported(format!(
-                "model '{}': {P}.iterative_sequence is not supported",
-                self.model
-            )));
-        }
         let strategy = match &q.strategy_choice {
             None => SequenceStrategy::Direct {
                 max_queue_delay_us: 0,
@@ -854,12 +817,6 @@ impl Checker<'_> {
                     format_args!("{path}.model_version"),
                     format!("{} is not a version (-1 = latest)", st.model_version),
                 ));
-            }
-            if !st.model_namespace.is_empty() {
-                return Err(Error::unsupported(format!(
-                    "model '{}': {path}.model_namespace is not supported",
-                    self.model
-                )));
             }
             if st.input_map.is_empty() || st.output_map.is_empty() {
                 return Err(self.err(
