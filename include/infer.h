@@ -603,6 +603,18 @@ infer_status infer_server_options_set_model_control_explicit(struct infer_server
 infer_status infer_server_options_set_repository_poll_ms(struct infer_server_options *opts, uint64_t period_ms);
 
 /**
+ * Gives the server a response cache of `bytes` (0: none, the default), shared by the
+ * models whose config says `response_cache { enable: true }`, as Triton's local cache
+ * (`--cache-config local,size=...`): a request whose model version, inputs (names,
+ * types, shapes, bytes), requested outputs and parameters match an earlier successful
+ * one is answered with the stored outputs without running the model, on a library
+ * thread; the least recently used responses go when the cache is full. A model that
+ * enables the cache on a server without one fails to load (INVALID_ARGUMENT); sequence
+ * and streaming models refuse it (UNSUPPORTED).
+ */
+infer_status infer_server_options_set_response_cache_bytes(struct infer_server_options *opts, uint64_t bytes);
+
+/**
  * The ONNX Runtime library file (`libonnxruntime.so...`) for ONNX models; searched first,
  * before the `INFER_ONNXRUNTIME_LIBRARY` environment variable, the directory of
  * libinfer and the loader's paths. NULL or "" clears it. ONNX Runtime is loaded once per

@@ -95,6 +95,11 @@ pub struct ModelStats {
     pub compute_us: Histogram,
     /// Index = executed batch size.
     batch_sizes: Box<[AtomicU64]>,
+    /// The response cache (when the model uses it): lookups that hit (their time), and
+    /// lookups that missed (lookup and insertion time).
+    pub cache_enabled: std::sync::atomic::AtomicBool,
+    pub cache_hit_us: Histogram,
+    pub cache_miss_us: Histogram,
 }
 
 impl ModelStats {
@@ -109,6 +114,9 @@ impl ModelStats {
             batch_sizes: (0..=max_batch_size.max(1) as usize)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            cache_enabled: std::sync::atomic::AtomicBool::new(false),
+            cache_hit_us: Histogram::default(),
+            cache_miss_us: Histogram::default(),
         }
     }
 
@@ -138,8 +146,17 @@ impl ModelStats {
             .iter()
             .map(|(s, c)| format!("{{\"size\":{s},\"count\":{c}}}"))
             .collect();
+        let cache = if self.cache_enabled.load(Relaxed) {
+            format!(
+                ",\"cache_hit_us\":{},\"cache_miss_us\":{}",
+                self.cache_hit_us.json(),
+                self.cache_miss_us.json()
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "{{\"name\":{},\"version\":{version},\"inference_count\":{},\"execution_count\":{},\"success_count\":{},\"failure_count\":{},\"queue_us\":{},\"compute_us\":{},\"batch_sizes\":[{}],\"pending\":{pending}}}",
+            "{{\"name\":{},\"version\":{version},\"inference_count\":{},\"execution_count\":{},\"success_count\":{},\"failure_count\":{},\"queue_us\":{},\"compute_us\":{},\"batch_sizes\":[{}],\"pending\":{pending}{cache}}}",
             serde_json::Value::String(name.to_owned()),
             self.inference_count.load(Relaxed),
             self.execution_count.load(Relaxed),
@@ -197,6 +214,36 @@ impl ModelStats {
             &labels,
             self.compute_us.total(),
         );
+        if self.cache_enabled.load(Relaxed) {
+            out.sample(
+                "infer_cache_hit_total",
+                "counter",
+                "Requests answered from the response cache",
+                &labels,
+                self.cache_hit_us.count(),
+            );
+            out.sample(
+                "infer_cache_miss_total",
+                "counter",
+                "Response cache lookups that missed",
+                &labels,
+                self.cache_miss_us.count(),
+            );
+            out.sample(
+                "infer_cache_hit_duration_us_total",
+                "counter",
+                "Microseconds spent on response cache hits",
+                &labels,
+                self.cache_hit_us.total(),
+            );
+            out.sample(
+                "infer_cache_miss_duration_us_total",
+                "counter",
+                "Microseconds spent on response cache misses (lookup and insertion)",
+                &labels,
+                self.cache_miss_us.total(),
+            );
+        }
         out.sample(
             "infer_pending_requests",
             "gauge",

@@ -399,3 +399,161 @@ parameters { key: "execute_delay_us" value { string_value: "3000" } }
     let got: Vec<u64> = c.take().iter().map(|r| r.id()).collect();
     assert_eq!(got, ids);
 }
+
+static CACHED_EXECS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// OUT = 2 * IN; a negative IN[0] fails the batch. Counts executions.
+fn doubler(b: &mut infer::backend::Batch) -> infer::status::Result<()> {
+    CACHED_EXECS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let (t, data) = b.input("IN").expect("IN");
+    let shape = t.shape.to_vec();
+    let v: Vec<f32> = bytemuck::pod_collect_to_vec(data);
+    if v.first().is_some_and(|x| *x < 0.0) {
+        return Err(infer::status::Error::invalid("negative"));
+    }
+    let out = b.alloc_output("OUT", &shape, None)?;
+    let doubled: Vec<f32> = v.iter().map(|x| x * 2.0).collect();
+    out.copy_from_slice(bytemuck::cast_slice(&doubled));
+    Ok(())
+}
+
+fn cache_server(bytes: u64) -> Server {
+    let mut opts = std::ptr::null_mut();
+    ok(unsafe { infer_server_options_new(&mut opts) });
+    ok(unsafe { infer_server_options_set_response_cache_bytes(opts, bytes) });
+    let s = Server::with_options(opts);
+    unsafe { infer_server_options_free(opts) };
+    s.register_fn_backend("doubler", doubler);
+    s
+}
+
+const CACHED: &str = r#"backend: "doubler" max_batch_size: 4
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+dynamic_batching { }
+response_cache { enable: true }"#;
+
+/// Triton's response cache: a repeated request is answered with the stored outputs
+/// without reaching the backend; failures are not stored; the least recently used
+/// responses make room; hits and misses are counted.
+#[test]
+fn the_response_cache_answers_repeated_requests_without_the_backend() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let s = cache_server(2048);
+    s.load("c", CACHED);
+    let execs = || CACHED_EXECS.load(SeqCst);
+    let ask = |x: f32, output: bool| {
+        let mut r = s.request("c").input_f32("IN", &[1, 4], &[x, 1.0, 2.0, 3.0]);
+        if output {
+            r = r.output("OUT");
+        }
+        let resp = s.infer(r);
+        assert_eq!(resp.status(), 0, "{}", resp.error());
+        resp.output_f32("OUT")
+    };
+    let before = execs();
+    assert_eq!(ask(1.0, false), vec![2.0, 2.0, 4.0, 6.0]);
+    assert_eq!(execs(), before + 1);
+    // The same request: answered from the cache, the same outputs.
+    assert_eq!(ask(1.0, false), vec![2.0, 2.0, 4.0, 6.0]);
+    assert_eq!(execs(), before + 1);
+    // Other inputs, or other requested outputs: another key.
+    assert_eq!(ask(5.0, false), vec![10.0, 2.0, 4.0, 6.0]);
+    assert_eq!(ask(1.0, true), vec![2.0, 2.0, 4.0, 6.0]);
+    assert_eq!(execs(), before + 3);
+    assert_eq!(ask(1.0, true), vec![2.0, 2.0, 4.0, 6.0]);
+    assert_eq!(execs(), before + 3);
+    // A failed request is not stored.
+    for _ in 0..2 {
+        let resp = s.infer(s.request("c").input_f32("IN", &[1, 4], &[-1.0; 4]));
+        assert_ne!(resp.status(), 0);
+    }
+    assert_eq!(execs(), before + 5);
+    let st = &s.stats("c")["models"][0];
+    assert_eq!(st["success_count"], 5);
+    assert_eq!(st["failure_count"], 2);
+    assert_eq!(st["execution_count"], 5);
+    assert_eq!(st["cache_hit_us"]["count"], 2);
+    assert_eq!(st["cache_miss_us"]["count"], 3, "{st}");
+    let mut text = std::ptr::null_mut();
+    ok(unsafe { infer_server_metrics_prometheus(s.0, &mut text) });
+    let metrics = unsafe { std::ffi::CStr::from_ptr(text) }
+        .to_string_lossy()
+        .into_owned();
+    unsafe { infer_string_free(text) };
+    assert!(
+        metrics.contains("infer_cache_hit_total{model=\"c\",version=\"1\"} 2"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("infer_cache_entries{} 3"), "{metrics}");
+
+    // 2048 bytes hold about a dozen entries: 30 more push the first ones out.
+    for i in 0..30 {
+        ask(100.0 + i as f32, false);
+    }
+    let n = execs();
+    ask(1.0, false);
+    assert_eq!(execs(), n + 1, "the oldest entry was not evicted");
+    ask(129.0, false);
+    assert_eq!(execs(), n + 1, "the newest entry was evicted");
+    let mut text = std::ptr::null_mut();
+    ok(unsafe { infer_server_metrics_prometheus(s.0, &mut text) });
+    let metrics = unsafe { std::ffi::CStr::from_ptr(text) }
+        .to_string_lossy()
+        .into_owned();
+    unsafe { infer_string_free(text) };
+    let gauge = |name: &str| -> u64 {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{")))
+            .unwrap_or_else(|| panic!("{name} in {metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(gauge("infer_cache_bytes") <= 2048);
+    assert!(gauge("infer_cache_evictions_total") >= 20, "{metrics}");
+
+    // Many clients at once on a few keys: every answer right.
+    let s = std::sync::Arc::new(s);
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                for i in 0..50 {
+                    let x = ((t + i) % 3) as f32;
+                    let resp =
+                        s.infer(s.request("c").input_f32("IN", &[1, 4], &[x, 1.0, 2.0, 3.0]));
+                    assert_eq!(resp.status(), 0, "{}", resp.error());
+                    assert_eq!(resp.output_f32("OUT"), vec![2.0 * x, 2.0, 4.0, 6.0]);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+/// Where the cache cannot serve a model, the load says why.
+#[test]
+fn the_response_cache_is_refused_where_it_cannot_serve() {
+    let s = Server::new();
+    s.register_fn_backend("doubler", doubler);
+    assert_eq!(s.try_load("c", CACHED), INFER_STATUS_INVALID_ARGUMENT);
+    let e = last_error();
+    assert!(
+        e.contains("response_cache.enable")
+            && e.contains("infer_server_options_set_response_cache_bytes"),
+        "{e}"
+    );
+    let s = cache_server(1 << 20);
+    let sequence = CACHED.replace(
+        "dynamic_batching { }",
+        r#"sequence_batching { control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ] }"#,
+    );
+    assert_eq!(s.try_load("q", &sequence), INFER_STATUS_UNSUPPORTED);
+    assert!(
+        last_error().contains("response_cache.enable"),
+        "{}",
+        last_error()
+    );
+}

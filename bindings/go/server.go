@@ -50,6 +50,9 @@ type ServerOptions struct {
 	// RepositoryPoll, when not zero, polls the repository this often (Server.PollRepository)
 	// on a thread of the server's own; it needs a repository and no ExplicitModelControl.
 	RepositoryPoll time.Duration
+	// ResponseCacheBytes, when not zero, gives the server a response cache of that size
+	// for the models whose config says response_cache { enable: true }.
+	ResponseCacheBytes uint64
 	// ONNXRuntimeLibrary is the ONNX Runtime library file for ONNX models, searched before
 	// INFER_ONNXRUNTIME_LIBRARY, libinfer's directory and the loader's paths. One ONNX
 	// Runtime per process: the first server that loads an ONNX model decides.
@@ -138,6 +141,13 @@ func (s *Server) apply(copts *C.infer_server_options, opts *ServerOptions) error
 		ms := uint64((opts.RepositoryPoll + time.Millisecond - 1) / time.Millisecond)
 		if err := call(func() C.infer_status {
 			return C.infer_server_options_set_repository_poll_ms(copts, C.uint64_t(ms))
+		}); err != nil {
+			return err
+		}
+	}
+	if opts.ResponseCacheBytes > 0 {
+		if err := call(func() C.infer_status {
+			return C.infer_server_options_set_response_cache_bytes(copts, C.uint64_t(opts.ResponseCacheBytes))
 		}); err != nil {
 			return err
 		}

@@ -44,6 +44,9 @@ pub struct ModelConfig {
     /// `model_transaction_policy { decoupled }`: responses apart from requests (the
     /// generative backends stream so; other backends refuse it at load).
     pub decoupled: bool,
+    /// `response_cache { enable }`: answers repeated requests from the server's response
+    /// cache.
+    pub response_cache: bool,
     /// The whole configuration as JSON with Triton's field names (for
     /// `infer_server_model_config_json` and custom backends' `instance_init`).
     pub json: String,

@@ -553,7 +553,6 @@ runtime: "model.so"
         // the schema's field order), until the config loads.
         let mut bert = bert.to_owned();
         let mut fields = vec![
-            ("response_cache.enable", "response_cache { enable: true }"),
             ("batch_input", "batch_input ["),
             ("runtime", "runtime: \"model.so\""),
             ("cc_model_filenames", "cc_model_filenames [ { key: \"8.6\" value: \"model_86.plan\" } ]"),
@@ -595,6 +594,7 @@ runtime: "model.so"
             bert.replace_range(at..end, "");
         }
         let c = parse_config(&bert).unwrap();
+        assert!(c.response_cache);
         assert_eq!(c.version_policy, VersionPolicy::Latest(2));
         assert!(c.instance_groups[0].rate_limited);
         assert_eq!(c.warmup.len(), 1);

@@ -140,6 +140,7 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
         optimization: config.optimization.clone(),
         warmup,
         decoupled,
+        response_cache: config.response_cache.as_ref().is_some_and(|c| c.enable),
         json,
         name,
     })

@@ -126,6 +126,31 @@ pub unsafe extern "C" fn infer_server_options_set_repository_poll_ms(
     })
 }
 
+/// Gives the server a response cache of `bytes` (0: none, the default), shared by the
+/// models whose config says `response_cache { enable: true }`, as Triton's local cache
+/// (`--cache-config local,size=...`): a request whose model version, inputs (names,
+/// types, shapes, bytes), requested outputs and parameters match an earlier successful
+/// one is answered with the stored outputs without running the model, on a library
+/// thread; the least recently used responses go when the cache is full. A model that
+/// enables the cache on a server without one fails to load (INVALID_ARGUMENT); sequence
+/// and streaming models refuse it (UNSUPPORTED).
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_options_set_response_cache_bytes(
+    opts: *mut ServerOptions,
+    bytes: u64,
+) -> infer_status {
+    status_boundary(|| {
+        // SAFETY: `opts`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let o = unsafe { arg_mut(opts, "opts") }?;
+        o.response_cache_bytes = usize::try_from(bytes).map_err(|_| {
+            Error::invalid(format!(
+                "a response cache of {bytes} bytes does not fit this machine's address space"
+            ))
+        })?;
+        Ok(())
+    })
+}
+
 /// The ONNX Runtime library file (`libonnxruntime.so...`) for ONNX models; searched first,
 /// before the `INFER_ONNXRUNTIME_LIBRARY` environment variable, the directory of
 /// libinfer and the loader's paths. NULL or "" clears it. ONNX Runtime is loaded once per

@@ -345,7 +345,13 @@ pub struct ResponseSink {
     /// Runs on each response before the callback: the GPU output placement of a request
     /// that wants its outputs on a GPU (the server's `OutputPlacer`).
     place: Option<Arc<dyn DeliveryHook>>,
+    /// Runs on a successful FINAL response before anything else (the response cache
+    /// stores it).
+    store: Option<StoreHook>,
 }
+
+/// Sees a request's successful FINAL response first (see `ResponseSink::set_store_hook`).
+pub type StoreHook = Box<dyn FnOnce(&Response) + Send>;
 
 /// Work done on every response of a request on the delivering thread, with no lock held,
 /// just before the response reaches its callback.
@@ -368,6 +374,7 @@ impl ResponseSink {
             target: Target::Inline(f),
             fallback: None,
             place: None,
+            store: None,
         }
     }
 
@@ -377,6 +384,7 @@ impl ResponseSink {
             target: Target::Rust(Box::new(f)),
             fallback: None,
             place: None,
+            store: None,
         }
     }
 
@@ -395,6 +403,12 @@ impl ResponseSink {
     /// host outputs, but BYTES, copied to the GPU the request asked for).
     pub fn set_delivery_hook(&mut self, hook: Arc<dyn DeliveryHook>) {
         self.place = Some(hook);
+    }
+
+    /// `hook` sees the request's FINAL response, if it succeeds, before the delivery hook
+    /// and the callback (the response cache stores it).
+    pub fn set_store_hook(&mut self, hook: StoreHook) {
+        self.store = Some(hook);
     }
 
     fn call(&mut self, mut resp: Box<Response>, flags: u32) {
@@ -416,6 +430,11 @@ impl ResponseSink {
     /// The FINAL response; after it the library never touches `user_data` again.
     pub fn send_final(mut self, resp: Box<Response>) {
         self.fallback = None;
+        if let Some(store) = self.store.take() {
+            if resp.status == Code::Ok {
+                store(&resp);
+            }
+        }
         self.call(resp, RESPONSE_FLAG_FINAL);
     }
 }

@@ -129,6 +129,31 @@ impl Server {
                 g.name
             ));
         }
+        if config.response_cache {
+            let why = if self.cache.is_none() {
+                Some(("INVALID", "the server has no response cache (give it a size with infer_server_options_set_response_cache_bytes)"))
+            } else if config.sequence_batching.is_some() {
+                Some((
+                    "UNSUPPORTED",
+                    "a sequence model's responses depend on its state, not only its inputs",
+                ))
+            } else if generative || config.decoupled {
+                Some((
+                    "UNSUPPORTED",
+                    "a streaming model's responses are not cached",
+                ))
+            } else {
+                None
+            };
+            if let Some((code, why)) = why {
+                let msg = format!("model '{name}': response_cache.enable: {why}");
+                return Err(if code == "INVALID" {
+                    Error::invalid(msg)
+                } else {
+                    Error::unsupported(msg)
+                });
+            }
+        }
         if !config.warmup.is_empty() && (config.ensemble.is_some() || generative) {
             return Err(Error::unsupported(format!(
                 "model '{name}': model_warmup is not supported for {}; remove it from the config",
@@ -371,6 +396,11 @@ impl Server {
                     if !loaded_with.contains(m) {
                         loaded_with.push(m.clone());
                     }
+                }
+            }
+            if config.response_cache {
+                for v in started.values() {
+                    v.stats.cache_enabled.store(true, Ordering::Relaxed);
                 }
             }
             let entry = ModelEntry {

@@ -5,6 +5,7 @@
 //! Lifecycle changes never fail or lose an accepted request: a replaced or unloaded
 //! version stops accepting work, finishes what it has queued and only then goes away.
 
+mod cache;
 mod generative;
 mod load;
 pub mod outputs;
@@ -46,6 +47,8 @@ pub struct ServerOptions {
     /// Polls the repository this often (`Server::poll_repository`); None: only when the
     /// application asks.
     pub repository_poll: Option<Duration>,
+    /// Bytes of the response cache shared by the models that enable it (0: no cache).
+    pub response_cache_bytes: usize,
 }
 
 impl Default for ServerOptions {
@@ -60,6 +63,7 @@ impl Default for ServerOptions {
             startup_models: Vec::new(),
             onnxruntime: Default::default(),
             repository_poll: None,
+            response_cache_bytes: 0,
         }
     }
 }
@@ -109,6 +113,8 @@ pub struct Server {
     tracking: Mutex<repository::Tracking>,
     /// One repository poll at a time.
     poll_lock: Mutex<()>,
+    /// The response cache (`response_cache_bytes` > 0).
+    cache: Option<Arc<cache::ResponseCache>>,
     next_request_id: AtomicU64,
     accepting: AtomicBool,
     /// Iteration-statistics callbacks by model name (kept across reloads).
@@ -182,6 +188,10 @@ impl Server {
                 ));
             }
         }
+        let cache = match opts.response_cache_bytes {
+            0 => None,
+            n => Some(cache::ResponseCache::start(n)?),
+        };
         LIVE_SERVERS.fetch_add(1, Ordering::AcqRel);
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let server = Arc::new_cyclic(|me| Server {
@@ -195,6 +205,7 @@ impl Server {
             lifecycle: Mutex::new(()),
             tracking: Mutex::new(Default::default()),
             poll_lock: Mutex::new(()),
+            cache,
             next_request_id: AtomicU64::new(1),
             accepting: AtomicBool::new(true),
             stats_callbacks: Mutex::new(HashMap::new()),
@@ -467,6 +478,12 @@ impl Server {
                 sink.set_fallback(id, sched.model.clone());
             }
             req.enqueued_at = Instant::now();
+            if let (Some(cache), true) = (&self.cache, sched.config.response_cache) {
+                match cache.serve(&sched, req) {
+                    None => return Ok(id),
+                    Some(r) => req = r,
+                }
+            }
             match sched.enqueue(req, key) {
                 Ok(()) => return Ok(id),
                 Err((r, e)) => {
@@ -563,6 +580,35 @@ impl Server {
                 s.stats_prometheus(&mut p, n, *v);
             }
         }
+        if let Some(c) = &self.cache {
+            let (entries, bytes, budget) = c.usage();
+            for (name, help, value) in [
+                (
+                    "infer_cache_entries",
+                    "Responses in the response cache",
+                    entries as u64,
+                ),
+                (
+                    "infer_cache_bytes",
+                    "Bytes the response cache holds",
+                    bytes as u64,
+                ),
+                (
+                    "infer_cache_budget_bytes",
+                    "The response cache's size",
+                    budget as u64,
+                ),
+            ] {
+                p.sample(name, "gauge", help, "", value);
+            }
+            p.sample(
+                "infer_cache_evictions_total",
+                "counter",
+                "Responses evicted from the response cache to make room",
+                "",
+                c.evictions.load(Ordering::Relaxed),
+            );
+        }
         p.render()
     }
 
@@ -591,6 +637,10 @@ impl Server {
             s.cancel_all("the server shut down before the request ran");
         }
         self.end_versions(&scheds, "the server shut down before the request finished");
+        // Hits already answered are delivered before shutdown returns.
+        if let Some(c) = &self.cache {
+            c.drain(END_GRACE);
+        }
         self.retired
             .lock()
             .retain(|r| !scheds.iter().any(|v| Arc::ptr_eq(r, v)));

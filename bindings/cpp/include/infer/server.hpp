@@ -211,6 +211,12 @@ public:
         return *this;
     }
 
+    /// A response cache of `bytes` for the models whose config enables it (0: none).
+    ServerOptions &response_cache_bytes(uint64_t bytes) {
+        detail::check(infer_server_options_set_response_cache_bytes(handle(), bytes));
+        return *this;
+    }
+
     /// Polls the model repository every `period` (0: never, the default), as
     /// Server::poll_repository; needs a repository and no explicit model control.
     ServerOptions &repository_poll(std::chrono::milliseconds period) {
