@@ -536,12 +536,20 @@ fn response_accessor_errors() {
 
 /// Triton config fields whose features the library does not implement are refused at
 /// load with UNSUPPORTED naming the field, never parsed and ignored; a rate limiter (off
-/// in Triton unless its server turns it on) loads, and the log says it has no effect.
+/// in Triton unless its server turns it on) loads, and the log says it has no effect. (The
+/// response cache is implemented: tests/dynamic_batching.rs.)
 #[test]
 fn unimplemented_triton_fields_are_refused_by_name() {
     let s = Server::new();
     for (extra, field) in [
-        ("response_cache { enable: true }", "response_cache.enable"),
+        (
+            "optimization { eager_batching: true }",
+            "optimization.eager_batching",
+        ),
+        (
+            r#"instance_group [ { count: 1 kind: KIND_CPU host_policy: "numa0" } ]"#,
+            "instance_group.host_policy",
+        ),
         (
             r#"batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_INT32 source_input: "INPUT0" } ]"#,
             "batch_input",
