@@ -168,9 +168,10 @@ impl ModelStats {
         )
     }
 
-    /// Appends this version's samples to Prometheus families (name -> lines).
-    pub fn prometheus(&self, out: &mut PromText, name: &str, version: i64, pending: usize) {
-        let labels = labels(name, version);
+    /// Appends this version's samples, labelled with `labels` (see [`labels`]), to
+    /// Prometheus families (name -> lines).
+    pub fn prometheus(&self, out: &mut PromText, labels: &str, pending: usize) {
+        let labels = labels.to_owned();
         let c = |a: &AtomicU64| a.load(Relaxed);
         out.sample(
             "infer_request_success_total",
@@ -463,6 +464,15 @@ pub fn labels(name: &str, version: i64) -> String {
     format!("model=\"{}\",version=\"{version}\"", escape_label(name))
 }
 
+/// [`labels`] followed by a model's `metric_tags` (label names checked at load).
+pub fn labels_tagged(name: &str, version: i64, tags: &[(String, String)]) -> String {
+    let mut l = labels(name, version);
+    for (k, v) in tags {
+        l.push_str(&format!(",{k}=\"{}\"", escape_label(v)));
+    }
+    l
+}
+
 fn escape_label(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -637,7 +647,7 @@ mod tests {
         s.record_execution(8, 8, 10);
         s.success_count.fetch_add(12, Relaxed);
         let mut p = PromText::default();
-        s.prometheus(&mut p, "m", 1, 0);
+        s.prometheus(&mut p, &labels("m", 1), 0);
         let t = p.render();
         assert!(t.contains("infer_request_success_total{model=\"m\",version=\"1\"} 12"));
         assert!(t.contains("infer_batch_size_bucket{model=\"m\",version=\"1\",le=\"4\"} 1"));

@@ -557,3 +557,53 @@ fn the_response_cache_is_refused_where_it_cannot_serve() {
         last_error()
     );
 }
+
+/// Triton's `metric_tags`: labels on every Prometheus sample of the model; a label name
+/// Prometheus refuses, or one the library uses itself, is refused at load.
+#[test]
+fn metric_tags_label_the_model_metrics() {
+    let s = Server::new();
+    s.load(
+        "t",
+        &add_sub_config("t", r#"metric_tags { key: "team" value: "nlp \"a\"" } metric_tags { key: "tier" value: "gold" }"#),
+    );
+    let r = s.infer(add_sub_request(&s, "t", [1.; 4], [1.; 4]));
+    assert_eq!(r.status(), 0);
+    let mut text = std::ptr::null_mut();
+    ok(unsafe { infer_server_metrics_prometheus(s.0, &mut text) });
+    let metrics = unsafe { std::ffi::CStr::from_ptr(text) }
+        .to_string_lossy()
+        .into_owned();
+    unsafe { infer_string_free(text) };
+    assert!(
+        metrics.contains(
+            r#"infer_request_success_total{model="t",version="1",team="nlp \"a\"",tier="gold"} 1"#
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"infer_batch_size_bucket{model="t",version="1",team="nlp \"a\"",tier="gold",le="1"} 1"#),
+        "{metrics}"
+    );
+    for (tag, says) in [
+        (
+            "bad-name",
+            "metric_tags['bad-name']: not a Prometheus label name",
+        ),
+        ("__x", "metric_tags['__x']: not a Prometheus label name"),
+        (
+            "version",
+            "metric_tags['version']: the label 'version' is the library's own",
+        ),
+    ] {
+        let st = s.try_load(
+            "u",
+            &add_sub_config(
+                "u",
+                &format!(r#"metric_tags {{ key: "{tag}" value: "v" }}"#),
+            ),
+        );
+        assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT);
+        assert!(last_error().contains(says), "{}", last_error());
+    }
+}

@@ -567,7 +567,6 @@ fn unimplemented_triton_fields_are_refused_by_name() {
             r#"cc_model_filenames [ { key: "8.6" value: "m86.onnx" } ]"#,
             "cc_model_filenames",
         ),
-        (r#"metric_tags { key: "team" value: "a" }"#, "metric_tags"),
         (
             r#"model_operations { op_library_filename: [ "libops.so" ] }"#,
             "model_operations.op_library_filename",

@@ -47,6 +47,8 @@ pub struct ModelConfig {
     /// `response_cache { enable }`: answers repeated requests from the server's response
     /// cache.
     pub response_cache: bool,
+    /// `metric_tags`: labels added to every Prometheus sample of the model, sorted by name.
+    pub metric_tags: Vec<(String, String)>,
     /// The whole configuration as JSON with Triton's field names (for
     /// `infer_server_model_config_json` and custom backends' `instance_init`).
     pub json: String,

@@ -556,7 +556,6 @@ runtime: "model.so"
             ("batch_input", "batch_input ["),
             ("runtime", "runtime: \"model.so\""),
             ("cc_model_filenames", "cc_model_filenames [ { key: \"8.6\" value: \"model_86.plan\" } ]"),
-            ("metric_tags", "metric_tags { key: \"team\" value: \"nlp\" }"),
             (
                 "model_operations.op_library_filename",
                 "model_operations { op_library_filename: [ \"libcustom.so\" ] }",
@@ -595,6 +594,7 @@ runtime: "model.so"
         }
         let c = parse_config(&bert).unwrap();
         assert!(c.response_cache);
+        assert_eq!(c.metric_tags, vec![("team".to_owned(), "nlp".to_owned())]);
         assert_eq!(c.version_policy, VersionPolicy::Latest(2));
         assert!(c.instance_groups[0].rate_limited);
         assert_eq!(c.warmup.len(), 1);

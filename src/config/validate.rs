@@ -79,6 +79,7 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
     let outputs = ck.tensors("output", config.output.iter().map(TensorView::output))?;
     let instance_groups = ck.instance_groups(&config.instance_group)?;
     let version_policy = ck.version_policy(config.version_policy.as_ref())?;
+    let metric_tags = ck.metric_tags(&config.metric_tags)?;
 
     use pb::model_config::SchedulingChoice;
     let dynamic_batching = match &config.scheduling_choice {
@@ -141,6 +142,7 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
         warmup,
         decoupled,
         response_cache: config.response_cache.as_ref().is_some_and(|c| c.enable),
+        metric_tags,
         json,
         name,
     })
@@ -505,6 +507,37 @@ impl Checker<'_> {
                     limits::MAX_INSTANCES
                 ),
             ));
+        }
+        Ok(out)
+    }
+
+    /// Prometheus label names, not those the library's own samples carry.
+    fn metric_tags(
+        &self,
+        tags: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Vec<(String, String)>> {
+        const RESERVED: [&str; 5] = ["model", "version", "instance", "device", "le"];
+        let mut out: Vec<(String, String)> =
+            tags.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        out.sort();
+        for (k, _) in &out {
+            let mut chars = k.chars();
+            let well_formed = chars
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !well_formed || k.starts_with("__") {
+                return Err(self.err(
+                    format_args!("metric_tags['{k}']"),
+                    "not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with '__')",
+                ));
+            }
+            if RESERVED.contains(&k.as_str()) {
+                return Err(self.err(
+                    format_args!("metric_tags['{k}']"),
+                    format!("the label '{k}' is the library's own (it labels every sample with model and version, GPU samples with instance and device, histograms with le)"),
+                ));
+            }
         }
         Ok(out)
     }

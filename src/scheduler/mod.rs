@@ -391,9 +391,9 @@ impl Scheduler {
 
     /// Appends this version's Prometheus samples.
     pub fn stats_prometheus(&self, out: &mut crate::stats::PromText, name: &str, version: i64) {
-        self.stats.prometheus(out, name, version, self.pending());
-        self.kind
-            .stats_prometheus(out, &crate::stats::labels(name, version));
+        let labels = crate::stats::labels_tagged(name, version, &self.config.metric_tags);
+        self.stats.prometheus(out, &labels, self.pending());
+        self.kind.stats_prometheus(out, &labels);
     }
 
     /// Queues a request. On failure the request comes back with the error so the caller
