@@ -112,10 +112,19 @@ unsafe impl Sync for Server {}
 
 impl Server {
     fn new() -> Server {
+        Server::with_cache(0)
+    }
+
+    /// A server with a response cache of `bytes` (0: none).
+    fn with_cache(bytes: u64) -> Server {
         unsafe {
             let mut o: *mut ServerOptions = std::ptr::null_mut();
             check(infer_server_options_new(&mut o), "infer_server_options_new");
             check(infer_server_options_set_gpu(o, INFER_GPU_OFF), "set_gpu");
+            check(
+                infer_server_options_set_response_cache_bytes(o, bytes),
+                "set_response_cache_bytes",
+            );
             let mut s = std::ptr::null_mut();
             check(infer_server_new(o, &mut s), "infer_server_new");
             infer_server_options_free(o);
@@ -2176,10 +2185,92 @@ fn cancel(_cfg: &Config) -> String {
     )
 }
 
+/// The response cache: one request repeated, enqueue to FINAL, on the identity model
+/// without the cache ("plain", every request executes) and with it ("cached", every
+/// request after the first is a hit, answered on the cache's delivery thread), and on a
+/// model whose execution takes 200 us (`execute_delay_us`), with and without. Rounds
+/// alternate plain, cached, plain, cached... so that the shared machine's noise falls on
+/// both; the line gives each side's p50 per round and the ratios.
+fn cache(cfg: &Config) -> String {
+    let s = Server::with_cache(1 << 20);
+    let cached = |name: &str, delay: u32| {
+        identity_unbatched(name).replace(
+            "output [",
+            &format!("parameters {{ key: \"execute_delay_us\" value {{ string_value: \"{delay}\" }} }}\nresponse_cache {{ enable: true }}\noutput ["),
+        )
+    };
+    let plain = |name: &str, delay: u32| {
+        identity_unbatched(name).replace(
+            "output [",
+            &format!("parameters {{ key: \"execute_delay_us\" value {{ string_value: \"{delay}\" }} }}\noutput ["),
+        )
+    };
+    s.load("plain", &plain("plain", 0));
+    s.load("cached", &cached("cached", 0));
+    s.load("plain_slow", &plain("plain_slow", 200));
+    s.load("cached_slow", &cached("cached_slow", 200));
+    let slot = LatencySlot {
+        done: AtomicBool::new(false),
+        at_ns: AtomicU64::new(0),
+        resp: AtomicPtr::new(std::ptr::null_mut()),
+    };
+    let rounds = 4;
+    let window = cfg.measure.div_f64(2.0 * rounds as f64);
+    let mut out = Vec::new();
+    for (a, b) in [("plain", "cached"), ("plain_slow", "cached_slow")] {
+        let specs = [
+            RequestSpec::new(a, &["INPUT0"], &[1, 16]),
+            RequestSpec::new(b, &["INPUT0"], &[1, 16]),
+        ];
+        // Warm-up (the cached model stores its answer here), checking the outputs.
+        for spec in &specs {
+            let warm_until = Instant::now() + cfg.warmup.div_f64(4.0);
+            while Instant::now() < warm_until {
+                let (_, resp) = round_trip(&s, &slot, spec.build(s.0));
+                assert_eq!(unsafe { infer_response_status(resp) }, INFER_STATUS_OK);
+                assert_eq!(output_f32(resp, "OUTPUT0"), spec.inputs[0].1);
+                unsafe { infer_response_free(resp) };
+            }
+        }
+        let mut p50s = [Vec::new(), Vec::new()];
+        for _ in 0..rounds {
+            for (k, spec) in specs.iter().enumerate() {
+                let mut lat = Vec::new();
+                let end = Instant::now() + window;
+                while Instant::now() < end {
+                    let (ns, resp) = round_trip(&s, &slot, spec.build(s.0));
+                    unsafe { infer_response_free(resp) };
+                    lat.push(ns);
+                }
+                lat.sort_unstable();
+                p50s[k].push(percentile(&lat, 0.50) as f64 / 1000.0);
+            }
+        }
+        let hits = s.stats(b);
+        let ratios: Vec<String> = (0..rounds)
+            .map(|r| format!("{:.2}", p50s[1][r] / p50s[0][r]))
+            .collect();
+        let fmt = |v: &[f64]| {
+            v.iter()
+                .map(|x| format!("{x:.1}"))
+                .collect::<Vec<_>>()
+                .join("/")
+        };
+        out.push(format!(
+            "cache ({a} vs {b}): p50 us per round {} vs {}; cached/plain {} (executions of {b}: {})",
+            fmt(&p50s[0]),
+            fmt(&p50s[1]),
+            ratios.join(" "),
+            hits.executions
+        ));
+    }
+    out.join("\n")
+}
+
 /// A scenario runs with the configuration and returns its result line.
 type Scenario = fn(&Config) -> String;
 
-const SCENARIOS: [(&str, Scenario); 8] = [
+const SCENARIOS: [(&str, Scenario); 9] = [
     ("latency", latency),
     ("closed_loop", closed_loop),
     ("pipelined", pipelined),
@@ -2188,10 +2279,11 @@ const SCENARIOS: [(&str, Scenario); 8] = [
     ("sequences", sequences),
     ("ensemble", ensemble),
     ("cancel", cancel),
+    ("cache", cache),
 ];
 
 const USAGE: &str = "usage: cargo bench --bench perf -- [options] [scenario...]
-scenarios: latency closed_loop pipelined batching_efficiency memory sequences ensemble cancel
+scenarios: latency closed_loop pipelined batching_efficiency memory sequences ensemble cancel cache
            (default: all)
 options:
   --warmup-secs F     warm-up per scenario (default 1)
