@@ -400,6 +400,17 @@ parameters { key: "execute_delay_us" value { string_value: "3000" } }
     assert_eq!(got, ids);
 }
 
+/// The server's Prometheus text.
+fn prometheus_text(s: &Server) -> String {
+    let mut text = std::ptr::null_mut();
+    ok(unsafe { infer_server_metrics_prometheus(s.0, &mut text) });
+    let metrics = unsafe { std::ffi::CStr::from_ptr(text) }
+        .to_string_lossy()
+        .into_owned();
+    unsafe { infer_string_free(text) };
+    metrics
+}
+
 static CACHED_EXECS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// OUT = 2 * IN; a negative IN[0] fails the batch. Counts executions.
@@ -475,12 +486,7 @@ fn the_response_cache_answers_repeated_requests_without_the_backend() {
     assert_eq!(st["execution_count"], 5);
     assert_eq!(st["cache_hit_us"]["count"], 2);
     assert_eq!(st["cache_miss_us"]["count"], 3, "{st}");
-    let mut text = std::ptr::null_mut();
-    ok(unsafe { infer_server_metrics_prometheus(s.0, &mut text) });
-    let metrics = unsafe { std::ffi::CStr::from_ptr(text) }
-        .to_string_lossy()
-        .into_owned();
-    unsafe { infer_string_free(text) };
+    let metrics = prometheus_text(&s);
     assert!(
         metrics.contains("infer_cache_hit_total{model=\"c\",version=\"1\"} 2"),
         "{metrics}"
@@ -496,12 +502,7 @@ fn the_response_cache_answers_repeated_requests_without_the_backend() {
     assert_eq!(execs(), n + 1, "the oldest entry was not evicted");
     ask(129.0, false);
     assert_eq!(execs(), n + 1, "the newest entry was evicted");
-    let mut text = std::ptr::null_mut();
-    ok(unsafe { infer_server_metrics_prometheus(s.0, &mut text) });
-    let metrics = unsafe { std::ffi::CStr::from_ptr(text) }
-        .to_string_lossy()
-        .into_owned();
-    unsafe { infer_string_free(text) };
+    let metrics = prometheus_text(&s);
     let gauge = |name: &str| -> u64 {
         let line = metrics
             .lines()
@@ -569,12 +570,7 @@ fn metric_tags_label_the_model_metrics() {
     );
     let r = s.infer(add_sub_request(&s, "t", [1.; 4], [1.; 4]));
     assert_eq!(r.status(), 0);
-    let mut text = std::ptr::null_mut();
-    ok(unsafe { infer_server_metrics_prometheus(s.0, &mut text) });
-    let metrics = unsafe { std::ffi::CStr::from_ptr(text) }
-        .to_string_lossy()
-        .into_owned();
-    unsafe { infer_string_free(text) };
+    let metrics = prometheus_text(&s);
     assert!(
         metrics.contains(
             r#"infer_request_success_total{model="t",version="1",team="nlp \"a\"",tier="gold"} 1"#
