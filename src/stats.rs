@@ -171,48 +171,47 @@ impl ModelStats {
     /// Appends this version's samples, labelled with `labels` (see [`labels`]), to
     /// Prometheus families (name -> lines).
     pub fn prometheus(&self, out: &mut PromText, labels: &str, pending: usize) {
-        let labels = labels.to_owned();
         let c = |a: &AtomicU64| a.load(Relaxed);
         out.sample(
             "infer_request_success_total",
             "counter",
             "Requests that ended successfully",
-            &labels,
+            labels,
             c(&self.success_count),
         );
         out.sample(
             "infer_request_failure_total",
             "counter",
             "Requests that ended with an error",
-            &labels,
+            labels,
             c(&self.failure_count),
         );
         out.sample(
             "infer_inference_count_total",
             "counter",
             "Requests executed (padding excluded)",
-            &labels,
+            labels,
             c(&self.inference_count),
         );
         out.sample(
             "infer_execution_total",
             "counter",
             "Backend executions",
-            &labels,
+            labels,
             c(&self.execution_count),
         );
         out.sample(
             "infer_queue_duration_us_total",
             "counter",
             "Microseconds requests spent queued",
-            &labels,
+            labels,
             self.queue_us.total(),
         );
         out.sample(
             "infer_compute_duration_us_total",
             "counter",
             "Microseconds spent in backend executions",
-            &labels,
+            labels,
             self.compute_us.total(),
         );
         if self.cache_enabled.load(Relaxed) {
@@ -220,28 +219,28 @@ impl ModelStats {
                 "infer_cache_hit_total",
                 "counter",
                 "Requests answered from the response cache",
-                &labels,
+                labels,
                 self.cache_hit_us.count(),
             );
             out.sample(
                 "infer_cache_miss_total",
                 "counter",
                 "Response cache lookups that missed",
-                &labels,
+                labels,
                 self.cache_miss_us.count(),
             );
             out.sample(
                 "infer_cache_hit_duration_us_total",
                 "counter",
                 "Microseconds spent on response cache hits",
-                &labels,
+                labels,
                 self.cache_hit_us.total(),
             );
             out.sample(
                 "infer_cache_miss_duration_us_total",
                 "counter",
                 "Microseconds spent on response cache misses (lookup and insertion)",
-                &labels,
+                labels,
                 self.cache_miss_us.total(),
             );
         }
@@ -249,7 +248,7 @@ impl ModelStats {
             "infer_pending_requests",
             "gauge",
             "Requests queued and not yet executing",
-            &labels,
+            labels,
             pending as u64,
         );
         let mut cum = 0;
@@ -273,8 +272,8 @@ impl ModelStats {
             &format!("{labels},le=\"+Inf\""),
             cum,
         );
-        out.suffixed("infer_batch_size", "_sum", &labels, sum);
-        out.suffixed("infer_batch_size", "_count", &labels, cum);
+        out.suffixed("infer_batch_size", "_sum", labels, sum);
+        out.suffixed("infer_batch_size", "_count", labels, cum);
     }
 }
 

@@ -130,28 +130,21 @@ impl Server {
             ));
         }
         if config.response_cache {
-            let why = if self.cache.is_none() {
-                Some(("INVALID", "the server has no response cache (give it a size with infer_server_options_set_response_cache_bytes)"))
-            } else if config.sequence_batching.is_some() {
-                Some((
-                    "UNSUPPORTED",
-                    "a sequence model's responses depend on its state, not only its inputs",
-                ))
-            } else if generative || config.decoupled {
-                Some((
-                    "UNSUPPORTED",
-                    "a streaming model's responses are not cached",
-                ))
-            } else {
-                None
-            };
-            if let Some((code, why)) = why {
-                let msg = format!("model '{name}': response_cache.enable: {why}");
-                return Err(if code == "INVALID" {
-                    Error::invalid(msg)
-                } else {
-                    Error::unsupported(msg)
-                });
+            let at = format!("model '{name}': response_cache.enable");
+            if self.cache.is_none() {
+                return Err(Error::invalid(format!(
+                    "{at}: the server has no response cache (give it a size with infer_server_options_set_response_cache_bytes)"
+                )));
+            }
+            if config.sequence_batching.is_some() {
+                return Err(Error::unsupported(format!(
+                    "{at}: a sequence model's responses depend on its state, not only its inputs"
+                )));
+            }
+            if generative || config.decoupled {
+                return Err(Error::unsupported(format!(
+                    "{at}: a streaming model's responses are not cached"
+                )));
             }
         }
         if !config.warmup.is_empty() && (config.ensemble.is_some() || generative) {

@@ -133,7 +133,8 @@ impl Server {
                             fingerprint,
                         },
                     );
-                    // The new folder goes (with `owned`, dropped here); the loaded one stays.
+                    // The loaded model keeps its folder; a new one (`owned`) goes when this
+                    // function returns.
                     None
                 }
             }
@@ -225,11 +226,8 @@ impl Server {
         for n in t.loading.keys() {
             entries.insert((n.clone(), None, State::Loading), String::new());
         }
-        for n in &names {
-            let present = entries.keys().any(|(m, _, _)| m == n);
-            if present {
-                continue;
-            }
+        let listed: HashSet<String> = entries.keys().map(|(m, _, _)| m.clone()).collect();
+        for n in names.iter().filter(|n| !listed.contains(*n)) {
             let reason = match (t.failed.get(n), t.unloaded.contains_key(n)) {
                 (Some(f), _) => f.reason.clone(),
                 (None, true) => "unloaded".to_owned(),
