@@ -81,6 +81,12 @@ typedef struct infer_request infer_request;
 typedef struct infer_response infer_response;
 
 /**
+ * A decoupled backend's handle on one request (`infer_response_sender`): what it sends
+ * that request, from any thread, until its FINAL.
+ */
+typedef struct infer_response_sender infer_response_sender;
+
+/**
  * The server handle (`infer_server`).
  */
 typedef struct infer_server infer_server;
@@ -339,6 +345,75 @@ infer_status infer_batch_set_error_message(struct infer_batch *b, const char *ms
  * into the error the model load fails with.
  */
 infer_status infer_backend_set_init_error(const char *msg);
+
+/**
+ * Where request `request_index` (0-based, < `infer_batch_request_count`) is in the
+ * batch: its first row and its number of rows (its batch size; 1 for models that do
+ * not batch). Out-pointers may be NULL when not wanted.
+ */
+infer_status infer_batch_request_rows(const struct infer_batch *b, uint32_t request_index, uint32_t *first_row, uint32_t *rows);
+
+/**
+ * Reads input `name` of request `request_index` alone, in the shape that request gave
+ * (the rows of a ragged batch before they were concatenated, or a request's own shape
+ * of an input with allow_ragged_batch). On a GPU instance the data may be a device
+ * address (`infer_batch_input_memory` says where batched inputs are; a request's own
+ * input is where the caller put it). Out-pointers may be NULL; what is written is valid
+ * until `execute` returns. NOT_FOUND if that request has no such input.
+ */
+infer_status infer_batch_request_input(const struct infer_batch *b, uint32_t request_index, const char *name, infer_datatype *dt, const int64_t **shape, uintptr_t *ndim, const void **data, uintptr_t *byte_size);
+
+/**
+ * For a decoupled model (`model_transaction_policy { decoupled: true }`), inside
+ * `execute`: takes the response sender of request `request_index` (0-based,
+ * < `infer_batch_request_count`). The library then does not answer that request from
+ * the batch's outputs; the backend sends it 0..n responses and then the FINAL through
+ * the sender, from any thread, during `execute` or after it returns. The request's
+ * inputs are valid only until `execute` returns: copy what is needed later. If
+ * `execute` fails (or fails the request's rows), the request gets that error and the
+ * sender's later sends fail with UNAVAILABLE; the sender must still be ended with a
+ * FINAL send to free it. INVALID_ARGUMENT for a model that is not decoupled, an index
+ * out of range, or a sender already taken.
+ */
+infer_status infer_batch_response_sender(struct infer_batch *b, uint32_t request_index, struct infer_response_sender **out);
+
+/**
+ * Allocates output `name` of the sender's next response (datatype from the config;
+ * the shape must fit the config's dims, after a batch dim of any size when the model
+ * batches) and writes its zeroed buffer to `*data_out`, valid until the response is
+ * sent. Outputs the request did not ask for are allocated and then left out of the
+ * response. For BYTES outputs use `infer_response_sender_output_bytes`.
+ */
+infer_status infer_response_sender_output(struct infer_response_sender *s, const char *name, const int64_t *shape, uintptr_t ndim, void **data_out);
+
+/**
+ * Like `infer_response_sender_output` with an explicit byte size, required for BYTES
+ * outputs (length-prefixed elements).
+ */
+infer_status infer_response_sender_output_bytes(struct infer_response_sender *s, const char *name, const int64_t *shape, uintptr_t ndim, uintptr_t byte_size, void **data_out);
+
+/**
+ * Sends the outputs allocated since the last send as one response. `flags` is 0 or
+ * INFER_RESPONSE_FLAG_FINAL; the FINAL (with or without outputs) ends the request, and
+ * frees the sender whatever the status: it must not be used again. A FINAL whose
+ * outputs are invalid (a BYTES output that does not parse) ends the request with an
+ * INTERNAL error response and returns the error. May be called from any thread, one at
+ * a time per sender; the response callback runs on the calling thread (or, for what is
+ * sent before `execute` returns, on the library's worker when it does).
+ */
+infer_status infer_response_sender_send(struct infer_response_sender *s, uint32_t flags);
+
+/**
+ * Ends the request with an error response (FINAL) of `code` (an error status) and `msg`
+ * (copied; NULL = a generic message), and frees the sender whatever the status.
+ */
+infer_status infer_response_sender_send_error(struct infer_response_sender *s, infer_status code, const char *msg);
+
+/**
+ * True when the caller cancelled the sender's request (`infer_server_cancel`): the
+ * backend may stop early and end it (e.g. with a CANCELLED error). False for NULL.
+ */
+bool infer_response_sender_is_cancelled(const struct infer_response_sender *s);
 
 /**
  * Chooses where this request's outputs should live (default INFER_MEMORY_CPU, device 0).

@@ -5,6 +5,7 @@
 //! queues, and never hold a library lock while they run.
 
 pub mod builtin;
+pub mod decoupled;
 pub mod gpu_instance;
 
 use crate::config::ModelConfig;
@@ -146,6 +147,8 @@ pub struct Batch {
     pub error_message: Option<String>,
     /// Device, stream and device buffers while a GPU instance runs the batch.
     pub gpu: Option<gpu_instance::BatchGpu>,
+    /// The senders a decoupled backend took, by request (empty: none taken).
+    pub senders: Vec<Option<Arc<decoupled::Sender>>>,
 }
 
 impl Batch {
@@ -202,7 +205,70 @@ impl Batch {
             config,
             error_message: None,
             gpu: None,
+            senders: Vec::new(),
         }
+    }
+
+    /// The first row and the row count of request `index`.
+    pub fn request_rows(&self, index: u32) -> Result<(u32, u32)> {
+        match (
+            self.requests.get(index as usize),
+            self.first_rows.get(index as usize),
+        ) {
+            (Some(r), Some(&first)) => Ok((first, r.batch_size)),
+            _ => Err(self.request_out_of_range(index)),
+        }
+    }
+
+    /// Input `name` of request `index` alone, as that request gave it.
+    pub fn request_input(&self, index: u32, name: &str) -> Result<&crate::tensor::Tensor> {
+        let r =
+            (self.requests.get(index as usize)).ok_or_else(|| self.request_out_of_range(index))?;
+        r.input(name).ok_or_else(|| {
+            Error::not_found(format!(
+                "model '{}': request index {index} has no input '{name}'",
+                self.config.name
+            ))
+        })
+    }
+
+    fn request_out_of_range(&self, index: u32) -> Error {
+        Error::invalid(format!(
+            "request index {index} is out of range: the batch has {} requests",
+            self.requests.len()
+        ))
+    }
+
+    /// Takes the response sender of request `index` (decoupled models): the backend
+    /// answers that request itself, and the library does not when the batch ends.
+    pub fn take_sender(&mut self, index: u32) -> Result<Arc<decoupled::Sender>> {
+        let cfg = &self.config;
+        if !cfg.decoupled {
+            return Err(Error::invalid(format!(
+                "model '{}' is not decoupled: its requests are answered from the batch's outputs (set model_transaction_policy {{ decoupled: true }} to send responses apart)",
+                cfg.name
+            )));
+        }
+        let i = index as usize;
+        let Some(req) = self.requests.get(i) else {
+            return Err(self.request_out_of_range(index));
+        };
+        if self.senders.len() < self.requests.len() {
+            self.senders.resize(self.requests.len(), None);
+        }
+        if self.senders[i].is_some() {
+            return Err(Error::invalid(format!(
+                "the response sender of request index {index} was already taken"
+            )));
+        }
+        let s = Arc::new(decoupled::Sender::new(
+            req.id,
+            req.correlation_id.clone(),
+            req.requested_outputs.clone(),
+            cfg.clone(),
+        ));
+        self.senders[i] = Some(s.clone());
+        Ok(s)
     }
 
     /// Like [`Batch::assemble`], with each request (of batch size 1) at a given row and
@@ -483,48 +549,8 @@ impl Batch {
                 self.size
             )));
         }
-        let own = &shape[usize::from(cfg.max_batch_size > 0)..];
-        let fits = own.len() == dims.len()
-            && own
-                .iter()
-                .zip(dims)
-                .all(|(&got, &want)| want == -1 || got == want);
-        if !fits {
-            return Err(Error::invalid(format!(
-                "output '{name}' of model '{}': shape {} does not match the config's dims {}{}",
-                cfg.name,
-                shape_string(shape),
-                shape_string(dims),
-                if cfg.max_batch_size > 0 {
-                    " after the batch dim"
-                } else {
-                    ""
-                }
-            )));
-        }
-        let bytes = if dtype == DataType::Bytes {
-            byte_size.ok_or_else(|| {
-                Error::invalid(format!(
-                    "output '{name}' of model '{}' is BYTES: give its byte size",
-                    cfg.name
-                ))
-            })?
-        } else {
-            let b = elems
-                .checked_mul(dtype.byte_size())
-                .ok_or_else(|| Error::invalid(format!("output '{name}': size overflows")))?;
-            if let Some(bs) = byte_size {
-                if bs != b {
-                    return Err(Error::invalid(format!(
-                        "output '{name}' of model '{}': byte size {bs} does not match shape {} of {}",
-                        cfg.name,
-                        shape_string(shape),
-                        dtype.as_str()
-                    )));
-                }
-            }
-            b
-        };
+        check_output_dims(cfg, name, shape, dims)?;
+        let bytes = output_bytes(cfg, name, dtype, shape, elems, byte_size)?;
         Ok((tname, dtype, bytes))
     }
 
@@ -562,6 +588,69 @@ impl Batch {
     /// Checks a finished BYTES output before it is split.
     pub(crate) fn check_bytes_output(out: &BatchOutput) -> Result<usize> {
         count_bytes_elements(&out.data).map_err(|e| e.context(format!("output '{}'", out.name)))
+    }
+}
+
+/// Checks an output's shape against the config's dims (after the batch dim when the
+/// model batches; -1 matches any size).
+pub(crate) fn check_output_dims(
+    cfg: &ModelConfig,
+    name: &str,
+    shape: &[i64],
+    dims: &[i64],
+) -> Result<()> {
+    let own = &shape[usize::from(cfg.max_batch_size > 0).min(shape.len())..];
+    let fits = (cfg.max_batch_size == 0 || !shape.is_empty())
+        && own.len() == dims.len()
+        && own
+            .iter()
+            .zip(dims)
+            .all(|(&got, &want)| want == -1 || got == want);
+    if fits {
+        return Ok(());
+    }
+    Err(Error::invalid(format!(
+        "output '{name}' of model '{}': shape {} does not match the config's dims {}{}",
+        cfg.name,
+        shape_string(shape),
+        shape_string(dims),
+        if cfg.max_batch_size > 0 {
+            " after the batch dim"
+        } else {
+            ""
+        }
+    )))
+}
+
+/// The byte size of an output of `elems` elements: given for BYTES outputs (required),
+/// checked against the shape for the others.
+pub(crate) fn output_bytes(
+    cfg: &ModelConfig,
+    name: &str,
+    dtype: DataType,
+    shape: &[i64],
+    elems: usize,
+    byte_size: Option<usize>,
+) -> Result<usize> {
+    if dtype == DataType::Bytes {
+        return byte_size.ok_or_else(|| {
+            Error::invalid(format!(
+                "output '{name}' of model '{}' is BYTES: give its byte size",
+                cfg.name
+            ))
+        });
+    }
+    let b = elems
+        .checked_mul(dtype.byte_size())
+        .ok_or_else(|| Error::invalid(format!("output '{name}': size overflows")))?;
+    match byte_size {
+        Some(bs) if bs != b => Err(Error::invalid(format!(
+            "output '{name}' of model '{}': byte size {bs} does not match shape {} of {}",
+            cfg.name,
+            shape_string(shape),
+            dtype.as_str()
+        ))),
+        _ => Ok(b),
     }
 }
 

@@ -257,7 +257,10 @@ impl Kind for DynamicBatcher {
 
     fn is_idle(&self) -> bool {
         let st = self.state.lock();
-        st.queue.is_empty() && st.ending.is_empty() && st.executing == 0
+        st.queue.is_empty()
+            && st.ending.is_empty()
+            && st.executing == 0
+            && self.batches.none_outstanding()
     }
 
     fn cancel_all(&self, why: &str) {
@@ -288,7 +291,7 @@ impl Kind for DynamicBatcher {
         }
         // Still under the state lock: a request leaves the queue and becomes running in
         // one step (see next_batch), so it is always found in one place or the other.
-        if self.batches.is_running(request_id) {
+        if self.batches.is_running_or_cancel(request_id) {
             return CancelOutcome::Running;
         }
         CancelOutcome::NotFound
@@ -308,7 +311,7 @@ impl Kind for DynamicBatcher {
                 .map(|q| super::Abandoned::Queued(q.req, Error::cancelled(why.to_owned()))),
         );
         drop(st);
-        self.batches.abandon_running(&mut out);
+        self.batches.abandon_running(why, &mut out);
         out
     }
 
@@ -335,6 +338,10 @@ impl Kind for DynamicBatcher {
 
     fn stats_prometheus(&self, out: &mut crate::stats::PromText, labels: &str) {
         self.batches.stats_prometheus(out, labels);
+    }
+
+    fn delivered_apart(&self) -> u64 {
+        (self.batches.outstanding.delivered).load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -541,6 +541,12 @@ pub(crate) fn check_composition(
                 ),
             )
         })?;
+        if c.decoupled {
+            return Err(Error::unsupported(format!(
+                "model '{m}': {path}.model_name: composing model '{}' is decoupled (it may send several responses per request); ensembles take one response per step",
+                s.model_name
+            )));
+        }
         if config.max_batch_size > c.max_batch_size {
             return Err(err(
                 "max_batch_size".into(),

@@ -5,6 +5,7 @@
 //! callback runs.
 
 use super::{c_name, Scheduler};
+use crate::backend::decoupled::Outstanding;
 use crate::backend::{Batch, ModelInstance};
 use crate::config::ModelConfig;
 use crate::request::{Request, Response, ResponseSink};
@@ -45,6 +46,8 @@ pub(super) struct Batches {
     gpu_stats: Vec<(usize, Arc<crate::stats::GpuInstanceStats>)>,
     /// The devices (bit = ordinal) whose sticky fault this model has logged.
     faults_logged: std::sync::atomic::AtomicU64,
+    /// Requests a decoupled backend still answers after their batch was split.
+    pub(super) outstanding: Arc<Outstanding>,
 }
 
 impl Batches {
@@ -74,6 +77,7 @@ impl Batches {
                 .filter_map(|(i, inst)| inst.gpu_stats().map(|g| (i, g)))
                 .collect(),
             faults_logged: std::sync::atomic::AtomicU64::new(0),
+            outstanding: Arc::new(Outstanding::default()),
         }
     }
 
@@ -91,9 +95,10 @@ impl Batches {
             .any(|r| r.lock().iter().any(|x| x.id == id))
     }
 
-    /// Takes the sinks of every executing request (a shutdown that stopped waiting for
-    /// a stuck backend answers them).
-    pub(super) fn abandon_running(&self, out: &mut Vec<super::Abandoned>) {
+    /// Takes the sinks of every executing request, and of every request a decoupled
+    /// backend still answers (a shutdown that stopped waiting for a stuck backend
+    /// answers them).
+    pub(super) fn abandon_running(&self, why: &str, out: &mut Vec<super::Abandoned>) {
         for r in &self.running {
             for x in r.lock().iter_mut() {
                 if let Some(sink) = x.sink.take() {
@@ -101,6 +106,21 @@ impl Batches {
                 }
             }
         }
+        let err = Error::cancelled(why.to_owned());
+        for (id, sink) in self.outstanding.abandon(&err) {
+            out.push(super::Abandoned::Executing(id, sink));
+        }
+    }
+
+    /// True when nothing is executing and no decoupled backend still answers a request.
+    pub(super) fn none_outstanding(&self) -> bool {
+        self.outstanding.is_empty()
+    }
+
+    /// A request a worker executes, or that a decoupled backend still answers (then it
+    /// is marked cancelled, for the backend to see).
+    pub(super) fn is_running_or_cancel(&self, id: u64) -> bool {
+        self.is_running(id) || self.outstanding.cancel(id)
     }
 
     /// The "gpu" member of the statistics JSON (with its leading comma), if any instance
@@ -320,6 +340,7 @@ impl Worker<'_> {
             outputs,
             row_errors,
             config,
+            senders,
             ..
         } = batch;
         self.reclaim_sinks(&mut requests);
@@ -373,8 +394,35 @@ impl Worker<'_> {
                 .collect(),
             Err(e) => Err(e.clone()),
         };
-        for (mut req, first_row) in requests.into_iter().zip(first_rows) {
+        for (i, (mut req, first_row)) in requests.into_iter().zip(first_rows).enumerate() {
             let rows = req.batch_size;
+            if let Some(Some(sender)) = senders.get(i) {
+                // A decoupled backend answers this request itself.
+                let last_row = first_row + rows;
+                let failed = match &outputs_checked {
+                    Err(e) => Some(e.clone()),
+                    Ok(_) => (row_errors.iter())
+                        .find(|(r, _)| *r >= first_row && *r < last_row)
+                        .map(|(_, e)| e.clone()),
+                };
+                match (req.sink.take(), failed) {
+                    (Some(sink), None) => {
+                        self.s.stats.success_count.fetch_add(1, Ordering::Relaxed);
+                        sender.attach(sink, &self.s.model, &self.b.outstanding);
+                    }
+                    (Some(sink), Some(e)) => {
+                        sender.end(&e);
+                        self.s.stats.failure_count.fetch_add(1, Ordering::Relaxed);
+                        let resp = Response::error(req.id, &self.s.model, &req.correlation_id, e);
+                        answers.push((sink, resp));
+                    }
+                    (None, _) => sender.end(&Error::cancelled(
+                        "a shutdown answered the request while its batch ran",
+                    )),
+                }
+                crate::request::pool::recycle_request(req);
+                continue;
+            }
             if let Some(sink) = req.sink.take() {
                 let window = RowWindow {
                     batch_rows: size,

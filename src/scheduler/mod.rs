@@ -102,6 +102,11 @@ pub trait Kind: Send + Sync + 'static {
     fn abandon(&self, _why: &str) -> Vec<Abandoned> {
         Vec::new()
     }
+    /// Responses delivered apart from their batch (decoupled backends), for
+    /// [`Scheduler::progress`].
+    fn delivered_apart(&self) -> u64 {
+        0
+    }
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -408,6 +413,15 @@ impl Scheduler {
 
     pub fn pending(&self) -> usize {
         self.kind.pending()
+    }
+
+    /// Grows with every request answered and every response a decoupled backend sends:
+    /// an unload sees whether the backend still makes progress.
+    pub fn progress(&self) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.stats.success_count.load(Relaxed)
+            + self.stats.failure_count.load(Relaxed)
+            + self.kind.delivered_apart()
     }
 
     pub fn set_paused(&self, paused: bool) {

@@ -1135,7 +1135,7 @@ impl Kind for SequenceBatcher {
     }
 
     fn is_idle(&self) -> bool {
-        self.seq.is_idle()
+        self.seq.is_idle() && self.batches.none_outstanding()
     }
 
     fn cancel_all(&self, why: &str) {
@@ -1150,7 +1150,7 @@ impl Kind for SequenceBatcher {
             .into_iter()
             .map(|(req, e)| super::Abandoned::Queued(req, e))
             .collect();
-        self.batches.abandon_running(&mut out);
+        self.batches.abandon_running(why, &mut out);
         out
     }
 
@@ -1167,7 +1167,7 @@ impl Kind for SequenceBatcher {
     fn cancel(&self, _s: &Scheduler, request_id: u64) -> CancelOutcome {
         match self
             .seq
-            .cancel(request_id, || self.batches.is_running(request_id))
+            .cancel(request_id, || self.batches.is_running_or_cancel(request_id))
         {
             Some(true) => CancelOutcome::Cancelled,
             Some(false) => CancelOutcome::Running,
@@ -1181,6 +1181,10 @@ impl Kind for SequenceBatcher {
 
     fn stats_prometheus(&self, out: &mut crate::stats::PromText, labels: &str) {
         self.batches.stats_prometheus(out, labels);
+    }
+
+    fn delivered_apart(&self) -> u64 {
+        (self.batches.outstanding.delivered).load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

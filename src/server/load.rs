@@ -119,9 +119,7 @@ impl Server {
         }
         let config = Arc::new(raw.finish()?);
         if config.decoupled && !generative {
-            return Err(Error::unsupported(format!(
-                "model '{name}': model_transaction_policy.decoupled is not supported for backend '{key}' (only the generative backends send responses apart from requests); remove it from the config"
-            )));
+            check_decoupled(&config, &key, self.backends.read().contains_key(&key))?;
         }
         for g in config.instance_groups.iter().filter(|g| g.rate_limited) {
             self.log.info(&format!(
@@ -645,15 +643,7 @@ impl Server {
         }
         // Wait while they make progress; a version that answers nothing for
         // UNLOAD_STALL has a stuck backend: what it holds is answered CANCELLED.
-        let answered = || -> u64 {
-            versions
-                .iter()
-                .map(|s| {
-                    s.stats.success_count.load(Ordering::Relaxed)
-                        + s.stats.failure_count.load(Ordering::Relaxed)
-                })
-                .sum()
-        };
+        let answered = || -> u64 { versions.iter().map(|s| s.progress()).sum() };
         let (mut last, mut since) = (answered(), std::time::Instant::now());
         while !versions.iter().all(|s| s.is_idle()) {
             std::thread::sleep(std::time::Duration::from_millis(1));
@@ -788,4 +778,36 @@ fn select_versions(config: &ModelConfig, dir: Option<&Folder>) -> Result<Vec<i64
         }
     };
     Ok(chosen)
+}
+
+/// A decoupled model (not generative): its custom backend sends each request's
+/// responses when it chooses, so nothing may promise an order across requests.
+fn check_decoupled(config: &ModelConfig, key: &str, custom: bool) -> Result<()> {
+    let name = &config.name;
+    if !custom {
+        return Err(Error::unsupported(format!(
+            "model '{name}': model_transaction_policy.decoupled is not supported for backend '{key}' (custom backends and the generative backends send responses apart from requests); remove it from the config"
+        )));
+    }
+    let dynamic = (config.dynamic_batching.as_ref()).is_some_and(|d| d.preserve_ordering);
+    let oldest = config.sequence_batching.as_ref().is_some_and(|q| {
+        matches!(
+            q.strategy,
+            crate::config::SequenceStrategy::Oldest {
+                preserve_ordering: true,
+                ..
+            }
+        )
+    });
+    if dynamic || oldest {
+        let field = if dynamic {
+            "dynamic_batching.preserve_ordering"
+        } else {
+            "sequence_batching.oldest.preserve_ordering"
+        };
+        return Err(Error::unsupported(format!(
+            "model '{name}': {field} with model_transaction_policy.decoupled: a decoupled backend sends each request's responses when it chooses; remove one of them"
+        )));
+    }
+    Ok(())
 }
