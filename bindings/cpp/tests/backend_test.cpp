@@ -10,6 +10,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <infer/infer.hpp>
@@ -275,7 +276,68 @@ public:
     }
 };
 
+/// A decoupled backend: for IN = [n], sends n responses OUT = [k] (k = 0..n-1) from a
+/// thread of its own after execute returned, then a FINAL without outputs. n = -1 drops
+/// the sender without a FINAL (the binding ends the request with an error).
+class Countdown : public infer::Backend {
+    struct Inst : infer::Instance {
+        void execute(infer::Batch &batch) override {
+            for (uint32_t i = 0; i < batch.request_count(); i++) {
+                const int32_t n = batch.request_input(i, "IN").as<int32_t>()[0];
+                EXPECT_EQ(batch.request_rows(i).second, 1u);
+                infer::ResponseSender sender = batch.response_sender(i);
+                if (n < 0) {
+                    continue; // destroyed here, without a FINAL
+                }
+                std::thread([n, s = std::move(sender)]() mutable {
+                    for (int32_t k = 0; k < n; k++) {
+                        std::this_thread::sleep_for(5ms);
+                        s.output<int32_t>("OUT", {1, 1})[0] = k;
+                        s.send();
+                    }
+                    s.send_final();
+                }).detach();
+            }
+        }
+    };
+
+public:
+    std::unique_ptr<infer::Instance> create_instance(const infer::InstanceInfo &) override {
+        return std::make_unique<Inst>();
+    }
+};
+
 } // namespace
+
+TEST(CustomBackend, DecoupledBackendStreamsFromItsOwnThread) {
+    infer::Server server;
+    server.register_backend("countdown", std::make_shared<Countdown>());
+    server.load_model("countdown", "backend: \"countdown\"\nmax_batch_size: 4\n"
+                                   "input [ { name: \"IN\" data_type: TYPE_INT32 dims: [ 1 ] } ]\n"
+                                   "output [ { name: \"OUT\" data_type: TYPE_INT32 dims: [ 1 ] } ]\n"
+                                   "model_transaction_policy { decoupled: true }\n");
+    std::mutex mu;
+    std::vector<int32_t> got;
+    std::promise<bool> done;
+    server.enqueue(server.request("countdown").input<int32_t>("IN", {1, 1}, {3}),
+                   [&](infer::Response r, bool final) {
+                       std::lock_guard<std::mutex> lock(mu);
+                       if (final) {
+                           done.set_value(r.ok() && r.output_count() == 0);
+                           return;
+                       }
+                       got.push_back(r.output<int32_t>("OUT")[0]);
+                   });
+    ASSERT_TRUE(done.get_future().get());
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(got, (std::vector<int32_t>{0, 1, 2}));
+
+    // A sender dropped without its FINAL still ends the request.
+    infer::Response r =
+        server.infer(server.request("countdown").input<int32_t>("IN", {1, 1}, {-1})).get();
+    EXPECT_EQ(r.status(), INFER_STATUS_INTERNAL);
+    EXPECT_NE(r.error_message().find("without a FINAL"), std::string::npos) << r.error_message();
+}
 
 TEST(CustomBackend, BytesTensors) {
     infer::Server server;

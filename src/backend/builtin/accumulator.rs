@@ -413,6 +413,7 @@ mod tests {
             config: config.clone(),
             error_message: None,
             gpu: None,
+            senders: Vec::new(),
         };
         for (name, dtype, shape, data) in inputs {
             let c_name = Arc::new(std::ffi::CString::new(name).unwrap());

@@ -25,6 +25,95 @@
 
 namespace infer {
 
+/// A decoupled model's handle on one request (Batch::response_sender): the backend sends
+/// that request 0..n responses and then the FINAL, from any thread, during execute or
+/// after it returned. Move-only; use it on one thread at a time. A sender destroyed
+/// before its FINAL ends the request with an INTERNAL error response, so no request is
+/// left without one.
+class ResponseSender {
+public:
+    explicit ResponseSender(infer_response_sender *s) noexcept : s_(s) {}
+    ResponseSender(ResponseSender &&o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+    ResponseSender &operator=(ResponseSender &&o) noexcept {
+        if (this != &o) {
+            abandon();
+            s_ = std::exchange(o.s_, nullptr);
+        }
+        return *this;
+    }
+    ResponseSender(const ResponseSender &) = delete;
+    ResponseSender &operator=(const ResponseSender &) = delete;
+    ~ResponseSender() { abandon(); }
+
+    /// Allocates output `name` of the next response (shape after a batch dim of any size
+    /// where the model batches), zeroed, for the backend to fill until send().
+    template <class T>
+    TensorView<T> output(const std::string &name, const Shape &shape) {
+        static_assert(!std::is_const_v<T>, "outputs are written: use a non-const T");
+        const std::size_t n = detail::element_count(shape);
+        void *p = output_raw(name, shape, n * sizeof(T));
+        return TensorView<T>(static_cast<T *>(p), n, shape, name);
+    }
+
+    /// Allocates output `name` of exactly `byte_size` bytes (required for BYTES).
+    void *output_raw(const std::string &name, const Shape &shape, std::size_t byte_size) {
+        void *p = nullptr;
+        detail::check(infer_response_sender_output_bytes(live(), name.c_str(), shape.data(),
+                                                         shape.size(), byte_size, &p));
+        return p;
+    }
+
+    /// Allocates and fills a BYTES output, one element per string.
+    template <class Strings>
+    void output_strings(const std::string &name, const Shape &shape, const Strings &strings) {
+        const std::vector<char> bytes = encode_bytes(strings);
+        void *p = output_raw(name, shape, bytes.size());
+        if (!bytes.empty()) {
+            std::memcpy(p, bytes.data(), bytes.size());
+        }
+    }
+
+    /// Sends the outputs allocated since the last send as one (non-final) response.
+    void send() { detail::check(infer_response_sender_send(live(), 0)); }
+
+    /// Sends the outputs allocated since the last send (maybe none) as the FINAL; the
+    /// sender is spent afterwards, whatever the outcome.
+    void send_final() {
+        infer_response_sender *s = std::exchange(s_, nullptr);
+        detail::require_handle(s, "infer::ResponseSender");
+        detail::check(infer_response_sender_send(s, INFER_RESPONSE_FLAG_FINAL));
+    }
+
+    /// Ends the request with an error response (FINAL); the sender is spent.
+    void send_error(Status code, const std::string &message) {
+        infer_response_sender *s = std::exchange(s_, nullptr);
+        detail::require_handle(s, "infer::ResponseSender");
+        detail::check(infer_response_sender_send_error(s, code, message.c_str()));
+    }
+
+    /// Whether the caller cancelled the request (the backend may stop early).
+    bool cancelled() const noexcept { return infer_response_sender_is_cancelled(s_); }
+
+    /// False once the FINAL was sent (or the sender was moved from).
+    explicit operator bool() const noexcept { return s_ != nullptr; }
+
+private:
+    infer_response_sender *live() const {
+        detail::require_handle(s_, "infer::ResponseSender");
+        return s_;
+    }
+
+    void abandon() noexcept {
+        if (s_ != nullptr) {
+            infer_response_sender_send_error(
+                std::exchange(s_, nullptr), INFER_STATUS_INTERNAL,
+                "the C++ backend dropped the request's ResponseSender without a FINAL");
+        }
+    }
+
+    infer_response_sender *s_;
+};
+
 /// One execution's requests: batched inputs to read, outputs to allocate and fill, and
 /// per-row errors. Valid only during Instance::execute, like every Tensor and TensorView
 /// read from it. Not thread-safe; use it on the thread that runs execute.
@@ -164,6 +253,38 @@ public:
         if (!bytes.empty()) {
             std::memcpy(p, bytes.data(), bytes.size());
         }
+    }
+
+    /// Where request `index` (< request_count()) is in the batch: its first row and its
+    /// number of rows.
+    std::pair<uint32_t, uint32_t> request_rows(uint32_t index) const {
+        uint32_t first = 0;
+        uint32_t rows = 0;
+        detail::check(infer_batch_request_rows(b_, index, &first, &rows));
+        return {first, rows};
+    }
+
+    /// Input `name` of request `index` alone, in the shape that request gave (a ragged
+    /// batch's rows before they were concatenated). Host memory on a CPU instance.
+    Tensor request_input(uint32_t index, const std::string &name) const {
+        infer_datatype dt = INFER_DATATYPE_INVALID;
+        const int64_t *shape = nullptr;
+        uintptr_t ndim = 0;
+        const void *data = nullptr;
+        uintptr_t bytes = 0;
+        detail::check(infer_batch_request_input(b_, index, name.c_str(), &dt, &shape, &ndim,
+                                                &data, &bytes));
+        host_only(name);
+        return Tensor(name, static_cast<DataType>(dt), Shape(shape, shape + ndim), data, bytes);
+    }
+
+    /// For a decoupled model: takes request `index`'s response sender; the library then
+    /// does not answer that request from the batch's outputs. Its inputs stay valid only
+    /// until execute returns.
+    ResponseSender response_sender(uint32_t index) {
+        infer_response_sender *s = nullptr;
+        detail::check(infer_batch_response_sender(b_, index, &s));
+        return ResponseSender(s);
     }
 
     /// Fails the request that holds row `row` with `code` and `message`; the other
