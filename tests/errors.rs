@@ -537,7 +537,8 @@ fn response_accessor_errors() {
 /// Triton config fields whose features the library does not implement are refused at
 /// load with UNSUPPORTED naming the field, never parsed and ignored; a rate limiter (off
 /// in Triton unless its server turns it on) loads, and the log says it has no effect. (The
-/// response cache is implemented: tests/dynamic_batching.rs.)
+/// response cache is implemented: tests/dynamic_batching.rs; ragged batching:
+/// tests/ragged.rs; decoupled custom backends: tests/decoupled.rs.)
 #[test]
 fn unimplemented_triton_fields_are_refused_by_name() {
     let s = Server::new();
@@ -549,14 +550,6 @@ fn unimplemented_triton_fields_are_refused_by_name() {
         (
             r#"instance_group [ { count: 1 kind: KIND_CPU host_policy: "numa0" } ]"#,
             "instance_group.host_policy",
-        ),
-        (
-            r#"batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_INT32 source_input: "INPUT0" } ]"#,
-            "batch_input",
-        ),
-        (
-            r#"batch_output [ { target_name: "OUTPUT0" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "INPUT0" } ]"#,
-            "batch_output",
         ),
         (
             "model_transaction_policy { decoupled: true }",

@@ -420,6 +420,18 @@ impl Batch {
                 source,
             });
         }
+        for b in &config.batch_inputs {
+            let (data, shape) = batch_input_values(config, b, requests)?;
+            for t in &b.targets {
+                inputs.push(BatchInput {
+                    name: t.clone(),
+                    c_name: Arc::new(std::ffi::CString::new(&**t).unwrap_or_default()),
+                    dtype: b.data_type,
+                    shape: Shape::from_slice(&shape),
+                    source: InputSource::Assembled(data.clone()),
+                });
+            }
+        }
         Ok(inputs)
     }
 
@@ -541,6 +553,12 @@ impl Batch {
                 shape_string(shape)
             ))
         })?;
+        if cfg.batch_output_source(name).is_some() {
+            // Scattered back by its source input's shapes: any shape holding the
+            // requests' elements (checked when the batch is split).
+            let bytes = output_bytes(cfg, name, dtype, shape, elems, byte_size)?;
+            return Ok((tname, dtype, bytes));
+        }
         if cfg.max_batch_size > 0 && shape.first().copied() != Some(self.size as i64) {
             return Err(Error::invalid(format!(
                 "output '{name}' of model '{}': dim 0 of shape {} must be the batch size {}",
@@ -589,6 +607,66 @@ impl Batch {
     pub(crate) fn check_bytes_output(out: &BatchOutput) -> Result<usize> {
         count_bytes_elements(&out.data).map_err(|e| e.context(format!("output '{}'", out.name)))
     }
+}
+
+/// The values and shape of a `batch_input` for a batch of `requests` (Triton's kinds:
+/// see [`crate::config::BatchInputKind`]).
+fn batch_input_values(
+    config: &ModelConfig,
+    b: &crate::config::BatchInputConfig,
+    requests: &[Box<Request>],
+) -> Result<(Vec<u8>, Vec<i64>)> {
+    use crate::config::BatchInputKind as K;
+    let mut shapes: Vec<(&[i64], u32)> = Vec::with_capacity(requests.len());
+    for r in requests {
+        let t = r.input(&b.source).ok_or_else(|| {
+            Error::invalid(format!(
+                "model '{}': request {} has no input '{}', which batch input '{}' describes",
+                config.name, r.id, b.source, b.targets[0]
+            ))
+        })?;
+        shapes.push((&t.shape, r.batch_size));
+    }
+    let counts: Vec<i64> = shapes.iter().map(|(s, _)| s.iter().product()).collect();
+    let running = |start: Vec<i64>| {
+        counts.iter().fold(start, |mut acc, c| {
+            acc.push(acc.last().copied().unwrap_or(0) + c);
+            acc
+        })
+    };
+    let items = || -> Vec<i64> {
+        let mut v = Vec::new();
+        for (s, rows) in &shapes {
+            for _ in 0..*rows {
+                v.extend_from_slice(&s[1.min(s.len())..]);
+            }
+        }
+        v
+    };
+    let rank = shapes.first().map_or(0, |(s, _)| s.len().saturating_sub(1)) as i64;
+    let rows: i64 = shapes.iter().map(|(_, r)| i64::from(*r)).sum();
+    let (values, shape): (Vec<i64>, Vec<i64>) = match b.kind {
+        K::ElementCount => (counts.clone(), vec![counts.len() as i64]),
+        K::AccumulatedElementCount => (running(Vec::new()), vec![counts.len() as i64]),
+        K::AccumulatedElementCountWithZero => (running(vec![0]), vec![counts.len() as i64 + 1]),
+        K::MaxElementCountAsShape => {
+            let max = counts.iter().copied().max().unwrap_or(0);
+            (vec![0; max.max(0) as usize], vec![max])
+        }
+        K::ItemShape => (items(), vec![rows, rank]),
+        K::ItemShapeFlatten => (items(), vec![rows * rank]),
+    };
+    let mut data = Vec::with_capacity(values.len() * b.data_type.byte_size());
+    for v in values {
+        match b.data_type {
+            DataType::Int64 => data.extend_from_slice(&v.to_le_bytes()),
+            DataType::Fp32 => data.extend_from_slice(&(v as f32).to_le_bytes()),
+            _ => data.extend_from_slice(
+                &(v.clamp(i32::MIN.into(), i32::MAX.into()) as i32).to_le_bytes(),
+            ),
+        }
+    }
+    Ok((data, shape))
 }
 
 /// Checks an output's shape against the config's dims (after the batch dim when the

@@ -49,6 +49,10 @@ pub struct ModelConfig {
     pub response_cache: bool,
     /// `metric_tags`: labels added to every Prometheus sample of the model, sorted by name.
     pub metric_tags: Vec<(String, String)>,
+    /// `batch_input`: inputs the library computes for each batch (ragged batching).
+    pub batch_inputs: Vec<BatchInputConfig>,
+    /// `batch_output`: outputs split back by the shape of an input (ragged batching).
+    pub batch_outputs: Vec<BatchOutputConfig>,
     /// The whole configuration as JSON with Triton's field names (for
     /// `infer_server_model_config_json` and custom backends' `instance_init`).
     pub json: String,
@@ -80,6 +84,56 @@ pub enum WarmupData {
     /// A file under `<model_dir>/warmup/`: the tensor's bytes as a request would carry
     /// them (BYTES: each element a 4-byte little-endian length, then its bytes).
     File(String),
+}
+
+/// What a `batch_input` computes from its source input, per batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchInputKind {
+    /// [requests]: each request's element count of the source.
+    ElementCount,
+    /// [requests]: the running sum of the element counts.
+    AccumulatedElementCount,
+    /// [requests + 1]: 0, then the running sum.
+    AccumulatedElementCountWithZero,
+    /// [max element count of a request]: only its shape means something (zeros).
+    MaxElementCountAsShape,
+    /// [rows, source rank - 1]: each batch row's shape of the source (batch dim left out).
+    ItemShape,
+    /// [rows x (source rank - 1)]: the same, flattened.
+    ItemShapeFlatten,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchInputConfig {
+    pub kind: BatchInputKind,
+    /// The model inputs that receive the tensor (one or more names).
+    pub targets: Vec<Arc<str>>,
+    /// INT32, INT64 or FP32.
+    pub data_type: DataType,
+    /// The config input it describes.
+    pub source: Arc<str>,
+}
+
+/// `batch_output` BATCH_SCATTER_WITH_INPUT_SHAPE: each request gets the next elements of
+/// the target outputs, in the shape it gave its source input.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchOutputConfig {
+    pub targets: Vec<Arc<str>>,
+    pub source: Arc<str>,
+}
+
+impl ModelConfig {
+    /// The `batch_input` a model input name is a target of.
+    pub fn batch_input(&self, name: &str) -> Option<&BatchInputConfig> {
+        (self.batch_inputs.iter()).find(|b| b.targets.iter().any(|t| &**t == name))
+    }
+
+    /// The source input of the `batch_output` an output is a target of.
+    pub fn batch_output_source(&self, output: &str) -> Option<&Arc<str>> {
+        (self.batch_outputs.iter())
+            .find(|b| b.targets.iter().any(|t| &**t == output))
+            .map(|b| &b.source)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -553,7 +553,6 @@ runtime: "model.so"
         // the schema's field order), until the config loads.
         let mut bert = bert.to_owned();
         let mut fields = vec![
-            ("batch_input", "batch_input ["),
             ("runtime", "runtime: \"model.so\""),
             ("cc_model_filenames", "cc_model_filenames [ { key: \"8.6\" value: \"model_86.plan\" } ]"),
             (
@@ -602,6 +601,11 @@ runtime: "model.so"
         assert_eq!(c.warmup[0].inputs.len(), 2);
         assert!(!c.decoupled);
         assert!(c.inputs[0].allow_ragged_batch);
+        assert_eq!(c.batch_inputs.len(), 1);
+        assert_eq!(
+            c.batch_input("cu_seqlens").map(|b| (b.kind, &*b.source)),
+            Some((crate::config::BatchInputKind::AccumulatedElementCount, "input_ids"))
+        );
         assert_eq!(c.outputs[0].data_type, DataType::Fp16);
         assert_eq!(c.instance_groups[0].count, 2);
         assert_eq!(c.dynamic_batching.as_ref().unwrap().max_queue_delay_us, 500);

@@ -5,9 +5,10 @@
 
 use super::pb;
 use super::{
-    ControlInput, ControlKind, DynamicBatching, Ensemble, EnsembleStep, InitialState,
-    InstanceGroup, InstanceKind, ModelConfig, QueuePolicy, SequenceBatching, SequenceStrategy,
-    StateConfig, TensorConfig, TimeoutAction, VersionPolicy,
+    BatchInputConfig, BatchInputKind, BatchOutputConfig, ControlInput, ControlKind,
+    DynamicBatching, Ensemble, EnsembleStep, InitialState, InstanceGroup, InstanceKind,
+    ModelConfig, QueuePolicy, SequenceBatching, SequenceStrategy, StateConfig, TensorConfig,
+    TimeoutAction, VersionPolicy,
 };
 use super::{Warmup, WarmupData, WarmupInput};
 use crate::status::{Error, Result};
@@ -119,6 +120,7 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
         .map(|(k, v)| (k.clone(), v.string_value.clone()))
         .collect();
 
+    let (batch_inputs, batch_outputs) = ck.batch_io(config, &inputs, &outputs)?;
     let warmup = ck.warmup(
         &config.model_warmup,
         max_batch_size,
@@ -143,6 +145,8 @@ pub(super) fn build(config: &pb::ModelConfig, name: String, json: String) -> Res
         decoupled,
         response_cache: config.response_cache.as_ref().is_some_and(|c| c.enable),
         metric_tags,
+        batch_inputs,
+        batch_outputs,
         json,
         name,
     })
@@ -512,6 +516,167 @@ impl Checker<'_> {
     }
 
     /// Prometheus label names, not those the library's own samples carry.
+    /// `batch_input` and `batch_output` (ragged batching), as Triton checks them: a
+    /// batching model; each with one source input of the config; batch input targets
+    /// that name no other tensor; batch output targets that are config outputs.
+    fn batch_io(
+        &self,
+        config: &pb::ModelConfig,
+        inputs: &[TensorConfig],
+        outputs: &[TensorConfig],
+    ) -> Result<(Vec<BatchInputConfig>, Vec<BatchOutputConfig>)> {
+        use pb::batch_input::Kind;
+        let (bi, bo) = (&config.batch_input, &config.batch_output);
+        if bi.is_empty() && bo.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let field = if bi.is_empty() {
+            "batch_output"
+        } else {
+            "batch_input"
+        };
+        if config.max_batch_size == 0 {
+            return Err(self.err(field, "needs a model that batches (max_batch_size > 0)"));
+        }
+        if config.platform == "ensemble" {
+            return Err(self.err(field, "an ensemble has no backend to compute it for"));
+        }
+        if let Some(pb::model_config::SchedulingChoice::SequenceBatching(_)) =
+            &config.scheduling_choice
+        {
+            return Err(Error::unsupported(format!(
+                "model '{}': {field} with sequence_batching: a sequence batch's padding slots have no requests to describe",
+                self.model
+            )));
+        }
+        let source = |path: &str, names: &[String]| -> Result<Arc<str>> {
+            let [one] = names else {
+                return Err(self.err(
+                    format_args!("{path}.source_input"),
+                    format!("must name exactly one input (it names {})", names.len()),
+                ));
+            };
+            inputs
+                .iter()
+                .find(|t| *t.name == **one)
+                .map(|t| t.name.clone())
+                .ok_or_else(|| {
+                    self.err(
+                        format_args!("{path}.source_input"),
+                        format!("'{one}' is not an input of the config"),
+                    )
+                })
+        };
+        let mut batch_inputs: Vec<BatchInputConfig> = Vec::with_capacity(bi.len());
+        for (i, b) in bi.iter().enumerate() {
+            let path = format!("batch_input[{i}]");
+            let kind = match Kind::try_from(b.kind) {
+                Ok(Kind::BatchElementCount) => BatchInputKind::ElementCount,
+                Ok(Kind::BatchAccumulatedElementCount) => BatchInputKind::AccumulatedElementCount,
+                Ok(Kind::BatchAccumulatedElementCountWithZero) => {
+                    BatchInputKind::AccumulatedElementCountWithZero
+                }
+                Ok(Kind::BatchMaxElementCountAsShape) => BatchInputKind::MaxElementCountAsShape,
+                Ok(Kind::BatchItemShape) => BatchInputKind::ItemShape,
+                Ok(Kind::BatchItemShapeFlatten) => BatchInputKind::ItemShapeFlatten,
+                Err(_) => {
+                    return Err(self.err(
+                        format_args!("{path}.kind"),
+                        format!("unknown kind {}", b.kind),
+                    ))
+                }
+            };
+            let data_type = self.data_type(&format!("{path}.data_type"), b.data_type, &path)?;
+            if !matches!(
+                data_type,
+                DataType::Int32 | DataType::Int64 | DataType::Fp32
+            ) {
+                return Err(self.err(
+                    format_args!("{path}.data_type"),
+                    format!(
+                        "{} (a batch input is TYPE_INT32, TYPE_INT64 or TYPE_FP32)",
+                        data_type.as_str()
+                    ),
+                ));
+            }
+            if b.target_name.is_empty() {
+                return Err(self.err(
+                    format_args!("{path}.target_name"),
+                    "empty: name the model input that receives it",
+                ));
+            }
+            let mut targets: Vec<Arc<str>> = Vec::with_capacity(b.target_name.len());
+            for t in &b.target_name {
+                let taken = inputs.iter().any(|x| *x.name == **t)
+                    || outputs.iter().any(|x| *x.name == **t)
+                    || targets.iter().any(|x| **x == **t)
+                    || batch_inputs
+                        .iter()
+                        .any(|x| x.targets.iter().any(|y| **y == **t));
+                if t.is_empty() || taken {
+                    return Err(self.err(
+                        format_args!("{path}.target_name"),
+                        format!("'{t}' is empty or already names an input, an output or another batch input"),
+                    ));
+                }
+                targets.push(Arc::from(t.as_str()));
+            }
+            batch_inputs.push(BatchInputConfig {
+                kind,
+                targets,
+                data_type,
+                source: source(&path, &b.source_input)?,
+            });
+        }
+        let mut batch_outputs: Vec<BatchOutputConfig> = Vec::with_capacity(bo.len());
+        for (i, b) in bo.iter().enumerate() {
+            let path = format!("batch_output[{i}]");
+            if pb::batch_output::Kind::try_from(b.kind).is_err() {
+                return Err(self.err(
+                    format_args!("{path}.kind"),
+                    format!("unknown kind {}", b.kind),
+                ));
+            }
+            if b.target_name.is_empty() {
+                return Err(self.err(
+                    format_args!("{path}.target_name"),
+                    "empty: name the outputs to scatter",
+                ));
+            }
+            let mut targets: Vec<Arc<str>> = Vec::with_capacity(b.target_name.len());
+            for t in &b.target_name {
+                let Some(o) = outputs.iter().find(|x| *x.name == **t) else {
+                    return Err(self.err(
+                        format_args!("{path}.target_name"),
+                        format!("'{t}' is not an output of the config"),
+                    ));
+                };
+                if o.data_type == DataType::Bytes {
+                    return Err(Error::unsupported(format!(
+                        "model '{}': {path}.target_name: '{t}' is BYTES; only fixed-size elements are scattered",
+                        self.model
+                    )));
+                }
+                let twice = targets.iter().any(|x| **x == **t)
+                    || batch_outputs
+                        .iter()
+                        .any(|x| x.targets.iter().any(|y| **y == **t));
+                if twice {
+                    return Err(self.err(
+                        format_args!("{path}.target_name"),
+                        format!("'{t}' is the target of two batch outputs"),
+                    ));
+                }
+                targets.push(o.name.clone());
+            }
+            batch_outputs.push(BatchOutputConfig {
+                targets,
+                source: source(&path, &b.source_input)?,
+            });
+        }
+        Ok((batch_inputs, batch_outputs))
+    }
+
     fn metric_tags(
         &self,
         tags: &std::collections::BTreeMap<String, String>,

@@ -141,7 +141,15 @@ pub(super) fn complete_config(
             ),
             _ => Default::default(),
         };
-    let is_input = |n: &str| !state_in.iter().any(|s| s == n) && !controls.iter().any(|s| s == n);
+    // Batch inputs are computed by the library for each batch.
+    let batch_inputs: Vec<String> = (c.batch_input.iter())
+        .flat_map(|b| b.target_name.iter().cloned())
+        .collect();
+    let is_input = |n: &str| {
+        !state_in.iter().any(|s| s == n)
+            && !controls.iter().any(|s| s == n)
+            && !batch_inputs.iter().any(|s| s == n)
+    };
     let is_output = |n: &str| !state_out.iter().any(|s| s == n);
     let io_inputs: Vec<&Declared> = inputs.iter().filter(|d| is_input(&d.name)).collect();
     let io_outputs: Vec<&Declared> = outputs.iter().filter(|d| is_output(&d.name)).collect();
@@ -322,6 +330,15 @@ pub(super) fn expected_input(config: &ModelConfig, d: &Declared, what: &str) -> 
             dtype: ci.data_type,
             dims: [lead, &[1][..]].concat(),
             role: "control input",
+        }
+    } else if let Some(b) = config.batch_input(&d.name) {
+        use crate::config::BatchInputKind as K;
+        // Its length changes with the batch: any size, of the kind's rank.
+        let rank = if b.kind == K::ItemShape { 2 } else { 1 };
+        Expected {
+            dtype: b.data_type,
+            dims: vec![-1; rank],
+            role: "batch input",
         }
     } else {
         let have: Vec<&str> = config.inputs.iter().map(|t| &*t.name).collect();

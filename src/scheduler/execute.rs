@@ -377,6 +377,10 @@ impl Worker<'_> {
                     } else {
                         None
                     };
+                    let scatter = match config.batch_output_source(&o.name) {
+                        Some(src) => Some(self.scatter_windows(&requests, &o, src)?),
+                        None => None,
+                    };
                     // The model computes in `reshape`; callers see `dims` (fixed dims only).
                     let reshape_back = tc
                         .filter(|t| t.reshape.is_some() && t.dims.iter().all(|d| *d >= 0))
@@ -389,6 +393,7 @@ impl Worker<'_> {
                         device: o.device,
                         bytes_offsets,
                         reshape_back,
+                        scatter,
                     })
                 })
                 .collect(),
@@ -429,7 +434,7 @@ impl Worker<'_> {
                     first_row,
                     rows,
                 };
-                let resp = self.answer(&req, window, &outputs_checked, &row_errors, &config);
+                let resp = self.answer(&req, i, window, &outputs_checked, &row_errors, &config);
                 answers.push((sink, resp));
             }
             crate::request::pool::recycle_request(req);
@@ -441,6 +446,7 @@ impl Worker<'_> {
     fn answer(
         &self,
         req: &Request,
+        index: usize,
         w: RowWindow,
         outputs: &Result<Vec<SplitOutput>>,
         row_errors: &[(u32, Error)],
@@ -477,9 +483,11 @@ impl Worker<'_> {
                 continue;
             }
             let total = o.device.as_ref().map_or(o.buf.len(), |d| d.len());
-            let (offset, len, mut shape) =
-                row_window(config, w, &o.shape, total, o.bytes_offsets.as_deref());
-            if let Some(dims) = &o.reshape_back {
+            let (offset, len, mut shape) = match o.scatter.as_ref().and_then(|s| s.get(index)) {
+                Some((offset, len, shape)) => (*offset, *len, shape.clone()),
+                None => row_window(config, w, &o.shape, total, o.bytes_offsets.as_deref()),
+            };
+            if let (Some(dims), None) = (&o.reshape_back, &o.scatter) {
                 let batch_dims = usize::from(config.max_batch_size > 0);
                 shape.truncate(batch_dims);
                 shape.extend(dims.iter().copied());
@@ -539,6 +547,39 @@ impl Worker<'_> {
     }
 }
 
+impl Worker<'_> {
+    /// Where each request's part of a `batch_output` is (BATCH_SCATTER_WITH_INPUT_SHAPE):
+    /// the next elements, as many as its `source` input has, in that input's shape. The
+    /// output must hold exactly the requests' elements.
+    fn scatter_windows(
+        &self,
+        requests: &[Box<Request>],
+        o: &crate::backend::BatchOutput,
+        source: &str,
+    ) -> Result<Vec<(usize, usize, crate::request::Shape)>> {
+        let elem = o.dtype.byte_size();
+        let total = o.device.as_ref().map_or(o.data.len(), |d| d.len());
+        let mut offset = 0usize;
+        let mut out = Vec::with_capacity(requests.len());
+        for r in requests {
+            let shape = r.input(source).map(|t| t.shape.clone()).unwrap_or_default();
+            let len = crate::tensor::element_count(&shape).unwrap_or(0) * elem;
+            out.push((offset.min(total), len, shape));
+            offset += len;
+        }
+        if offset != total {
+            return Err(Error::internal(format!(
+                "model '{}': batch output '{}' holds {} elements, but the requests' input '{source}' has {} (each request gets as many as its '{source}' has)",
+                self.s.model.name_str(),
+                o.name,
+                total / elem.max(1),
+                offset / elem.max(1)
+            )));
+        }
+        Ok(out)
+    }
+}
+
 struct SplitOutput {
     name: Arc<CString>,
     dtype: crate::tensor::DataType,
@@ -550,6 +591,8 @@ struct SplitOutput {
     bytes_offsets: Option<Vec<usize>>,
     /// The config's dims, when the model computes this output in a `reshape` shape.
     reshape_back: Option<Vec<i64>>,
+    /// Each request's (byte offset, byte length, shape) of a `batch_output`.
+    scatter: Option<Vec<(usize, usize, crate::request::Shape)>>,
 }
 
 /// Which rows of a batch belong to one request.
