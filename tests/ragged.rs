@@ -8,8 +8,11 @@ use infer::backend::Batch;
 use infer::ffi::*;
 use std::sync::Mutex;
 
-/// What the backend saw of each batch input: name -> (shape, values as i64).
-static SEEN: Mutex<Vec<(String, Vec<i64>, Vec<i64>)>> = Mutex::new(Vec::new());
+/// A batch input as the backend saw it: name, shape, values as i64.
+type Seen = (String, Vec<i64>, Vec<i64>);
+
+/// What the backend saw of each batch input.
+static SEEN: Mutex<Vec<Seen>> = Mutex::new(Vec::new());
 static TURN: Mutex<()> = Mutex::new(());
 
 fn values(batch: &Batch, name: &str) -> (Vec<i64>, Vec<i64>) {
