@@ -163,10 +163,25 @@ pub struct InstanceGroup {
     pub gpus: Vec<i32>,
     /// CPU cores the group's worker threads are pinned to; empty = not pinned.
     pub cpus: Vec<u32>,
-    /// A `rate_limiter` with resources or a priority is set: it has no effect (as in
-    /// Triton, whose rate limiter is off unless the server turns it on), and the load
-    /// says so in the log.
-    pub rate_limited: bool,
+    /// `rate_limiter`, when it names resources or a priority: used when the server's
+    /// rate limiter is on (as in Triton, whose rate limiter is off unless its server
+    /// turns it on; the load says so in the log).
+    pub rate_limiter: Option<RateLimit>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Distinct names.
+    pub resources: Vec<RateResource>,
+    /// 0 = 1.
+    pub priority: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RateResource {
+    pub name: String,
+    pub global: bool,
+    pub count: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -595,7 +595,17 @@ runtime: "model.so"
         assert!(c.response_cache);
         assert_eq!(c.metric_tags, vec![("team".to_owned(), "nlp".to_owned())]);
         assert_eq!(c.version_policy, VersionPolicy::Latest(2));
-        assert!(c.instance_groups[0].rate_limited);
+        assert_eq!(
+            c.instance_groups[0].rate_limiter,
+            Some(crate::config::RateLimit {
+                resources: vec![crate::config::RateResource {
+                    name: "R1".into(),
+                    global: false,
+                    count: 4
+                }],
+                priority: 2
+            })
+        );
         assert_eq!(c.warmup.len(), 1);
         assert_eq!((c.warmup[0].batch_size, c.warmup[0].count), (8, 3));
         assert_eq!(c.warmup[0].inputs.len(), 2);
@@ -604,7 +614,10 @@ runtime: "model.so"
         assert_eq!(c.batch_inputs.len(), 1);
         assert_eq!(
             c.batch_input("cu_seqlens").map(|b| (b.kind, &*b.source)),
-            Some((crate::config::BatchInputKind::AccumulatedElementCount, "input_ids"))
+            Some((
+                crate::config::BatchInputKind::AccumulatedElementCount,
+                "input_ids"
+            ))
         );
         assert_eq!(c.outputs[0].data_type, DataType::Fp16);
         assert_eq!(c.instance_groups[0].count, 2);

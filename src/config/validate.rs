@@ -7,8 +7,8 @@ use super::pb;
 use super::{
     BatchInputConfig, BatchInputKind, BatchOutputConfig, ControlInput, ControlKind,
     DynamicBatching, Ensemble, EnsembleStep, InitialState, InstanceGroup, InstanceKind,
-    ModelConfig, QueuePolicy, SequenceBatching, SequenceStrategy, StateConfig, TensorConfig,
-    TimeoutAction, VersionPolicy,
+    ModelConfig, QueuePolicy, RateLimit, RateResource, SequenceBatching, SequenceStrategy,
+    StateConfig, TensorConfig, TimeoutAction, VersionPolicy,
 };
 use super::{Warmup, WarmupData, WarmupInput};
 use crate::status::{Error, Result};
@@ -423,7 +423,7 @@ impl Checker<'_> {
                 kind: InstanceKind::Auto,
                 gpus: Vec::new(),
                 cpus: Vec::new(),
-                rate_limited: false,
+                rate_limiter: None,
             }]);
         }
         let mut out = Vec::with_capacity(groups.len());
@@ -493,10 +493,7 @@ impl Checker<'_> {
                 kind,
                 gpus: g.gpus.clone(),
                 cpus,
-                rate_limited: g
-                    .rate_limiter
-                    .as_ref()
-                    .is_some_and(|r| !r.resources.is_empty() || r.priority != 0),
+                rate_limiter: self.rate_limiter(&path, g.rate_limiter.as_ref())?,
             });
         }
         let total: u64 = out
@@ -675,6 +672,38 @@ impl Checker<'_> {
             });
         }
         Ok((batch_inputs, batch_outputs))
+    }
+
+    fn rate_limiter(
+        &self,
+        path: &str,
+        r: Option<&pb::ModelRateLimiter>,
+    ) -> Result<Option<RateLimit>> {
+        let Some(r) = r.filter(|r| !r.resources.is_empty() || r.priority != 0) else {
+            return Ok(None);
+        };
+        let mut resources: Vec<RateResource> = Vec::with_capacity(r.resources.len());
+        for (i, x) in r.resources.iter().enumerate() {
+            let at = format!("{path}.rate_limiter.resources[{i}]");
+            if x.name.is_empty() {
+                return Err(self.err(format_args!("{at}.name"), "empty"));
+            }
+            if resources.iter().any(|y| y.name == x.name) {
+                return Err(self.err(
+                    format_args!("{at}.name"),
+                    format!("'{}' is listed twice", x.name),
+                ));
+            }
+            resources.push(RateResource {
+                name: x.name.clone(),
+                global: x.global,
+                count: x.count,
+            });
+        }
+        Ok(Some(RateLimit {
+            resources,
+            priority: r.priority,
+        }))
     }
 
     fn metric_tags(

@@ -48,10 +48,16 @@ pub(super) struct Batches {
     faults_logged: std::sync::atomic::AtomicU64,
     /// Requests a decoupled backend still answers after their batch was split.
     pub(super) outstanding: Arc<Outstanding>,
+    /// By instance: its place in the server's rate limiter (empty when that is off).
+    rate_slots: Vec<Arc<super::rate::Slot>>,
 }
 
 impl Batches {
-    pub(super) fn new(config: &ModelConfig, instances: &[Box<dyn ModelInstance>]) -> Batches {
+    pub(super) fn new(
+        config: &ModelConfig,
+        instances: &[Box<dyn ModelInstance>],
+        rate_slots: Vec<Arc<super::rate::Slot>>,
+    ) -> Batches {
         let oldest_ordering = config.sequence_batching.as_ref().is_some_and(|q| {
             matches!(
                 q.strategy,
@@ -78,6 +84,7 @@ impl Batches {
                 .collect(),
             faults_logged: std::sync::atomic::AtomicU64::new(0),
             outstanding: Arc::new(Outstanding::default()),
+            rate_slots,
         }
     }
 
@@ -248,6 +255,17 @@ impl Worker<'_> {
             .collect()
     }
 
+    /// Waits for this instance's turn and resources in the server's rate limiter, when it
+    /// is on; they are held until the grant is dropped.
+    pub(super) fn rate_grant(&self) -> Option<super::rate::Grant> {
+        self.b.rate_slots.get(self.index).map(|s| s.acquire())
+    }
+
+    /// Whether this instance takes turns in the server's rate limiter.
+    pub(super) fn rate_limited(&self) -> bool {
+        self.b.rate_slots.get(self.index).is_some()
+    }
+
     /// Runs one batch and turns the result into one FINAL response per request.
     pub(super) fn execute(
         &self,
@@ -278,8 +296,10 @@ impl Worker<'_> {
         nreq: u64,
         start: Instant,
     ) -> Result<()> {
+        let grant = self.rate_grant();
         let result =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| instance.execute(batch)));
+        drop(grant);
         let compute = start.elapsed().as_micros() as u64;
         self.s.stats.record_execution(batch.size, nreq, compute);
         match result {

@@ -20,6 +20,7 @@ pub mod ensemble;
 mod execute;
 pub mod inflight;
 pub mod queue;
+pub mod rate;
 pub mod sequence;
 pub mod timer;
 mod worker;
@@ -194,6 +195,8 @@ impl Scheduler {
     /// (`instance_group.cpus`); an empty or missing entry leaves the thread unpinned. A
     /// pin that fails fails the start (INVALID_ARGUMENT) after the started workers have
     /// exited. `timer` answers queue timeouts on time while every instance is busy.
+    /// `rate_slots[i]`, when the server's rate limiter is on, is what instance `i` takes
+    /// before each batch.
     pub fn start(
         model: ModelIdentity,
         config: Arc<ModelConfig>,
@@ -202,6 +205,7 @@ impl Scheduler {
         initial_states: Vec<sequence::StateValue>,
         cpus: Vec<Vec<u32>>,
         timer: Arc<Timer>,
+        rate_slots: Vec<Arc<rate::Slot>>,
     ) -> Result<Arc<Scheduler>> {
         let model_name = model.name_str().to_owned();
         let pin_error = |i: usize, list: &[u32], e: Error| {
@@ -212,7 +216,7 @@ impl Scheduler {
         for (i, list) in cpus.iter().enumerate().take(instances.len()) {
             crate::affinity::check_allowed(list).map_err(|e| pin_error(i, list, e))?;
         }
-        let batches = Batches::new(&config, &instances);
+        let batches = Batches::new(&config, &instances, rate_slots);
         let stats = ModelStats::new(config.max_batch_size);
         // The kind and, for each instance, the loop its worker runs.
         type Loop = Box<dyn FnOnce(&Arc<Scheduler>) + Send>;

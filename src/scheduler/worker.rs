@@ -81,6 +81,14 @@ impl DynamicBatcher {
                 requests,
             ) {
                 Ok(mut batch) => {
+                    // Held until the batch completes; an instance in a rate limiter
+                    // finishes its batch in flight first (it holds that one's grant).
+                    if w.rate_limited() {
+                        if let Some(previous) = in_flight.take() {
+                            self.finish_started(&w, previous);
+                        }
+                    }
+                    let grant = w.rate_grant();
                     let begun = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         instance.begin(&mut batch)
                     }));
@@ -98,6 +106,7 @@ impl DynamicBatcher {
                         done,
                         start,
                         nreq,
+                        grant,
                     })
                 }
                 Err((e, requests)) => {
@@ -122,11 +131,13 @@ impl DynamicBatcher {
             done,
             start,
             nreq,
+            grant,
         } = s;
         let result = done.and_then(|c| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| c.complete(&mut batch)))
                 .unwrap_or_else(|panic| Err(w.panic_error(panic)))
         });
+        drop(grant);
         let compute = start.elapsed().as_micros() as u64;
         w.s.stats.record_execution(batch.size, nreq, compute);
         let answers = w.split(batch, result);
@@ -227,4 +238,6 @@ struct Started {
     done: Result<Box<dyn crate::backend::Completion>>,
     start: Instant,
     nreq: u64,
+    /// The rate limiter's resources, while the batch runs.
+    grant: Option<super::rate::Grant>,
 }

@@ -121,11 +121,22 @@ impl Server {
         if config.decoupled && !generative {
             check_decoupled(&config, &key, self.backends.read().contains_key(&key))?;
         }
-        for g in config.instance_groups.iter().filter(|g| g.rate_limited) {
-            self.log.info(&format!(
-                "model '{name}': instance_group '{}': rate_limiter has no effect (as in Triton without --rate-limit)",
-                g.name
-            ));
+        for g in config
+            .instance_groups
+            .iter()
+            .filter(|g| g.rate_limiter.is_some())
+        {
+            if self.rate.is_none() {
+                self.log.info(&format!(
+                    "model '{name}': instance_group '{}': rate_limiter has no effect: the server's rate limiter is off (infer_server_options_set_rate_limit), as in Triton without --rate-limit",
+                    g.name
+                ));
+            } else if generative {
+                return Err(Error::unsupported(format!(
+                    "model '{name}': instance_group '{}': rate_limiter: a generative model's generation loop is not rate limited; remove it from the config",
+                    g.name
+                )));
+            }
         }
         if config.response_cache {
             let at = format!("model '{name}': response_cache.enable");
@@ -520,8 +531,10 @@ impl Server {
         let mut instances = Vec::new();
         // The CPU cores each instance's worker thread is pinned to (empty: not pinned).
         let mut cpus: Vec<Vec<u32>> = Vec::new();
+        // The group of each instance.
+        let mut groups: Vec<usize> = Vec::new();
         let mut index = 0u32;
-        for g in &config.instance_groups {
+        for (gi, g) in config.instance_groups.iter().enumerate() {
             if g.kind == InstanceKind::Gpu {
                 self.check_gpu_group(config, backend, g)?;
                 // `count` instances on each listed GPU (every GPU when none is listed).
@@ -541,6 +554,7 @@ impl Server {
                         };
                         instances.push(self.gpu_instance(config, backend, &at)?);
                         cpus.push(g.cpus.clone());
+                        groups.push(gi);
                         index += 1;
                     }
                 }
@@ -587,6 +601,7 @@ impl Server {
                         for i in placed {
                             instances.push(i);
                             cpus.push(g.cpus.clone());
+                            groups.push(gi);
                             index += 1;
                         }
                         continue;
@@ -602,6 +617,7 @@ impl Server {
                 };
                 instances.push(backend.clone().create_version_instance(config, &at)?);
                 cpus.push(g.cpus.clone());
+                groups.push(gi);
                 index += 1;
             }
         }
@@ -616,6 +632,7 @@ impl Server {
         }
         // Triton's model_warmup: every instance runs the samples before the version serves.
         super::warmup::run(config, &mut instances, model_dir)?;
+        let slots = self.rate_slots(config, &instances, &groups)?;
         Scheduler::start(
             ModelIdentity::new(&config.name, version),
             config.clone(),
@@ -624,7 +641,42 @@ impl Server {
             initial_states.to_vec(),
             cpus,
             self.timer.clone(),
+            slots,
         )
+    }
+
+    /// Each instance's place in the server's rate limiter (none when it is off).
+    fn rate_slots(
+        &self,
+        config: &ModelConfig,
+        instances: &[Box<dyn crate::backend::ModelInstance>],
+        groups: &[usize],
+    ) -> Result<Vec<Arc<crate::scheduler::rate::Slot>>> {
+        let Some(limiter) = &self.rate else {
+            return Ok(Vec::new());
+        };
+        let mut slots = Vec::with_capacity(instances.len());
+        for (i, inst) in instances.iter().enumerate() {
+            let g = groups.get(i).and_then(|&g| config.instance_groups.get(g));
+            let rl = g.and_then(|g| g.rate_limiter.as_ref());
+            let needs: Vec<crate::scheduler::rate::Need> = (rl.map(|r| r.resources.as_slice()))
+                .unwrap_or_default()
+                .iter()
+                .map(|r| crate::scheduler::rate::Need {
+                    name: Arc::from(r.name.as_str()),
+                    global: r.global,
+                    count: r.count,
+                })
+                .collect();
+            let what = format!(
+                "model '{}': instance_group '{}'",
+                config.name,
+                g.map_or("", |g| g.name.as_str())
+            );
+            let priority = rl.map_or(1, |r| r.priority);
+            slots.push(limiter.register(&what, &needs, inst.device().unwrap_or(-1), priority)?);
+        }
+        Ok(slots)
     }
 
     /// Closes versions that no longer take requests (already moved from the registry to

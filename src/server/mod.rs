@@ -49,6 +49,12 @@ pub struct ServerOptions {
     pub repository_poll: Option<Duration>,
     /// Bytes of the response cache shared by the models that enable it (0: no cache).
     pub response_cache_bytes: usize,
+    /// Triton's `--rate-limit=execution_count`: instances take their `rate_limiter`
+    /// resources before they execute (off: the field has no effect, as in Triton).
+    pub rate_limit: bool,
+    /// Resource sizes (Triton's `--rate-limit-resource`): name, device (-1: the global
+    /// resource and every device without its own size), count.
+    pub rate_limit_resources: Vec<(String, i32, u32)>,
 }
 
 impl Default for ServerOptions {
@@ -64,6 +70,8 @@ impl Default for ServerOptions {
             onnxruntime: Default::default(),
             repository_poll: None,
             response_cache_bytes: 0,
+            rate_limit: false,
+            rate_limit_resources: Vec::new(),
         }
     }
 }
@@ -115,6 +123,8 @@ pub struct Server {
     poll_lock: Mutex<()>,
     /// The response cache (`response_cache_bytes` > 0).
     cache: Option<Arc<cache::ResponseCache>>,
+    /// The rate limiter (`rate_limit`), shared by every model's instances.
+    rate: Option<Arc<crate::scheduler::rate::RateLimiter>>,
     next_request_id: AtomicU64,
     accepting: AtomicBool,
     /// Iteration-statistics callbacks by model name (kept across reloads).
@@ -206,6 +216,9 @@ impl Server {
             tracking: Mutex::new(Default::default()),
             poll_lock: Mutex::new(()),
             cache,
+            rate: (opts.rate_limit).then(|| {
+                crate::scheduler::rate::RateLimiter::new(opts.rate_limit_resources.clone())
+            }),
             next_request_id: AtomicU64::new(1),
             accepting: AtomicBool::new(true),
             stats_callbacks: Mutex::new(HashMap::new()),
