@@ -16,6 +16,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/**
+ * Rate limiter modes (`infer_server_options_set_rate_limit`), as Triton's
+ * `--rate-limit`: off (instance groups' `rate_limiter` has no effect), or instances take
+ * their resources before each execution.
+ */
+#define INFER_RATE_LIMIT_OFF 0
+
+#define INFER_RATE_LIMIT_EXECUTION_COUNT 1
+
 #define INFER_GPU_AUTO 0
 
 #define INFER_GPU_OFF 1
@@ -688,6 +697,27 @@ infer_status infer_server_options_set_repository_poll_ms(struct infer_server_opt
  * and streaming models refuse it (UNSUPPORTED).
  */
 infer_status infer_server_options_set_response_cache_bytes(struct infer_server_options *opts, uint64_t bytes);
+
+/**
+ * The rate limiter (Triton's `--rate-limit`): INFER_RATE_LIMIT_OFF (the default: an
+ * `instance_group`'s `rate_limiter` has no effect, and the load logs so) or
+ * INFER_RATE_LIMIT_EXECUTION_COUNT: before each batch an instance takes the resources
+ * its `rate_limiter` names (per device, or `global`) and gives them back when the batch
+ * is done, across every model of the server; where instances wait for the same
+ * resources, one of `priority` 2 gets half the turns of one of priority 1. A resource's
+ * size is what `infer_server_options_add_rate_limit_resource` gives, or the largest
+ * count any one loaded instance needs. INVALID_ARGUMENT for another mode.
+ */
+infer_status infer_server_options_set_rate_limit(struct infer_server_options *opts, uint32_t mode);
+
+/**
+ * Gives rate limiter resource `name` `count` units (Triton's `--rate-limit-resource`):
+ * on GPU `device`, or with `device` -1 for the global resource of that name and every
+ * device without a size of its own (CPU instances count as device -1). A model whose
+ * instance needs more than its device (or the global resource) has fails to load
+ * (INVALID_ARGUMENT). Given twice for one name and device, the last count holds.
+ */
+infer_status infer_server_options_add_rate_limit_resource(struct infer_server_options *opts, const char *name, uint32_t count, int32_t device);
 
 /**
  * The ONNX Runtime library file (`libonnxruntime.so...`) for ONNX models; searched first,

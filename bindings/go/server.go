@@ -53,6 +53,14 @@ type ServerOptions struct {
 	// ResponseCacheBytes, when not zero, gives the server a response cache of that size
 	// for the models whose config says response_cache { enable: true }.
 	ResponseCacheBytes uint64
+	// RateLimit turns on the rate limiter (Triton's --rate-limit=execution_count): before
+	// each batch an instance takes the resources its instance_group's rate_limiter names,
+	// across every model, and priority 2 gets half the turns of priority 1. Off, the
+	// rate_limiter fields have no effect (as in Triton by default).
+	RateLimit bool
+	// RateLimitResources sizes rate limiter resources (Triton's --rate-limit-resource);
+	// a resource not listed has the largest count any one loaded instance needs.
+	RateLimitResources []RateLimitResource
 	// ONNXRuntimeLibrary is the ONNX Runtime library file for ONNX models, searched before
 	// INFER_ONNXRUNTIME_LIBRARY, libinfer's directory and the loader's paths. One ONNX
 	// Runtime per process: the first server that loads an ONNX model decides.
@@ -117,6 +125,15 @@ func NewServer(opts *ServerOptions) (*Server, error) {
 	return s, nil
 }
 
+// RateLimitResource gives a rate limiter resource Count units on GPU Device, or, with
+// Device -1, for the global resource of that name and every device without its own size
+// (CPU instances count as device -1).
+type RateLimitResource struct {
+	Name   string
+	Count  uint32
+	Device int32
+}
+
 // apply copies opts into the C options.
 func (s *Server) apply(copts *C.infer_server_options, opts *ServerOptions) error {
 	if opts.ModelRepository != "" {
@@ -142,6 +159,26 @@ func (s *Server) apply(copts *C.infer_server_options, opts *ServerOptions) error
 		if err := call(func() C.infer_status {
 			return C.infer_server_options_set_repository_poll_ms(copts, C.uint64_t(ms))
 		}); err != nil {
+			return err
+		}
+	}
+	if opts.RateLimit {
+		if err := call(func() C.infer_status {
+			return C.infer_server_options_set_rate_limit(copts, C.INFER_RATE_LIMIT_EXECUTION_COUNT)
+		}); err != nil {
+			return err
+		}
+	}
+	for _, r := range opts.RateLimitResources {
+		name, err := cString("rate limiter resource", r.Name)
+		if err != nil {
+			return err
+		}
+		err = call(func() C.infer_status {
+			return C.infer_server_options_add_rate_limit_resource(copts, name, C.uint32_t(r.Count), C.int32_t(r.Device))
+		})
+		freeCString(name)
+		if err != nil {
 			return err
 		}
 	}

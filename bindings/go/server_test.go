@@ -492,3 +492,53 @@ func TestRepositoryPollIndexAndFilesInMemory(t *testing.T) {
 	}
 	wantCode(t, s.LoadModelFiles("bad", addSubConfig, map[string][]byte{"../x": {1}}), InvalidArgument, "'../x'")
 }
+
+func TestRateLimiterSerializesModelsSharingAResource(t *testing.T) {
+	s, err := NewServer(&ServerOptions{GPU: GPUOff, RateLimit: true,
+		RateLimitResources: []RateLimitResource{{Name: "R", Count: 1, Device: -1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	limited := func(name string, need int) string {
+		return fmt.Sprintf(`name: "%s" backend: "identity" max_batch_size: 0
+  input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+  output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+  instance_group [ { count: 1 kind: KIND_CPU rate_limiter { resources [ { name: "R" global: true count: %d } ] } } ]
+  parameters { key: "execute_delay_us" value { string_value: "100000" } }`, name, need)
+	}
+	wantCode(t, s.LoadModel("big", limited("big", 2), ""), InvalidArgument, "needs 2, but the server gives it 1")
+	for _, m := range []string{"a", "b"} {
+		if err := s.LoadModel(m, limited(m, 1), ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Two 100 ms executions that share R's one unit take turns.
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, m := range []string{"a", "b"} {
+		wg.Add(1)
+		go func(m string) {
+			defer wg.Done()
+			req, err := s.NewRequest(m, LatestVersion)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if err := req.AddInputInt32("IN", []int64{1}, []int32{1}); err != nil {
+				t.Error(err)
+				return
+			}
+			resp, err := s.Infer(context.Background(), req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp.Close()
+		}(m)
+	}
+	wg.Wait()
+	if elapsed := time.Since(start); elapsed < 190*time.Millisecond {
+		t.Fatalf("the two executions overlapped: both done in %v", elapsed)
+	}
+}

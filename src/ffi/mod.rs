@@ -65,6 +65,12 @@ pub const INFER_MEMORY_CPU: infer_memory_type = 0;
 pub const INFER_MEMORY_CPU_PINNED: infer_memory_type = 1;
 pub const INFER_MEMORY_GPU: infer_memory_type = 2;
 
+/// Rate limiter modes (`infer_server_options_set_rate_limit`), as Triton's
+/// `--rate-limit`: off (instance groups' `rate_limiter` has no effect), or instances take
+/// their resources before each execution.
+pub const INFER_RATE_LIMIT_OFF: u32 = 0;
+pub const INFER_RATE_LIMIT_EXECUTION_COUNT: u32 = 1;
+
 /// INVALID_ARGUMENT for a memory type that is not one of INFER_MEMORY_*.
 pub(crate) fn unknown_memory_type(m: infer_memory_type) -> Error {
     Error::invalid(format!(

@@ -151,6 +151,68 @@ pub unsafe extern "C" fn infer_server_options_set_response_cache_bytes(
     })
 }
 
+/// The rate limiter (Triton's `--rate-limit`): INFER_RATE_LIMIT_OFF (the default: an
+/// `instance_group`'s `rate_limiter` has no effect, and the load logs so) or
+/// INFER_RATE_LIMIT_EXECUTION_COUNT: before each batch an instance takes the resources
+/// its `rate_limiter` names (per device, or `global`) and gives them back when the batch
+/// is done, across every model of the server; where instances wait for the same
+/// resources, one of `priority` 2 gets half the turns of one of priority 1. A resource's
+/// size is what `infer_server_options_add_rate_limit_resource` gives, or the largest
+/// count any one loaded instance needs. INVALID_ARGUMENT for another mode.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_options_set_rate_limit(
+    opts: *mut ServerOptions,
+    mode: u32,
+) -> infer_status {
+    status_boundary(|| {
+        // SAFETY: `opts`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let o = unsafe { arg_mut(opts, "opts") }?;
+        o.rate_limit = match mode {
+            INFER_RATE_LIMIT_OFF => false,
+            INFER_RATE_LIMIT_EXECUTION_COUNT => true,
+            other => {
+                return Err(Error::invalid(format!(
+                    "rate limit mode {other}: use INFER_RATE_LIMIT_OFF (0) or INFER_RATE_LIMIT_EXECUTION_COUNT (1)"
+                )))
+            }
+        };
+        Ok(())
+    })
+}
+
+/// Gives rate limiter resource `name` `count` units (Triton's `--rate-limit-resource`):
+/// on GPU `device`, or with `device` -1 for the global resource of that name and every
+/// device without a size of its own (CPU instances count as device -1). A model whose
+/// instance needs more than its device (or the global resource) has fails to load
+/// (INVALID_ARGUMENT). Given twice for one name and device, the last count holds.
+#[no_mangle]
+pub unsafe extern "C" fn infer_server_options_add_rate_limit_resource(
+    opts: *mut ServerOptions,
+    name: *const c_char,
+    count: u32,
+    device: i32,
+) -> infer_status {
+    status_boundary(|| {
+        // SAFETY: `opts`: NULL (refused) or a live handle no other thread uses meanwhile.
+        let o = unsafe { arg_mut(opts, "opts") }?;
+        // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+        let name = unsafe { arg_str(name, "name") }?;
+        if name.is_empty() {
+            return Err(Error::invalid("rate limiter resource name is empty"));
+        }
+        if device < -1 {
+            return Err(Error::invalid(format!(
+                "rate limiter resource '{name}': device {device} (use a GPU id, or -1 for every device and the global resource)"
+            )));
+        }
+        o.rate_limit_resources
+            .retain(|(n, d, _)| !(n == name && *d == device));
+        o.rate_limit_resources
+            .push((name.to_owned(), device, count));
+        Ok(())
+    })
+}
+
 /// The ONNX Runtime library file (`libonnxruntime.so...`) for ONNX models; searched first,
 /// before the `INFER_ONNXRUNTIME_LIBRARY` environment variable, the directory of
 /// libinfer and the loader's paths. NULL or "" clears it. ONNX Runtime is loaded once per

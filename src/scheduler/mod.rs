@@ -111,6 +111,17 @@ pub trait Kind: Send + Sync + 'static {
     fn as_any(&self) -> &dyn Any;
 }
 
+/// Where each instance's worker runs, by instance index.
+#[derive(Default)]
+pub struct Placement {
+    /// The CPU cores the worker thread is pinned to (`instance_group.cpus`); an empty or
+    /// missing entry leaves it unpinned.
+    pub cpus: Vec<Vec<u32>>,
+    /// What the instance takes from the server's rate limiter before each batch (empty
+    /// when the limiter is off).
+    pub rate_slots: Vec<Arc<rate::Slot>>,
+}
+
 pub struct Scheduler {
     pub model: ModelIdentity,
     pub config: Arc<ModelConfig>,
@@ -190,23 +201,20 @@ impl Scheduler {
 
     /// Starts one worker thread per instance: a sequence batcher for models with
     /// `sequence_batching`, a dynamic batcher otherwise. `initial_states` are the values
-    /// of the configured implicit states (see [`sequence::initial_states`]). `cpus[i]`
-    /// are the CPU cores instance `i`'s worker thread is pinned to
-    /// (`instance_group.cpus`); an empty or missing entry leaves the thread unpinned. A
-    /// pin that fails fails the start (INVALID_ARGUMENT) after the started workers have
+    /// of the configured implicit states (see [`sequence::initial_states`]). `placement`
+    /// says where each instance's worker runs and what it takes before a batch. A pin
+    /// that fails fails the start (INVALID_ARGUMENT) after the started workers have
     /// exited. `timer` answers queue timeouts on time while every instance is busy.
-    /// `rate_slots[i]`, when the server's rate limiter is on, is what instance `i` takes
-    /// before each batch.
     pub fn start(
         model: ModelIdentity,
         config: Arc<ModelConfig>,
         instances: Vec<Box<dyn ModelInstance>>,
         log: crate::log::Logger,
         initial_states: Vec<sequence::StateValue>,
-        cpus: Vec<Vec<u32>>,
+        placement: Placement,
         timer: Arc<Timer>,
-        rate_slots: Vec<Arc<rate::Slot>>,
     ) -> Result<Arc<Scheduler>> {
+        let Placement { cpus, rate_slots } = placement;
         let model_name = model.name_str().to_owned();
         let pin_error = |i: usize, list: &[u32], e: Error| {
             e.context(format!(

@@ -639,9 +639,11 @@ impl Server {
             instances,
             self.log.clone(),
             initial_states.to_vec(),
-            cpus,
+            crate::scheduler::Placement {
+                cpus,
+                rate_slots: slots,
+            },
             self.timer.clone(),
-            slots,
         )
     }
 

@@ -128,6 +128,31 @@ TEST(Server, StartupModelsFromTheRepository) {
     }
 }
 
+TEST(Server, RateLimiterOptions) {
+    infer::Server server(infer::ServerOptions().rate_limit(true).rate_limit_resource("R", 1));
+    const std::string cfg =
+        "backend: \"identity\" max_batch_size: 0\n"
+        "input [ { name: \"IN\" data_type: TYPE_INT32 dims: [ 1 ] } ]\n"
+        "output [ { name: \"OUT\" data_type: TYPE_INT32 dims: [ 1 ] } ]\n"
+        "instance_group [ { count: 1 kind: KIND_CPU rate_limiter { resources [ { name: \"R\" "
+        "global: true count: COUNT } ] } } ]\n";
+    auto with = [&](const char *count) {
+        std::string c = cfg;
+        c.replace(c.find("COUNT"), 5, count);
+        return c;
+    };
+    server.load_model("fits", with("1"));
+    EXPECT_TRUE(server.model_ready("fits"));
+    try {
+        server.load_model("too_big", with("2"));
+        FAIL() << "an instance needing more than the server gives was loaded";
+    } catch (const infer::Error &e) {
+        EXPECT_EQ(e.code(), INFER_STATUS_INVALID_ARGUMENT);
+        EXPECT_NE(e.message().find("needs 2, but the server gives it 1"), std::string::npos)
+            << e.what();
+    }
+}
+
 TEST(Server, RepositoryIndexAndModelFilesInMemory) {
     infer::Server server(infer::ServerOptions()
                              .model_repository(support::repo_dir() + "/models")

@@ -217,6 +217,26 @@ public:
         return *this;
     }
 
+    /// Turns the rate limiter on or off (Triton's --rate-limit=execution_count): on,
+    /// before each batch an instance takes the resources its instance_group's
+    /// rate_limiter names, across every model, and priority 2 gets half the turns of
+    /// priority 1. Off (the default), rate_limiter fields have no effect.
+    ServerOptions &rate_limit(bool on) {
+        detail::check(infer_server_options_set_rate_limit(
+            handle(), on ? INFER_RATE_LIMIT_EXECUTION_COUNT : INFER_RATE_LIMIT_OFF));
+        return *this;
+    }
+
+    /// Gives rate limiter resource `name` `count` units on GPU `device`, or with -1 for
+    /// the global resource and every device without a size of its own (CPU instances
+    /// count as device -1).
+    ServerOptions &rate_limit_resource(const std::string &name, uint32_t count,
+                                       int32_t device = -1) {
+        detail::check(
+            infer_server_options_add_rate_limit_resource(handle(), name.c_str(), count, device));
+        return *this;
+    }
+
     /// Polls the model repository every `period` (0: never, the default), as
     /// Server::poll_repository; needs a repository and no explicit model control.
     ServerOptions &repository_poll(std::chrono::milliseconds period) {
