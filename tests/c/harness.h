@@ -83,6 +83,7 @@ int expect_add_sub(const infer_response *r, const float a[4], const float b[4]);
 /* Test groups in test_scheduling.c. */
 void test_custom_backend(void);
 void test_custom_backend_on_options(void);
+void test_decoupled_backend(void);
 void test_pause_and_batch_sizes(void);
 void test_queue_full(void);
 void test_cancel_queued(void);

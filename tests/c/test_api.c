@@ -515,6 +515,7 @@ int main(void) {
     RUN(test_enqueue_from_callback);
     RUN(test_custom_backend);
     RUN(test_custom_backend_on_options);
+    RUN(test_decoupled_backend);
     RUN(test_pause_and_batch_sizes);
     RUN(test_queue_full);
     RUN(test_cancel_queued);

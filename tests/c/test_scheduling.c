@@ -412,3 +412,94 @@ void test_borrowed_inputs(void) {
     for (int i = 0; i < 8; i++) CHECK(atomic_load(&rel[i]) == 1, "buffer %d released %d times", i, atomic_load(&rel[i]));
     CHECK(atomic_load(&rel[8]) == 0, "a buffer that was not taken was released");
 }
+
+/* A decoupled backend: for IN = [n], sends n responses OUT = [k] and then an empty
+ * FINAL, all from inside execute through the request's sender. */
+static uint32_t streamer_execute(void *state, infer_batch *b) {
+    (void)state;
+    for (uint32_t i = 0; i < infer_batch_request_count(b); i++) {
+        const int64_t *shape = NULL;
+        size_t ndim = 0;
+        const void *data = NULL;
+        uint32_t first = 99, rows = 0;
+        infer_status st = infer_batch_request_input(b, i, "IN", NULL, &shape, &ndim, &data, NULL);
+        if (st != INFER_STATUS_OK) return st;
+        if (infer_batch_request_rows(b, i, &first, &rows) != INFER_STATUS_OK || rows != 1) return INFER_STATUS_INTERNAL;
+        infer_response_sender *snd = NULL;
+        st = infer_batch_response_sender(b, i, &snd);
+        if (st != INFER_STATUS_OK) return st;
+        int32_t n = *(const int32_t *)data;
+        for (int32_t k = 0; k < n; k++) {
+            const int64_t out_shape[2] = {1, 1};
+            void *out = NULL;
+            st = infer_response_sender_output(snd, "OUT", out_shape, 2, &out);
+            if (st != INFER_STATUS_OK) break;
+            *(int32_t *)out = k;
+            st = infer_response_sender_send(snd, 0);
+            if (st != INFER_STATUS_OK) break;
+        }
+        if (st != INFER_STATUS_OK) {
+            infer_response_sender_send_error(snd, st, infer_last_error_message());
+            continue;
+        }
+        infer_response_sender_send(snd, INFER_RESPONSE_FLAG_FINAL);
+    }
+    return INFER_STATUS_OK;
+}
+
+struct stream_seen {
+    atomic_int responses;
+    atomic_int finals;
+    atomic_int last_value;
+    atomic_int final_outputs;
+};
+
+static void stream_response(void *ud, infer_response *resp, uint32_t flags) {
+    struct stream_seen *seen = ud;
+    const void *data = NULL;
+    size_t bytes = 0;
+    if (infer_response_output_by_name(resp, "OUT", NULL, NULL, NULL, &data, &bytes) == INFER_STATUS_OK &&
+        bytes == 4)
+        atomic_store(&seen->last_value, *(const int32_t *)data);
+    if (flags & INFER_RESPONSE_FLAG_FINAL) {
+        atomic_store(&seen->final_outputs, (int)infer_response_output_count(resp));
+        atomic_fetch_add(&seen->finals, 1);
+    } else {
+        atomic_fetch_add(&seen->responses, 1);
+    }
+    infer_response_free(resp);
+}
+
+void test_decoupled_backend(void) {
+    infer_server *s = new_server();
+    infer_backend be;
+    memset(&be, 0, sizeof be);
+    be.struct_size = sizeof be;
+    be.execute = streamer_execute;
+    CHECK_OK(infer_server_register_backend(s, "streamer", &be, NULL));
+    CHECK_OK(infer_server_load_model(s, "stream",
+                                     "backend: \"streamer\" max_batch_size: 4\n"
+                                     "input [ { name: \"IN\" data_type: TYPE_INT32 dims: [ 1 ] } ]\n"
+                                     "output [ { name: \"OUT\" data_type: TYPE_INT32 dims: [ 1 ] } ]\n"
+                                     "model_transaction_policy { decoupled: true }\n",
+                                     NULL));
+    struct stream_seen seen;
+    atomic_init(&seen.responses, 0);
+    atomic_init(&seen.finals, 0);
+    atomic_init(&seen.last_value, -1);
+    atomic_init(&seen.final_outputs, -1);
+    const int64_t shape[2] = {1, 1};
+    const int32_t n = 3;
+    infer_request *r = NULL;
+    CHECK_OK(infer_request_new(s, "stream", -1, &r));
+    CHECK_OK(infer_request_add_input(r, "IN", INFER_DATATYPE_INT32, shape, 2, &n, sizeof n));
+    CHECK_OK(infer_server_enqueue(s, r, stream_response, &seen, NULL));
+    CHECK(harness_wait_at_least(&seen.finals, 1, 10.0));
+    CHECK(atomic_load(&seen.responses) == 3, "%d responses", atomic_load(&seen.responses));
+    CHECK(atomic_load(&seen.last_value) == 2, "last value %d", atomic_load(&seen.last_value));
+    CHECK(atomic_load(&seen.final_outputs) == 0, "the FINAL has %d outputs", atomic_load(&seen.final_outputs));
+    CHECK(atomic_load(&seen.finals) == 1);
+    CHECK_STATUS(infer_response_sender_send(NULL, 0), INFER_STATUS_INVALID_ARGUMENT);
+    CHECK(!infer_response_sender_is_cancelled(NULL));
+    infer_server_free(s);
+}
