@@ -117,6 +117,11 @@ impl Server {
 
     /// A server with a response cache of `bytes` (0: none).
     fn with_cache(bytes: u64) -> Server {
+        Server::with_options(bytes, INFER_RATE_LIMIT_OFF)
+    }
+
+    /// A server with a response cache of `bytes` (0: none) and a rate limiter mode.
+    fn with_options(bytes: u64, rate_limit: u32) -> Server {
         unsafe {
             let mut o: *mut ServerOptions = std::ptr::null_mut();
             check(infer_server_options_new(&mut o), "infer_server_options_new");
@@ -124,6 +129,10 @@ impl Server {
             check(
                 infer_server_options_set_response_cache_bytes(o, bytes),
                 "set_response_cache_bytes",
+            );
+            check(
+                infer_server_options_set_rate_limit(o, rate_limit),
+                "set_rate_limit",
             );
             let mut s = std::ptr::null_mut();
             check(infer_server_new(o, &mut s), "infer_server_new");
@@ -2267,10 +2276,74 @@ fn cache(cfg: &Config) -> String {
     out.join("\n")
 }
 
+/// The rate limiter's cost: one request at a time, enqueue to FINAL, on the identity
+/// model whose instance group names a resource, on a server with the rate limiter off
+/// (the field has no effect) and on one with it on (each execution takes and gives back
+/// the resource). Rounds alternate off, on, off, on...; the line gives each side's p50
+/// per round and the ratios.
+fn rate(cfg: &Config) -> String {
+    let limited = identity_unbatched("lim").replace(
+        "output [",
+        "instance_group [ { count: 1 kind: KIND_CPU rate_limiter { resources [ { name: \"R\" global: true count: 1 } ] priority: 1 } } ]\noutput [",
+    );
+    let servers = [
+        Server::with_options(0, INFER_RATE_LIMIT_OFF),
+        Server::with_options(0, INFER_RATE_LIMIT_EXECUTION_COUNT),
+    ];
+    for s in &servers {
+        s.load("lim", &limited);
+    }
+    let slot = LatencySlot {
+        done: AtomicBool::new(false),
+        at_ns: AtomicU64::new(0),
+        resp: AtomicPtr::new(std::ptr::null_mut()),
+    };
+    let spec = RequestSpec::new("lim", &["INPUT0"], &[1, 16]);
+    for s in &servers {
+        let warm_until = Instant::now() + cfg.warmup.div_f64(2.0);
+        while Instant::now() < warm_until {
+            let (_, resp) = round_trip(s, &slot, spec.build(s.0));
+            assert_eq!(unsafe { infer_response_status(resp) }, INFER_STATUS_OK);
+            unsafe { infer_response_free(resp) };
+        }
+    }
+    let rounds = 6;
+    let window = cfg.measure.div_f64(2.0 * rounds as f64);
+    let mut p50s = [Vec::new(), Vec::new()];
+    for _ in 0..rounds {
+        for (k, s) in servers.iter().enumerate() {
+            let mut lat = Vec::new();
+            let end = Instant::now() + window;
+            while Instant::now() < end {
+                let (ns, resp) = round_trip(s, &slot, spec.build(s.0));
+                unsafe { infer_response_free(resp) };
+                lat.push(ns);
+            }
+            lat.sort_unstable();
+            p50s[k].push(percentile(&lat, 0.50) as f64 / 1000.0);
+        }
+    }
+    let fmt = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.1}"))
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    let ratios: Vec<String> = (0..rounds)
+        .map(|r| format!("{:.2}", p50s[1][r] / p50s[0][r]))
+        .collect();
+    format!(
+        "rate (limiter off vs on): p50 us per round {} vs {}; on/off {}",
+        fmt(&p50s[0]),
+        fmt(&p50s[1]),
+        ratios.join(" ")
+    )
+}
+
 /// A scenario runs with the configuration and returns its result line.
 type Scenario = fn(&Config) -> String;
 
-const SCENARIOS: [(&str, Scenario); 9] = [
+const SCENARIOS: [(&str, Scenario); 10] = [
     ("latency", latency),
     ("closed_loop", closed_loop),
     ("pipelined", pipelined),
@@ -2280,10 +2353,11 @@ const SCENARIOS: [(&str, Scenario); 9] = [
     ("ensemble", ensemble),
     ("cancel", cancel),
     ("cache", cache),
+    ("rate", rate),
 ];
 
 const USAGE: &str = "usage: cargo bench --bench perf -- [options] [scenario...]
-scenarios: latency closed_loop pipelined batching_efficiency memory sequences ensemble cancel cache
+scenarios: latency closed_loop pipelined batching_efficiency memory sequences ensemble cancel cache rate
            (default: all)
 options:
   --warmup-secs F     warm-up per scenario (default 1)

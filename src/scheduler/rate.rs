@@ -15,6 +15,7 @@
 use crate::status::{Error, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A resource: its name and device (None: global).
@@ -28,11 +29,22 @@ pub struct Need {
     pub count: u32,
 }
 
+/// A resource and how much of it is taken.
+struct Resource {
+    key: Key,
+    /// The size the server options give it.
+    given: Option<u32>,
+    /// `given`, or else the largest need of a registered instance.
+    size: u32,
+    in_use: u32,
+}
+
 #[derive(Default)]
 struct State {
-    in_use: HashMap<Key, u32>,
-    /// Every registered instance's needs, by slot id (the default sizes come from them).
-    needs: HashMap<u64, Vec<(Key, u32)>>,
+    /// Every resource an instance has named (indices stay valid).
+    resources: Vec<Resource>,
+    /// Every registered instance's needs (resource index, count), by slot id.
+    needs: HashMap<u64, Vec<(usize, u32)>>,
     /// Instances waiting for their turn: (pass, ticket, slot id).
     waiting: Vec<(u64, u64, u64)>,
     /// The pass of the last turn given: a waiter's pass is at least this, so an instance
@@ -40,6 +52,28 @@ struct State {
     vtime: u64,
     next_ticket: u64,
     next_id: u64,
+}
+
+impl State {
+    fn fits(&self, needs: &[(usize, u32)]) -> bool {
+        needs.iter().all(|&(i, c)| {
+            let r = &self.resources[i];
+            r.in_use + c <= r.size
+        })
+    }
+
+    /// Recomputes the default sizes of resources `of` (after a register or a drop).
+    fn resize(&mut self, of: &[(usize, u32)]) {
+        for &(i, _) in of {
+            let largest = (self.needs.values().flatten())
+                .filter(|(j, _)| *j == i)
+                .map(|(_, c)| *c)
+                .max()
+                .unwrap_or(0);
+            let r = &mut self.resources[i];
+            r.size = r.given.unwrap_or(largest);
+        }
+    }
 }
 
 pub struct RateLimiter {
@@ -54,10 +88,10 @@ pub struct RateLimiter {
 pub struct Slot {
     limiter: Arc<RateLimiter>,
     id: u64,
-    needs: Vec<(Key, u32)>,
+    needs: Vec<(usize, u32)>,
     /// The priority (at least 1): how far a turn moves the pass on.
     stride: u64,
-    pass: Mutex<u64>,
+    pass: AtomicU64,
 }
 
 /// Resources held while a batch executes; dropping it gives them back.
@@ -87,23 +121,6 @@ impl RateLimiter {
         }
     }
 
-    fn size(&self, st: &State, key: &Key) -> u32 {
-        self.given(key).unwrap_or_else(|| {
-            (st.needs.values().flatten())
-                .filter(|(k, _)| k == key)
-                .map(|(_, c)| *c)
-                .max()
-                .unwrap_or(0)
-        })
-    }
-
-    fn fits(&self, st: &State, needs: &[(Key, u32)]) -> bool {
-        needs.iter().all(|(k, c)| {
-            let used = st.in_use.get(k).copied().unwrap_or(0);
-            used + c <= self.size(st, k)
-        })
-    }
-
     /// Registers an instance on `device` (-1: the CPU). INVALID_ARGUMENT when the server
     /// options make a resource smaller than the instance needs (it could never run).
     pub fn register(
@@ -113,16 +130,14 @@ impl RateLimiter {
         device: i32,
         priority: u32,
     ) -> Result<Arc<Slot>> {
-        let needs: Vec<(Key, u32)> = needs
-            .iter()
-            .map(|n| ((n.name.clone(), (!n.global).then_some(device)), n.count))
-            .collect();
-        for ((name, dev), count) in &needs {
-            let key = (name.clone(), *dev);
-            if let Some(size) = self.given(&key).filter(|s| s < count) {
+        for n in needs {
+            let key: Key = (n.name.clone(), (!n.global).then_some(device));
+            if let Some(size) = self.given(&key).filter(|s| *s < n.count) {
                 return Err(Error::invalid(format!(
-                    "{what}: rate_limiter resource '{name}' needs {count}, but the server gives it {size}{} (infer_server_options_add_rate_limit_resource)",
-                    match dev {
+                    "{what}: rate_limiter resource '{}' needs {}, but the server gives it {size}{} (infer_server_options_add_rate_limit_resource)",
+                    n.name,
+                    n.count,
+                    match key.1 {
                         None => " (global)".to_owned(),
                         Some(-1) => " on the CPU".to_owned(),
                         Some(d) => format!(" on GPU {d}"),
@@ -131,17 +146,36 @@ impl RateLimiter {
             }
         }
         let mut st = self.st.lock();
+        let mut indexed = Vec::with_capacity(needs.len());
+        for n in needs {
+            let key: Key = (n.name.clone(), (!n.global).then_some(device));
+            let i = match st.resources.iter().position(|r| r.key == key) {
+                Some(i) => i,
+                None => {
+                    let given = self.given(&key);
+                    st.resources.push(Resource {
+                        key,
+                        given,
+                        size: 0,
+                        in_use: 0,
+                    });
+                    st.resources.len() - 1
+                }
+            };
+            indexed.push((i, n.count));
+        }
         let id = st.next_id;
         st.next_id += 1;
-        st.needs.insert(id, needs.clone());
+        st.needs.insert(id, indexed.clone());
+        st.resize(&indexed);
         let pass = st.vtime;
         drop(st);
         Ok(Arc::new(Slot {
             limiter: self.clone(),
             id,
-            needs,
+            needs: indexed,
             stride: u64::from(priority.max(1)),
-            pass: Mutex::new(pass),
+            pass: AtomicU64::new(pass),
         }))
     }
 }
@@ -151,29 +185,35 @@ impl Slot {
     pub fn acquire(self: &Arc<Self>) -> Grant {
         let l = &self.limiter;
         let mut st = l.st.lock();
-        let ticket = st.next_ticket;
-        st.next_ticket += 1;
-        let pass = (*self.pass.lock()).max(st.vtime);
-        st.waiting.push((pass, ticket, self.id));
-        loop {
-            let next = (st.waiting.iter())
-                .filter(|(_, _, id)| st.needs.get(id).is_some_and(|n| l.fits(&st, n)))
-                .min()
-                .copied();
-            if next.is_some_and(|(_, t, _)| t == ticket) {
-                break;
+        let pass = self.pass.load(Ordering::Relaxed).max(st.vtime);
+        // Alone and the resources free: no turn to wait for.
+        if !(st.waiting.is_empty() && st.fits(&self.needs)) {
+            let ticket = st.next_ticket;
+            st.next_ticket += 1;
+            st.waiting.push((pass, ticket, self.id));
+            loop {
+                let next = (st.waiting.iter())
+                    .filter(|(_, _, id)| st.needs.get(id).is_some_and(|n| st.fits(n)))
+                    .min()
+                    .copied();
+                if next.is_some_and(|(_, t, _)| t == ticket) {
+                    break;
+                }
+                l.cv.wait(&mut st);
             }
-            l.cv.wait(&mut st);
+            st.waiting.retain(|(_, t, _)| *t != ticket);
         }
-        st.waiting.retain(|(_, t, _)| *t != ticket);
-        for (k, c) in &self.needs {
-            *st.in_use.entry(k.clone()).or_insert(0) += c;
+        for &(i, c) in &self.needs {
+            st.resources[i].in_use += c;
         }
         st.vtime = st.vtime.max(pass);
-        *self.pass.lock() = pass + self.stride;
+        self.pass.store(pass + self.stride, Ordering::Relaxed);
+        let others = !st.waiting.is_empty();
         drop(st);
-        // The next waiter in line may fit too.
-        l.cv.notify_all();
+        if others {
+            // The next waiter in line may fit too.
+            l.cv.notify_all();
+        }
         Grant { slot: self.clone() }
     }
 }
@@ -182,13 +222,15 @@ impl Drop for Grant {
     fn drop(&mut self) {
         let l = &self.slot.limiter;
         let mut st = l.st.lock();
-        for (k, c) in &self.slot.needs {
-            if let Some(u) = st.in_use.get_mut(k) {
-                *u = u.saturating_sub(*c);
-            }
+        for &(i, c) in &self.slot.needs {
+            let r = &mut st.resources[i];
+            r.in_use = r.in_use.saturating_sub(c);
         }
+        let waiting = !st.waiting.is_empty();
         drop(st);
-        l.cv.notify_all();
+        if waiting {
+            l.cv.notify_all();
+        }
     }
 }
 
@@ -196,6 +238,7 @@ impl Drop for Slot {
     fn drop(&mut self) {
         let mut st = self.limiter.st.lock();
         st.needs.remove(&self.id);
+        st.resize(&self.needs);
         drop(st);
         // Default sizes may have shrunk or waiters' order changed.
         self.limiter.cv.notify_all();
@@ -285,10 +328,11 @@ mod tests {
         let gc = c.acquire(); // GPU 1's G is 3
         let st = l.st.lock();
         let key: Key = (Arc::from("G"), Some(0));
-        assert_eq!(st.in_use.get(&key), Some(&2));
+        let g0 = st.resources.iter().find(|r| r.key == key).unwrap();
+        assert_eq!((g0.in_use, g0.size), (2, 2));
         drop(st);
         drop((ga, gb, gc));
         let st = l.st.lock();
-        assert!(st.in_use.values().all(|u| *u == 0));
+        assert!(st.resources.iter().all(|r| r.in_use == 0));
     }
 }
