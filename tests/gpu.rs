@@ -1088,6 +1088,38 @@ fn device_input(r: &Req, name: &str, p: u64, bytes: usize, dev: i64) -> infer_st
 
 /// One GPU: batching, outputs on the host and on the device, device inputs, the steady
 /// state, bad device memory.
+fn rate_limited_gpu_instances_take_turns() {
+    let mut o = null_mut();
+    let mut p = null_mut();
+    unsafe {
+        ok(infer_server_options_new(&mut o));
+        ok(infer_server_options_set_gpu(o, INFER_GPU_REQUIRED));
+        ok(infer_server_options_set_rate_limit(o, INFER_RATE_LIMIT_EXECUTION_COUNT));
+        ok(infer_server_new(o, &mut p));
+        infer_server_options_free(o);
+    }
+    let s = Server(p);
+    register_affine_backend(&s);
+    s.load(
+        "r",
+        &affine_config(
+            "r",
+            r#"{ kind: KIND_GPU count: 2 gpus: [ 0 ] rate_limiter { resources [ { name: "R" count: 1 } ] } }"#,
+            "dynamic_batching { max_queue_delay_microseconds: 500 }",
+        ),
+    );
+    let c = Collector::new();
+    let ids: Vec<u64> = (0..32)
+        .map(|i| s.enqueue(affine_request(&s, "r", x_of(i), None), &c).unwrap())
+        .collect();
+    c.wait(ids.len());
+    c.assert_exactly_once(&ids);
+    for resp in c.take() {
+        let i = ids.iter().position(|&id| id == resp.id()).unwrap();
+        check_affine(&resp, x_of(i), INFER_MEMORY_CPU);
+    }
+}
+
 fn data_path_one_gpu() {
     let d = driver();
     let s = server_in(INFER_GPU_REQUIRED).unwrap_or_else(|(st, m)| panic!("{st} {m}"));
@@ -1130,6 +1162,11 @@ fn data_path_one_gpu() {
     let execs = st["models"][0]["execution_count"].as_u64().unwrap_or(0);
     println!("48 requests in {execs} executions");
     assert!(execs < 48, "no batch had more than one request: {st}");
+
+    // With the rate limiter on, a GPU instance that overlaps two batches holds the
+    // resource of one: it finishes that batch before it takes the resource again (else it
+    // would wait for itself), and the two instances sharing the GPU's one unit take turns.
+    rate_limited_gpu_instances_take_turns();
 
     // The steady state: requests one at a time to one instance, sizes repeating: no
     // allocation, and every asynchronous copy from or to pinned memory.
