@@ -1094,7 +1094,10 @@ fn rate_limited_gpu_instances_take_turns() {
     unsafe {
         ok(infer_server_options_new(&mut o));
         ok(infer_server_options_set_gpu(o, INFER_GPU_REQUIRED));
-        ok(infer_server_options_set_rate_limit(o, INFER_RATE_LIMIT_EXECUTION_COUNT));
+        ok(infer_server_options_set_rate_limit(
+            o,
+            INFER_RATE_LIMIT_EXECUTION_COUNT,
+        ));
         ok(infer_server_new(o, &mut p));
         infer_server_options_free(o);
     }
@@ -1110,7 +1113,10 @@ fn rate_limited_gpu_instances_take_turns() {
     );
     let c = Collector::new();
     let ids: Vec<u64> = (0..32)
-        .map(|i| s.enqueue(affine_request(&s, "r", x_of(i), None), &c).unwrap())
+        .map(|i| {
+            s.enqueue(affine_request(&s, "r", x_of(i), None), &c)
+                .unwrap()
+        })
         .collect();
     c.wait(ids.len());
     c.assert_exactly_once(&ids);

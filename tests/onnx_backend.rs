@@ -2152,3 +2152,57 @@ fn onnxruntime_refuses_sizes_the_graph_cannot_take() {
     let r = run(&s, "z", -1, &[f32_in("X", &[3], &[1., 1., 1.])]);
     assert_eq!(out_f32(&r, "Y"), (vec![3], vec![2., 3., 4.]));
 }
+
+/// Ragged batching on an ONNX model: a batch input is a graph input the library fills;
+/// a ragged input must keep the config's rank in the model (it is not handed over
+/// flattened yet), and a model declaring it flattened fails to load, naming it.
+#[test]
+fn onnx_batch_inputs_and_ragged_inputs() {
+    let s = Server::new();
+    // Y = X * ACC[0]: ACC (BATCH_ELEMENT_COUNT) is the element count of each request.
+    let m = model(
+        vec![
+            tensor("X", T::Float, &["b", "n"]),
+            tensor("ACC", T::Float, &["r"]),
+        ],
+        vec![tensor("Y", T::Float, &["b", "n"])],
+        vec![node("Mul", "mul", &["X", "ACC"], &["Y"])],
+        vec![],
+    );
+    let dir = model_dir("onnx-batch-input", &m);
+    let config = |x_dims: &str| {
+        format!(
+            r#"backend: "tract" max_batch_size: 8
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ {x_dims} ] allow_ragged_batch: true }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+batch_input [ {{ kind: BATCH_ELEMENT_COUNT target_name: "ACC" data_type: TYPE_FP32 source_input: "X" }} ]"#
+        )
+    };
+    load_ok(&s, "bi", &config("-1"), &dir);
+    let r = s.infer(s.request("bi").input_f32("X", &[1, 3], &[1.0, 2.0, 3.0]));
+    assert_eq!(r.status(), 0, "{}", r.error());
+    assert_eq!(
+        r.output_f32("Y"),
+        vec![3.0, 6.0, 9.0],
+        "X times its element count"
+    );
+    // The same file with X declared flattened, [n]: refused, naming X.
+    let flat = model(
+        vec![
+            tensor("X", T::Float, &["n"]),
+            tensor("ACC", T::Float, &["r"]),
+        ],
+        vec![tensor("Y", T::Float, &["n"])],
+        vec![node("Mul", "mul", &["X", "ACC"], &["Y"])],
+        vec![],
+    );
+    let dir = model_dir("onnx-ragged-flat", &flat);
+    let msg = load_fails(
+        &s,
+        "flat",
+        &config("-1"),
+        &dir,
+        INFER_STATUS_INVALID_ARGUMENT,
+    );
+    assert_mentions(&msg, &["'X'"]);
+}
