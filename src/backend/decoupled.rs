@@ -182,12 +182,7 @@ impl Sender {
                 cfg.name
             )));
         }
-        let mut data = crate::tensor::try_zeroed(bytes).ok_or_else(|| {
-            Error::exhausted(format!(
-                "output '{name}' of model '{}': cannot allocate {bytes} bytes",
-                cfg.name
-            ))
-        })?;
+        let mut data = super::zeroed_output(cfg, name, bytes)?;
         let ptr = data.as_mut_ptr();
         let out = OutputTensor {
             name: Arc::new(CString::new(name).unwrap_or_default()),

@@ -491,12 +491,7 @@ impl Batch {
         byte_size: Option<usize>,
     ) -> Result<&mut [u8]> {
         let (tname, dtype, bytes) = self.output_spec(name, shape, byte_size)?;
-        let data = crate::tensor::try_zeroed(bytes).ok_or_else(|| {
-            Error::exhausted(format!(
-                "output '{name}' of model '{}': cannot allocate {bytes} bytes",
-                self.config.name
-            ))
-        })?;
+        let data = zeroed_output(&self.config, name, bytes)?;
         self.outputs.push(BatchOutput {
             name: tname,
             dtype,
@@ -698,6 +693,16 @@ pub(crate) fn check_output_dims(
             ""
         }
     )))
+}
+
+/// A zeroed buffer of `bytes` for output `name`, or RESOURCE_EXHAUSTED.
+pub(crate) fn zeroed_output(cfg: &ModelConfig, name: &str, bytes: usize) -> Result<Vec<u8>> {
+    crate::tensor::try_zeroed(bytes).ok_or_else(|| {
+        Error::exhausted(format!(
+            "output '{name}' of model '{}': cannot allocate {bytes} bytes",
+            cfg.name
+        ))
+    })
 }
 
 /// The byte size of an output of `elems` elements: given for BYTES outputs (required),

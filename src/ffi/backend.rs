@@ -130,6 +130,26 @@ pub unsafe extern "C" fn infer_batch_input_by_index(
     })
 }
 
+/// The name and shape of an output to allocate, with `data_out` checked not NULL.
+///
+/// # Safety
+/// `name`, `shape` (of `ndim`) and `data_out` are NULL or valid as the C API states.
+unsafe fn output_args<'a>(
+    name: *const c_char,
+    shape: *const i64,
+    ndim: usize,
+    data_out: *mut *mut c_void,
+) -> Result<(&'a str, &'a [i64])> {
+    // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
+    let n = unsafe { arg_str(name, "name") }?;
+    // SAFETY: `shape`: NULL with a count of 0, or that many readable elements.
+    let shape = unsafe { arg_shape(shape, ndim, "shape") }?;
+    if data_out.is_null() {
+        return Err(Error::invalid("argument 'data_out' must not be NULL"));
+    }
+    Ok((n, shape))
+}
+
 /// # Safety
 /// `b` is NULL or a live batch of the running execute call; `name`, `shape` (of `ndim`)
 /// and `data_out` are NULL or valid as the C API states.
@@ -143,13 +163,8 @@ unsafe fn batch_output(
 ) -> Result<()> {
     // SAFETY: `b`: NULL (refused) or a live handle no other thread uses meanwhile.
     let b = unsafe { arg_mut(b, "b") }?;
-    // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
-    let n = unsafe { arg_str(name, "name") }?;
-    // SAFETY: `shape`: NULL with a count of 0, or that many readable elements.
-    let shape = unsafe { arg_shape(shape, ndim, "shape") }?;
-    if data_out.is_null() {
-        return Err(Error::invalid("argument 'data_out' must not be NULL"));
-    }
+    // SAFETY: as this function's contract.
+    let (n, shape) = unsafe { output_args(name, shape, ndim, data_out) }?;
     let buf = b.alloc_output(n, shape, byte_size)?;
     // SAFETY: `data_out`: NULL (refused) or writable for one value.
     unsafe { write_out(data_out, "data_out", buf.as_mut_ptr() as *mut c_void) }
@@ -391,13 +406,8 @@ unsafe fn sender_output(
 ) -> Result<()> {
     // SAFETY: `s`: NULL (refused) or a live sender.
     let s = unsafe { arg_ref(s, "s") }?;
-    // SAFETY: `name`: NULL (refused) or a NUL-terminated string alive for the call.
-    let n = unsafe { arg_str(name, "name") }?;
-    // SAFETY: `shape`: NULL with a count of 0, or that many readable elements.
-    let shape = unsafe { arg_shape(shape, ndim, "shape") }?;
-    if data_out.is_null() {
-        return Err(Error::invalid("argument 'data_out' must not be NULL"));
-    }
+    // SAFETY: as this function's contract.
+    let (n, shape) = unsafe { output_args(name, shape, ndim, data_out) }?;
     let ptr = s.0.alloc_output(n, shape, byte_size)?;
     // SAFETY: `data_out`: not NULL (checked), writable for one value.
     unsafe { write_out(data_out, "data_out", ptr as *mut c_void) }

@@ -25,12 +25,46 @@
 
 namespace infer {
 
+namespace detail {
+
+/// What Batch and ResponseSender share: typed and BYTES outputs built on the owner's
+/// output_raw(name, shape, byte_size) (CRTP).
+template <class Owner>
+class OutputAllocator {
+public:
+    /// Allocates output `name` with `shape`, zeroed, for the backend to fill. The library
+    /// checks the byte size of shape x sizeof(T) against the config's datatype, so a T of
+    /// the wrong size throws INVALID_ARGUMENT; T must be the config's datatype.
+    template <class T>
+    TensorView<T> output(const std::string &name, const Shape &shape) {
+        static_assert(!std::is_const_v<T>, "outputs are written: use a non-const T");
+        const std::size_t n = element_count(shape);
+        void *p = owner().output_raw(name, shape, n * sizeof(T));
+        return TensorView<T>(static_cast<T *>(p), n, shape, name);
+    }
+
+    /// Allocates and fills a BYTES output, one element per string (rows in order).
+    template <class Strings>
+    void output_strings(const std::string &name, const Shape &shape, const Strings &strings) {
+        const std::vector<char> bytes = encode_bytes(strings);
+        void *p = owner().output_raw(name, shape, bytes.size());
+        if (!bytes.empty()) {
+            std::memcpy(p, bytes.data(), bytes.size());
+        }
+    }
+
+private:
+    Owner &owner() { return static_cast<Owner &>(*this); }
+};
+
+} // namespace detail
+
 /// A decoupled model's handle on one request (Batch::response_sender): the backend sends
 /// that request 0..n responses and then the FINAL, from any thread, during execute or
 /// after it returned. Move-only; use it on one thread at a time. A sender destroyed
 /// before its FINAL ends the request with an INTERNAL error response, so no request is
 /// left without one.
-class ResponseSender {
+class ResponseSender : public detail::OutputAllocator<ResponseSender> {
 public:
     explicit ResponseSender(infer_response_sender *s) noexcept : s_(s) {}
     ResponseSender(ResponseSender &&o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
@@ -45,15 +79,9 @@ public:
     ResponseSender &operator=(const ResponseSender &) = delete;
     ~ResponseSender() { abandon(); }
 
-    /// Allocates output `name` of the next response (shape after a batch dim of any size
-    /// where the model batches), zeroed, for the backend to fill until send().
-    template <class T>
-    TensorView<T> output(const std::string &name, const Shape &shape) {
-        static_assert(!std::is_const_v<T>, "outputs are written: use a non-const T");
-        const std::size_t n = detail::element_count(shape);
-        void *p = output_raw(name, shape, n * sizeof(T));
-        return TensorView<T>(static_cast<T *>(p), n, shape, name);
-    }
+    // output<T>(name, shape) and output_strings(name, shape, strings) allocate the next
+    // response's outputs (OutputAllocator): the shape after a batch dim of any size where
+    // the model batches; the buffers are the backend's to fill until send().
 
     /// Allocates output `name` of exactly `byte_size` bytes (required for BYTES).
     void *output_raw(const std::string &name, const Shape &shape, std::size_t byte_size) {
@@ -61,16 +89,6 @@ public:
         detail::check(infer_response_sender_output_bytes(live(), name.c_str(), shape.data(),
                                                          shape.size(), byte_size, &p));
         return p;
-    }
-
-    /// Allocates and fills a BYTES output, one element per string.
-    template <class Strings>
-    void output_strings(const std::string &name, const Shape &shape, const Strings &strings) {
-        const std::vector<char> bytes = encode_bytes(strings);
-        void *p = output_raw(name, shape, bytes.size());
-        if (!bytes.empty()) {
-            std::memcpy(p, bytes.data(), bytes.size());
-        }
     }
 
     /// Sends the outputs allocated since the last send as one (non-final) response.
@@ -117,7 +135,7 @@ private:
 /// One execution's requests: batched inputs to read, outputs to allocate and fill, and
 /// per-row errors. Valid only during Instance::execute, like every Tensor and TensorView
 /// read from it. Not thread-safe; use it on the thread that runs execute.
-class Batch {
+class Batch : public detail::OutputAllocator<Batch> {
 public:
     explicit Batch(infer_batch *b) noexcept : b_(b) {}
     Batch(const Batch &) = delete;
@@ -224,17 +242,9 @@ public:
         return input(name).as<T>();
     }
 
-    /// Allocates the batched output `name` with `shape` (dim 0 = size() where the model
-    /// batches), zeroed, for the backend to fill. The library checks the byte size of
-    /// shape x sizeof(T) against the config's datatype, so a T of the wrong size throws
-    /// INVALID_ARGUMENT; T must be the config's datatype.
-    template <class T>
-    TensorView<T> output(const std::string &name, const Shape &shape) {
-        static_assert(!std::is_const_v<T>, "outputs are written: use a non-const T");
-        const std::size_t n = detail::element_count(shape);
-        void *p = output_raw(name, shape, n * sizeof(T));
-        return TensorView<T>(static_cast<T *>(p), n, shape, name);
-    }
+    // output<T>(name, shape) allocates the batched output `name` (dim 0 = size() where the
+    // model batches) and output_strings(name, shape, strings) a BYTES one, rows in batch
+    // order (OutputAllocator).
 
     /// Allocates output `name` of exactly `byte_size` bytes (required for BYTES; checked
     /// against the shape for other datatypes) and returns its zeroed buffer.
@@ -243,16 +253,6 @@ public:
         detail::check(infer_batch_output_bytes(b_, name.c_str(), shape.data(), shape.size(),
                                                byte_size, &p));
         return p;
-    }
-
-    /// Allocates and fills a BYTES output, one element per string, rows in batch order.
-    template <class Strings>
-    void output_strings(const std::string &name, const Shape &shape, const Strings &strings) {
-        const std::vector<char> bytes = encode_bytes(strings);
-        void *p = output_raw(name, shape, bytes.size());
-        if (!bytes.empty()) {
-            std::memcpy(p, bytes.data(), bytes.size());
-        }
     }
 
     /// Where request `index` (< request_count()) is in the batch: its first row and its
