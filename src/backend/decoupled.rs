@@ -159,13 +159,7 @@ impl Sender {
         let tc = cfg.output(name).ok_or_else(|| {
             Error::invalid(format!("model '{}' has no output '{name}'", cfg.name))
         })?;
-        let elems = element_count(shape).ok_or_else(|| {
-            Error::invalid(format!(
-                "output '{name}' of model '{}': invalid shape {}",
-                cfg.name,
-                shape_string(shape)
-            ))
-        })?;
+        let elems = super::output_elements(cfg, name, shape)?;
         super::check_output_dims(cfg, name, shape, &tc.dims)?;
         let bytes = super::output_bytes(cfg, name, tc.data_type, shape, elems, byte_size)?;
         let mut st = self.state.lock();

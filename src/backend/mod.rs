@@ -541,13 +541,7 @@ impl Batch {
                 cfg.name
             )));
         }
-        let elems = element_count(shape).ok_or_else(|| {
-            Error::invalid(format!(
-                "output '{name}' of model '{}': invalid shape {}",
-                cfg.name,
-                shape_string(shape)
-            ))
-        })?;
+        let elems = output_elements(cfg, name, shape)?;
         if cfg.batch_output_source(name).is_some() {
             // Scattered back by its source input's shapes: any shape holding the
             // requests' elements (checked when the batch is split).
@@ -693,6 +687,18 @@ pub(crate) fn check_output_dims(
             ""
         }
     )))
+}
+
+/// The element count of an output's shape, or INVALID_ARGUMENT for a negative or
+/// overflowing one.
+pub(crate) fn output_elements(cfg: &ModelConfig, name: &str, shape: &[i64]) -> Result<usize> {
+    element_count(shape).ok_or_else(|| {
+        Error::invalid(format!(
+            "output '{name}' of model '{}': invalid shape {}",
+            cfg.name,
+            shape_string(shape)
+        ))
+    })
 }
 
 /// A zeroed buffer of `bytes` for output `name`, or RESOURCE_EXHAUSTED.
