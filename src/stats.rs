@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
 
 /// Sub-buckets per power of two: bucket error is at most 1/SUB (about 6%).
 const SUB: u64 = 16;
@@ -93,6 +94,11 @@ pub struct ModelStats {
     pub failure_count: AtomicU64,
     pub queue_us: Histogram,
     pub compute_us: Histogram,
+    /// An execution's phases, as Triton's compute input / infer / output: assembling the
+    /// batch's inputs, the backend's execution, and splitting its outputs into responses.
+    pub compute_input_us: Histogram,
+    pub compute_infer_us: Histogram,
+    pub compute_output_us: Histogram,
     /// Index = executed batch size.
     batch_sizes: Box<[AtomicU64]>,
     /// The response cache (when the model uses it): lookups that hit (their time), and
@@ -111,6 +117,9 @@ impl ModelStats {
             failure_count: AtomicU64::new(0),
             queue_us: Histogram::default(),
             compute_us: Histogram::default(),
+            compute_input_us: Histogram::default(),
+            compute_infer_us: Histogram::default(),
+            compute_output_us: Histogram::default(),
             batch_sizes: (0..=max_batch_size.max(1) as usize)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -128,6 +137,13 @@ impl ModelStats {
         self.compute_us.record(compute_us);
         let i = (batch_size as usize).min(self.batch_sizes.len() - 1);
         self.batch_sizes[i].fetch_add(1, Relaxed);
+    }
+
+    /// The phases of one execution (see `compute_input_us`).
+    pub fn record_phases(&self, input: Duration, infer: Duration, output: Duration) {
+        self.compute_input_us.record(input.as_micros() as u64);
+        self.compute_infer_us.record(infer.as_micros() as u64);
+        self.compute_output_us.record(output.as_micros() as u64);
     }
 
     /// (executed size, count) for every size seen.
@@ -156,7 +172,7 @@ impl ModelStats {
             String::new()
         };
         format!(
-            "{{\"name\":{},\"version\":{version},\"inference_count\":{},\"execution_count\":{},\"success_count\":{},\"failure_count\":{},\"queue_us\":{},\"compute_us\":{},\"batch_sizes\":[{}],\"pending\":{pending}{cache}}}",
+            "{{\"name\":{},\"version\":{version},\"inference_count\":{},\"execution_count\":{},\"success_count\":{},\"failure_count\":{},\"queue_us\":{},\"compute_us\":{},\"compute_input_us\":{},\"compute_infer_us\":{},\"compute_output_us\":{},\"batch_sizes\":[{}],\"pending\":{pending}{cache}}}",
             serde_json::Value::String(name.to_owned()),
             self.inference_count.load(Relaxed),
             self.execution_count.load(Relaxed),
@@ -164,6 +180,9 @@ impl ModelStats {
             self.failure_count.load(Relaxed),
             self.queue_us.json(),
             self.compute_us.json(),
+            self.compute_input_us.json(),
+            self.compute_infer_us.json(),
+            self.compute_output_us.json(),
             sizes.join(",")
         )
     }
@@ -214,6 +233,19 @@ impl ModelStats {
             labels,
             self.compute_us.total(),
         );
+        for (phase, h) in [
+            ("input", &self.compute_input_us),
+            ("infer", &self.compute_infer_us),
+            ("output", &self.compute_output_us),
+        ] {
+            out.sample(
+                &format!("infer_compute_{phase}_duration_us_total"),
+                "counter",
+                &format!("Microseconds spent in the {phase} phase of executions"),
+                labels,
+                h.total(),
+            );
+        }
         if self.cache_enabled.load(Relaxed) {
             out.sample(
                 "infer_cache_hit_total",

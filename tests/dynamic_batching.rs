@@ -48,6 +48,39 @@ fn paused_queue_forms_full_batches_on_resume() {
     assert_eq!(st["models"][0]["inference_count"], 10);
     assert_eq!(st["models"][0]["execution_count"], 3);
     assert_eq!(st["models"][0]["success_count"], 10);
+    // Each execution's phases (input, infer, output) are counted once.
+    for phase in ["compute_input_us", "compute_infer_us", "compute_output_us"] {
+        assert_eq!(st["models"][0][phase]["count"], 3, "{phase}: {st}");
+    }
+}
+
+#[test]
+fn compute_phases_split_the_execution() {
+    let s = Server::new();
+    s.load(
+        "m",
+        &add_sub_config("m", "dynamic_batching { }").replace(
+            "max_batch_size: 64",
+            "max_batch_size: 4\nparameters { key: \"execute_delay_us\" value { string_value: \"3000\" } }",
+        ),
+    );
+    let c = Collector::new();
+    let ids = enqueue_n(&s, "m", &c, 2);
+    c.wait(2);
+    c.assert_exactly_once(&ids);
+    let st = &s.stats("m")["models"][0];
+    let n = st["execution_count"].as_u64().unwrap();
+    assert!(n >= 1, "{st}");
+    let total = |k: &str| st[k]["total"].as_u64().unwrap();
+    // The backend's delay is in the infer phase, not in the others.
+    assert!(total("compute_infer_us") >= 3000 * n, "{st}");
+    assert!(total("compute_input_us") < 3000 * n, "{st}");
+    assert!(total("compute_output_us") < 3000 * n, "{st}");
+    let prom = prometheus_text(&s);
+    assert!(
+        prom.contains("infer_compute_infer_duration_us_total{model=\"m\""),
+        "{prom}"
+    );
 }
 
 #[test]

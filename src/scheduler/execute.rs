@@ -284,8 +284,16 @@ impl Worker<'_> {
             Ok(b) => b,
             Err((e, requests)) => return self.fail_all(requests, e),
         };
+        let assembled_at = Instant::now();
         let result = self.run(instance, &mut batch, nreq, start);
-        self.split(batch, result)
+        let ran_at = Instant::now();
+        let answers = self.split(batch, result);
+        self.s.stats.record_phases(
+            assembled_at - start,
+            ran_at - assembled_at,
+            ran_at.elapsed(),
+        );
+        answers
     }
 
     /// Executes an assembled batch (a panicking backend fails the batch) and records it.

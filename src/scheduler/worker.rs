@@ -11,7 +11,7 @@ use super::Scheduler;
 use crate::backend::{Batch, ModelInstance};
 use crate::request::{Request, Response, ResponseSink};
 use crate::status::{Code, Error, Result};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 impl DynamicBatcher {
     pub(super) fn worker(&self, s: &Scheduler, index: usize, mut instance: Box<dyn ModelInstance>) {
@@ -81,6 +81,7 @@ impl DynamicBatcher {
                 requests,
             ) {
                 Ok(mut batch) => {
+                    let assembled = start.elapsed();
                     // Held until the batch completes; an instance in a rate limiter
                     // finishes its batch in flight first (it holds that one's grant).
                     if w.rate_limited() {
@@ -105,6 +106,7 @@ impl DynamicBatcher {
                         batch,
                         done,
                         start,
+                        assembled,
                         nreq,
                         grant,
                     })
@@ -130,6 +132,7 @@ impl DynamicBatcher {
             mut batch,
             done,
             start,
+            assembled,
             nreq,
             grant,
         } = s;
@@ -138,9 +141,13 @@ impl DynamicBatcher {
                 .unwrap_or_else(|panic| Err(w.panic_error(panic)))
         });
         drop(grant);
-        let compute = start.elapsed().as_micros() as u64;
-        w.s.stats.record_execution(batch.size, nreq, compute);
+        let ran = start.elapsed();
+        w.s.stats
+            .record_execution(batch.size, nreq, ran.as_micros() as u64);
+        let split_at = Instant::now();
         let answers = w.split(batch, result);
+        w.s.stats
+            .record_phases(assembled, ran.saturating_sub(assembled), split_at.elapsed());
         self.end_batch(w, seq, answers);
     }
 
@@ -195,10 +202,13 @@ impl SequenceBatcher {
             ) {
                 Err((e, requests)) => (w.fail_all(requests, e), None),
                 Ok(mut batch) => {
-                    let result = match sq.add_inputs(&mut batch, &rows) {
+                    let added = sq.add_inputs(&mut batch, &rows);
+                    let assembled_at = Instant::now();
+                    let result = match added {
                         Ok(()) => w.run(instance.as_mut(), &mut batch, nreq, start),
                         Err(e) => Err(e),
                     };
+                    let ran_at = Instant::now();
                     let (result, states) = match result {
                         Ok(()) => match sq.take_states(&batch, &rows) {
                             Ok(s) => (Ok(()), Some(s)),
@@ -206,7 +216,13 @@ impl SequenceBatcher {
                         },
                         Err(e) => (Err(e), None),
                     };
-                    (w.split(batch, result), states)
+                    let answers = w.split(batch, result);
+                    s.stats.record_phases(
+                        assembled_at - start,
+                        ran_at - assembled_at,
+                        ran_at.elapsed(),
+                    );
+                    (answers, states)
                 }
             };
             // A request answered with an error leaves its sequence's state as it was
@@ -237,6 +253,8 @@ struct Started {
     batch: Batch,
     done: Result<Box<dyn crate::backend::Completion>>,
     start: Instant,
+    /// The time the batch's inputs took to assemble.
+    assembled: Duration,
     nreq: u64,
     /// The rate limiter's resources, while the batch runs.
     grant: Option<super::rate::Grant>,
