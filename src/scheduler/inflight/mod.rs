@@ -1179,6 +1179,12 @@ impl Loop<'_> {
         self.s
             .stats
             .record_execution(scheduled as u32, finished as u64, step_us);
+        // An iteration's phases: planning it, the step, and delivering its tokens.
+        self.s.stats.record_phases(
+            t_plan,
+            std::time::Duration::from_micros(step_us),
+            t_post.elapsed(),
+        );
         self.publish_gauges();
         let sample_us = self.sample_time.as_micros() as u64;
         let sched_us = (t_plan + t_post.elapsed())

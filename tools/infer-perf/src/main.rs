@@ -1,0 +1,452 @@
+//! infer-perf: measures a model of a repository served by libinfer in-process, as
+//! perf_analyzer, genai-perf and model_analyzer measure a Triton server.
+
+mod capi;
+mod inputs;
+mod load;
+mod plot;
+mod report;
+mod stats;
+mod sweep;
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use inputs::{DataSet, Fill, ModelInfo, Source};
+use load::{Load, Settings};
+use report::Point;
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const EXAMPLES: &str = "\
+Examples:
+  # Latency and throughput of models/add_sub at 1 to 8 requests in flight, with a plot:
+  infer-perf --model-repository models -m add_sub --concurrency-range 1:8:1 --plot add_sub.svg
+
+  # Poisson arrivals at 100, 200 and 300 requests/s, written as perf_analyzer's CSV:
+  infer-perf -m mlp --request-rate-range 100:300:100 --request-distribution poisson -f mlp.csv
+
+  # A variable-size input, batch 4, random values:
+  infer-perf -m cnn --shape input:3,32,32 -b 4 --input-data random
+
+  # Time to first token, inter-token latency and tokens/s of a generative model:
+  infer-perf -m tiny_gpt2 --shape input_ids:16 --output-tokens 32 --concurrency-range 1:8:7
+
+  # Which dynamic batching config serves most under a 10 ms p99 budget:
+  infer-perf -m add_sub --concurrency-range 4:16:4 --sweep max_batch_size=4,16 \\
+      --sweep max_queue_delay_microseconds=0,500 --latency-budget-ms 10
+
+The load points are measured in windows of --measurement-interval; a point ends when three
+windows in a row agree within --stability-percentage (throughput and latency), and the
+first window of every point (warm-up) is not counted.";
+
+/// Measures a model served by libinfer in-process: latency and throughput at each load
+/// point, the server's own time split, tables, perf_analyzer's CSV and SVG plots.
+#[derive(Parser, Debug)]
+#[command(name = "infer-perf", version, after_help = EXAMPLES)]
+struct Args {
+    /// The model to measure (a folder of the repository).
+    #[arg(short = 'm', long = "model-name")]
+    model: String,
+    /// The model repository.
+    #[arg(long, default_value = "models")]
+    model_repository: PathBuf,
+    /// Closed loop: START[:END[:STEP]] requests in flight (the default: 1).
+    #[arg(long, value_name = "START:END:STEP")]
+    concurrency_range: Option<String>,
+    /// Open loop: START[:END[:STEP]] requests per second.
+    #[arg(long, value_name = "START:END:STEP", conflicts_with = "concurrency_range")]
+    request_rate_range: Option<String>,
+    /// Arrivals of --request-rate-range: constant gaps or poisson.
+    #[arg(long, default_value = "constant", value_parser = ["constant", "poisson"])]
+    request_distribution: String,
+    /// The length of a measurement window, in milliseconds.
+    #[arg(short = 'p', long, default_value_t = 2000)]
+    measurement_interval: u64,
+    /// Windows agree when each is within this percent of their average.
+    #[arg(short = 's', long, default_value_t = 10.0)]
+    stability_percentage: f64,
+    /// Windows measured per point at most (then the last three are reported).
+    #[arg(long, default_value_t = 10)]
+    max_trials: usize,
+    /// The latency percentile that the stability rule and --latency-budget-ms use (by
+    /// default: the average for stability, p99 for the budget).
+    #[arg(long, value_parser = ["50", "90", "95", "99"])]
+    percentile: Option<String>,
+    /// Input values: zero, random, or a JSON file in perf_analyzer's layout.
+    #[arg(long, default_value = "random")]
+    input_data: String,
+    /// The dims of an input with variable dims (repeatable), without the batch dim.
+    #[arg(long, value_name = "NAME:D1,D2,...")]
+    shape: Vec<String>,
+    /// Rows per request (models that batch).
+    #[arg(short = 'b', long, default_value_t = 1)]
+    batch_size: i64,
+    /// Bytes of each generated string of a BYTES input.
+    #[arg(long, default_value_t = 16)]
+    string_length: usize,
+    /// Requests per sequence (sequence models, generated data).
+    #[arg(long, default_value_t = 20)]
+    sequence_length: usize,
+    /// Sequences open at once in request-rate mode (sequence models).
+    #[arg(long = "num-of-sequences", default_value_t = 4)]
+    num_sequences: usize,
+    /// Generative models: tokens to generate per request (streamed; end tokens ignored).
+    #[arg(long, default_value_t = 16)]
+    output_tokens: i64,
+    /// Writes every point as CSV, perf_analyzer's column names first.
+    #[arg(short = 'f', long = "csv", value_name = "FILE")]
+    csv: Option<PathBuf>,
+    /// Draws the latency-throughput curve, the percentiles and the batch sizes (SVG).
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+    /// Tries config overrides, reloading the model for each combination (repeatable):
+    /// max_batch_size, max_queue_delay_microseconds, preferred_batch_size (4+8 for
+    /// [4, 8]), instance_count.
+    #[arg(long, value_name = "KEY=V1,V2,...")]
+    sweep: Vec<String>,
+    /// With --sweep: the best config is the one with the highest throughput at a point
+    /// whose latency (p99, or --percentile) is within this budget.
+    #[arg(long, value_name = "MS")]
+    latency_budget_ms: Option<f64>,
+}
+
+fn main() {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("infer-perf: error: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// `START[:END[:STEP]]` as the list of points.
+fn parse_range(s: &str, what: &str) -> Result<Vec<f64>, String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.is_empty() || parts.len() > 3 {
+        return Err(format!("{what} '{s}': expected START[:END[:STEP]]"));
+    }
+    let num = |x: &str| {
+        x.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .ok_or_else(|| format!("{what} '{s}': '{x}' is not a number above 0"))
+    };
+    let start = num(parts[0])?;
+    let end = parts.get(1).map(|x| num(x)).transpose()?.unwrap_or(start);
+    let step = parts.get(2).map(|x| num(x)).transpose()?.unwrap_or(1.0);
+    if end < start {
+        return Err(format!("{what} '{s}': END is below START"));
+    }
+    let mut v = Vec::new();
+    let mut x = start;
+    while x <= end + 1e-9 {
+        v.push(x);
+        x += step;
+        if v.len() > 10_000 {
+            return Err(format!("{what} '{s}': more than 10000 points"));
+        }
+    }
+    Ok(v)
+}
+
+fn loads(args: &Args) -> Result<Vec<Load>, String> {
+    if let Some(r) = &args.request_rate_range {
+        let poisson = args.request_distribution == "poisson";
+        return Ok(parse_range(r, "--request-rate-range")?
+            .into_iter()
+            .map(|per_s| Load::Rate { per_s, poisson })
+            .collect());
+    }
+    let c = args.concurrency_range.as_deref().unwrap_or("1");
+    parse_range(c, "--concurrency-range")?
+        .into_iter()
+        .map(|v| {
+            if v.fract() != 0.0 {
+                Err(format!("--concurrency-range '{c}': {v} is not a whole number"))
+            } else {
+                Ok(Load::Concurrency(v as usize))
+            }
+        })
+        .collect()
+}
+
+/// Shows a point's windows: a spinner on a terminal, plain lines otherwise.
+struct Display {
+    bar: Option<ProgressBar>,
+    label: String,
+}
+
+impl Display {
+    fn new(label: String) -> Display {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let b = ProgressBar::new_spinner();
+            b.set_style(
+                ProgressStyle::with_template("{spinner} {prefix} {msg} [{elapsed}]")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            );
+            b.set_prefix(label.clone());
+            b.set_message("warming up");
+            b.enable_steady_tick(std::time::Duration::from_millis(120));
+            b
+        });
+        if bar.is_none() {
+            eprintln!("{label}: warming up");
+        }
+        Display { bar, label }
+    }
+
+    fn done(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+impl load::Progress for Display {
+    fn window(&self, trial: usize, throughput: f64, latency_us: f64) {
+        let msg = format!("window {trial}: {throughput:.1} infer/s, latency {latency_us:.0} usec");
+        match &self.bar {
+            Some(b) => b.set_message(msg),
+            None => eprintln!("{}: {msg}", self.label),
+        }
+    }
+}
+
+/// Why a model cannot be loaded from the repository, before the server tries.
+fn check_repository(repo: &Path, model: &str) -> Result<(), String> {
+    if !repo.is_dir() {
+        return Err(format!("model repository '{}' is not a folder", repo.display()));
+    }
+    if !repo.join(model).is_dir() {
+        let mut names: Vec<String> = std::fs::read_dir(repo)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.path().is_dir())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        return Err(format!(
+            "model '{model}' is not in repository '{}' (models there: {})",
+            repo.display(),
+            if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+        ));
+    }
+    Ok(())
+}
+
+fn data_set(args: &Args, info: &ModelInfo) -> Result<DataSet, String> {
+    let mut shapes = BTreeMap::new();
+    for s in &args.shape {
+        let (n, d) = inputs::parse_shape(s)?;
+        shapes.insert(n, d);
+    }
+    let fill = Fill {
+        model: info,
+        shapes: &shapes,
+        batch_size: args.batch_size,
+        string_length: args.string_length,
+    };
+    let source = match args.input_data.as_str() {
+        "zero" => Source::Zero,
+        "random" => Source::Random,
+        f => Source::File(PathBuf::from(f)),
+    };
+    match source {
+        Source::Zero => fill.synthetic(false, 0),
+        Source::Random => fill.synthetic(true, 0x1f2e3d),
+        Source::File(p) => {
+            let text = std::fs::read_to_string(&p)
+                .map_err(|e| format!("--input-data '{}': {e}", p.display()))?;
+            fill.from_json(&text, &p.display().to_string())
+        }
+    }
+}
+
+/// Measures every load point of one config; prints each point.
+fn measure_all(
+    server: &Arc<capi::Server>,
+    info: &ModelInfo,
+    data: &DataSet,
+    settings: &Settings,
+    loads: &[Load],
+    label: &str,
+) -> Result<Vec<Point>, String> {
+    let mut points = Vec::new();
+    let mut out = std::io::stdout();
+    for l in loads {
+        let name = match l {
+            Load::Concurrency(n) => format!("concurrency {n}"),
+            Load::Rate { per_s, .. } => format!("{per_s} requests/s"),
+        };
+        let name = if label.is_empty() { name } else { format!("[{label}] {name}") };
+        let d = Display::new(name);
+        let m = load::measure(server, info, data, settings, l, &d);
+        d.done();
+        let p = Point::of(l, m?, settings.batch_size, info.generative);
+        let _ = write!(out, "{}", report::point_text(&p));
+        let _ = out.flush();
+        points.push(p);
+    }
+    Ok(points)
+}
+
+fn run(args: &Args) -> Result<i32, String> {
+    let loads = loads(args)?;
+    let axes = args
+        .sweep
+        .iter()
+        .map(|s| sweep::parse_axis(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    if args.latency_budget_ms.is_some() && axes.is_empty() {
+        return Err("--latency-budget-ms needs --sweep".into());
+    }
+    if args.batch_size < 1 {
+        return Err("--batch-size must be at least 1".into());
+    }
+    check_repository(&args.model_repository, &args.model)?;
+    let server = Arc::new(capi::Server::open(&args.model_repository)?);
+    server.load(&args.model, None, None)?;
+    let base = server.config(&args.model)?;
+    let info = ModelInfo::from_config(&args.model, &base)?;
+    if info.decoupled && !info.generative {
+        return Err(format!(
+            "model '{}' is decoupled: only generative decoupled models (gpt2, llama) are measured",
+            args.model
+        ));
+    }
+    let data = data_set(args, &info)?;
+    let settings = Settings {
+        measurement_ms: args.measurement_interval,
+        stability_pct: args.stability_percentage,
+        max_trials: args.max_trials.max(3),
+        percentile: args.percentile.as_deref().and_then(|p| p.parse().ok()),
+        sequence_length: args.sequence_length.max(1),
+        num_sequences: args.num_sequences.max(1),
+        output_tokens: args.output_tokens,
+        batch_size: args.batch_size as u64,
+    };
+    let rate_mode = args.request_rate_range.is_some();
+    let mut csv = String::new();
+    let mut series: Vec<(String, Vec<Point>)> = Vec::new();
+    let combos = if axes.is_empty() { vec![Vec::new()] } else { sweep::combinations(&axes) };
+    for combo in &combos {
+        let label = sweep::label(combo);
+        let info = if combo.is_empty() {
+            info.clone()
+        } else {
+            let cfg = sweep::apply(&base, combo, &args.model)?;
+            let text = serde_json::to_string(&cfg).map_err(|e| e.to_string())?;
+            println!("=== {label}");
+            server
+                .load(&args.model, Some(&text), Some(&args.model_repository.join(&args.model)))
+                .map_err(|e| format!("{label}: {e}"))?;
+            ModelInfo::from_config(&args.model, &server.config(&args.model)?)?
+        };
+        let points = measure_all(&server, &info, &data, &settings, &loads, &label)?;
+        series.push((label, points));
+    }
+    let sweeping = !axes.is_empty();
+    csv.push_str(&report::csv_header(rate_mode, info.generative, sweeping));
+    csv.push('\n');
+    for (label, points) in &series {
+        if sweeping {
+            println!("\n{label}");
+        } else {
+            println!();
+        }
+        print!("{}", report::table(points));
+        for p in points {
+            csv.push_str(&report::csv_row(p, sweeping.then_some(label.as_str())));
+            csv.push('\n');
+        }
+    }
+    let mut focus = 0;
+    let mut code = 0;
+    if sweeping {
+        let pct = settings.percentile;
+        let pname = pct.map_or("p99".to_owned(), |p| format!("p{p}"));
+        let budget_us = args.latency_budget_ms.map(|b| b * 1e3);
+        // (config index, best point within budget)
+        let mut best: Vec<(usize, Option<&Point>)> = series
+            .iter()
+            .enumerate()
+            .map(|(i, (_, pts))| {
+                let ok = pts
+                    .iter()
+                    .filter(|p| budget_us.is_none_or(|b| p.latency_at(pct) <= b) && p.errors == 0)
+                    .max_by(|a, b| a.inferences_per_s.total_cmp(&b.inferences_per_s));
+                (i, ok)
+            })
+            .collect();
+        best.sort_by(|a, b| {
+            let t = |x: &Option<&Point>| x.map_or(-1.0, |p| p.inferences_per_s);
+            t(&b.1).total_cmp(&t(&a.1))
+        });
+        println!(
+            "\nConfigs by throughput{}:",
+            args.latency_budget_ms
+                .map_or(String::new(), |b| format!(" with {pname} latency within {b} ms"))
+        );
+        for (i, p) in &best {
+            match p {
+                Some(p) => println!(
+                    "  {:<60} {:>10.1} infer/s at {} {}, {pname} {:.0} usec",
+                    series[*i].0,
+                    p.inferences_per_s,
+                    if p.rate_mode { "request rate" } else { "concurrency" },
+                    p.load,
+                    p.latency_at(pct)
+                ),
+                None => println!("  {:<60} no point within the budget", series[*i].0),
+            }
+        }
+        match best.first() {
+            Some((i, Some(p))) => {
+                focus = *i;
+                println!(
+                    "Best config: {} ({:.1} infer/s, {pname} {:.0} usec)",
+                    series[*i].0,
+                    p.inferences_per_s,
+                    p.latency_at(pct)
+                );
+            }
+            _ => {
+                println!("Best config: none meets the latency budget");
+                code = 2;
+            }
+        }
+        // The model is left as the repository has it.
+        server.load(&args.model, None, None)?;
+    }
+    if let Some(f) = &args.csv {
+        std::fs::write(f, &csv).map_err(|e| format!("--csv '{}': {e}", f.display()))?;
+    }
+    if let Some(f) = &args.plot {
+        let title = format!("{} (batch size {})", args.model, args.batch_size);
+        plot::draw(f, &title, &series, focus)?;
+    }
+    Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_expand_inclusively() {
+        assert_eq!(parse_range("1:4:1", "r").unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(parse_range("2", "r").unwrap(), vec![2.0]);
+        assert_eq!(parse_range("1:8:4", "r").unwrap(), vec![1.0, 5.0]);
+        assert_eq!(parse_range("100:300:100", "r").unwrap(), vec![100.0, 200.0, 300.0]);
+        assert!(parse_range("4:1", "r").unwrap_err().contains("END is below START"));
+        assert!(parse_range("0", "r").unwrap_err().contains("above 0"));
+        assert!(parse_range("1:2:3:4", "r").is_err());
+    }
+}
