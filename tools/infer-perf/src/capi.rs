@@ -196,7 +196,13 @@ impl Drop for Server {
 pub struct Req(*mut Request);
 
 impl Req {
-    pub fn input(&mut self, name: &CStr, dt: infer_datatype, shape: &[i64], data: &[u8]) -> Result<(), String> {
+    pub fn input(
+        &mut self,
+        name: &CStr,
+        dt: infer_datatype,
+        shape: &[i64],
+        data: &[u8],
+    ) -> Result<(), String> {
         // SAFETY: live request; the slices are valid for the call (the data is copied).
         check(
             unsafe {
@@ -221,7 +227,10 @@ impl Req {
             "correlation id",
         )?;
         // SAFETY: live request.
-        check(unsafe { infer_request_set_flags(self.0, flags) }, "sequence flags")
+        check(
+            unsafe { infer_request_set_flags(self.0, flags) },
+            "sequence flags",
+        )
     }
 
     pub fn param_int(&mut self, key: &CStr, v: i64) -> Result<(), String> {
@@ -267,7 +276,11 @@ pub unsafe fn read_response(r: *mut Response, count_output: Option<&CStr>) -> An
         Some(if m.is_null() {
             status_name(st)
         } else {
-            format!("{}: {}", status_name(st), CStr::from_ptr(m).to_string_lossy())
+            format!(
+                "{}: {}",
+                status_name(st),
+                CStr::from_ptr(m).to_string_lossy()
+            )
         })
     };
     let mut counted = 0;
@@ -292,10 +305,7 @@ pub unsafe fn read_response(r: *mut Response, count_output: Option<&CStr>) -> An
         }
     }
     infer_response_free(r);
-    Answer {
-        error,
-        counted,
-    }
+    Answer { error, counted }
 }
 
 pub const FINAL: u32 = INFER_RESPONSE_FLAG_FINAL;

@@ -38,8 +38,9 @@ impl ModelInfo {
         for i in cfg["input"].as_array().into_iter().flatten() {
             let n = i["name"].as_str().unwrap_or_default().to_owned();
             let t = i["data_type"].as_str().unwrap_or("TYPE_INVALID").to_owned();
-            let (dt, size) = capi::datatype(&t)
-                .ok_or_else(|| format!("model '{name}': input '{n}' has data type {t}, which the tool cannot fill"))?;
+            let (dt, size) = capi::datatype(&t).ok_or_else(|| {
+                format!("model '{name}': input '{n}' has data type {t}, which the tool cannot fill")
+            })?;
             // An input reshaped in the config is sent in its declared dims.
             let dims = i["dims"]
                 .as_array()
@@ -156,7 +157,11 @@ impl Fill<'_> {
                 return Err(format!(
                     "--shape names '{name}', which is not an input of model '{}' (inputs: {})",
                     m.name,
-                    m.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ")
+                    m.inputs
+                        .iter()
+                        .map(|i| i.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ));
             }
         }
@@ -173,7 +178,10 @@ impl Fill<'_> {
                 return Err(format!(
                     "--shape {}:{} does not fit the dims {:?} of input '{}' of model '{}'",
                     spec.name,
-                    d.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(","),
+                    d.iter()
+                        .map(|v| v.to_string())
+                        .collect::<Vec<_>>()
+                        .join(","),
                     spec.dims,
                     spec.name,
                     self.model.name
@@ -222,7 +230,11 @@ impl Fill<'_> {
                 for _ in 0..n {
                     d.extend_from_slice(&(self.string_length as u32).to_le_bytes());
                     for _ in 0..self.string_length {
-                        d.push(if random { rng.alphanumeric() as u8 } else { b'0' });
+                        d.push(if random {
+                            rng.alphanumeric() as u8
+                        } else {
+                            b'0'
+                        });
                     }
                 }
                 d
@@ -318,7 +330,9 @@ impl Fill<'_> {
             let (content, shape) = match val {
                 Value::Object(o) => {
                     if let Some(b) = o.get("b64") {
-                        let s = b.as_str().ok_or_else(|| format!("{at}: b64 must be a string"))?;
+                        let s = b
+                            .as_str()
+                            .ok_or_else(|| format!("{at}: b64 must be a string"))?;
                         let bytes = base64::engine::general_purpose::STANDARD
                             .decode(s)
                             .map_err(|e| format!("{at}: b64: {e}"))?;
@@ -337,7 +351,11 @@ impl Fill<'_> {
                     .as_array()
                     .ok_or_else(|| format!("{at}: shape must be a list"))?
                     .iter()
-                    .map(|d| d.as_i64().filter(|&x| x >= 0).ok_or_else(|| format!("{at}: bad dim {d}")))
+                    .map(|d| {
+                        d.as_i64()
+                            .filter(|&x| x >= 0)
+                            .ok_or_else(|| format!("{at}: bad dim {d}"))
+                    })
                     .collect::<Result<Vec<_>, _>>()?,
                 None => self.dims(spec)?,
             };
@@ -362,7 +380,11 @@ impl Fill<'_> {
                 data.len() / spec.size
             };
             if spec.size != 0 && data.len() % spec.size != 0 {
-                return Err(format!("{at}: {} bytes is not a whole number of {}", data.len(), spec.type_name));
+                return Err(format!(
+                    "{at}: {} bytes is not a whole number of {}",
+                    data.len(),
+                    spec.type_name
+                ));
             }
             if got != expected {
                 return Err(format!(
@@ -430,14 +452,16 @@ fn encode_values(spec: &InputSpec, v: &Value, at: &str) -> Result<Vec<u8>, Strin
             "BOOL" => out.push(x.as_bool().ok_or_else(bad)? as u8),
             "FP32" => out.extend_from_slice(&(x.as_f64().ok_or_else(bad)? as f32).to_le_bytes()),
             "FP64" => out.extend_from_slice(&x.as_f64().ok_or_else(bad)?.to_le_bytes()),
-            "FP16" => out.extend_from_slice(
-                &half::f16::from_f64(x.as_f64().ok_or_else(bad)?).to_le_bytes(),
-            ),
+            "FP16" => out
+                .extend_from_slice(&half::f16::from_f64(x.as_f64().ok_or_else(bad)?).to_le_bytes()),
             "BF16" => out.extend_from_slice(
                 &half::bf16::from_f64(x.as_f64().ok_or_else(bad)?).to_le_bytes(),
             ),
             t => {
-                let i = x.as_i64().or_else(|| x.as_u64().map(|u| u as i64)).ok_or_else(bad)?;
+                let i = x
+                    .as_i64()
+                    .or_else(|| x.as_u64().map(|u| u as i64))
+                    .ok_or_else(bad)?;
                 let (lo, hi): (i128, i128) = match t {
                     "INT8" => (i8::MIN.into(), i8::MAX.into()),
                     "INT16" => (i16::MIN.into(), i16::MAX.into()),
@@ -521,20 +545,43 @@ mod tests {
     fn synthetic_inputs_take_batch_and_shape() {
         let m = model(&[-1, 4], "FP32", 8);
         let mut shapes = BTreeMap::new();
-        let f = Fill { model: &m, shapes: &shapes, batch_size: 2, string_length: 4 };
+        let f = Fill {
+            model: &m,
+            shapes: &shapes,
+            batch_size: 2,
+            string_length: 4,
+        };
         assert!(f.synthetic(false, 1).unwrap_err().contains("--shape X:"));
         shapes.insert("X".to_owned(), vec![3, 4]);
-        let f = Fill { model: &m, shapes: &shapes, batch_size: 2, string_length: 4 };
+        let f = Fill {
+            model: &m,
+            shapes: &shapes,
+            batch_size: 2,
+            string_length: 4,
+        };
         let d = f.synthetic(true, 1).unwrap();
         let t = &d.streams[0][0][0];
         assert_eq!(t.shape, vec![2, 3, 4]);
         assert_eq!(t.data.len(), 2 * 3 * 4 * 4);
         let vals = f32s(&t.data);
         assert!(vals.iter().all(|v| (0.0..1.0).contains(v)));
-        let f = Fill { model: &m, shapes: &shapes, batch_size: 9, string_length: 4 };
-        assert!(f.synthetic(false, 1).unwrap_err().contains("max_batch_size 8"));
+        let f = Fill {
+            model: &m,
+            shapes: &shapes,
+            batch_size: 9,
+            string_length: 4,
+        };
+        assert!(f
+            .synthetic(false, 1)
+            .unwrap_err()
+            .contains("max_batch_size 8"));
         shapes.insert("X".to_owned(), vec![3, 5]);
-        let f = Fill { model: &m, shapes: &shapes, batch_size: 1, string_length: 4 };
+        let f = Fill {
+            model: &m,
+            shapes: &shapes,
+            batch_size: 1,
+            string_length: 4,
+        };
         assert!(f.synthetic(false, 1).unwrap_err().contains("does not fit"));
     }
 
@@ -549,21 +596,35 @@ mod tests {
     fn json_input_data_in_perf_analyzer_layout() {
         let m = model(&[2], "INT32", 0);
         let shapes = BTreeMap::new();
-        let f = Fill { model: &m, shapes: &shapes, batch_size: 1, string_length: 4 };
+        let f = Fill {
+            model: &m,
+            shapes: &shapes,
+            batch_size: 1,
+            string_length: 4,
+        };
         let d = f
-            .from_json(r#"{"data": [{"X": [1, 2]}, {"X": {"content": [3, 4], "shape": [2]}}]}"#, "f.json")
+            .from_json(
+                r#"{"data": [{"X": [1, 2]}, {"X": {"content": [3, 4], "shape": [2]}}]}"#,
+                "f.json",
+            )
             .unwrap();
         assert_eq!(d.streams.len(), 1);
         assert_eq!(d.streams[0].len(), 2);
         assert_eq!(d.streams[0][1][0].data, [3, 0, 0, 0, 4, 0, 0, 0]);
         let d = f
-            .from_json(r#"{"data": [[{"X": [1, 2]}], [{"X": [5, 6]}, {"X": [7, 8]}]]}"#, "f.json")
+            .from_json(
+                r#"{"data": [[{"X": [1, 2]}], [{"X": [5, 6]}, {"X": [7, 8]}]]}"#,
+                "f.json",
+            )
             .unwrap();
         assert_eq!(d.streams.len(), 2);
         assert_eq!(d.streams[1].len(), 2);
         let b64 = base64::engine::general_purpose::STANDARD.encode([9u8, 0, 0, 0, 10, 0, 0, 0]);
         let d = f
-            .from_json(&format!(r#"{{"data": [{{"X": {{"b64": "{b64}"}}}}]}}"#), "f.json")
+            .from_json(
+                &format!(r#"{{"data": [{{"X": {{"b64": "{b64}"}}}}]}}"#),
+                "f.json",
+            )
             .unwrap();
         assert_eq!(d.streams[0][0][0].data[4], 10);
         for (bad, want) in [
@@ -574,7 +635,10 @@ mod tests {
             (r#"{"data": [{"X": [1, "a"]}]}"#, "not a INT32"),
             (r#"{"data": [{"X": [1, 3000000000]}]}"#, "out of range"),
             (r#"{"data": [{}]}"#, "'X' is missing"),
-            (r#"{"data": [{"X": [1, 2]}], "validation_data": []}"#, "validation_data"),
+            (
+                r#"{"data": [{"X": [1, 2]}], "validation_data": []}"#,
+                "validation_data",
+            ),
         ] {
             let e = f.from_json(bad, "f.json").unwrap_err();
             assert!(e.contains(want), "{bad}: {e}");
@@ -586,11 +650,21 @@ mod tests {
     fn strings_are_length_prefixed() {
         let m = model(&[2], "STRING", 0);
         let shapes = BTreeMap::new();
-        let f = Fill { model: &m, shapes: &shapes, batch_size: 1, string_length: 3 };
+        let f = Fill {
+            model: &m,
+            shapes: &shapes,
+            batch_size: 1,
+            string_length: 3,
+        };
         let d = f.synthetic(true, 7).unwrap();
         assert_eq!(count_strings(&d.streams[0][0][0].data), 2);
         assert_eq!(d.streams[0][0][0].data.len(), 2 * (4 + 3));
-        let d = f.from_json(r#"{"data": [{"X": ["ab", ""]}]}"#, "f").unwrap();
-        assert_eq!(d.streams[0][0][0].data, [2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0]);
+        let d = f
+            .from_json(r#"{"data": [{"X": ["ab", ""]}]}"#, "f")
+            .unwrap();
+        assert_eq!(
+            d.streams[0][0][0].data,
+            [2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0]
+        );
     }
 }

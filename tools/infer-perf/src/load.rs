@@ -38,7 +38,10 @@ pub struct Sample {
 pub enum Load {
     Concurrency(usize),
     /// Requests per second; Poisson arrivals when `poisson`.
-    Rate { per_s: f64, poisson: bool },
+    Rate {
+        per_s: f64,
+        poisson: bool,
+    },
 }
 
 /// Settings of a run that do not change between load points.
@@ -130,7 +133,9 @@ impl Run {
             next_step: AtomicUsize::new(0),
             next_stream: AtomicUsize::new(0),
             next_corr: AtomicU64::new(1),
-            seqs: (0..slots).map(|_| Mutex::new(SeqState::default())).collect(),
+            seqs: (0..slots)
+                .map(|_| Mutex::new(SeqState::default()))
+                .collect(),
             idle: Mutex::new(Vec::new()),
         })
     }
@@ -157,8 +162,8 @@ impl Run {
                 let mut st = self.seqs[slot % self.seqs.len()].lock();
                 if st.pos == 0 {
                     st.corr = self.next_corr.fetch_add(1, Ordering::Relaxed);
-                    st.stream = self.next_stream.fetch_add(1, Ordering::Relaxed)
-                        % self.data.streams.len();
+                    st.stream =
+                        self.next_stream.fetch_add(1, Ordering::Relaxed) % self.data.streams.len();
                 }
                 let stream = &self.data.streams[st.stream];
                 // A stream of one step (synthetic data) repeats it for the sequence length.
@@ -302,7 +307,12 @@ impl Window {
 
     /// The latency the stability rule compares, in microseconds.
     pub fn latency(&self, percentile: Option<f64>) -> f64 {
-        let mut l: Vec<u64> = self.samples.iter().filter(|s| s.ok).map(|s| s.end_ns - s.start_ns).collect();
+        let mut l: Vec<u64> = self
+            .samples
+            .iter()
+            .filter(|s| s.ok)
+            .map(|s| s.end_ns - s.start_ns)
+            .collect();
         if l.is_empty() {
             return 0.0;
         }
@@ -390,7 +400,9 @@ pub fn measure(
             }
             let (run, per_s, poisson) = (run.clone(), *per_s, *poisson);
             let (late, sent) = (late.clone(), sent.clone());
-            Some(std::thread::spawn(move || pace(&run, per_s, poisson, &late, &sent)))
+            Some(std::thread::spawn(move || {
+                pace(&run, per_s, poisson, &late, &sent)
+            }))
         }
     };
     let model_name = model.name.as_str();
@@ -463,7 +475,11 @@ pub fn measure(
         first_error,
         sent_rate: matches!(load, Load::Rate { .. })
             .then(|| sent_total as f64 / sent_secs.max(1e-9)),
-        late_share: if sent_total > 0 { late_n as f64 / sent_total as f64 } else { 0.0 },
+        late_share: if sent_total > 0 {
+            late_n as f64 / sent_total as f64
+        } else {
+            0.0
+        },
         lost,
     })
 }
@@ -544,11 +560,20 @@ mod tests {
         assert!(!stable(&[(100.0, 10.0), (100.0, 10.0)], 10.0));
         assert!(stable(&[(100.0, 10.0), (105.0, 10.5), (95.0, 9.6)], 10.0));
         // Throughput off by more than 10% of the average.
-        assert!(!stable(&[(100.0, 10.0), (100.0, 10.0), (130.0, 10.0)], 10.0));
+        assert!(!stable(
+            &[(100.0, 10.0), (100.0, 10.0), (130.0, 10.0)],
+            10.0
+        ));
         // Latency off.
-        assert!(!stable(&[(100.0, 10.0), (100.0, 10.0), (100.0, 14.0)], 10.0));
+        assert!(!stable(
+            &[(100.0, 10.0), (100.0, 10.0), (100.0, 14.0)],
+            10.0
+        ));
         // Only the last three count.
-        assert!(stable(&[(1.0, 99.0), (100.0, 10.0), (100.0, 10.0), (100.0, 10.0)], 10.0));
+        assert!(stable(
+            &[(1.0, 99.0), (100.0, 10.0), (100.0, 10.0), (100.0, 10.0)],
+            10.0
+        ));
         assert!(stable(&[(0.0, 0.0), (0.0, 0.0), (0.0, 0.0)], 10.0));
     }
 

@@ -56,7 +56,11 @@ struct Args {
     #[arg(long, value_name = "START:END:STEP")]
     concurrency_range: Option<String>,
     /// Open loop: START[:END[:STEP]] requests per second.
-    #[arg(long, value_name = "START:END:STEP", conflicts_with = "concurrency_range")]
+    #[arg(
+        long,
+        value_name = "START:END:STEP",
+        conflicts_with = "concurrency_range"
+    )]
     request_rate_range: Option<String>,
     /// Arrivals of --request-rate-range: constant gaps or poisson.
     #[arg(long, default_value = "constant", value_parser = ["constant", "poisson"])]
@@ -167,7 +171,9 @@ fn loads(args: &Args) -> Result<Vec<Load>, String> {
         .into_iter()
         .map(|v| {
             if v.fract() != 0.0 {
-                Err(format!("--concurrency-range '{c}': {v} is not a whole number"))
+                Err(format!(
+                    "--concurrency-range '{c}': {v} is not a whole number"
+                ))
             } else {
                 Ok(Load::Concurrency(v as usize))
             }
@@ -220,7 +226,10 @@ impl load::Progress for Display {
 /// Why a model cannot be loaded from the repository, before the server tries.
 fn check_repository(repo: &Path, model: &str) -> Result<(), String> {
     if !repo.is_dir() {
-        return Err(format!("model repository '{}' is not a folder", repo.display()));
+        return Err(format!(
+            "model repository '{}' is not a folder",
+            repo.display()
+        ));
     }
     if !repo.join(model).is_dir() {
         let mut names: Vec<String> = std::fs::read_dir(repo)
@@ -235,7 +244,11 @@ fn check_repository(repo: &Path, model: &str) -> Result<(), String> {
         return Err(format!(
             "model '{model}' is not in repository '{}' (models there: {})",
             repo.display(),
-            if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+            if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join(", ")
+            }
         ));
     }
     Ok(())
@@ -285,7 +298,11 @@ fn measure_all(
             Load::Concurrency(n) => format!("concurrency {n}"),
             Load::Rate { per_s, .. } => format!("{per_s} requests/s"),
         };
-        let name = if label.is_empty() { name } else { format!("[{label}] {name}") };
+        let name = if label.is_empty() {
+            name
+        } else {
+            format!("[{label}] {name}")
+        };
         let d = Display::new(name);
         let m = load::measure(server, info, data, settings, l, &d);
         d.done();
@@ -335,7 +352,11 @@ fn run(args: &Args) -> Result<i32, String> {
     let rate_mode = args.request_rate_range.is_some();
     let mut csv = String::new();
     let mut series: Vec<(String, Vec<Point>)> = Vec::new();
-    let combos = if axes.is_empty() { vec![Vec::new()] } else { sweep::combinations(&axes) };
+    let combos = if axes.is_empty() {
+        vec![Vec::new()]
+    } else {
+        sweep::combinations(&axes)
+    };
     for combo in &combos {
         let label = sweep::label(combo);
         let info = if combo.is_empty() {
@@ -345,7 +366,11 @@ fn run(args: &Args) -> Result<i32, String> {
             let text = serde_json::to_string(&cfg).map_err(|e| e.to_string())?;
             println!("=== {label}");
             server
-                .load(&args.model, Some(&text), Some(&args.model_repository.join(&args.model)))
+                .load(
+                    &args.model,
+                    Some(&text),
+                    Some(&args.model_repository.join(&args.model)),
+                )
                 .map_err(|e| format!("{label}: {e}"))?;
             ModelInfo::from_config(&args.model, &server.config(&args.model)?)?
         };
@@ -391,8 +416,9 @@ fn run(args: &Args) -> Result<i32, String> {
         });
         println!(
             "\nConfigs by throughput{}:",
-            args.latency_budget_ms
-                .map_or(String::new(), |b| format!(" with {pname} latency within {b} ms"))
+            args.latency_budget_ms.map_or(String::new(), |b| format!(
+                " with {pname} latency within {b} ms"
+            ))
         );
         for (i, p) in &best {
             match p {
@@ -400,7 +426,11 @@ fn run(args: &Args) -> Result<i32, String> {
                     "  {:<60} {:>10.1} infer/s at {} {}, {pname} {:.0} usec",
                     series[*i].0,
                     p.inferences_per_s,
-                    if p.rate_mode { "request rate" } else { "concurrency" },
+                    if p.rate_mode {
+                        "request rate"
+                    } else {
+                        "concurrency"
+                    },
                     p.load,
                     p.latency_at(pct)
                 ),
@@ -444,8 +474,13 @@ mod tests {
         assert_eq!(parse_range("1:4:1", "r").unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
         assert_eq!(parse_range("2", "r").unwrap(), vec![2.0]);
         assert_eq!(parse_range("1:8:4", "r").unwrap(), vec![1.0, 5.0]);
-        assert_eq!(parse_range("100:300:100", "r").unwrap(), vec![100.0, 200.0, 300.0]);
-        assert!(parse_range("4:1", "r").unwrap_err().contains("END is below START"));
+        assert_eq!(
+            parse_range("100:300:100", "r").unwrap(),
+            vec![100.0, 200.0, 300.0]
+        );
+        assert!(parse_range("4:1", "r")
+            .unwrap_err()
+            .contains("END is below START"));
         assert!(parse_range("0", "r").unwrap_err().contains("above 0"));
         assert!(parse_range("1:2:3:4", "r").is_err());
     }

@@ -20,7 +20,12 @@ fn err(e: impl std::fmt::Display) -> String {
 }
 
 /// Draws `series` (label, points); the percentile and histogram panels show `focus`.
-pub fn draw(path: &Path, title: &str, series: &[(String, Vec<Point>)], focus: usize) -> Result<(), String> {
+pub fn draw(
+    path: &Path,
+    title: &str,
+    series: &[(String, Vec<Point>)],
+    focus: usize,
+) -> Result<(), String> {
     let all: Vec<&Point> = series.iter().flat_map(|(_, p)| p.iter()).collect();
     if all.is_empty() {
         return Err("drawing the plot: nothing was measured".into());
@@ -32,8 +37,18 @@ pub fn draw(path: &Path, title: &str, series: &[(String, Vec<Point>)], focus: us
     let ms = |us: f64| us / 1e3;
 
     // 1. Latency (p50 and p99) against throughput.
-    let max_t = all.iter().map(|p| p.inferences_per_s).fold(0.0, f64::max).max(1.0) * 1.05;
-    let max_l = all.iter().map(|p| ms(p.p99_us)).fold(0.0, f64::max).max(0.001) * 1.1;
+    let max_t = all
+        .iter()
+        .map(|p| p.inferences_per_s)
+        .fold(0.0, f64::max)
+        .max(1.0)
+        * 1.05;
+    let max_l = all
+        .iter()
+        .map(|p| ms(p.p99_us))
+        .fold(0.0, f64::max)
+        .max(0.001)
+        * 1.1;
     let mut c = ChartBuilder::on(&panels[0])
         .caption("Latency vs throughput", ("sans-serif", 16))
         .margin(10)
@@ -50,19 +65,36 @@ pub fn draw(path: &Path, title: &str, series: &[(String, Vec<Point>)], focus: us
         .map_err(err)?;
     for (i, (label, pts)) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let p99: Vec<(f64, f64)> = pts.iter().map(|p| (p.inferences_per_s, ms(p.p99_us))).collect();
-        let p50: Vec<(f64, f64)> = pts.iter().map(|p| (p.inferences_per_s, ms(p.p50_us))).collect();
-        let name = if label.is_empty() { String::new() } else { format!("{label} ") };
+        let p99: Vec<(f64, f64)> = pts
+            .iter()
+            .map(|p| (p.inferences_per_s, ms(p.p99_us)))
+            .collect();
+        let p50: Vec<(f64, f64)> = pts
+            .iter()
+            .map(|p| (p.inferences_per_s, ms(p.p50_us)))
+            .collect();
+        let name = if label.is_empty() {
+            String::new()
+        } else {
+            format!("{label} ")
+        };
         c.draw_series(LineSeries::new(p99.clone(), color.stroke_width(2)))
             .map_err(err)?
             .label(format!("{name}p99"))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
-        c.draw_series(p99.iter().map(|&(x, y)| Circle::new((x, y), 3, color.filled())))
-            .map_err(err)?;
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+            });
+        c.draw_series(
+            p99.iter()
+                .map(|&(x, y)| Circle::new((x, y), 3, color.filled())),
+        )
+        .map_err(err)?;
         c.draw_series(LineSeries::new(p50, color.stroke_width(1)))
             .map_err(err)?
             .label(format!("{name}p50"))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(1)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(1))
+            });
     }
     c.configure_series_labels()
         .background_style(WHITE.mix(0.8))
@@ -75,10 +107,19 @@ pub fn draw(path: &Path, title: &str, series: &[(String, Vec<Point>)], focus: us
     let (label, pts) = &series[focus.min(series.len() - 1)];
     let rate = pts.first().is_some_and(|p| p.rate_mode);
     let max_x = pts.iter().map(|p| p.load).fold(0.0, f64::max).max(1.0);
-    let max_y = pts.iter().map(|p| ms(p.p99_us)).fold(0.0, f64::max).max(0.001) * 1.1;
+    let max_y = pts
+        .iter()
+        .map(|p| ms(p.p99_us))
+        .fold(0.0, f64::max)
+        .max(0.001)
+        * 1.1;
     let mut c = ChartBuilder::on(&panels[1])
         .caption(
-            if label.is_empty() { "Latency percentiles".to_owned() } else { format!("Latency percentiles ({label})") },
+            if label.is_empty() {
+                "Latency percentiles".to_owned()
+            } else {
+                format!("Latency percentiles ({label})")
+            },
             ("sans-serif", 16),
         )
         .margin(10)
@@ -89,7 +130,11 @@ pub fn draw(path: &Path, title: &str, series: &[(String, Vec<Point>)], focus: us
     c.configure_mesh()
         .light_line_style(WHITE)
         .x_label_formatter(&|v| format!("{v:.0}"))
-        .x_desc(if rate { "requests/s sent" } else { "concurrency" })
+        .x_desc(if rate {
+            "requests/s sent"
+        } else {
+            "concurrency"
+        })
         .y_desc("latency (ms)")
         .draw()
         .map_err(err)?;
@@ -106,9 +151,14 @@ pub fn draw(path: &Path, title: &str, series: &[(String, Vec<Point>)], focus: us
         c.draw_series(LineSeries::new(v.clone(), color.stroke_width(2)))
             .map_err(err)?
             .label(*name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
-        c.draw_series(v.iter().map(|&(x, y)| Circle::new((x, y), 3, color.filled())))
-            .map_err(err)?;
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+            });
+        c.draw_series(
+            v.iter()
+                .map(|&(x, y)| Circle::new((x, y), 3, color.filled())),
+        )
+        .map_err(err)?;
     }
     c.configure_series_labels()
         .background_style(WHITE.mix(0.8))
@@ -138,7 +188,10 @@ pub fn draw(path: &Path, title: &str, series: &[(String, Vec<Point>)], focus: us
         .margin(10)
         .x_label_area_size(40)
         .y_label_area_size(55)
-        .build_cartesian_2d((1u64..max_size).into_segmented(), 0u64..(max_count + max_count / 10 + 1))
+        .build_cartesian_2d(
+            (1u64..max_size).into_segmented(),
+            0u64..(max_count + max_count / 10 + 1),
+        )
         .map_err(err)?;
     c.configure_mesh()
         .light_line_style(WHITE)

@@ -51,21 +51,39 @@ pub struct Point {
 impl Point {
     pub fn of(load: &Load, m: Measured, batch: u64, generative: bool) -> Point {
         let secs: f64 = m.windows.iter().map(|w| w.secs).sum();
-        let ok: Vec<_> = m.windows.iter().flat_map(|w| w.samples.iter()).filter(|s| s.ok).copied().collect();
+        let ok: Vec<_> = m
+            .windows
+            .iter()
+            .flat_map(|w| w.samples.iter())
+            .filter(|s| s.ok)
+            .copied()
+            .collect();
         let mut lat: Vec<u64> = ok.iter().map(|s| s.end_ns - s.start_ns).collect();
         lat.sort_unstable();
         let us = |ns: u64| ns as f64 / 1e3;
-        let avg_us = if lat.is_empty() { 0.0 } else { lat.iter().sum::<u64>() as f64 / lat.len() as f64 / 1e3 };
+        let avg_us = if lat.is_empty() {
+            0.0
+        } else {
+            lat.iter().sum::<u64>() as f64 / lat.len() as f64 / 1e3
+        };
         let sends: u64 = m.windows.iter().map(|w| w.sends).sum();
         let send_ns: u64 = m.windows.iter().map(|w| w.send_ns).sum();
-        let recv_us = if ok.is_empty() { 0.0 } else { ok.iter().map(|s| s.recv_ns).sum::<u64>() as f64 / ok.len() as f64 / 1e3 };
+        let recv_us = if ok.is_empty() {
+            0.0
+        } else {
+            ok.iter().map(|s| s.recv_ns).sum::<u64>() as f64 / ok.len() as f64 / 1e3
+        };
         let server = m
             .windows
             .iter()
             .fold(ServerDelta::default(), |acc, w| acc.merge(&w.server));
         let per_s = |n: f64| if secs > 0.0 { n / secs } else { 0.0 };
         let generative = generative.then(|| {
-            let mut ttft: Vec<u64> = ok.iter().filter(|s| s.first_ns > 0).map(|s| s.first_ns - s.start_ns).collect();
+            let mut ttft: Vec<u64> = ok
+                .iter()
+                .filter(|s| s.first_ns > 0)
+                .map(|s| s.first_ns - s.start_ns)
+                .collect();
             ttft.sort_unstable();
             let mut itl: Vec<u64> = ok
                 .iter()
@@ -74,7 +92,13 @@ impl Point {
                 .collect();
             itl.sort_unstable();
             let tokens: u64 = ok.iter().map(|s| s.tokens).sum();
-            let mean = |v: &[u64]| if v.is_empty() { 0.0 } else { v.iter().sum::<u64>() as f64 / v.len() as f64 / 1e6 };
+            let mean = |v: &[u64]| {
+                if v.is_empty() {
+                    0.0
+                } else {
+                    v.iter().sum::<u64>() as f64 / v.len() as f64 / 1e6
+                }
+            };
             GenMetrics {
                 ttft_avg_ms: mean(&ttft),
                 ttft_p50_ms: percentile_of(&ttft, 50.0) as f64 / 1e6,
@@ -83,7 +107,11 @@ impl Point {
                 itl_p50_ms: percentile_of(&itl, 50.0) as f64 / 1e6,
                 itl_p99_ms: percentile_of(&itl, 99.0) as f64 / 1e6,
                 output_tokens_per_s: per_s(tokens as f64),
-                output_tokens_avg: if ok.is_empty() { 0.0 } else { tokens as f64 / ok.len() as f64 },
+                output_tokens_avg: if ok.is_empty() {
+                    0.0
+                } else {
+                    tokens as f64 / ok.len() as f64
+                },
             }
         });
         let (load_v, rate_mode) = match load {
@@ -100,7 +128,11 @@ impl Point {
             p95_us: us(percentile_of(&lat, 95.0)),
             p99_us: us(percentile_of(&lat, 99.0)),
             avg_us,
-            client_send_us: if sends == 0 { 0.0 } else { send_ns as f64 / sends as f64 / 1e3 },
+            client_send_us: if sends == 0 {
+                0.0
+            } else {
+                send_ns as f64 / sends as f64 / 1e3
+            },
             client_recv_us: recv_us,
             completed: ok.len() as u64,
             errors: m.windows.iter().map(|w| w.errors).sum(),
@@ -145,7 +177,10 @@ impl Point {
 }
 
 pub fn hist_text(h: &BTreeMap<u64, u64>) -> String {
-    h.iter().map(|(s, c)| format!("{s}:{c}")).collect::<Vec<_>>().join(" ")
+    h.iter()
+        .map(|(s, c)| format!("{s}:{c}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The lines printed after each point, as perf_analyzer prints them.
@@ -156,12 +191,29 @@ pub fn point_text(p: &Point) -> String {
     } else {
         format!("Concurrency: {}", trim(p.load))
     };
-    let _ = writeln!(s, "{what}{}", if p.stable { "" } else { " (not stable: the last three windows are reported)" });
+    let _ = writeln!(
+        s,
+        "{what}{}",
+        if p.stable {
+            ""
+        } else {
+            " (not stable: the last three windows are reported)"
+        }
+    );
     let _ = writeln!(s, "  Client ({} measurement windows):", p.trials);
     let _ = writeln!(s, "    Request count: {}", p.completed);
-    let _ = writeln!(s, "    Throughput: {:.1} infer/sec ({:.1} requests/sec)", p.inferences_per_s, p.requests_per_s);
+    let _ = writeln!(
+        s,
+        "    Throughput: {:.1} infer/sec ({:.1} requests/sec)",
+        p.inferences_per_s, p.requests_per_s
+    );
     if let Some(r) = p.sent_rate {
-        let _ = writeln!(s, "    Sent: {:.1} requests/sec ({:.1}% more than 1 ms late)", r, p.late_share * 100.0);
+        let _ = writeln!(
+            s,
+            "    Sent: {:.1} requests/sec ({:.1}% more than 1 ms late)",
+            r,
+            p.late_share * 100.0
+        );
     }
     let _ = writeln!(
         s,
@@ -205,7 +257,11 @@ pub fn point_text(p: &Point) -> String {
     }
     let d = &p.server;
     let _ = writeln!(s, "  Server:");
-    let _ = writeln!(s, "    Inference count: {}, execution count: {}", d.inferences, d.executions);
+    let _ = writeln!(
+        s,
+        "    Inference count: {}, execution count: {}",
+        d.inferences, d.executions
+    );
     let _ = writeln!(
         s,
         "    Avg queue {:.1} usec (per request); compute input {:.1} usec, infer {:.1} usec, output {:.1} usec (per execution)",
@@ -214,7 +270,11 @@ pub fn point_text(p: &Point) -> String {
         d.compute_infer.mean_us(),
         d.compute_output.mean_us()
     );
-    let _ = writeln!(s, "    Batch sizes (size:executions): {}", p.batch_histogram());
+    let _ = writeln!(
+        s,
+        "    Batch sizes (size:executions): {}",
+        p.batch_histogram()
+    );
     s
 }
 
@@ -233,7 +293,11 @@ pub fn table(points: &[Point]) -> String {
     };
     let generative = first.generative.is_some();
     let mut cols = vec![
-        if first.rate_mode { "Request rate" } else { "Concurrency" },
+        if first.rate_mode {
+            "Request rate"
+        } else {
+            "Concurrency"
+        },
         "Infer/s",
         "p50 us",
         "p90 us",
@@ -273,7 +337,13 @@ pub fn table(points: &[Point]) -> String {
         rows.push(r);
     }
     let widths: Vec<usize> = (0..cols.len())
-        .map(|i| rows.iter().map(|r| r[i].len()).chain([cols[i].len()]).max().unwrap_or(0))
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].len())
+                .chain([cols[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let mut s = String::new();
     let line = |cells: Vec<&str>, s: &mut String| {
@@ -293,7 +363,9 @@ pub fn table(points: &[Point]) -> String {
         line(r.iter().map(|c| c.as_str()).collect(), &mut s);
     }
     if points.iter().any(|p| !p.stable) {
-        s.push_str("* not stable within the stability percentage: the last three windows are reported\n");
+        s.push_str(
+            "* not stable within the stability percentage: the last three windows are reported\n",
+        );
     }
     s
 }
@@ -304,7 +376,11 @@ pub fn csv_header(rate_mode: bool, generative: bool, config_col: bool) -> String
     if config_col {
         c.push("Config");
     }
-    c.push(if rate_mode { "Request Rate" } else { "Concurrency" });
+    c.push(if rate_mode {
+        "Request Rate"
+    } else {
+        "Concurrency"
+    });
     c.extend([
         "Inferences/Second",
         "Client Send",
@@ -384,11 +460,20 @@ mod tests {
 
     #[test]
     fn csv_rows_match_the_header() {
-        let p = Point { load: 4.0, stable: true, ..Point::default() };
+        let p = Point {
+            load: 4.0,
+            stable: true,
+            ..Point::default()
+        };
         let h = csv_header(false, false, false);
-        assert!(h.starts_with("Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue"));
+        assert!(h.starts_with(
+            "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue"
+        ));
         assert_eq!(h.split(',').count(), csv_row(&p, None).split(',').count());
-        let g = Point { generative: Some(GenMetrics::default()), ..p.clone() };
+        let g = Point {
+            generative: Some(GenMetrics::default()),
+            ..p.clone()
+        };
         assert_eq!(
             csv_header(true, true, true).split(',').count(),
             csv_row(&g, Some("max_batch_size=8")).split(',').count()

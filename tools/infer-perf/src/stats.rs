@@ -92,7 +92,12 @@ impl ServerSnapshot {
         let batch_sizes = a
             .batch_sizes
             .iter()
-            .map(|(s, c)| (*s, c.saturating_sub(b.batch_sizes.get(s).copied().unwrap_or(0))))
+            .map(|(s, c)| {
+                (
+                    *s,
+                    c.saturating_sub(b.batch_sizes.get(s).copied().unwrap_or(0)),
+                )
+            })
             .filter(|(_, c)| *c > 0)
             .collect();
         ServerDelta {

@@ -55,7 +55,9 @@ pub fn parse_axis(s: &str) -> Result<Axis, String> {
             })
             .collect::<Result<Vec<_>, _>>()?;
         if key != Key::PreferredBatchSize && parts.len() != 1 {
-            return Err(format!("--sweep '{s}': '{v}': only preferred_batch_size takes several sizes (a+b)"));
+            return Err(format!(
+                "--sweep '{s}': '{v}': only preferred_batch_size takes several sizes (a+b)"
+            ));
         }
         if key == Key::InstanceCount && parts[0] == 0 {
             return Err(format!("--sweep '{s}': instance_count must be at least 1"));
@@ -91,7 +93,10 @@ pub fn label(combo: &[(Key, Vec<u64>)]) -> String {
             format!(
                 "{}={}",
                 k.name(),
-                v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("+")
+                v.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join("+")
             )
         })
         .collect::<Vec<_>>()
@@ -116,9 +121,7 @@ pub fn apply(base: &Value, combo: &[(Key, Vec<u64>)], model: &str) -> Result<Val
                         key.name()
                     ));
                 }
-                let db = obj
-                    .entry("dynamic_batching")
-                    .or_insert_with(|| json!({}));
+                let db = obj.entry("dynamic_batching").or_insert_with(|| json!({}));
                 if db.is_null() {
                     *db = json!({});
                 }
@@ -162,10 +165,14 @@ mod tests {
         let c = combinations(&[a, b]);
         assert_eq!(c.len(), 4);
         assert_eq!(label(&c[1]), "max_batch_size=1 preferred_batch_size=2");
-        assert!(parse_axis("nope=1").unwrap_err().contains("'nope' cannot be swept"));
+        assert!(parse_axis("nope=1")
+            .unwrap_err()
+            .contains("'nope' cannot be swept"));
         assert!(parse_axis("max_batch_size").unwrap_err().contains("KEY=V1"));
         assert!(parse_axis("max_batch_size=x").unwrap_err().contains("'x'"));
-        assert!(parse_axis("max_batch_size=1+2").unwrap_err().contains("only preferred"));
+        assert!(parse_axis("max_batch_size=1+2")
+            .unwrap_err()
+            .contains("only preferred"));
         assert!(parse_axis("instance_count=0").is_err());
     }
 
@@ -183,6 +190,8 @@ mod tests {
         assert_eq!(c["instance_group"][0]["count"], 3);
         assert_eq!(c["dynamic_batching"]["max_queue_delay_microseconds"], 100);
         let seq = json!({"sequence_batching": {}});
-        assert!(apply(&seq, &combo, "m").unwrap_err().contains("sequence batching"));
+        assert!(apply(&seq, &combo, "m")
+            .unwrap_err()
+            .contains("sequence batching"));
     }
 }
