@@ -1,6 +1,6 @@
 # Builds and installs libinfer as a system package.
 #
-#   make                                  # cargo build --release
+#   make                                  # cargo build --release (the library and infer-perf)
 #   make install [PREFIX=/usr/local] [DESTDIR=/staging] [NO_BUILD=1]
 #   make install-strip                    # the same, without the debug information
 #   make install ORT_LIBRARY=/path/libonnxruntime.so.1.32.0   # also places ONNX Runtime
@@ -12,6 +12,7 @@
 # Installs, under PREFIX:
 #   lib/libinfer.so.VERSION, lib/libinfer.so.SOVERSION -> it, lib/libinfer.so -> that
 #   lib/libinfer.a
+#   bin/infer-perf (the measuring tool, tools/infer-perf; the library is linked into it)
 #   include/infer.h, include/infer/*.hpp (the C++ binding in bindings/cpp/include/infer/,
 #       with infer.hpp including the rest; when the checkout has it)
 #   lib/pkgconfig/infer.pc, lib/pkgconfig/infer-static.pc
@@ -20,6 +21,7 @@
 # single parts. VERSION comes from Cargo.toml, SOVERSION from the soname set in build.rs.
 
 PREFIX       ?= /usr/local
+BINDIR       ?= $(PREFIX)/bin
 LIBDIR       ?= $(PREFIX)/lib
 INCLUDEDIR   ?= $(PREFIX)/include
 PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
@@ -33,6 +35,7 @@ STRIP   ?= strip
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 LIB_SO     := $(TARGET_DIR)/release/libinfer.so
 LIB_A      := $(TARGET_DIR)/release/libinfer.a
+PERF_BIN   := $(TARGET_DIR)/release/infer-perf
 GEN_DIR    := $(TARGET_DIR)/packaging
 
 # The C++ binding's headers (header-only); installed under INCLUDEDIR/infer/ when present.
@@ -69,7 +72,7 @@ endif
 all: build
 
 build:
-	$(CARGO) build --release
+	$(CARGO) build --release --workspace
 
 help:
 	@sed -n '1,/^$$/s/^# \{0,1\}//p' Makefile
@@ -108,14 +111,15 @@ endif
 
 install:
 	@case '$(PREFIX)' in /*) ;; *) echo "error: PREFIX must be an absolute path (got '$(PREFIX)')" >&2; exit 1;; esac
-	@test -f $(LIB_SO) && test -f $(LIB_A) || { echo "error: $(LIB_SO) or $(LIB_A) missing: run make" >&2; exit 1; }
+	@test -f $(LIB_SO) && test -f $(LIB_A) && test -f $(PERF_BIN) || { echo "error: $(LIB_SO), $(LIB_A) or $(PERF_BIN) missing: run make" >&2; exit 1; }
 	mkdir -p $(GEN_DIR)
 	$(call gen,packaging/infer.pc.in,$(GEN_DIR)/infer.pc)
 	$(call gen,packaging/infer-static.pc.in,$(GEN_DIR)/infer-static.pc)
 	$(call gen,packaging/inferConfig.cmake.in,$(GEN_DIR)/inferConfig.cmake)
 	$(call gen,packaging/inferConfigVersion.cmake.in,$(GEN_DIR)/inferConfigVersion.cmake)
 	$(call gen,packaging/inferTargets.cmake.in,$(GEN_DIR)/inferTargets.cmake)
-	$(INSTALL) -d '$(DESTDIR)$(LIBDIR)' '$(DESTDIR)$(INCLUDEDIR)' '$(DESTDIR)$(PKGCONFIGDIR)' '$(DESTDIR)$(CMAKEDIR)'
+	$(INSTALL) -d '$(DESTDIR)$(LIBDIR)' '$(DESTDIR)$(INCLUDEDIR)' '$(DESTDIR)$(PKGCONFIGDIR)' '$(DESTDIR)$(CMAKEDIR)' '$(DESTDIR)$(BINDIR)'
+	$(INSTALL) -m 0755 $(PERF_BIN) '$(DESTDIR)$(BINDIR)/infer-perf'
 	$(INSTALL) -m 0755 $(LIB_SO) '$(DESTDIR)$(LIBDIR)/libinfer.so.$(VERSION)'
 	ln -sf libinfer.so.$(VERSION) '$(DESTDIR)$(LIBDIR)/libinfer.so.$(SOVERSION)'
 	ln -sf libinfer.so.$(SOVERSION) '$(DESTDIR)$(LIBDIR)/libinfer.so'
@@ -139,8 +143,8 @@ install:
 	$(INSTALL) -m 0644 $(GEN_DIR)/inferConfig.cmake $(GEN_DIR)/inferConfigVersion.cmake \
 	    $(GEN_DIR)/inferTargets.cmake '$(DESTDIR)$(CMAKEDIR)/'
 	@if [ -n '$(INSTALL_STRIP)' ]; then \
-	    echo "$(STRIP) --strip-debug $(DESTDIR)$(LIBDIR)/libinfer.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libinfer.a"; \
-	    $(STRIP) --strip-debug '$(DESTDIR)$(LIBDIR)/libinfer.so.$(VERSION)' '$(DESTDIR)$(LIBDIR)/libinfer.a'; \
+	    echo "$(STRIP) --strip-debug $(DESTDIR)$(LIBDIR)/libinfer.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libinfer.a $(DESTDIR)$(BINDIR)/infer-perf"; \
+	    $(STRIP) --strip-debug '$(DESTDIR)$(LIBDIR)/libinfer.so.$(VERSION)' '$(DESTDIR)$(LIBDIR)/libinfer.a' '$(DESTDIR)$(BINDIR)/infer-perf'; \
 	fi
 	@echo "-- installed libinfer $(VERSION) into $(DESTDIR)$(PREFIX)"
 
@@ -153,7 +157,7 @@ uninstall:
 	    '$(DESTDIR)$(INCLUDEDIR)/infer.h' \
 	    '$(DESTDIR)$(PKGCONFIGDIR)/infer.pc' '$(DESTDIR)$(PKGCONFIGDIR)/infer-static.pc' \
 	    '$(DESTDIR)$(CMAKEDIR)/inferConfig.cmake' '$(DESTDIR)$(CMAKEDIR)/inferConfigVersion.cmake' \
-	    '$(DESTDIR)$(CMAKEDIR)/inferTargets.cmake'
+	    '$(DESTDIR)$(CMAKEDIR)/inferTargets.cmake' '$(DESTDIR)$(BINDIR)/infer-perf'
 	rm -f '$(DESTDIR)$(INCLUDEDIR)/infer/infer.hpp'
 	@if [ -d $(CPP_INCLUDE)/infer ]; then \
 	    cd $(CPP_INCLUDE) && find infer -type f \( -name '*.hpp' -o -name '*.h' \) | \

@@ -276,9 +276,10 @@ ensure_build_tools
 ensure_rust_component rustfmt
 ensure_rust_component clippy
 
-step fmt cargo fmt --check
-step clippy cargo clippy --all-targets -- -D warnings
+step fmt cargo fmt --all --check
+step clippy cargo clippy --workspace --all-targets -- -D warnings
 step cargo-test env -u INFER_ONNXRUNTIME_LIBRARY cargo test --release
+step infer-perf env -u INFER_ONNXRUNTIME_LIBRARY cargo test --release -p infer-perf
 step cargo-test-gpu-standin standin_gpu_tests
 step onnxruntime onnxruntime_tests
 step onnx-conformance onnx_conformance

@@ -94,7 +94,7 @@ do_install() {
 
 installed_files() {
     local f missing=0
-    for f in lib/libinfer.so.$version lib/libinfer.a include/infer.h \
+    for f in lib/libinfer.so.$version lib/libinfer.a include/infer.h bin/infer-perf \
         lib/pkgconfig/infer.pc lib/pkgconfig/infer-static.pc \
         lib/cmake/infer/inferConfig.cmake lib/cmake/infer/inferConfigVersion.cmake \
         lib/cmake/infer/inferTargets.cmake; do
@@ -230,6 +230,15 @@ relocated() {
     return "$rc"
 }
 
+# The installed infer-perf measures a shipped model (a short run: three windows).
+perf_tool() {
+    "$prefix/bin/infer-perf" --help | grep -q -- '--concurrency-range' || { echo "no --help"; return 1; }
+    "$prefix/bin/infer-perf" --model-repository models -m add_sub -p 100 --max-trials 3 \
+        -f "$work/perf.csv" || return 1
+    head -n 2 "$work/perf.csv"
+    [[ "$(head -c 27 "$work/perf.csv")" == "Concurrency,Inferences/Seco" ]]
+}
+
 uninstall() {
     make --no-print-directory uninstall PREFIX="$prefix"
     local left
@@ -252,4 +261,5 @@ check "CMake version rule" cmake_versions
 check "consumer: pkg-config" consumer_pkgconfig
 check "consumer: static libinfer.a" consumer_static
 check "consumer: moved prefix" relocated
+check "infer-perf (installed)" perf_tool
 check "make uninstall" uninstall

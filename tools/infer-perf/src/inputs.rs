@@ -259,7 +259,7 @@ impl Fill<'_> {
     /// `{"data": [[STEP, ...], ...]}` (one list per stream), where a STEP maps input
     /// names to a flat list of values, `{"content": [...], "shape": [...]}` or
     /// `{"b64": "..."}`.
-    pub fn from_json(&self, text: &str, file: &str) -> Result<DataSet, String> {
+    pub fn json(&self, text: &str, file: &str) -> Result<DataSet, String> {
         self.check_batch()?;
         let v: Value = serde_json::from_str(text).map_err(|e| format!("{file}: not JSON: {e}"))?;
         let obj = v
@@ -374,11 +374,10 @@ impl Fill<'_> {
             };
             let rows = self.batch_size as usize;
             let expected = per_row as usize;
-            let got = if spec.size == 0 {
-                count_strings(&data)
-            } else {
-                data.len() / spec.size
-            };
+            let got = data
+                .len()
+                .checked_div(spec.size)
+                .unwrap_or_else(|| count_strings(&data));
             if spec.size != 0 && data.len() % spec.size != 0 {
                 return Err(format!(
                     "{at}: {} bytes is not a whole number of {}",
@@ -603,7 +602,7 @@ mod tests {
             string_length: 4,
         };
         let d = f
-            .from_json(
+            .json(
                 r#"{"data": [{"X": [1, 2]}, {"X": {"content": [3, 4], "shape": [2]}}]}"#,
                 "f.json",
             )
@@ -612,7 +611,7 @@ mod tests {
         assert_eq!(d.streams[0].len(), 2);
         assert_eq!(d.streams[0][1][0].data, [3, 0, 0, 0, 4, 0, 0, 0]);
         let d = f
-            .from_json(
+            .json(
                 r#"{"data": [[{"X": [1, 2]}], [{"X": [5, 6]}, {"X": [7, 8]}]]}"#,
                 "f.json",
             )
@@ -621,7 +620,7 @@ mod tests {
         assert_eq!(d.streams[1].len(), 2);
         let b64 = base64::engine::general_purpose::STANDARD.encode([9u8, 0, 0, 0, 10, 0, 0, 0]);
         let d = f
-            .from_json(
+            .json(
                 &format!(r#"{{"data": [{{"X": {{"b64": "{b64}"}}}}]}}"#),
                 "f.json",
             )
@@ -640,7 +639,7 @@ mod tests {
                 "validation_data",
             ),
         ] {
-            let e = f.from_json(bad, "f.json").unwrap_err();
+            let e = f.json(bad, "f.json").unwrap_err();
             assert!(e.contains(want), "{bad}: {e}");
             assert!(e.starts_with("f.json"), "{e}");
         }
@@ -659,9 +658,7 @@ mod tests {
         let d = f.synthetic(true, 7).unwrap();
         assert_eq!(count_strings(&d.streams[0][0][0].data), 2);
         assert_eq!(d.streams[0][0][0].data.len(), 2 * (4 + 3));
-        let d = f
-            .from_json(r#"{"data": [{"X": ["ab", ""]}]}"#, "f")
-            .unwrap();
+        let d = f.json(r#"{"data": [{"X": ["ab", ""]}]}"#, "f").unwrap();
         assert_eq!(
             d.streams[0][0][0].data,
             [2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0]

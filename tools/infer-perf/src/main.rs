@@ -277,7 +277,7 @@ fn data_set(args: &Args, info: &ModelInfo) -> Result<DataSet, String> {
         Source::File(p) => {
             let text = std::fs::read_to_string(&p)
                 .map_err(|e| format!("--input-data '{}': {e}", p.display()))?;
-            fill.from_json(&text, &p.display().to_string())
+            fill.json(&text, &p.display().to_string())
         }
     }
 }

@@ -48,7 +48,7 @@ pub fn draw(
         .map(|p| ms(p.p99_us))
         .fold(0.0, f64::max)
         .max(0.001)
-        * 1.1;
+        * 1.5; // head room above the points for the legend
     let mut c = ChartBuilder::on(&panels[0])
         .caption("Latency vs throughput", ("sans-serif", 16))
         .margin(10)
@@ -112,7 +112,7 @@ pub fn draw(
         .map(|p| ms(p.p99_us))
         .fold(0.0, f64::max)
         .max(0.001)
-        * 1.1;
+        * 1.5;
     let mut c = ChartBuilder::on(&panels[1])
         .caption(
             if label.is_empty() {
@@ -189,7 +189,7 @@ pub fn draw(
         .x_label_area_size(40)
         .y_label_area_size(55)
         .build_cartesian_2d(
-            (1u64..max_size).into_segmented(),
+            (1u64..max_size + 1).into_segmented(),
             0u64..(max_count + max_count / 10 + 1),
         )
         .map_err(err)?;
