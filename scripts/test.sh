@@ -279,7 +279,7 @@ ensure_rust_component clippy
 step fmt cargo fmt --all --check
 step clippy cargo clippy --workspace --all-targets -- -D warnings
 step cargo-test env -u INFER_ONNXRUNTIME_LIBRARY cargo test --release
-step infer-perf env -u INFER_ONNXRUNTIME_LIBRARY cargo test --release -p infer-perf
+step infer-perf env -u INFER_ONNXRUNTIME_LIBRARY cargo test --release -p infer-perf -- --test-threads=1
 step cargo-test-gpu-standin standin_gpu_tests
 step onnxruntime onnxruntime_tests
 step onnx-conformance onnx_conformance

@@ -16,6 +16,7 @@ use load::{Load, Settings};
 use report::Point;
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -114,6 +115,10 @@ struct Args {
     /// whose latency (p99, or --percentile) is within this budget.
     #[arg(long, value_name = "MS")]
     latency_budget_ms: Option<f64>,
+    /// Stops a range at the first point whose latency (p99, or --percentile) is over
+    /// this, as perf_analyzer's --latency-threshold.
+    #[arg(short = 'l', long, value_name = "MS")]
+    latency_threshold_ms: Option<f64>,
 }
 
 fn main() {
@@ -181,34 +186,67 @@ fn loads(args: &Args) -> Result<Vec<Load>, String> {
         .collect()
 }
 
-/// Shows a point's windows: a spinner on a terminal, plain lines otherwise.
+/// Shows the run's progress: on a terminal a bar over every load point with the current
+/// point's last window; plain lines on stderr otherwise.
 struct Display {
     bar: Option<ProgressBar>,
-    label: String,
+    label: parking_lot::Mutex<String>,
 }
 
 impl Display {
-    fn new(label: String) -> Display {
+    fn new(points: usize) -> Display {
         let bar = std::io::stderr().is_terminal().then(|| {
-            let b = ProgressBar::new_spinner();
+            let b = ProgressBar::new(points as u64);
             b.set_style(
-                ProgressStyle::with_template("{spinner} {prefix} {msg} [{elapsed}]")
-                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+                ProgressStyle::with_template(
+                    "{bar:30.cyan/blue} {pos}/{len} points [{elapsed}] {prefix} {msg}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
             );
-            b.set_prefix(label.clone());
-            b.set_message("warming up");
-            b.enable_steady_tick(std::time::Duration::from_millis(120));
+            b.enable_steady_tick(std::time::Duration::from_millis(200));
             b
         });
-        if bar.is_none() {
-            eprintln!("{label}: warming up");
+        Display {
+            bar,
+            label: parking_lot::Mutex::new(String::new()),
         }
-        Display { bar, label }
     }
 
-    fn done(&self) {
+    fn start(&self, label: String) {
+        match &self.bar {
+            Some(b) => {
+                b.set_prefix(label.clone());
+                b.set_message("warming up");
+            }
+            None => eprintln!("{label}: warming up"),
+        }
+        *self.label.lock() = label;
+    }
+
+    fn point_done(&self) {
+        if let Some(b) = &self.bar {
+            b.inc(1);
+        }
+    }
+
+    fn finish(&self) {
         if let Some(b) = &self.bar {
             b.finish_and_clear();
+        }
+    }
+
+    /// Prints `text` on stdout without tearing the bar.
+    fn print(&self, text: &str) {
+        let mut out = std::io::stdout();
+        match &self.bar {
+            Some(b) => b.suspend(|| {
+                let _ = write!(out, "{text}");
+                let _ = out.flush();
+            }),
+            None => {
+                let _ = write!(out, "{text}");
+                let _ = out.flush();
+            }
         }
     }
 }
@@ -218,7 +256,7 @@ impl load::Progress for Display {
         let msg = format!("window {trial}: {throughput:.1} infer/s, latency {latency_us:.0} usec");
         match &self.bar {
             Some(b) => b.set_message(msg),
-            None => eprintln!("{}: {msg}", self.label),
+            None => eprintln!("{}: {msg}", self.label.lock()),
         }
     }
 }
@@ -282,7 +320,9 @@ fn data_set(args: &Args, info: &ModelInfo) -> Result<DataSet, String> {
     }
 }
 
-/// Measures every load point of one config; prints each point.
+/// Measures the load points of one config in order; prints each point. With a latency
+/// threshold, the points stop after the first one over it.
+#[allow(clippy::too_many_arguments)]
 fn measure_all(
     server: &Arc<capi::Server>,
     info: &ModelInfo,
@@ -290,10 +330,11 @@ fn measure_all(
     settings: &Settings,
     loads: &[Load],
     label: &str,
+    threshold_us: Option<f64>,
+    display: &Display,
 ) -> Result<Vec<Point>, String> {
     let mut points = Vec::new();
-    let mut out = std::io::stdout();
-    for l in loads {
+    for (i, l) in loads.iter().enumerate() {
         let name = match l {
             Load::Concurrency(n) => format!("concurrency {n}"),
             Load::Rate { per_s, .. } => format!("{per_s} requests/s"),
@@ -303,13 +344,25 @@ fn measure_all(
         } else {
             format!("[{label}] {name}")
         };
-        let d = Display::new(name);
-        let m = load::measure(server, info, data, settings, l, &d);
-        d.done();
-        let p = Point::of(l, m?, settings.batch_size, info.generative);
-        let _ = write!(out, "{}", report::point_text(&p));
-        let _ = out.flush();
+        display.start(name);
+        let m = load::measure(server, info, data, settings, l, display)?;
+        display.point_done();
+        let p = Point::of(l, m, settings.batch_size, info.generative);
+        display.print(&report::point_text(&p));
+        let over = threshold_us.is_some_and(|t| p.latency_at(settings.percentile) > t);
         points.push(p);
+        if over {
+            let left = loads.len() - i - 1;
+            if let Some(b) = &display.bar {
+                b.inc(left as u64);
+            }
+            if left > 0 {
+                display.print(&format!(
+                    "Latency over --latency-threshold: the {left} higher load point(s) are skipped\n"
+                ));
+            }
+            break;
+        }
     }
     Ok(points)
 }
@@ -357,6 +410,7 @@ fn run(args: &Args) -> Result<i32, String> {
     } else {
         sweep::combinations(&axes)
     };
+    let display = Display::new(combos.len() * loads.len());
     for combo in &combos {
         let label = sweep::label(combo);
         let info = if combo.is_empty() {
@@ -364,7 +418,7 @@ fn run(args: &Args) -> Result<i32, String> {
         } else {
             let cfg = sweep::apply(&base, combo, &args.model)?;
             let text = serde_json::to_string(&cfg).map_err(|e| e.to_string())?;
-            println!("=== {label}");
+            display.print(&format!("=== {label}\n"));
             server
                 .load(
                     &args.model,
@@ -374,9 +428,19 @@ fn run(args: &Args) -> Result<i32, String> {
                 .map_err(|e| format!("{label}: {e}"))?;
             ModelInfo::from_config(&args.model, &server.config(&args.model)?)?
         };
-        let points = measure_all(&server, &info, &data, &settings, &loads, &label)?;
+        let points = measure_all(
+            &server,
+            &info,
+            &data,
+            &settings,
+            &loads,
+            &label,
+            args.latency_threshold_ms.map(|t| t * 1e3),
+            &display,
+        )?;
         series.push((label, points));
     }
+    display.finish();
     let sweeping = !axes.is_empty();
     csv.push_str(&report::csv_header(rate_mode, info.generative, sweeping));
     csv.push('\n');

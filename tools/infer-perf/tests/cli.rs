@@ -519,3 +519,35 @@ fn help_shows_examples() {
         assert!(out.contains(s), "{s}: {out}");
     }
 }
+
+#[test]
+fn latency_threshold_ends_the_range() {
+    // 2 ms an execution, one at a time: 1 in flight waits 2 ms, 2 wait 4 ms (over 3 ms),
+    // so the third point is never measured.
+    let repo = repository("threshold", &[("ident", identity("ident", 0, 2000, ""))]);
+    let csv_path = repo.join("t.csv");
+    let o = tool(&[
+        "--model-repository",
+        repo.to_str().unwrap(),
+        "-m",
+        "ident",
+        "--concurrency-range",
+        "1:3",
+        "-p",
+        "200",
+        "-l",
+        "3",
+        "-f",
+        csv_path.to_str().unwrap(),
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(
+        out.contains("the 1 higher load point(s) are skipped"),
+        "{out}"
+    );
+    let rows = csv(&csv_path);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(num(&rows[1], "p99 latency") > 3000.0, "{rows:?}");
+    let _ = std::fs::remove_dir_all(&repo);
+}
