@@ -30,6 +30,8 @@ pub struct ModelInfo {
     pub decoupled: bool,
     /// A generative model (in-flight batching backends): requests stream tokens.
     pub generative: bool,
+    /// An ensemble's composing models, in step order (each once).
+    pub composing: Vec<String>,
 }
 
 impl ModelInfo {
@@ -61,8 +63,21 @@ impl ModelInfo {
         let decoupled = cfg["model_transaction_policy"]["decoupled"]
             .as_bool()
             .unwrap_or(false);
+        let mut composing: Vec<String> = Vec::new();
+        for st in cfg["ensemble_scheduling"]["step"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if let Some(m) = st["model_name"].as_str() {
+                if !composing.iter().any(|c| c == m) {
+                    composing.push(m.to_owned());
+                }
+            }
+        }
         Ok(ModelInfo {
             name: name.to_owned(),
+            composing,
             max_batch_size: cfg["max_batch_size"].as_i64().unwrap_or(0),
             inputs,
             sequence: cfg.get("sequence_batching").is_some_and(|v| !v.is_null()),
@@ -528,6 +543,7 @@ mod tests {
             sequence: false,
             decoupled: false,
             generative: false,
+            composing: Vec::new(),
         }
     }
 

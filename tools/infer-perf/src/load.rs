@@ -290,6 +290,8 @@ pub struct Window {
     pub samples: Vec<Sample>,
     pub errors: u64,
     pub server: ServerDelta,
+    /// An ensemble's composing models, in `ModelInfo::composing` order.
+    pub composing: Vec<ServerDelta>,
     pub send_ns: u64,
     pub sends: u64,
 }
@@ -406,7 +408,13 @@ pub fn measure(
         }
     };
     let model_name = model.name.as_str();
-    let mut snap = ServerSnapshot::take(server, model_name)?;
+    let snapshot = || -> Result<Vec<ServerSnapshot>, String> {
+        std::iter::once(model_name)
+            .chain(model.composing.iter().map(String::as_str))
+            .map(|m| ServerSnapshot::take(server, m))
+            .collect()
+    };
+    let mut snap = snapshot()?;
     let mut began = Instant::now();
     let mut windows: Vec<Window> = Vec::new();
     let mut points: Vec<(f64, f64)> = Vec::new();
@@ -423,9 +431,11 @@ pub fn measure(
         let errors = run.errors.swap(0, Ordering::Relaxed);
         let send_ns = SEND_NS.swap(0, Ordering::Relaxed);
         let sends = SENDS.swap(0, Ordering::Relaxed);
-        let next = ServerSnapshot::take(server, model_name)?;
-        let server_delta = next.since(&snap);
+        let next = snapshot()?;
+        let mut deltas: Vec<ServerDelta> =
+            next.iter().zip(&snap).map(|(a, b)| a.since(b)).collect();
         snap = next;
+        let server_delta = deltas.remove(0);
         if w == 0 {
             sent_at_start = sent.load(Ordering::Relaxed);
             late.store(0, Ordering::Relaxed);
@@ -438,6 +448,7 @@ pub fn measure(
             samples,
             errors,
             server: server_delta,
+            composing: deltas,
             send_ns,
             sends,
         };

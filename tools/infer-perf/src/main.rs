@@ -119,6 +119,10 @@ struct Args {
     /// this, as perf_analyzer's --latency-threshold.
     #[arg(short = 'l', long, value_name = "MS")]
     latency_threshold_ms: Option<f64>,
+    /// With --sweep: writes the best config (JSON, which `infer_server_load_model` takes
+    /// as it takes config.pbtxt text) to FILE.
+    #[arg(long, value_name = "FILE")]
+    export_config: Option<PathBuf>,
 }
 
 fn main() {
@@ -347,7 +351,7 @@ fn measure_all(
         display.start(name);
         let m = load::measure(server, info, data, settings, l, display)?;
         display.point_done();
-        let p = Point::of(l, m, settings.batch_size, info.generative);
+        let p = Point::of(l, m, settings.batch_size, info);
         display.print(&report::point_text(&p));
         let over = threshold_us.is_some_and(|t| p.latency_at(settings.percentile) > t);
         points.push(p);
@@ -377,6 +381,9 @@ fn run(args: &Args) -> Result<i32, String> {
     if args.latency_budget_ms.is_some() && axes.is_empty() {
         return Err("--latency-budget-ms needs --sweep".into());
     }
+    if args.export_config.is_some() && axes.is_empty() {
+        return Err("--export-config needs --sweep".into());
+    }
     if args.batch_size < 1 {
         return Err("--batch-size must be at least 1".into());
     }
@@ -405,6 +412,8 @@ fn run(args: &Args) -> Result<i32, String> {
     let rate_mode = args.request_rate_range.is_some();
     let mut csv = String::new();
     let mut series: Vec<(String, Vec<Point>)> = Vec::new();
+    // Each combination's config as the library completed it.
+    let mut configs: Vec<serde_json::Value> = Vec::new();
     let combos = if axes.is_empty() {
         vec![Vec::new()]
     } else {
@@ -426,7 +435,10 @@ fn run(args: &Args) -> Result<i32, String> {
                     Some(&args.model_repository.join(&args.model)),
                 )
                 .map_err(|e| format!("{label}: {e}"))?;
-            ModelInfo::from_config(&args.model, &server.config(&args.model)?)?
+            let loaded = server.config(&args.model)?;
+            let info = ModelInfo::from_config(&args.model, &loaded)?;
+            configs.push(loaded);
+            info
         };
         let points = measure_all(
             &server,
@@ -510,6 +522,16 @@ fn run(args: &Args) -> Result<i32, String> {
                     p.inferences_per_s,
                     p.latency_at(pct)
                 );
+                if let Some(f) = &args.export_config {
+                    let text =
+                        serde_json::to_string_pretty(&configs[*i]).map_err(|e| e.to_string())?;
+                    std::fs::write(f, text + "\n")
+                        .map_err(|e| format!("--export-config '{}': {e}", f.display()))?;
+                    println!(
+                        "Its config (JSON, as the library completed it): {}",
+                        f.display()
+                    );
+                }
             }
             _ => {
                 println!("Best config: none meets the latency budget");

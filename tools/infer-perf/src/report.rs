@@ -1,5 +1,6 @@
 //! What a load point reports: its summary, the printed tables and the CSV file.
 
+use crate::inputs::ModelInfo;
 use crate::load::{percentile_of, Load, Measured};
 use crate::stats::ServerDelta;
 use std::collections::BTreeMap;
@@ -37,6 +38,8 @@ pub struct Point {
     pub client_send_us: f64,
     pub client_recv_us: f64,
     pub server: ServerDelta,
+    /// An ensemble's composing models and what each did.
+    pub composing: Vec<(String, ServerDelta)>,
     pub completed: u64,
     pub errors: u64,
     pub first_error: Option<String>,
@@ -49,7 +52,19 @@ pub struct Point {
 }
 
 impl Point {
-    pub fn of(load: &Load, m: Measured, batch: u64, generative: bool) -> Point {
+    pub fn of(load: &Load, m: Measured, batch: u64, model: &ModelInfo) -> Point {
+        let generative = model.generative;
+        let composing = model
+            .composing
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let d = m.windows.iter().fold(ServerDelta::default(), |acc, w| {
+                    w.composing.get(i).map_or(acc.clone(), |c| acc.merge(c))
+                });
+                (name.clone(), d)
+            })
+            .collect();
         let secs: f64 = m.windows.iter().map(|w| w.secs).sum();
         let ok: Vec<_> = m
             .windows
@@ -143,6 +158,7 @@ impl Point {
             late_share: m.late_share,
             lost: m.lost,
             server,
+            composing,
             generative,
         }
     }
@@ -153,11 +169,30 @@ impl Point {
         (self.avg_us
             - self.client_send_us
             - self.client_recv_us
-            - self.server.queue.mean_us()
-            - self.server.compute_input.mean_us()
-            - self.server.compute_infer.mean_us()
-            - self.server.compute_output.mean_us())
+            - self.server_means().iter().sum::<f64>())
         .max(0.0)
+    }
+
+    /// Mean queue, compute input, infer and output microseconds: the model's own, or for
+    /// an ensemble the sums over its composing models (a request passes each once).
+    pub fn server_means(&self) -> [f64; 4] {
+        let of = |d: &ServerDelta| {
+            [
+                d.queue.mean_us(),
+                d.compute_input.mean_us(),
+                d.compute_infer.mean_us(),
+                d.compute_output.mean_us(),
+            ]
+        };
+        if self.composing.is_empty() {
+            return of(&self.server);
+        }
+        self.composing.iter().fold([0.0; 4], |mut acc, (_, d)| {
+            for (a, v) in acc.iter_mut().zip(of(d)) {
+                *a += v;
+            }
+            acc
+        })
     }
 
     pub fn batch_histogram(&self) -> String {
@@ -262,19 +297,46 @@ pub fn point_text(p: &Point) -> String {
         "    Inference count: {}, execution count: {}",
         d.inferences, d.executions
     );
-    let _ = writeln!(
-        s,
-        "    Avg queue {:.1} usec (per request); compute input {:.1} usec, infer {:.1} usec, output {:.1} usec (per execution)",
-        d.queue.mean_us(),
-        d.compute_input.mean_us(),
-        d.compute_infer.mean_us(),
-        d.compute_output.mean_us()
-    );
+    if p.composing.is_empty() {
+        let _ = writeln!(
+            s,
+            "    Avg queue {:.1} usec (per request); compute input {:.1} usec, infer {:.1} usec, output {:.1} usec (per execution)",
+            d.queue.mean_us(),
+            d.compute_input.mean_us(),
+            d.compute_infer.mean_us(),
+            d.compute_output.mean_us()
+        );
+    } else {
+        let m = p.server_means();
+        let _ = writeln!(
+            s,
+            "    An ensemble: its steps' averages add up to queue {:.1} usec, compute input {:.1} usec, infer {:.1} usec, output {:.1} usec",
+            m[0], m[1], m[2], m[3]
+        );
+    }
     let _ = writeln!(
         s,
         "    Batch sizes (size:executions): {}",
         p.batch_histogram()
     );
+    for (name, d) in &p.composing {
+        let _ = writeln!(s, "  Composing model {name}:");
+        let _ = writeln!(
+            s,
+            "    Inference count: {}, execution count: {}, avg queue {:.1} usec; compute input {:.1} usec, infer {:.1} usec, output {:.1} usec",
+            d.inferences,
+            d.executions,
+            d.queue.mean_us(),
+            d.compute_input.mean_us(),
+            d.compute_infer.mean_us(),
+            d.compute_output.mean_us()
+        );
+        let _ = writeln!(
+            s,
+            "    Batch sizes (size:executions): {}",
+            hist_text(&d.batch_sizes)
+        );
+    }
     s
 }
 
@@ -323,10 +385,10 @@ pub fn table(points: &[Point]) -> String {
             format!("{:.0}", p.p95_us),
             format!("{:.0}", p.p99_us),
             format!("{:.0}", p.avg_us),
-            format!("{:.0}", p.server.queue.mean_us()),
-            format!("{:.0}", p.server.compute_input.mean_us()),
-            format!("{:.0}", p.server.compute_infer.mean_us()),
-            format!("{:.0}", p.server.compute_output.mean_us()),
+            format!("{:.0}", p.server_means()[0]),
+            format!("{:.0}", p.server_means()[1]),
+            format!("{:.0}", p.server_means()[2]),
+            format!("{:.0}", p.server_means()[3]),
         ];
         if let Some(g) = &p.generative {
             r.push(format!("{:.2}", g.ttft_avg_ms));
@@ -425,10 +487,10 @@ pub fn csv_row(p: &Point, config: Option<&str>) -> String {
         format!("{:.2}", p.inferences_per_s),
         f0(p.client_send_us),
         f0(p.handoff_us()),
-        f0(p.server.queue.mean_us()),
-        f0(p.server.compute_input.mean_us()),
-        f0(p.server.compute_infer.mean_us()),
-        f0(p.server.compute_output.mean_us()),
+        f0(p.server_means()[0]),
+        f0(p.server_means()[1]),
+        f0(p.server_means()[2]),
+        f0(p.server_means()[3]),
         f0(p.client_recv_us),
         f0(p.p50_us),
         f0(p.p90_us),

@@ -177,6 +177,91 @@ fn hand_made_closed_loop(repo: &Path, model: &str, clients: usize, secs: f64) ->
     (all.len() as f64 / secs, p50)
 }
 
+/// Loads `config` (JSON or config.pbtxt text) as model `name` of `repo` on a new server.
+fn load_config_text(repo: &Path, name: &str, config: &str) {
+    let repo_c = CString::new(repo.to_str().unwrap()).unwrap();
+    let n = CString::new(name).unwrap();
+    let c = CString::new(config).unwrap();
+    let dir = CString::new(repo.join(name).to_str().unwrap()).unwrap();
+    // SAFETY: valid pointers; everything created here is freed here.
+    unsafe {
+        let mut opts = std::ptr::null_mut();
+        let mut s = std::ptr::null_mut();
+        assert_eq!(infer_server_options_new(&mut opts), 0);
+        assert_eq!(
+            infer_server_options_set_model_repository(opts, repo_c.as_ptr()),
+            0
+        );
+        assert_eq!(
+            infer_server_options_set_model_control_explicit(opts, true),
+            0
+        );
+        assert_eq!(infer_server_new(opts, &mut s), 0);
+        infer_server_options_free(opts);
+        let st = infer_server_load_model(s, n.as_ptr(), c.as_ptr(), dir.as_ptr());
+        let msg = std::ffi::CStr::from_ptr(infer_last_error_message())
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(st, 0, "{msg}");
+        infer_server_free(s);
+    }
+}
+
+#[test]
+fn ensembles_report_their_steps() {
+    let step = |model: &str, input: &str, output: &str| {
+        format!(
+            r#"{{ model_name: "{model}" model_version: -1 input_map {{ key: "IN" value: "{input}" }} output_map {{ key: "IN" value: "{output}" }} }}"#
+        )
+    };
+    let ens = format!(
+        r#"name: "ens"
+platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+ensemble_scheduling {{ step [ {}, {} ] }}
+"#,
+        step("first", "IN", "mid"),
+        step("second", "mid", "OUT")
+    );
+    let repo = repository(
+        "ens",
+        &[
+            ("first", identity("first", 8, 1000, "dynamic_batching { }")),
+            (
+                "second",
+                identity("second", 8, 2000, "dynamic_batching { }"),
+            ),
+            ("ens", ens),
+        ],
+    );
+    let csv_path = repo.join("ens.csv");
+    let o = tool(&[
+        "--model-repository",
+        repo.to_str().unwrap(),
+        "-m",
+        "ens",
+        "--concurrency-range",
+        "2",
+        "-p",
+        "300",
+        "-f",
+        csv_path.to_str().unwrap(),
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(
+        out.contains("Composing model first:") && out.contains("Composing model second:"),
+        "{out}"
+    );
+    let r = &csv(&csv_path)[0];
+    // The steps' compute adds up: 1 ms + 2 ms an execution.
+    assert!(num(r, "Server Compute Infer") >= 3000.0, "{r:?}");
+    assert!(num(r, "Avg latency") >= 3000.0, "{r:?}");
+    let _ = std::fs::remove_dir_all(&repo);
+}
+
 #[test]
 fn table_and_csv_parse_and_agree_with_a_hand_made_closed_loop() {
     // One instance, no batching, 2 ms an execution: two requests in flight take turns,
@@ -284,7 +369,12 @@ fn sweep_picks_the_config_that_is_best_by_construction() {
             csv_path.to_str().unwrap().to_owned(),
         ]
     };
-    let a = args("30");
+    let exported = repo.join("best.json");
+    let mut a = args("30");
+    a.extend([
+        "--export-config".to_owned(),
+        exported.to_str().unwrap().to_owned(),
+    ]);
     let o = tool(&a.iter().map(String::as_str).collect::<Vec<_>>());
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}\n{err}");
@@ -292,6 +382,12 @@ fn sweep_picks_the_config_that_is_best_by_construction() {
         out.contains("Best config: max_batch_size=4 instance_count=2 ("),
         "{out}"
     );
+    // The best config, exported, is that combination and loads as it is.
+    let best: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&exported).unwrap()).unwrap();
+    assert_eq!(best["max_batch_size"], 4, "{best}");
+    assert_eq!(best["instance_group"][0]["count"], 2, "{best}");
+    load_config_text(&repo, "ident", &best.to_string());
     let rows = csv(&csv_path);
     assert_eq!(rows.len(), 4, "one row per config");
     let thr = |cfg: &str| {
