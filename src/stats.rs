@@ -139,7 +139,8 @@ impl ModelStats {
         self.batch_sizes[i].fetch_add(1, Relaxed);
     }
 
-    /// The phases of one execution (see `compute_input_us`).
+    /// The phases of one execution (see `compute_input_us`); a wait for the rate limiter
+    /// between the first two is in none of them.
     pub fn record_phases(&self, input: Duration, infer: Duration, output: Duration) {
         self.compute_input_us.record(input.as_micros() as u64);
         self.compute_infer_us.record(infer.as_micros() as u64);

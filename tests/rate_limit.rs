@@ -123,6 +123,22 @@ fn models_sharing_a_resource_take_turns() {
     s.load("a", &config("a", ONE_R));
     s.load("b", &config("b", ONE_R));
     assert_eq!(most_at_once(&s, &["a", "b"], 20), 1);
+    // The wait for a turn is in compute_us (as the execution's wall time) but not in
+    // its infer phase: taking turns, each execution waits about as long as it runs.
+    let (mut compute, mut infer) = (0, 0);
+    for m in ["a", "b"] {
+        let st = &s.stats(m)["models"][0];
+        compute += st["compute_us"]["total"].as_u64().unwrap();
+        infer += st["compute_infer_us"]["total"].as_u64().unwrap();
+        assert!(
+            st["compute_infer_us"]["total"].as_u64().unwrap() >= 20 * 3000,
+            "{st}"
+        );
+    }
+    assert!(
+        (infer as f64) < 0.8 * compute as f64,
+        "infer {infer} us, compute {compute} us"
+    );
     drop(s);
     // Given 2 units of R, two of three models run at once, never three.
     let s = server(INFER_RATE_LIMIT_EXECUTION_COUNT, &[("R", 2, -1)]);

@@ -285,35 +285,37 @@ impl Worker<'_> {
             Err((e, requests)) => return self.fail_all(requests, e),
         };
         let assembled_at = Instant::now();
-        let result = self.run(instance, &mut batch, nreq, start);
+        let (result, began) = self.run(instance, &mut batch, nreq, start);
         let ran_at = Instant::now();
         let answers = self.split(batch, result);
-        self.s.stats.record_phases(
-            assembled_at - start,
-            ran_at - assembled_at,
-            ran_at.elapsed(),
-        );
+        self.s
+            .stats
+            .record_phases(assembled_at - start, ran_at - began, ran_at.elapsed());
         answers
     }
 
     /// Executes an assembled batch (a panicking backend fails the batch) and records it.
+    /// Also returns when the backend began: after the wait for the rate limiter, which
+    /// is in none of the execution's phases (see `ModelStats::record_phases`).
     pub(super) fn run(
         &self,
         instance: &mut dyn ModelInstance,
         batch: &mut Batch,
         nreq: u64,
         start: Instant,
-    ) -> Result<()> {
+    ) -> (Result<()>, Instant) {
         let grant = self.rate_grant();
+        let began = Instant::now();
         let result =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| instance.execute(batch)));
         drop(grant);
         let compute = start.elapsed().as_micros() as u64;
         self.s.stats.record_execution(batch.size, nreq, compute);
-        match result {
+        let result = match result {
             Ok(r) => r,
             Err(panic) => Err(self.panic_error(panic)),
-        }
+        };
+        (result, began)
     }
 
     /// A failed batch's error, as the requests get it: where this worker's instance is on

@@ -90,6 +90,7 @@ impl DynamicBatcher {
                         }
                     }
                     let grant = w.rate_grant();
+                    let began = Instant::now();
                     let begun = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         instance.begin(&mut batch)
                     }));
@@ -107,6 +108,7 @@ impl DynamicBatcher {
                         done,
                         start,
                         assembled,
+                        began,
                         nreq,
                         grant,
                     })
@@ -133,6 +135,7 @@ impl DynamicBatcher {
             done,
             start,
             assembled,
+            began,
             nreq,
             grant,
         } = s;
@@ -147,7 +150,7 @@ impl DynamicBatcher {
         let split_at = Instant::now();
         let answers = w.split(batch, result);
         w.s.stats
-            .record_phases(assembled, ran.saturating_sub(assembled), split_at.elapsed());
+            .record_phases(assembled, split_at - began, split_at.elapsed());
         self.end_batch(w, seq, answers);
     }
 
@@ -204,9 +207,9 @@ impl SequenceBatcher {
                 Ok(mut batch) => {
                     let added = sq.add_inputs(&mut batch, &rows);
                     let assembled_at = Instant::now();
-                    let result = match added {
+                    let (result, began) = match added {
                         Ok(()) => w.run(instance.as_mut(), &mut batch, nreq, start),
-                        Err(e) => Err(e),
+                        Err(e) => (Err(e), assembled_at),
                     };
                     let ran_at = Instant::now();
                     let (result, states) = match result {
@@ -217,11 +220,8 @@ impl SequenceBatcher {
                         Err(e) => (Err(e), None),
                     };
                     let answers = w.split(batch, result);
-                    s.stats.record_phases(
-                        assembled_at - start,
-                        ran_at - assembled_at,
-                        ran_at.elapsed(),
-                    );
+                    s.stats
+                        .record_phases(assembled_at - start, ran_at - began, ran_at.elapsed());
                     (answers, states)
                 }
             };
@@ -255,6 +255,8 @@ struct Started {
     start: Instant,
     /// The time the batch's inputs took to assemble.
     assembled: Duration,
+    /// When the backend began it (after the wait for the rate limiter).
+    began: Instant,
     nreq: u64,
     /// The rate limiter's resources, while the batch runs.
     grant: Option<super::rate::Grant>,
