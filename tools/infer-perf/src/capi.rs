@@ -52,6 +52,38 @@ unsafe fn take_string(p: *mut std::ffi::c_char) -> String {
     s
 }
 
+/// How the server is made.
+pub struct Options {
+    pub repository: std::path::PathBuf,
+    /// INFER_GPU_AUTO, _OFF or _REQUIRED.
+    pub gpu: u32,
+    /// The most verbose log level shown (1 = errors ... 4 = debug).
+    pub log_level: u32,
+    pub onnxruntime_library: Option<std::path::PathBuf>,
+}
+
+pub const GPU_AUTO: u32 = INFER_GPU_AUTO;
+pub const GPU_OFF: u32 = INFER_GPU_OFF;
+pub const GPU_REQUIRED: u32 = INFER_GPU_REQUIRED;
+
+/// The library's log lines, on stderr.
+///
+/// SAFETY: called by the library with a NUL-terminated message.
+unsafe extern "C" fn log_line(_: *mut c_void, level: u32, message: *const std::ffi::c_char) {
+    let what = match level {
+        1 => "error",
+        2 => "warning",
+        3 => "info",
+        _ => "debug",
+    };
+    let m = if message.is_null() {
+        std::borrow::Cow::Borrowed("")
+    } else {
+        CStr::from_ptr(message).to_string_lossy()
+    };
+    eprintln!("libinfer {what}: {m}");
+}
+
 /// A server over one model repository, with explicit model control: only the models the
 /// tool loads are loaded.
 pub struct Server(*mut ServerHandle);
@@ -62,26 +94,49 @@ unsafe impl Send for Server {}
 unsafe impl Sync for Server {}
 
 impl Server {
-    pub fn open(repository: &Path) -> Result<Server, String> {
-        let repo = cstring(&repository.to_string_lossy(), "model repository")?;
+    pub fn open(o: &Options) -> Result<Server, String> {
+        let repo = cstring(&o.repository.to_string_lossy(), "model repository")?;
+        let ort = o
+            .onnxruntime_library
+            .as_ref()
+            .map(|p| cstring(&p.to_string_lossy(), "ONNX Runtime library"))
+            .transpose()?;
         let mut opts: *mut ServerOptions = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the options are freed below on every path.
         check(
             unsafe { infer_server_options_new(&mut opts) },
             "creating server options",
         )?;
-        // SAFETY: `opts` is live, `repo` outlives the calls.
-        let set = check(
-            unsafe { infer_server_options_set_model_repository(opts, repo.as_ptr()) },
-            "model repository",
-        )
-        .and_then(|()| {
-            // SAFETY: as above.
+        // SAFETY (every call below): `opts` is live until freed at the end; the strings
+        // outlive the calls (they are copied); `log_line` is a valid log function that
+        // needs no user data.
+        let set = (|| unsafe {
             check(
-                unsafe { infer_server_options_set_model_control_explicit(opts, true) },
+                infer_server_options_set_model_repository(opts, repo.as_ptr()),
+                "model repository",
+            )?;
+            check(
+                infer_server_options_set_model_control_explicit(opts, true),
                 "model control",
-            )
-        });
+            )?;
+            check(infer_server_options_set_gpu(opts, o.gpu), "GPU mode")?;
+            check(
+                infer_server_options_set_log_callback(
+                    opts,
+                    o.log_level,
+                    Some(log_line),
+                    std::ptr::null_mut(),
+                ),
+                "log level",
+            )?;
+            if let Some(p) = &ort {
+                check(
+                    infer_server_options_set_onnxruntime_library(opts, p.as_ptr()),
+                    "ONNX Runtime library",
+                )?;
+            }
+            Ok::<(), String>(())
+        })();
         let mut server = std::ptr::null_mut();
         let made = set.and_then(|()| {
             // SAFETY: `opts` is live; `server` is a valid out-pointer.

@@ -123,6 +123,17 @@ struct Args {
     /// as it takes config.pbtxt text) to FILE.
     #[arg(long, value_name = "FILE")]
     export_config: Option<PathBuf>,
+    /// GPU use of the server: auto (one when present), off, or required.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "off", "required"])]
+    gpu: String,
+    /// The ONNX Runtime library for ONNX models (else INFER_ONNXRUNTIME_LIBRARY, the
+    /// program's folder and the loader's paths).
+    #[arg(long, value_name = "PATH")]
+    onnxruntime_library: Option<PathBuf>,
+    /// The library's log lines shown on stderr: error, warn, info (which engine runs the
+    /// model, its instances) or debug.
+    #[arg(long, default_value = "warn", value_parser = ["error", "warn", "info", "debug"])]
+    log_level: String,
 }
 
 fn main() {
@@ -371,6 +382,83 @@ fn measure_all(
     Ok(points)
 }
 
+/// What is measured, printed first (perf_analyzer's "Measurement Settings").
+fn settings_text(args: &Args, cfg: &serde_json::Value, loads: &[Load]) -> String {
+    let engine = cfg["platform"]
+        .as_str()
+        .filter(|p| !p.is_empty())
+        .or(cfg["backend"].as_str())
+        .unwrap_or("?");
+    let mut model = format!(
+        "  Model: {} ({engine}), max_batch_size {}",
+        args.model,
+        cfg["max_batch_size"].as_i64().unwrap_or(0)
+    );
+    if let Some(db) = cfg.get("dynamic_batching").filter(|v| v.is_object()) {
+        let delay = &db["max_queue_delay_microseconds"];
+        let delay = delay
+            .as_u64()
+            .or_else(|| delay.as_str().and_then(|s| s.parse().ok()))
+            .unwrap_or(0);
+        model.push_str(&format!(
+            ", dynamic batching (max_queue_delay_microseconds {delay}"
+        ));
+        if let Some(p) = db["preferred_batch_size"]
+            .as_array()
+            .filter(|p| !p.is_empty())
+        {
+            model.push_str(&format!(
+                ", preferred_batch_size {}",
+                serde_json::Value::from(p.clone())
+            ));
+        }
+        model.push(')');
+    }
+    if cfg.get("sequence_batching").is_some_and(|v| v.is_object()) {
+        model.push_str(", sequence batching");
+    }
+    if cfg
+        .get("ensemble_scheduling")
+        .is_some_and(|v| v.is_object())
+    {
+        model.push_str(", ensemble");
+    }
+    let groups: Vec<String> = cfg["instance_group"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|g| {
+            format!(
+                "{} x {}",
+                g["count"].as_u64().unwrap_or(1),
+                g["kind"].as_str().unwrap_or("KIND_AUTO")
+            )
+        })
+        .collect();
+    if !groups.is_empty() {
+        model.push_str(&format!(", instances {}", groups.join(" + ")));
+    }
+    let load = match (loads.first(), loads.last()) {
+        (Some(Load::Concurrency(a)), Some(Load::Concurrency(b))) => {
+            format!("concurrency {a} to {b} ({} points)", loads.len())
+        }
+        (Some(Load::Rate { per_s: a, poisson }), Some(Load::Rate { per_s: b, .. })) => format!(
+            "{a} to {b} requests/s, {} arrivals ({} points)",
+            if *poisson { "Poisson" } else { "constant" },
+            loads.len()
+        ),
+        _ => String::new(),
+    };
+    format!(
+        "*** Measurement Settings ***\n{model}\n  Batch size: {}; input data: {}\n  Load: {load}\n  Windows of {} ms; a point is stable when 3 windows agree within {}%; at most {} windows\n",
+        args.batch_size,
+        args.input_data,
+        args.measurement_interval,
+        args.stability_percentage,
+        args.max_trials.max(3)
+    )
+}
+
 fn run(args: &Args) -> Result<i32, String> {
     let loads = loads(args)?;
     let axes = args
@@ -388,7 +476,21 @@ fn run(args: &Args) -> Result<i32, String> {
         return Err("--batch-size must be at least 1".into());
     }
     check_repository(&args.model_repository, &args.model)?;
-    let server = Arc::new(capi::Server::open(&args.model_repository)?);
+    let server = Arc::new(capi::Server::open(&capi::Options {
+        repository: args.model_repository.clone(),
+        gpu: match args.gpu.as_str() {
+            "off" => capi::GPU_OFF,
+            "required" => capi::GPU_REQUIRED,
+            _ => capi::GPU_AUTO,
+        },
+        log_level: match args.log_level.as_str() {
+            "error" => 1,
+            "info" => 3,
+            "debug" => 4,
+            _ => 2,
+        },
+        onnxruntime_library: args.onnxruntime_library.clone(),
+    })?);
     server.load(&args.model, None, None)?;
     let base = server.config(&args.model)?;
     let info = ModelInfo::from_config(&args.model, &base)?;
@@ -399,6 +501,7 @@ fn run(args: &Args) -> Result<i32, String> {
         ));
     }
     let data = data_set(args, &info)?;
+    println!("{}", settings_text(args, &base, &loads));
     let settings = Settings {
         measurement_ms: args.measurement_interval,
         stability_pct: args.stability_percentage,

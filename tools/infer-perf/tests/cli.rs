@@ -601,6 +601,36 @@ fn bad_input_is_refused_with_a_reason() {
 }
 
 #[test]
+fn settings_and_the_library_log_are_shown() {
+    let repo = repository("log", &[("ident", identity("ident", 8, 0, ""))]);
+    let o = tool(&[
+        "--model-repository",
+        repo.to_str().unwrap(),
+        "-m",
+        "ident",
+        "-p",
+        "50",
+        "--max-trials",
+        "3",
+        "--gpu",
+        "off",
+        "--log-level",
+        "info",
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(
+        out.starts_with(
+            "*** Measurement Settings ***\n  Model: ident (identity), max_batch_size 8"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("instances 1 x KIND_CPU"), "{out}");
+    assert!(err.contains("libinfer info: model 'ident' loaded"), "{err}");
+    let _ = std::fs::remove_dir_all(&repo);
+}
+
+#[test]
 fn help_shows_examples() {
     let o = tool(&["--help"]);
     let (out, _) = text(&o);
