@@ -321,6 +321,69 @@ impl Fill<'_> {
         Ok(DataSet { streams })
     }
 
+    /// perf_analyzer's folder of binary files: for each input a file of its name holding
+    /// one request row's raw bytes (a BYTES input: the file is one element).
+    pub fn directory(&self, dir: &std::path::Path) -> Result<DataSet, String> {
+        self.check_batch()?;
+        let mut step = Vec::new();
+        for spec in &self.model.inputs {
+            let f = dir.join(&spec.name);
+            if !f.is_file() {
+                if spec.optional && !self.shapes.contains_key(&spec.name) {
+                    continue;
+                }
+                return Err(format!(
+                    "--input-data '{}': no file '{}' for input '{}'",
+                    dir.display(),
+                    spec.name,
+                    spec.name
+                ));
+            }
+            let raw = std::fs::read(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+            let data = if spec.size == 0 {
+                let mut d = (raw.len() as u32).to_le_bytes().to_vec();
+                d.extend_from_slice(&raw);
+                d
+            } else {
+                raw
+            };
+            let dims = self.dims(spec)?;
+            let per_row = dims.iter().product::<i64>() as usize;
+            let expected = if spec.size == 0 {
+                data.len()
+            } else {
+                per_row * spec.size
+            };
+            if spec.size == 0 && per_row != 1 {
+                return Err(format!(
+                    "{}: a BYTES input read from a file is one element, but its shape {dims:?} holds {per_row}",
+                    f.display()
+                ));
+            }
+            if data.len() != expected {
+                return Err(format!(
+                    "{}: {} bytes, but shape {dims:?} of {} takes {expected}",
+                    f.display(),
+                    data.len(),
+                    spec.type_name
+                ));
+            }
+            let mut all = Vec::with_capacity(data.len() * self.batch_size as usize);
+            for _ in 0..self.batch_size {
+                all.extend_from_slice(&data);
+            }
+            step.push(Tensor {
+                name: c_name(&spec.name)?,
+                dt: spec.dt,
+                shape: self.full_shape(&dims),
+                data: all,
+            });
+        }
+        Ok(DataSet {
+            streams: vec![vec![step]],
+        })
+    }
+
     fn json_step(&self, v: &Value, at: &str) -> Result<Step, String> {
         let obj = v
             .as_object()
@@ -659,6 +722,29 @@ mod tests {
             assert!(e.contains(want), "{bad}: {e}");
             assert!(e.starts_with("f.json"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_folder_holds_one_raw_file_per_input() {
+        let m = model(&[2], "INT32", 4);
+        let shapes = BTreeMap::new();
+        let f = Fill {
+            model: &m,
+            shapes: &shapes,
+            batch_size: 2,
+            string_length: 4,
+        };
+        let dir = std::env::temp_dir().join(format!("infer-perf-dir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(f.directory(&dir).unwrap_err().contains("no file 'X'"));
+        std::fs::write(dir.join("X"), [1u8, 0, 0, 0, 2, 0, 0]).unwrap();
+        assert!(f.directory(&dir).unwrap_err().contains("7 bytes"));
+        std::fs::write(dir.join("X"), [1u8, 0, 0, 0, 2, 0, 0, 0]).unwrap();
+        let d = f.directory(&dir).unwrap();
+        let t = &d.streams[0][0][0];
+        assert_eq!(t.shape, vec![2, 2]);
+        assert_eq!(t.data.len(), 16);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -79,7 +79,8 @@ struct Args {
     /// default: the average for stability, p99 for the budget).
     #[arg(long, value_parser = ["50", "90", "95", "99"])]
     percentile: Option<String>,
-    /// Input values: zero, random, or a JSON file in perf_analyzer's layout.
+    /// Input values: zero, random, a JSON file in perf_analyzer's layout, or a folder
+    /// with one raw file per input, named as the input.
     #[arg(long, default_value = "random")]
     input_data: String,
     /// The dims of an input with variable dims (repeatable), without the batch dim.
@@ -327,6 +328,7 @@ fn data_set(args: &Args, info: &ModelInfo) -> Result<DataSet, String> {
     match source {
         Source::Zero => fill.synthetic(false, 0),
         Source::Random => fill.synthetic(true, 0x1f2e3d),
+        Source::File(p) if p.is_dir() => fill.directory(&p),
         Source::File(p) => {
             let text = std::fs::read_to_string(&p)
                 .map_err(|e| format!("--input-data '{}': {e}", p.display()))?;
