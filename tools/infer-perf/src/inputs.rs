@@ -60,6 +60,7 @@ impl ModelInfo {
             });
         }
         let backend = cfg["backend"].as_str().unwrap_or_default();
+        let platform = cfg["platform"].as_str().unwrap_or_default();
         let decoupled = cfg["model_transaction_policy"]["decoupled"]
             .as_bool()
             .unwrap_or(false);
@@ -82,7 +83,7 @@ impl ModelInfo {
             inputs,
             sequence: cfg.get("sequence_batching").is_some_and(|v| !v.is_null()),
             decoupled,
-            generative: matches!(backend, "gpt2" | "llama"),
+            generative: matches!(backend, "gpt2" | "llama") || matches!(platform, "gpt2" | "llama"),
         })
     }
 }
@@ -183,9 +184,37 @@ impl Fill<'_> {
         Ok(())
     }
 
+    /// Refuses a tensor of more than 1 GiB a request (or whose size overflows).
+    fn check_size(&self, spec: &InputSpec, dims: &[i64]) -> Result<(), String> {
+        let per_element = if spec.size == 0 {
+            4 + self.string_length
+        } else {
+            spec.size
+        };
+        let bytes = dims
+            .iter()
+            .chain([&self.batch_size])
+            .try_fold(per_element as u64, |acc, &d| {
+                acc.checked_mul(d.max(0) as u64)
+            });
+        match bytes {
+            Some(b) if b <= 1 << 30 => Ok(()),
+            _ => Err(format!(
+                "input '{}' of model '{}' with dims {dims:?} and batch size {} is over 1 GiB a request",
+                spec.name, self.model.name, self.batch_size
+            )),
+        }
+    }
+
     /// The dims of `spec` (without the batch dim): `--shape` where given, else the
     /// config's, which must then be fixed.
     fn dims(&self, spec: &InputSpec) -> Result<Vec<i64>, String> {
+        let d = self.given_dims(spec)?;
+        self.check_size(spec, &d)?;
+        Ok(d)
+    }
+
+    fn given_dims(&self, spec: &InputSpec) -> Result<Vec<i64>, String> {
         if let Some(d) = self.shapes.get(&spec.name) {
             if d.len() != spec.dims.len()
                 || d.iter().zip(&spec.dims).any(|(&g, &c)| c >= 0 && g != c)
@@ -445,6 +474,8 @@ impl Fill<'_> {
                     spec.dims
                 ));
             }
+            self.check_size(spec, &dims)
+                .map_err(|e| format!("{at}: {e}"))?;
             let per_row: i64 = dims.iter().product();
             let data = match content {
                 Content::Raw(b) => b,
@@ -661,6 +692,14 @@ mod tests {
             string_length: 4,
         };
         assert!(f.synthetic(false, 1).unwrap_err().contains("does not fit"));
+        shapes.insert("X".to_owned(), vec![4294967296, 4]);
+        let f = Fill {
+            model: &m,
+            shapes: &shapes,
+            batch_size: 1,
+            string_length: 4,
+        };
+        assert!(f.synthetic(false, 1).unwrap_err().contains("over 1 GiB"));
     }
 
     fn f32s(b: &[u8]) -> Vec<f32> {

@@ -27,9 +27,11 @@ pub struct Sample {
     pub ok: bool,
     /// Tokens received (generative models): elements of the counted output.
     pub tokens: u64,
-    /// When the first and the last responses carrying tokens arrived.
+    /// When the first and the last responses carrying tokens arrived, and how many
+    /// tokens the first one carried.
     pub first_ns: u64,
     pub last_ns: u64,
+    pub first_tokens: u64,
     pub responses: u32,
 }
 
@@ -60,7 +62,7 @@ pub struct Settings {
 }
 
 /// One sequence a slot is sending.
-#[derive(Default)]
+#[derive(Clone, Copy, Default)]
 struct SeqState {
     corr: u64,
     stream: usize,
@@ -85,7 +87,6 @@ pub struct Run {
     first_error: Mutex<Option<String>>,
     next_step: AtomicUsize,
     next_stream: AtomicUsize,
-    next_corr: AtomicU64,
     seqs: Vec<Mutex<SeqState>>,
     /// Closed-loop slots whose last enqueue failed, retried by the measuring thread.
     idle: Mutex<Vec<usize>>,
@@ -132,7 +133,6 @@ impl Run {
             first_error: Mutex::new(None),
             next_step: AtomicUsize::new(0),
             next_stream: AtomicUsize::new(0),
-            next_corr: AtomicU64::new(1),
             seqs: (0..slots)
                 .map(|_| Mutex::new(SeqState::default()))
                 .collect(),
@@ -154,14 +154,21 @@ impl Run {
         self.sequence && self.seqs.get(slot).is_some_and(|s| s.lock().pos != 0)
     }
 
-    /// Sends the next request of `slot`; false when it could not be sent.
+    /// Sends the next request of `slot`; false when it could not be sent (a sequence's
+    /// position is then as it was: the step is sent again on the next try). Only one
+    /// thread issues for a slot at a time: its callback, or the measuring thread for an
+    /// idle slot, in a closed loop; the pacer in request-rate mode.
     fn issue(self: &Arc<Self>, slot: usize) -> bool {
+        let mut undo: Option<SeqState> = None;
         let built = (|| {
             let mut r;
             if self.sequence {
                 let mut st = self.seqs[slot % self.seqs.len()].lock();
+                undo = Some(*st);
                 if st.pos == 0 {
-                    st.corr = self.next_corr.fetch_add(1, Ordering::Relaxed);
+                    // Correlation IDs are never reused in a process: a sequence of an
+                    // earlier point cannot be continued by mistake.
+                    st.corr = NEXT_CORRELATION_ID.fetch_add(1, Ordering::Relaxed);
                     st.stream =
                         self.next_stream.fetch_add(1, Ordering::Relaxed) % self.data.streams.len();
                 }
@@ -228,6 +235,9 @@ impl Run {
             Err((_, e)) => {
                 // SAFETY: not enqueued, so still ours.
                 drop(unsafe { Box::from_raw(flight) });
+                if let Some(u) = undo {
+                    *self.seqs[slot % self.seqs.len()].lock() = u;
+                }
                 self.outstanding.fetch_sub(1, Ordering::SeqCst);
                 // A full queue (RESOURCE_EXHAUSTED) is back-pressure: counted as an
                 // error; a closed-loop slot is retried.
@@ -237,6 +247,8 @@ impl Run {
         }
     }
 }
+
+static NEXT_CORRELATION_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Enqueue times are summed apart from the samples: the FINAL response can arrive
 /// before `infer_server_enqueue` returns.
@@ -256,6 +268,7 @@ unsafe extern "C" fn on_response(ud: *mut c_void, resp: *mut infer::request::Res
     if answer.counted > 0 {
         if fl.sample.first_ns == 0 {
             fl.sample.first_ns = now;
+            fl.sample.first_tokens = answer.counted as u64;
         }
         fl.sample.last_ns = now;
         fl.sample.tokens += answer.counted as u64;
@@ -270,17 +283,20 @@ unsafe extern "C" fn on_response(ud: *mut c_void, resp: *mut infer::request::Res
     // SAFETY: the FINAL response is the last call for this request.
     let fl = *Box::from_raw(f);
     let mut sample = fl.sample;
-    sample.end_ns = now;
-    sample.recv_ns = now_ns() - now;
+    // The request ends when the client has read its answer.
+    sample.end_ns = now_ns();
+    sample.recv_ns = sample.end_ns - now;
     let run = fl.run;
     run.samples.lock().push(sample);
-    run.outstanding.fetch_sub(1, Ordering::SeqCst);
+    // The next request is sent before this one stops counting as outstanding, so that a
+    // drain never sees zero while a slot still has a step to send.
     if run.closed_loop
-        && (!run.stop.load(Ordering::Relaxed) || run.mid_sequence(fl.slot))
+        && (!run.stop.load(Ordering::SeqCst) || run.mid_sequence(fl.slot))
         && !run.issue(fl.slot)
     {
         run.idle.lock().push(fl.slot);
     }
+    run.outstanding.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// The measurements of one window.
@@ -414,54 +430,58 @@ pub fn measure(
             .map(|m| ServerSnapshot::take(server, m))
             .collect()
     };
-    let mut snap = snapshot()?;
-    let mut began = Instant::now();
     let mut windows: Vec<Window> = Vec::new();
-    let mut points: Vec<(f64, f64)> = Vec::new();
     let mut trials = 0;
+    let mut stable_now = false;
     let mut sent_at_start = 0;
     let mut rate_started = Instant::now();
-    let mut stable_now = false;
-    // Warm-up window, then up to max_trials measured ones.
-    for w in 0..=settings.max_trials.max(3) {
-        wait_window(&run, began + interval);
-        let secs = began.elapsed().as_secs_f64();
-        began = Instant::now();
-        let samples = std::mem::take(&mut *run.samples.lock());
-        let errors = run.errors.swap(0, Ordering::Relaxed);
-        let send_ns = SEND_NS.swap(0, Ordering::Relaxed);
-        let sends = SENDS.swap(0, Ordering::Relaxed);
-        let next = snapshot()?;
-        let mut deltas: Vec<ServerDelta> =
-            next.iter().zip(&snap).map(|(a, b)| a.since(b)).collect();
-        snap = next;
-        let server_delta = deltas.remove(0);
-        if w == 0 {
-            sent_at_start = sent.load(Ordering::Relaxed);
-            late.store(0, Ordering::Relaxed);
-            rate_started = Instant::now();
-            continue;
+    // Warm-up window, then up to max_trials measured ones. An error (the statistics
+    // could not be read) still stops the load and drains it below.
+    let measured = (|| -> Result<(), String> {
+        let mut snap = snapshot()?;
+        let mut began = Instant::now();
+        let mut points: Vec<(f64, f64)> = Vec::new();
+        for w in 0..=settings.max_trials.max(3) {
+            wait_window(&run, began + interval);
+            let secs = began.elapsed().as_secs_f64();
+            began = Instant::now();
+            let samples = std::mem::take(&mut *run.samples.lock());
+            let errors = run.errors.swap(0, Ordering::Relaxed);
+            let send_ns = SEND_NS.swap(0, Ordering::Relaxed);
+            let sends = SENDS.swap(0, Ordering::Relaxed);
+            let next = snapshot()?;
+            let mut deltas: Vec<ServerDelta> =
+                next.iter().zip(&snap).map(|(a, b)| a.since(b)).collect();
+            snap = next;
+            let server_delta = deltas.remove(0);
+            if w == 0 {
+                sent_at_start = sent.load(Ordering::Relaxed);
+                late.store(0, Ordering::Relaxed);
+                rate_started = Instant::now();
+                continue;
+            }
+            trials = w;
+            let win = Window {
+                secs,
+                samples,
+                errors,
+                server: server_delta,
+                composing: deltas,
+                send_ns,
+                sends,
+            };
+            let t = win.throughput(settings.batch_size);
+            let l = win.latency(settings.percentile);
+            progress.window(w, t, l);
+            points.push((t, l));
+            windows.push(win);
+            if stable(&points, settings.stability_pct) {
+                stable_now = true;
+                break;
+            }
         }
-        trials = w;
-        let win = Window {
-            secs,
-            samples,
-            errors,
-            server: server_delta,
-            composing: deltas,
-            send_ns,
-            sends,
-        };
-        let t = win.throughput(settings.batch_size);
-        let l = win.latency(settings.percentile);
-        progress.window(w, t, l);
-        points.push((t, l));
-        windows.push(win);
-        if stable(&points, settings.stability_pct) {
-            stable_now = true;
-            break;
-        }
-    }
+        Ok(())
+    })();
     let sent_total = sent.load(Ordering::Relaxed).saturating_sub(sent_at_start);
     let sent_secs = rate_started.elapsed().as_secs_f64();
     let late_n = late.load(Ordering::Relaxed);
@@ -469,13 +489,24 @@ pub fn measure(
     if let Some(p) = pacer {
         let _ = p.join();
     }
-    // Drain: every request answered before the next point (60 s at most).
+    // Drain: every request answered and every sequence ended before the next point (60 s
+    // at most).
+    let open = || {
+        run.outstanding.load(Ordering::SeqCst)
+            + run
+                .idle
+                .lock()
+                .iter()
+                .filter(|&&s| run.mid_sequence(s))
+                .count()
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
-    while run.outstanding.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+    while open() > 0 && Instant::now() < deadline {
         retry_idle(&run);
         std::thread::sleep(Duration::from_millis(1));
     }
-    let lost = run.outstanding.load(Ordering::SeqCst);
+    let lost = open();
+    measured?;
     let keep = windows.len().min(3);
     let windows = windows.split_off(windows.len() - keep);
     let first_error = run.first_error.lock().take();
@@ -549,15 +580,18 @@ fn pace(run: &Arc<Run>, per_s: f64, poisson: bool, late: &AtomicU64, sent: &Atom
         if Instant::now().duration_since(at) > Duration::from_millis(1) {
             late.fetch_add(1, Ordering::Relaxed);
         }
-        run.issue(slot);
-        sent.fetch_add(1, Ordering::Relaxed);
+        if run.issue(slot) {
+            sent.fetch_add(1, Ordering::Relaxed);
+        }
         slot = (slot + 1) % slots;
     }
+    // The sequences still open get their remaining steps (10 s at most).
+    let deadline = Instant::now() + Duration::from_secs(10);
     for s in 0..slots {
-        let mut guard = 0;
-        while run.mid_sequence(s) && guard < 100_000 {
-            run.issue(s);
-            guard += 1;
+        while run.mid_sequence(s) && Instant::now() < deadline {
+            if !run.issue(s) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
     }
 }

@@ -149,7 +149,8 @@ fn main() {
 }
 
 /// `START[:END[:STEP]]` as the list of points.
-fn parse_range(s: &str, what: &str) -> Result<Vec<f64>, String> {
+/// `START[:END[:STEP]]` as the list of points, each within `lo..=hi`.
+fn parse_range(s: &str, what: &str, lo: f64, hi: f64) -> Result<Vec<f64>, String> {
     let parts: Vec<&str> = s.split(':').collect();
     if parts.is_empty() || parts.len() > 3 {
         return Err(format!("{what} '{s}': expected START[:END[:STEP]]"));
@@ -164,31 +165,34 @@ fn parse_range(s: &str, what: &str) -> Result<Vec<f64>, String> {
     let start = num(parts[0])?;
     let end = parts.get(1).map(|x| num(x)).transpose()?.unwrap_or(start);
     let step = parts.get(2).map(|x| num(x)).transpose()?.unwrap_or(1.0);
+    for v in [start, end] {
+        if !(lo..=hi).contains(&v) {
+            return Err(format!("{what} '{s}': {v} is outside {lo}..={hi}"));
+        }
+    }
     if end < start {
         return Err(format!("{what} '{s}': END is below START"));
     }
-    let mut v = Vec::new();
-    let mut x = start;
-    while x <= end + 1e-9 {
-        v.push(x);
-        x += step;
-        if v.len() > 10_000 {
-            return Err(format!("{what} '{s}': more than 10000 points"));
-        }
+    let n = ((end - start) / step + 1e-9).floor() as u64 + 1;
+    if n > 10_000 {
+        return Err(format!("{what} '{s}': more than 10000 points"));
     }
-    Ok(v)
+    // Rounded to 1e-9, so that 0.1:0.3:0.1 ends at 0.3.
+    Ok((0..n)
+        .map(|i| ((start + i as f64 * step) * 1e9).round() / 1e9)
+        .collect())
 }
 
 fn loads(args: &Args) -> Result<Vec<Load>, String> {
     if let Some(r) = &args.request_rate_range {
         let poisson = args.request_distribution == "poisson";
-        return Ok(parse_range(r, "--request-rate-range")?
+        return Ok(parse_range(r, "--request-rate-range", 0.01, 1e7)?
             .into_iter()
             .map(|per_s| Load::Rate { per_s, poisson })
             .collect());
     }
     let c = args.concurrency_range.as_deref().unwrap_or("1");
-    parse_range(c, "--concurrency-range")?
+    parse_range(c, "--concurrency-range", 1.0, 100_000.0)?
         .into_iter()
         .map(|v| {
             if v.fract() != 0.0 {
@@ -477,6 +481,9 @@ fn run(args: &Args) -> Result<i32, String> {
     if args.batch_size < 1 {
         return Err("--batch-size must be at least 1".into());
     }
+    if !(10..=3_600_000).contains(&args.measurement_interval) {
+        return Err("--measurement-interval must be 10 ms to 1 hour".into());
+    }
     check_repository(&args.model_repository, &args.model)?;
     let server = Arc::new(capi::Server::open(&capi::Options {
         repository: args.model_repository.clone(),
@@ -527,8 +534,8 @@ fn run(args: &Args) -> Result<i32, String> {
     let display = Display::new(combos.len() * loads.len());
     for combo in &combos {
         let label = sweep::label(combo);
-        let info = if combo.is_empty() {
-            info.clone()
+        let (info, data) = if combo.is_empty() {
+            (info.clone(), data.clone())
         } else {
             let cfg = sweep::apply(&base, combo, &args.model)?;
             let text = serde_json::to_string(&cfg).map_err(|e| e.to_string())?;
@@ -543,7 +550,9 @@ fn run(args: &Args) -> Result<i32, String> {
             let loaded = server.config(&args.model)?;
             let info = ModelInfo::from_config(&args.model, &loaded)?;
             configs.push(loaded);
-            info
+            // The inputs as this config takes them (a batch dim or not).
+            let data = data_set(args, &info).map_err(|e| format!("{label}: {e}"))?;
+            (info, data)
         };
         let points = measure_all(
             &server,
@@ -660,19 +669,31 @@ fn run(args: &Args) -> Result<i32, String> {
 mod tests {
     use super::*;
 
+    fn parse_range_t(s: &str, what: &str) -> Result<Vec<f64>, String> {
+        parse_range(s, what, 0.01, 1e7)
+    }
+
     #[test]
     fn ranges_expand_inclusively() {
-        assert_eq!(parse_range("1:4:1", "r").unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
-        assert_eq!(parse_range("2", "r").unwrap(), vec![2.0]);
-        assert_eq!(parse_range("1:8:4", "r").unwrap(), vec![1.0, 5.0]);
         assert_eq!(
-            parse_range("100:300:100", "r").unwrap(),
+            parse_range_t("1:4:1", "r").unwrap(),
+            vec![1.0, 2.0, 3.0, 4.0]
+        );
+        assert_eq!(parse_range_t("2", "r").unwrap(), vec![2.0]);
+        assert_eq!(parse_range_t("1:8:4", "r").unwrap(), vec![1.0, 5.0]);
+        assert_eq!(
+            parse_range_t("100:300:100", "r").unwrap(),
             vec![100.0, 200.0, 300.0]
         );
-        assert!(parse_range("4:1", "r")
+        assert!(parse_range_t("4:1", "r")
             .unwrap_err()
             .contains("END is below START"));
-        assert!(parse_range("0", "r").unwrap_err().contains("above 0"));
-        assert!(parse_range("1:2:3:4", "r").is_err());
+        assert!(parse_range_t("0", "r").unwrap_err().contains("above 0"));
+        assert!(parse_range_t("1:2:3:4", "r").is_err());
+        assert_eq!(
+            parse_range_t("0.1:0.3:0.1", "r").unwrap(),
+            vec![0.1, 0.2, 0.3]
+        );
+        assert!(parse_range_t("1e19", "r").unwrap_err().contains("outside"));
     }
 }

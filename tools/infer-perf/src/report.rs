@@ -102,8 +102,9 @@ impl Point {
             ttft.sort_unstable();
             let mut itl: Vec<u64> = ok
                 .iter()
-                .filter(|s| s.tokens > 1)
-                .map(|s| (s.last_ns - s.first_ns) / (s.tokens - 1))
+                .filter(|s| s.tokens > s.first_tokens)
+                // The gaps after the first response: its tokens came together.
+                .map(|s| (s.last_ns - s.first_ns) / (s.tokens - s.first_tokens))
                 .collect();
             itl.sort_unstable();
             let tokens: u64 = ok.iter().map(|s| s.tokens).sum();
@@ -164,13 +165,19 @@ impl Point {
     }
 
     /// The latency the client saw that the server's timers do not account for: the
-    /// library's hand-offs (enqueue to queue, batch to callback) in-process.
-    pub fn handoff_us(&self) -> f64 {
-        (self.avg_us
-            - self.client_send_us
-            - self.client_recv_us
-            - self.server_means().iter().sum::<f64>())
-        .max(0.0)
+    /// library's hand-offs (enqueue to queue, batch to callback) in-process. None for a
+    /// generative model, whose server times are per iteration, not per request.
+    pub fn handoff_us(&self) -> Option<f64> {
+        if self.generative.is_some() {
+            return None;
+        }
+        Some(
+            (self.avg_us
+                - self.client_send_us
+                - self.client_recv_us
+                - self.server_means().iter().sum::<f64>())
+            .max(0.0),
+        )
     }
 
     /// Mean queue, compute input, infer and output microseconds: the model's own, or for
@@ -255,12 +262,14 @@ pub fn point_text(p: &Point) -> String {
         "    Latency: p50 {:.0} usec, p90 {:.0} usec, p95 {:.0} usec, p99 {:.0} usec, avg {:.0} usec",
         p.p50_us, p.p90_us, p.p95_us, p.p99_us, p.avg_us
     );
+    let handoff = p.handoff_us().map_or(
+        "n/a (the server's times are per iteration)".to_owned(),
+        |h| format!("{h:.1} usec"),
+    );
     let _ = writeln!(
         s,
-        "    Avg latency split: enqueue {:.1} usec, library hand-offs {:.1} usec, response read {:.1} usec",
-        p.client_send_us,
-        p.handoff_us(),
-        p.client_recv_us
+        "    Avg latency split: enqueue {:.1} usec, library hand-offs {handoff}, response read {:.1} usec",
+        p.client_send_us, p.client_recv_us
     );
     if let Some(g) = &p.generative {
         let _ = writeln!(
@@ -486,7 +495,7 @@ pub fn csv_row(p: &Point, config: Option<&str>) -> String {
         trim(p.load),
         format!("{:.2}", p.inferences_per_s),
         f0(p.client_send_us),
-        f0(p.handoff_us()),
+        p.handoff_us().map_or(String::new(), f0),
         f0(p.server_means()[0]),
         f0(p.server_means()[1]),
         f0(p.server_means()[2]),
