@@ -242,6 +242,16 @@ impl Fill<'_> {
         Ok(spec.dims.clone())
     }
 
+    /// One row's `data` repeated for every row of the batch, as `spec`'s tensor.
+    fn batched(&self, spec: &InputSpec, dims: &[i64], row: &[u8]) -> Result<Tensor, String> {
+        Ok(Tensor {
+            name: c_name(&spec.name)?,
+            dt: spec.dt,
+            shape: self.full_shape(dims),
+            data: row.repeat(self.batch_size as usize),
+        })
+    }
+
     fn full_shape(&self, dims: &[i64]) -> Vec<i64> {
         let mut s = Vec::with_capacity(dims.len() + 1);
         if self.model.max_batch_size > 0 {
@@ -397,16 +407,7 @@ impl Fill<'_> {
                     spec.type_name
                 ));
             }
-            let mut all = Vec::with_capacity(data.len() * self.batch_size as usize);
-            for _ in 0..self.batch_size {
-                all.extend_from_slice(&data);
-            }
-            step.push(Tensor {
-                name: c_name(&spec.name)?,
-                dt: spec.dt,
-                shape: self.full_shape(&dims),
-                data: all,
-            });
+            step.push(self.batched(spec, &dims, &data)?);
         }
         Ok(DataSet {
             streams: vec![vec![step]],
@@ -481,7 +482,6 @@ impl Fill<'_> {
                 Content::Raw(b) => b,
                 Content::Values(v) => encode_values(spec, v, &at)?,
             };
-            let rows = self.batch_size as usize;
             let expected = per_row as usize;
             let got = data
                 .len()
@@ -499,17 +499,7 @@ impl Fill<'_> {
                     "{at}: {got} values for shape {dims:?} ({expected} expected)"
                 ));
             }
-            // The same row for every request of the batch.
-            let mut all = Vec::with_capacity(data.len() * rows);
-            for _ in 0..rows {
-                all.extend_from_slice(&data);
-            }
-            step.push(Tensor {
-                name: c_name(&spec.name)?,
-                dt: spec.dt,
-                shape: self.full_shape(&dims),
-                data: all,
-            });
+            step.push(self.batched(spec, &dims, &data)?);
         }
         Ok(step)
     }
@@ -654,52 +644,41 @@ mod tests {
     fn synthetic_inputs_take_batch_and_shape() {
         let m = model(&[-1, 4], "FP32", 8);
         let mut shapes = BTreeMap::new();
-        let f = Fill {
-            model: &m,
-            shapes: &shapes,
-            batch_size: 2,
-            string_length: 4,
-        };
+        let f = fill(&m, &shapes, 2, 4);
         assert!(f.synthetic(false, 1).unwrap_err().contains("--shape X:"));
         shapes.insert("X".to_owned(), vec![3, 4]);
-        let f = Fill {
-            model: &m,
-            shapes: &shapes,
-            batch_size: 2,
-            string_length: 4,
-        };
+        let f = fill(&m, &shapes, 2, 4);
         let d = f.synthetic(true, 1).unwrap();
         let t = &d.streams[0][0][0];
         assert_eq!(t.shape, vec![2, 3, 4]);
         assert_eq!(t.data.len(), 2 * 3 * 4 * 4);
         let vals = f32s(&t.data);
         assert!(vals.iter().all(|v| (0.0..1.0).contains(v)));
-        let f = Fill {
-            model: &m,
-            shapes: &shapes,
-            batch_size: 9,
-            string_length: 4,
-        };
+        let f = fill(&m, &shapes, 9, 4);
         assert!(f
             .synthetic(false, 1)
             .unwrap_err()
             .contains("max_batch_size 8"));
         shapes.insert("X".to_owned(), vec![3, 5]);
-        let f = Fill {
-            model: &m,
-            shapes: &shapes,
-            batch_size: 1,
-            string_length: 4,
-        };
+        let f = fill(&m, &shapes, 1, 4);
         assert!(f.synthetic(false, 1).unwrap_err().contains("does not fit"));
         shapes.insert("X".to_owned(), vec![4294967296, 4]);
-        let f = Fill {
-            model: &m,
-            shapes: &shapes,
-            batch_size: 1,
-            string_length: 4,
-        };
+        let f = fill(&m, &shapes, 1, 4);
         assert!(f.synthetic(false, 1).unwrap_err().contains("over 1 GiB"));
+    }
+
+    fn fill<'a>(
+        model: &'a ModelInfo,
+        shapes: &'a BTreeMap<String, Vec<i64>>,
+        batch_size: i64,
+        string_length: usize,
+    ) -> Fill<'a> {
+        Fill {
+            model,
+            shapes,
+            batch_size,
+            string_length,
+        }
     }
 
     fn f32s(b: &[u8]) -> Vec<f32> {
@@ -713,12 +692,7 @@ mod tests {
     fn json_input_data_in_perf_analyzer_layout() {
         let m = model(&[2], "INT32", 0);
         let shapes = BTreeMap::new();
-        let f = Fill {
-            model: &m,
-            shapes: &shapes,
-            batch_size: 1,
-            string_length: 4,
-        };
+        let f = fill(&m, &shapes, 1, 4);
         let d = f
             .json(
                 r#"{"data": [{"X": [1, 2]}, {"X": {"content": [3, 4], "shape": [2]}}]}"#,
@@ -767,12 +741,7 @@ mod tests {
     fn a_folder_holds_one_raw_file_per_input() {
         let m = model(&[2], "INT32", 4);
         let shapes = BTreeMap::new();
-        let f = Fill {
-            model: &m,
-            shapes: &shapes,
-            batch_size: 2,
-            string_length: 4,
-        };
+        let f = fill(&m, &shapes, 2, 4);
         let dir = std::env::temp_dir().join(format!("infer-perf-dir-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         assert!(f.directory(&dir).unwrap_err().contains("no file 'X'"));
@@ -790,12 +759,7 @@ mod tests {
     fn strings_are_length_prefixed() {
         let m = model(&[2], "STRING", 0);
         let shapes = BTreeMap::new();
-        let f = Fill {
-            model: &m,
-            shapes: &shapes,
-            batch_size: 1,
-            string_length: 3,
-        };
+        let f = fill(&m, &shapes, 1, 3);
         let d = f.synthetic(true, 7).unwrap();
         assert_eq!(count_strings(&d.streams[0][0][0].data), 2);
         assert_eq!(d.streams[0][0][0].data.len(), 2 * (4 + 3));
