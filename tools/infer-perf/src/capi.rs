@@ -368,24 +368,18 @@ pub const SEQUENCE_START: u32 = INFER_REQUEST_FLAG_SEQUENCE_START;
 pub const SEQUENCE_END: u32 = INFER_REQUEST_FLAG_SEQUENCE_END;
 
 /// The C API's datatype of a config's `data_type` (`TYPE_FP32`) or a plain name (`FP32`),
-/// with its element size (0 for BYTES).
-pub fn datatype(name: &str) -> Option<(infer_datatype, usize)> {
-    let n = name.strip_prefix("TYPE_").unwrap_or(name);
-    Some(match n {
-        "BOOL" => (INFER_DATATYPE_BOOL, 1),
-        "UINT8" => (INFER_DATATYPE_UINT8, 1),
-        "UINT16" => (INFER_DATATYPE_UINT16, 2),
-        "UINT32" => (INFER_DATATYPE_UINT32, 4),
-        "UINT64" => (INFER_DATATYPE_UINT64, 8),
-        "INT8" => (INFER_DATATYPE_INT8, 1),
-        "INT16" => (INFER_DATATYPE_INT16, 2),
-        "INT32" => (INFER_DATATYPE_INT32, 4),
-        "INT64" => (INFER_DATATYPE_INT64, 8),
-        "FP16" => (INFER_DATATYPE_FP16, 2),
-        "BF16" => (INFER_DATATYPE_BF16, 2),
-        "FP32" => (INFER_DATATYPE_FP32, 4),
-        "FP64" => (INFER_DATATYPE_FP64, 8),
-        "STRING" | "BYTES" => (INFER_DATATYPE_BYTES, 0),
-        _ => return None,
-    })
+/// with its element size (0 for BYTES) and its name (`FP32`; `BYTES` for `TYPE_STRING`),
+/// as the library parses and names it.
+pub fn datatype(name: &str) -> Option<(infer_datatype, usize, String)> {
+    let n = CString::new(name).ok()?;
+    // SAFETY: a NUL-terminated string alive for the call.
+    let dt = unsafe { infer_datatype_from_string(n.as_ptr()) };
+    if dt == INFER_DATATYPE_INVALID {
+        return None;
+    }
+    // SAFETY: the library returns a static NUL-terminated string for any value.
+    let canonical = unsafe { CStr::from_ptr(infer_datatype_string(dt)) }
+        .to_string_lossy()
+        .into_owned();
+    Some((dt, infer_datatype_byte_size(dt) as usize, canonical))
 }

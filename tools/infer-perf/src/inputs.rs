@@ -40,7 +40,7 @@ impl ModelInfo {
         for i in cfg["input"].as_array().into_iter().flatten() {
             let n = i["name"].as_str().unwrap_or_default().to_owned();
             let t = i["data_type"].as_str().unwrap_or("TYPE_INVALID").to_owned();
-            let (dt, size) = capi::datatype(&t).ok_or_else(|| {
+            let (dt, size, type_name) = capi::datatype(&t).ok_or_else(|| {
                 format!("model '{name}': input '{n}' has data type {t}, which the tool cannot fill")
             })?;
             // An input reshaped in the config is sent in its declared dims.
@@ -54,7 +54,7 @@ impl ModelInfo {
                 name: n,
                 dt,
                 size,
-                type_name: t.trim_start_matches("TYPE_").to_owned(),
+                type_name,
                 dims,
                 optional: i["optional"].as_bool().unwrap_or(false),
             });
@@ -108,10 +108,14 @@ pub struct DataSet {
 }
 
 impl DataSet {
-    /// The `i`-th request's inputs over all streams, round robin (models without
-    /// sequences).
-    pub fn flat(&self) -> Vec<&Step> {
-        self.streams.iter().flatten().collect()
+    /// (stream, step) of every step of every stream, in order: the requests of a model
+    /// without sequences take them in turn.
+    pub fn flat(&self) -> Vec<(usize, usize)> {
+        self.streams
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| (0..s.len()).map(move |j| (i, j)))
+            .collect()
     }
 }
 
@@ -542,7 +546,7 @@ fn encode_values(spec: &InputSpec, v: &Value, at: &str) -> Result<Vec<u8>, Strin
     for x in vals {
         let bad = || format!("{at}: {x} is not a {} value", spec.type_name);
         match spec.type_name.as_str() {
-            "STRING" | "BYTES" => {
+            "BYTES" => {
                 let s = x.as_str().ok_or_else(bad)?;
                 out.extend_from_slice(&(s.len() as u32).to_le_bytes());
                 out.extend_from_slice(s.as_bytes());
@@ -612,7 +616,7 @@ mod tests {
     use super::*;
 
     fn model(dims: &[i64], t: &str, mbs: i64) -> ModelInfo {
-        let (dt, size) = capi::datatype(t).unwrap();
+        let (dt, size, type_name) = capi::datatype(t).unwrap();
         ModelInfo {
             name: "m".into(),
             max_batch_size: mbs,
@@ -620,7 +624,7 @@ mod tests {
                 name: "X".into(),
                 dt,
                 size,
-                type_name: t.into(),
+                type_name,
                 dims: dims.to_vec(),
                 optional: false,
             }],

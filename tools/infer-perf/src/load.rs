@@ -3,7 +3,7 @@
 //! measured in windows until three in a row agree (perf_analyzer's stability rule).
 
 use crate::capi::{self, Server};
-use crate::inputs::{build, DataSet, ModelInfo, Step};
+use crate::inputs::{build, DataSet, ModelInfo};
 use crate::stats::{ServerDelta, ServerSnapshot};
 use parking_lot::Mutex;
 use std::ffi::{c_void, CString};
@@ -73,8 +73,9 @@ struct SeqState {
 pub struct Run {
     server: Arc<Server>,
     model: String,
-    data: DataSet,
-    flat: Vec<Step>,
+    data: Arc<DataSet>,
+    /// (stream, step) of every request's inputs, used in turn without sequences.
+    flat: Vec<(usize, usize)>,
     sequence: bool,
     generative: bool,
     count_output: Option<CString>,
@@ -107,11 +108,11 @@ impl Run {
     pub fn new(
         server: Arc<Server>,
         model: &ModelInfo,
-        data: DataSet,
+        data: Arc<DataSet>,
         settings: Settings,
         load: &Load,
     ) -> Arc<Run> {
-        let flat = data.flat().into_iter().cloned().collect();
+        let flat = data.flat();
         let slots = match load {
             Load::Concurrency(n) => *n,
             Load::Rate { .. } => settings.num_sequences.max(1),
@@ -194,7 +195,8 @@ impl Run {
                 r.sequence(st.corr, flags)?;
             } else {
                 let i = self.next_step.fetch_add(1, Ordering::Relaxed) % self.flat.len();
-                r = build(&self.server, &self.model, &self.flat[i])?;
+                let (st, step) = self.flat[i];
+                r = build(&self.server, &self.model, &self.data.streams[st][step])?;
             }
             if self.generative {
                 r.param_bool(STREAMING, true)?;
@@ -394,7 +396,7 @@ pub trait Progress {
 pub fn measure(
     server: &Arc<Server>,
     model: &ModelInfo,
-    data: &DataSet,
+    data: &Arc<DataSet>,
     settings: &Settings,
     load: &Load,
     progress: &dyn Progress,

@@ -347,7 +347,7 @@ fn data_set(args: &Args, info: &ModelInfo) -> Result<DataSet, String> {
 fn measure_all(
     server: &Arc<capi::Server>,
     info: &ModelInfo,
-    data: &DataSet,
+    data: &Arc<DataSet>,
     settings: &Settings,
     loads: &[Load],
     label: &str,
@@ -509,7 +509,7 @@ fn run(args: &Args) -> Result<i32, String> {
             args.model
         ));
     }
-    let data = data_set(args, &info)?;
+    let data = Arc::new(data_set(args, &info)?);
     println!("{}", settings_text(args, &base, &loads));
     let settings = Settings {
         measurement_ms: args.measurement_interval,
@@ -552,6 +552,7 @@ fn run(args: &Args) -> Result<i32, String> {
             configs.push(loaded);
             // The inputs as this config takes them (a batch dim or not).
             let data = data_set(args, &info).map_err(|e| format!("{label}: {e}"))?;
+            let data = Arc::new(data);
             (info, data)
         };
         let points = measure_all(

@@ -386,6 +386,7 @@ pub fn table(points: &[Point]) -> String {
     cols.push("Batch sizes");
     let mut rows: Vec<Vec<String>> = Vec::new();
     for p in points {
+        let server = p.server_means();
         let mut r = vec![
             format!("{}{}", trim(p.load), if p.stable { "" } else { "*" }),
             format!("{:.1}", p.inferences_per_s),
@@ -394,10 +395,10 @@ pub fn table(points: &[Point]) -> String {
             format!("{:.0}", p.p95_us),
             format!("{:.0}", p.p99_us),
             format!("{:.0}", p.avg_us),
-            format!("{:.0}", p.server_means()[0]),
-            format!("{:.0}", p.server_means()[1]),
-            format!("{:.0}", p.server_means()[2]),
-            format!("{:.0}", p.server_means()[3]),
+            format!("{:.0}", server[0]),
+            format!("{:.0}", server[1]),
+            format!("{:.0}", server[2]),
+            format!("{:.0}", server[3]),
         ];
         if let Some(g) = &p.generative {
             r.push(format!("{:.2}", g.ttft_avg_ms));
@@ -491,15 +492,16 @@ pub fn csv_row(p: &Point, config: Option<&str>) -> String {
         c.push(format!("\"{}\"", cfg.replace('"', "\"\"")));
     }
     let f0 = |v: f64| format!("{v:.0}");
+    let server = p.server_means();
     c.extend([
         trim(p.load),
         format!("{:.2}", p.inferences_per_s),
         f0(p.client_send_us),
         p.handoff_us().map_or(String::new(), f0),
-        f0(p.server_means()[0]),
-        f0(p.server_means()[1]),
-        f0(p.server_means()[2]),
-        f0(p.server_means()[3]),
+        f0(server[0]),
+        f0(server[1]),
+        f0(server[2]),
+        f0(server[3]),
         f0(p.client_recv_us),
         f0(p.p50_us),
         f0(p.p90_us),

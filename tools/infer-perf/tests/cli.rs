@@ -104,28 +104,8 @@ fn hand_made_closed_loop(repo: &Path, model: &str, clients: usize, secs: f64) ->
             self.0
         }
     }
-    let repo_c = CString::new(repo.to_str().unwrap()).unwrap();
     let name = CString::new(model).unwrap();
-    let mut opts = std::ptr::null_mut();
-    let mut s = std::ptr::null_mut();
-    // SAFETY: valid pointers; the options are freed after use.
-    unsafe {
-        assert_eq!(infer_server_options_new(&mut opts), 0);
-        assert_eq!(
-            infer_server_options_set_model_repository(opts, repo_c.as_ptr()),
-            0
-        );
-        assert_eq!(
-            infer_server_options_set_model_control_explicit(opts, true),
-            0
-        );
-        assert_eq!(infer_server_new(opts, &mut s), 0);
-        infer_server_options_free(opts);
-        assert_eq!(
-            infer_server_load_model(s, name.as_ptr(), std::ptr::null(), std::ptr::null()),
-            0
-        );
-    }
+    let s = serve(repo, model, None);
     let server = S(s);
     let input = CString::new("IN").unwrap();
     let data = [0.5f32; 4];
@@ -186,16 +166,17 @@ fn hand_made_closed_loop(repo: &Path, model: &str, clients: usize, secs: f64) ->
     (all.len() as f64 / secs, p50)
 }
 
-/// Loads `config` (JSON or config.pbtxt text) as model `name` of `repo` on a new server.
-fn load_config_text(repo: &Path, name: &str, config: &str) {
+/// A new server over `repo` (explicit model control) with model `name` loaded from the
+/// repository, or from `config` (JSON or config.pbtxt text) and the model's folder.
+fn serve(repo: &Path, name: &str, config: Option<&str>) -> *mut ServerHandle {
     let repo_c = CString::new(repo.to_str().unwrap()).unwrap();
     let n = CString::new(name).unwrap();
-    let c = CString::new(config).unwrap();
+    let c = config.map(|c| CString::new(c).unwrap());
     let dir = CString::new(repo.join(name).to_str().unwrap()).unwrap();
-    // SAFETY: valid pointers; everything created here is freed here.
+    let mut s = std::ptr::null_mut();
+    // SAFETY: valid pointers; the options are freed here, the server by the caller.
     unsafe {
         let mut opts = std::ptr::null_mut();
-        let mut s = std::ptr::null_mut();
         assert_eq!(infer_server_options_new(&mut opts), 0);
         assert_eq!(
             infer_server_options_set_model_repository(opts, repo_c.as_ptr()),
@@ -207,13 +188,16 @@ fn load_config_text(repo: &Path, name: &str, config: &str) {
         );
         assert_eq!(infer_server_new(opts, &mut s), 0);
         infer_server_options_free(opts);
-        let st = infer_server_load_model(s, n.as_ptr(), c.as_ptr(), dir.as_ptr());
+        let st = match &c {
+            Some(c) => infer_server_load_model(s, n.as_ptr(), c.as_ptr(), dir.as_ptr()),
+            None => infer_server_load_model(s, n.as_ptr(), std::ptr::null(), std::ptr::null()),
+        };
         let msg = std::ffi::CStr::from_ptr(infer_last_error_message())
             .to_string_lossy()
             .into_owned();
         assert_eq!(st, 0, "{msg}");
-        infer_server_free(s);
     }
+    s
 }
 
 #[test]
@@ -394,7 +378,8 @@ fn sweep_picks_the_config_that_is_best_by_construction() {
         serde_json::from_str(&std::fs::read_to_string(&exported).unwrap()).unwrap();
     assert_eq!(best["max_batch_size"], 4, "{best}");
     assert_eq!(best["instance_group"][0]["count"], 2, "{best}");
-    load_config_text(&repo, "ident", &best.to_string());
+    // SAFETY: a server from `serve`, freed once.
+    unsafe { infer_server_free(serve(&repo, "ident", Some(&best.to_string()))) };
     let rows = csv(&csv_path);
     assert_eq!(rows.len(), 4, "one row per config");
     let thr = |cfg: &str| {
