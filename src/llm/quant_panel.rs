@@ -41,9 +41,46 @@ pub(crate) trait Panel: Copy + Default + Send + 'static {
     /// panel block per 256 columns.
     fn pack(rows: [&[u8]; 8], out: &mut [Self]);
     /// `out[i][r] = row r · acts[i]` for the eight rows packed in `panel` (as many
-    /// panel blocks as the activation rows have Q8_K blocks). Call only when
-    /// [`available`].
-    fn gemm(panel: &[Self], acts: &[ActRow<'_>], out: &mut [[f32; 8]]);
+    /// panel blocks as the activation rows have Q8_K blocks), in the kernels of `isa`.
+    /// Call only when `isa.runs()`.
+    fn gemm_with(isa: Isa, panel: &[Self], acts: &[ActRow<'_>], out: &mut [[f32; 8]]);
+
+    /// [`Panel::gemm_with`] the fastest kernels ([`Isa::best`]).
+    fn gemm(panel: &[Self], acts: &[ActRow<'_>], out: &mut [[f32; 8]]) {
+        Self::gemm_with(Isa::best(), panel, acts, out)
+    }
+
+    /// Sixteen rows at once, the eight of `a` then the eight of `b` (as many panel
+    /// blocks each): `out[i][r]` as [`Panel::gemm_with`] gives them. VNNI runs both
+    /// panels on 512-bit vectors (a row to a 32-bit lane), which do twice the
+    /// multiply-adds of 256-bit ones per instruction; AVX2 runs one panel after the
+    /// other. Call only when `isa.runs()`.
+    fn gemm_pair_with(isa: Isa, a: &[Self], b: &[Self], acts: &[ActRow<'_>], out: &mut [[f32; 16]]);
+
+    /// [`Panel::gemm_pair_with`] the fastest kernels ([`Isa::best`]).
+    fn gemm_pair(a: &[Self], b: &[Self], acts: &[ActRow<'_>], out: &mut [[f32; 16]]) {
+        Self::gemm_pair_with(Isa::best(), a, b, acts, out)
+    }
+}
+
+/// [`Panel::gemm_pair_with`] as one panel after the other.
+fn pair_by_halves<P: Panel>(
+    isa: Isa,
+    a: &[P],
+    b: &[P],
+    acts: &[ActRow<'_>],
+    out: &mut [[f32; 16]],
+) {
+    let mut half = [[0.0f32; 8]; 4];
+    for (acts, out) in acts.chunks(4).zip(out.chunks_mut(4)) {
+        let n = acts.len();
+        for (k, p) in [a, b].into_iter().enumerate() {
+            P::gemm_with(isa, p, acts, &mut half[..n]);
+            for (o, h) in out.iter_mut().zip(&half[..n]) {
+                o[8 * k..8 * k + 8].copy_from_slice(h);
+            }
+        }
+    }
 }
 
 /// `dst[j][r]` = bytes `4j ..+ 4` of `src[r]` (32 bytes each): eight rows' 4-byte
@@ -62,32 +99,125 @@ fn interleave(src: [&[u8]; 8], dst: &mut [[u32; 8]; 8]) {
     }
 }
 
-/// Runs `kernel::<4>` over groups of 4 activation rows, then `kernel::<1>` over the
-/// rest.
-macro_rules! by_fours {
-    ($kernel:ident, $panel:expr, $acts:expr, $out:expr) => {{
+/// The instructions a panel kernel is written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// AVX2 with FMA and F16C: `maddubs` into 16-bit sums.
+    Avx2,
+    /// AVX-512 VNNI (with BW and VL): `vpdpbusd` multiplies 4 byte pairs and adds
+    /// them into a 32-bit lane in one instruction, on 256-bit vectors for one panel
+    /// and 512-bit ones for two.
+    Vnni,
+}
+
+impl Isa {
+    /// The fastest kernels this CPU runs: VNNI where it has it, unless the environment
+    /// variable `INFER_CPU_MAX_ISA` is `avx2`. Every kernel gives the same bits, so the
+    /// choice changes speed only.
+    pub(crate) fn best() -> Isa {
+        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            let capped = std::env::var("INFER_CPU_MAX_ISA")
+                .is_ok_and(|v| v.trim().eq_ignore_ascii_case("avx2"));
+            if !capped && Isa::Vnni.runs() {
+                Isa::Vnni
+            } else {
+                Isa::Avx2
+            }
+        })
+    }
+
+    /// Whether this CPU runs kernels in `self`.
+    pub(crate) fn runs(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            let (panel, acts, out) = ($panel, $acts, $out);
-            assert!(super::avx2::available(), "the panel kernel needs AVX2");
+            let avx2 = super::avx2::available();
+            match self {
+                Isa::Avx2 => avx2,
+                Isa::Vnni => {
+                    avx2 && is_x86_feature_detected!("avx512f")
+                        && is_x86_feature_detected!("avx512bw")
+                        && is_x86_feature_detected!("avx512vl")
+                        && is_x86_feature_detected!("avx512vnni")
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = self;
+            false
+        }
+    }
+}
+
+/// Runs `kernel::<4>` over groups of 4 activation rows, then `kernel::<1>` over the
+/// rest, in the kernels of `isa`.
+macro_rules! by_fours {
+    ($kernel:ident, $isa:expr, $panel:expr, $acts:expr, $out:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (isa, panel, acts, out) = ($isa, $panel, $acts, $out);
+            assert!(
+                isa.runs(),
+                "this CPU does not run the {isa:?} panel kernels"
+            );
             let mut i = 0;
             while i + 4 <= acts.len() {
-                // SAFETY: the CPU has AVX2, FMA and F16C (asserted above).
-                let r = unsafe { avx2::$kernel::<4>(panel, &acts[i..i + 4]) };
+                // SAFETY: the CPU runs `isa`'s instructions (asserted above).
+                let r = unsafe {
+                    match isa {
+                        Isa::Avx2 => avx2::$kernel::<4>(panel, &acts[i..i + 4]),
+                        Isa::Vnni => vnni::$kernel::<4>(panel, &acts[i..i + 4]),
+                    }
+                };
                 out[i..i + 4].copy_from_slice(&r);
                 i += 4;
             }
             while i < acts.len() {
                 // SAFETY: as above.
-                out[i] = unsafe { avx2::$kernel::<1>(panel, &acts[i..i + 1]) }[0];
+                out[i] = unsafe {
+                    match isa {
+                        Isa::Avx2 => avx2::$kernel::<1>(panel, &acts[i..i + 1]),
+                        Isa::Vnni => vnni::$kernel::<1>(panel, &acts[i..i + 1]),
+                    }
+                }[0];
                 i += 1;
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = ($panel, $acts, $out);
+            let _ = ($isa, $panel, $acts, $out);
             unreachable!("the panel kernel needs AVX2");
         }
+    }};
+}
+
+/// [`Panel::gemm_pair_with`] through `vnni::$kernel` (4 activation rows at a time,
+/// then 1), or one panel after the other for AVX2.
+macro_rules! pairs_by_fours {
+    ($kernel:ident, $isa:expr, $a:expr, $b:expr, $acts:expr, $out:expr) => {{
+        let (isa, a, b, acts, out) = ($isa, $a, $b, $acts, $out);
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Vnni {
+            assert!(
+                isa.runs(),
+                "this CPU does not run the {isa:?} panel kernels"
+            );
+            let mut i = 0;
+            while i + 4 <= acts.len() {
+                // SAFETY: the CPU runs VNNI's instructions (asserted above).
+                let r = unsafe { vnni::$kernel::<4>(a, b, &acts[i..i + 4]) };
+                out[i..i + 4].copy_from_slice(&r);
+                i += 4;
+            }
+            while i < acts.len() {
+                // SAFETY: as above.
+                out[i] = unsafe { vnni::$kernel::<1>(a, b, &acts[i..i + 1]) }[0];
+                i += 1;
+            }
+            return;
+        }
+        pair_by_halves(isa, a, b, acts, out)
     }};
 }
 
@@ -142,8 +272,18 @@ impl Panel for Q4KPanel {
         }
     }
 
-    fn gemm(panel: &[Q4KPanel], acts: &[ActRow<'_>], out: &mut [[f32; 8]]) {
-        by_fours!(gemm_q4k, panel, acts, out)
+    fn gemm_with(isa: Isa, panel: &[Q4KPanel], acts: &[ActRow<'_>], out: &mut [[f32; 8]]) {
+        by_fours!(gemm_q4k, isa, panel, acts, out)
+    }
+
+    fn gemm_pair_with(
+        isa: Isa,
+        a: &[Q4KPanel],
+        b: &[Q4KPanel],
+        acts: &[ActRow<'_>],
+        out: &mut [[f32; 16]],
+    ) {
+        pairs_by_fours!(gemm2_q4k, isa, a, b, acts, out)
     }
 }
 
@@ -200,8 +340,18 @@ impl Panel for Q6KPanel {
         }
     }
 
-    fn gemm(panel: &[Q6KPanel], acts: &[ActRow<'_>], out: &mut [[f32; 8]]) {
-        by_fours!(gemm_q6k, panel, acts, out)
+    fn gemm_with(isa: Isa, panel: &[Q6KPanel], acts: &[ActRow<'_>], out: &mut [[f32; 8]]) {
+        by_fours!(gemm_q6k, isa, panel, acts, out)
+    }
+
+    fn gemm_pair_with(
+        isa: Isa,
+        a: &[Q6KPanel],
+        b: &[Q6KPanel],
+        acts: &[ActRow<'_>],
+        out: &mut [[f32; 16]],
+    ) {
+        pairs_by_fours!(gemm2_q6k, isa, a, b, acts, out)
     }
 }
 
@@ -232,8 +382,18 @@ impl Panel for Q8Panel {
         }
     }
 
-    fn gemm(panel: &[Q8Panel], acts: &[ActRow<'_>], out: &mut [[f32; 8]]) {
-        by_fours!(gemm_q8_0, panel, acts, out)
+    fn gemm_with(isa: Isa, panel: &[Q8Panel], acts: &[ActRow<'_>], out: &mut [[f32; 8]]) {
+        by_fours!(gemm_q8_0, isa, panel, acts, out)
+    }
+
+    fn gemm_pair_with(
+        isa: Isa,
+        a: &[Q8Panel],
+        b: &[Q8Panel],
+        acts: &[ActRow<'_>],
+        out: &mut [[f32; 16]],
+    ) {
+        pairs_by_fours!(gemm2_q8_0, isa, a, b, acts, out)
     }
 }
 
@@ -448,6 +608,446 @@ mod avx2 {
         for t in 0..N {
             // SAFETY: `out[t]` holds 8 f32s; the store is unaligned.
             unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+        }
+        out
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    //! The kernels of `super::avx2` with `vpdpbusd` (AVX-512 VNNI, on 256-bit vectors):
+    //! one instruction multiplies 4 weight bytes of each of 8 rows by 4 activations and
+    //! adds them into the row's 32-bit lane, where AVX2 takes a `maddubs` into 16 bits
+    //! and an add (and for Q8_0 a `madd` more). The sums are exact integers either
+    //! way, and the float operations per output are the same, so are the outputs.
+
+    use super::super::q8ks;
+    use super::super::q8s;
+    use super::{ActRow, Q4KPanel, Q6KPanel, Q8Panel};
+    use std::arch::x86_64::*;
+
+    /// The 8 lanes of `v` as a vector (aligned: panels are 32-byte aligned).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    fn lanes(v: &[u32; 8]) -> __m256i {
+        // SAFETY: `v` is 32 bytes inside a panel, which is 32-byte aligned, and every
+        // field of one sits at a multiple of 32 bytes.
+        unsafe { _mm256_load_si256(v.as_ptr() as *const __m256i) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    fn lanes_f(v: &[f32; 8]) -> __m256 {
+        // SAFETY: as in `lanes`.
+        unsafe { _mm256_load_ps(v.as_ptr()) }
+    }
+
+    /// 8 f16 values (bits) as f32 (exact).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    fn f16s(v: &[u16; 8]) -> __m256 {
+        // SAFETY: `v` is 8 u16s (16 bytes); the load is unaligned.
+        _mm256_cvtph_ps(unsafe { _mm_loadu_si128(v.as_ptr() as *const __m128i) })
+    }
+
+    /// 8 bytes widened to the 8 lanes of a vector.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    fn bytes8(v: &[u8; 8]) -> __m256i {
+        // SAFETY: `v` is 8 bytes; the load is unaligned.
+        _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(v.as_ptr() as *const __m128i) })
+    }
+
+    /// Activations `at..at + 4` in every 32-bit lane.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    fn spread4(q: &[i8], at: usize) -> __m256i {
+        let q = &q[at..at + 4];
+        // SAFETY: `q` holds 4 bytes; the read is unaligned.
+        _mm256_set1_epi32(unsafe { (q.as_ptr() as *const i32).read_unaligned() })
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) fn gemm_q4k<const N: usize>(panel: &[Q4KPanel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
+        let mut xs: [&[super::super::Q8K]; N] = [&[]; N];
+        for (x, a) in xs.iter_mut().zip(a) {
+            *x = q8ks(*a);
+        }
+        let low = _mm256_set1_epi8(0xf);
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut acc_m = [_mm256_setzero_ps(); N];
+        for (b, p) in panel.iter().enumerate() {
+            let mut sums = [_mm256_setzero_si256(); N];
+            // Chunk `c`: sub-block 2c in the low nibbles, 2c + 1 in the high ones.
+            for c in 0..4 {
+                let mut lo = [_mm256_setzero_si256(); N];
+                let mut hi = [_mm256_setzero_si256(); N];
+                for j in 0..8 {
+                    let v = lanes(&p.qs[c][j]);
+                    let wl = _mm256_and_si256(v, low);
+                    let wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                    for t in 0..N {
+                        let x = &xs[t][b].qs;
+                        lo[t] = _mm256_dpbusd_epi32(lo[t], wl, spread4(x, 64 * c + 4 * j));
+                        hi[t] = _mm256_dpbusd_epi32(hi[t], wh, spread4(x, 64 * c + 32 + 4 * j));
+                    }
+                }
+                let (sl, sh) = (bytes8(&p.sc[2 * c]), bytes8(&p.sc[2 * c + 1]));
+                for t in 0..N {
+                    let part = _mm256_add_epi32(
+                        _mm256_mullo_epi32(lo[t], sl),
+                        _mm256_mullo_epi32(hi[t], sh),
+                    );
+                    sums[t] = _mm256_add_epi32(sums[t], part);
+                }
+            }
+            let (d, dmin) = (f16s(&p.d), f16s(&p.dmin));
+            // SAFETY: each `p.mins[q]` is 16 bytes; the loads are unaligned.
+            let mins: [__m256i; 4] = std::array::from_fn(|q| {
+                _mm256_cvtepu8_epi16(unsafe {
+                    _mm_loadu_si128(p.mins[q].as_ptr() as *const __m128i)
+                })
+            });
+            for t in 0..N {
+                let x = &xs[t][b];
+                // Sums of each 32 activations (sub-block), two to a 32-bit lane, times
+                // the mins.
+                // SAFETY: `bsums` is 16 i16s (32 bytes); the load is unaligned.
+                let bs = unsafe { _mm256_loadu_si256(x.bsums.as_ptr() as *const __m256i) };
+                let pairs =
+                    _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+                let mut pair = [0i32; 4];
+                // SAFETY: `pair` is 4 i32s (16 bytes); the store is unaligned.
+                unsafe { _mm_storeu_si128(pair.as_mut_ptr() as *mut __m128i, pairs) };
+                let mut m = _mm256_setzero_si256();
+                for (mins, &bp) in mins.iter().zip(&pair) {
+                    m = _mm256_dpwssd_epi32(m, *mins, _mm256_set1_epi32(bp));
+                }
+                let xd = _mm256_set1_ps(x.d);
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sums[t]), acc[t]);
+                acc_m[t] =
+                    _mm256_fmadd_ps(_mm256_mul_ps(dmin, xd), _mm256_cvtepi32_ps(m), acc_m[t]);
+            }
+        }
+        let mut out = [[0.0f32; 8]; N];
+        for t in 0..N {
+            let v = _mm256_sub_ps(acc[t], acc_m[t]);
+            // SAFETY: `out[t]` holds 8 f32s; the store is unaligned.
+            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), v) };
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) fn gemm_q6k<const N: usize>(panel: &[Q6KPanel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
+        let mut xs: [&[super::super::Q8K]; N] = [&[]; N];
+        for (x, a) in xs.iter_mut().zip(a) {
+            *x = q8ks(*a);
+        }
+        let mut acc = [_mm256_setzero_ps(); N];
+        for (b, p) in panel.iter().enumerate() {
+            let mut sums = [_mm256_setzero_si256(); N];
+            for s in 0..16 {
+                let w: [__m256i; 4] = std::array::from_fn(|j| lanes(&p.q[s][j]));
+                // The scale sits in both 16-bit halves: the high one, sign-extended.
+                let sc = _mm256_srai_epi32(lanes(&p.sc[s]), 16);
+                for t in 0..N {
+                    let x = &xs[t][b].qs;
+                    let d =
+                        |acc, j: usize| _mm256_dpbusd_epi32(acc, w[j], spread4(x, 16 * s + 4 * j));
+                    let zero = _mm256_setzero_si256();
+                    let part = _mm256_add_epi32(d(d(zero, 0), 1), d(d(zero, 2), 3));
+                    sums[t] = _mm256_add_epi32(sums[t], _mm256_mullo_epi32(part, sc));
+                }
+            }
+            let d = lanes_f(&p.d);
+            for t in 0..N {
+                let x = &xs[t][b];
+                // The weights are stored plus 32: take 32 × scale × (sum of each 16)
+                // back, two sub-blocks to a 32-bit lane of the sums.
+                let mut off = _mm256_setzero_si256();
+                for (q, pair) in x.bsums.chunks_exact(2).enumerate() {
+                    let bp = (pair[0] as u16 as u32 | (pair[1] as u16 as u32) << 16) as i32;
+                    off = _mm256_dpwssd_epi32(off, lanes(&p.sc_pairs[q]), _mm256_set1_epi32(bp));
+                }
+                let sums = _mm256_sub_epi32(sums[t], _mm256_slli_epi32(off, 5));
+                let xd = _mm256_set1_ps(x.d);
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sums), acc[t]);
+            }
+        }
+        let mut out = [[0.0f32; 8]; N];
+        for t in 0..N {
+            // SAFETY: `out[t]` holds 8 f32s; the store is unaligned.
+            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) fn gemm_q8_0<const N: usize>(panel: &[Q8Panel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
+        let mut xs: [&[super::super::Q8]; N] = [&[]; N];
+        for (x, a) in xs.iter_mut().zip(a) {
+            *x = q8s(*a);
+        }
+        let mut acc = [_mm256_setzero_ps(); N];
+        for (b, p) in panel.iter().enumerate() {
+            for k in 0..8 {
+                let mut sums = [_mm256_setzero_si256(); N];
+                for j in 0..8 {
+                    let w = lanes(&p.qs[k][j]);
+                    // |w| times x with w's sign: `vpdpbusd` wants its first operand
+                    // unsigned (|-128| = 128 as a byte).
+                    let aw = _mm256_abs_epi8(w);
+                    for t in 0..N {
+                        let x = _mm256_sign_epi8(spread4(&xs[t][8 * b + k].qs, 4 * j), w);
+                        sums[t] = _mm256_dpbusd_epi32(sums[t], aw, x);
+                    }
+                }
+                let d = f16s(&p.d[k]);
+                for t in 0..N {
+                    let xd = _mm256_set1_ps(xs[t][8 * b + k].d);
+                    acc[t] =
+                        _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sums[t]), acc[t]);
+                }
+            }
+        }
+        let mut out = [[0.0f32; 8]; N];
+        for t in 0..N {
+            // SAFETY: `out[t]` holds 8 f32s; the store is unaligned.
+            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+        }
+        out
+    }
+
+    /// Rows of two panels' fields side by side: `a`'s 8 lanes, then `b`'s.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    fn lanes2(a: &[u32; 8], b: &[u32; 8]) -> __m512i {
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lanes(a)), lanes(b))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    fn lanes2_f(a: &[f32; 8], b: &[f32; 8]) -> __m512 {
+        let (a, b) = (
+            _mm256_castps_si256(lanes_f(a)),
+            _mm256_castps_si256(lanes_f(b)),
+        );
+        _mm512_castsi512_ps(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b))
+    }
+
+    /// 16 f16 values (bits), `a`'s then `b`'s, as f32 (exact).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    fn f16s2(a: &[u16; 8], b: &[u16; 8]) -> __m512 {
+        // SAFETY: `a` and `b` are 8 u16s (16 bytes) each; the loads are unaligned.
+        let (a, b) = unsafe {
+            (
+                _mm_loadu_si128(a.as_ptr() as *const __m128i),
+                _mm_loadu_si128(b.as_ptr() as *const __m128i),
+            )
+        };
+        _mm512_cvtph_ps(_mm256_set_m128i(b, a))
+    }
+
+    /// 16 bytes, `a`'s 8 then `b`'s, widened to the 16 lanes of a vector.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    fn bytes16(a: &[u8; 8], b: &[u8; 8]) -> __m512i {
+        // SAFETY: `a` and `b` are 8 bytes each; the loads are unaligned.
+        let (a, b) = unsafe {
+            (
+                _mm_loadl_epi64(a.as_ptr() as *const __m128i),
+                _mm_loadl_epi64(b.as_ptr() as *const __m128i),
+            )
+        };
+        _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(a, b))
+    }
+
+    /// Activations `at..at + 4` in every 32-bit lane of a 512-bit vector.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    fn spread4_16(q: &[i8], at: usize) -> __m512i {
+        let q = &q[at..at + 4];
+        // SAFETY: `q` holds 4 bytes; the read is unaligned.
+        _mm512_set1_epi32(unsafe { (q.as_ptr() as *const i32).read_unaligned() })
+    }
+
+    /// Sums of each 32 of the 256 activations of `x`, two to a 32-bit lane (Q4_K's
+    /// sub-blocks, paired as its mins are).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    fn sub_block_sums(x: &super::super::Q8K) -> [i32; 4] {
+        // SAFETY: `bsums` is 16 i16s (32 bytes); the load is unaligned.
+        let bs = unsafe { _mm256_loadu_si256(x.bsums.as_ptr() as *const __m256i) };
+        let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        let mut pair = [0i32; 4];
+        // SAFETY: `pair` is 4 i32s (16 bytes); the store is unaligned.
+        unsafe { _mm_storeu_si128(pair.as_mut_ptr() as *mut __m128i, pairs) };
+        pair
+    }
+
+    /// Stores each of `v`'s 16 lanes.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    fn store16(v: __m512, out: &mut [f32; 16]) {
+        // SAFETY: `out` holds 16 f32s; the store is unaligned.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), v) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) fn gemm2_q4k<const N: usize>(
+        pa: &[Q4KPanel],
+        pb: &[Q4KPanel],
+        a: &[ActRow<'_>],
+    ) -> [[f32; 16]; N] {
+        let mut xs: [&[super::super::Q8K]; N] = [&[]; N];
+        for (x, a) in xs.iter_mut().zip(a) {
+            *x = q8ks(*a);
+        }
+        let low = _mm512_set1_epi8(0xf);
+        let mut acc = [_mm512_setzero_ps(); N];
+        let mut acc_m = [_mm512_setzero_ps(); N];
+        for (b, (p, q)) in pa.iter().zip(pb).enumerate() {
+            let mut sums = [_mm512_setzero_si512(); N];
+            for c in 0..4 {
+                let mut lo = [_mm512_setzero_si512(); N];
+                let mut hi = [_mm512_setzero_si512(); N];
+                for j in 0..8 {
+                    let v = lanes2(&p.qs[c][j], &q.qs[c][j]);
+                    let wl = _mm512_and_si512(v, low);
+                    let wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                    for t in 0..N {
+                        let x = &xs[t][b].qs;
+                        lo[t] = _mm512_dpbusd_epi32(lo[t], wl, spread4_16(x, 64 * c + 4 * j));
+                        hi[t] = _mm512_dpbusd_epi32(hi[t], wh, spread4_16(x, 64 * c + 32 + 4 * j));
+                    }
+                }
+                let sl = bytes16(&p.sc[2 * c], &q.sc[2 * c]);
+                let sh = bytes16(&p.sc[2 * c + 1], &q.sc[2 * c + 1]);
+                for t in 0..N {
+                    let part = _mm512_add_epi32(
+                        _mm512_mullo_epi32(lo[t], sl),
+                        _mm512_mullo_epi32(hi[t], sh),
+                    );
+                    sums[t] = _mm512_add_epi32(sums[t], part);
+                }
+            }
+            let (d, dmin) = (f16s2(&p.d, &q.d), f16s2(&p.dmin, &q.dmin));
+            // SAFETY: each `mins[k]` is 16 bytes; the loads are unaligned.
+            let mins: [__m512i; 4] = std::array::from_fn(|k| unsafe {
+                _mm512_cvtepu8_epi16(_mm256_set_m128i(
+                    _mm_loadu_si128(q.mins[k].as_ptr() as *const __m128i),
+                    _mm_loadu_si128(p.mins[k].as_ptr() as *const __m128i),
+                ))
+            });
+            for t in 0..N {
+                let x = &xs[t][b];
+                let mut m = _mm512_setzero_si512();
+                for (mins, &bp) in mins.iter().zip(&sub_block_sums(x)) {
+                    m = _mm512_dpwssd_epi32(m, *mins, _mm512_set1_epi32(bp));
+                }
+                let xd = _mm512_set1_ps(x.d);
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sums[t]), acc[t]);
+                acc_m[t] =
+                    _mm512_fmadd_ps(_mm512_mul_ps(dmin, xd), _mm512_cvtepi32_ps(m), acc_m[t]);
+            }
+        }
+        let mut out = [[0.0f32; 16]; N];
+        for t in 0..N {
+            store16(_mm512_sub_ps(acc[t], acc_m[t]), &mut out[t]);
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) fn gemm2_q6k<const N: usize>(
+        pa: &[Q6KPanel],
+        pb: &[Q6KPanel],
+        a: &[ActRow<'_>],
+    ) -> [[f32; 16]; N] {
+        let mut xs: [&[super::super::Q8K]; N] = [&[]; N];
+        for (x, a) in xs.iter_mut().zip(a) {
+            *x = q8ks(*a);
+        }
+        let mut acc = [_mm512_setzero_ps(); N];
+        for (b, (p, q)) in pa.iter().zip(pb).enumerate() {
+            let mut sums = [_mm512_setzero_si512(); N];
+            for s in 0..16 {
+                let w: [__m512i; 4] = std::array::from_fn(|j| lanes2(&p.q[s][j], &q.q[s][j]));
+                // The scale sits in both 16-bit halves: the high one, sign-extended.
+                let sc = _mm512_srai_epi32(lanes2(&p.sc[s], &q.sc[s]), 16);
+                for t in 0..N {
+                    let x = &xs[t][b].qs;
+                    let d = |acc, j: usize| {
+                        _mm512_dpbusd_epi32(acc, w[j], spread4_16(x, 16 * s + 4 * j))
+                    };
+                    let zero = _mm512_setzero_si512();
+                    let part = _mm512_add_epi32(d(d(zero, 0), 1), d(d(zero, 2), 3));
+                    sums[t] = _mm512_add_epi32(sums[t], _mm512_mullo_epi32(part, sc));
+                }
+            }
+            let d = lanes2_f(&p.d, &q.d);
+            let sc_pairs: [__m512i; 8] =
+                std::array::from_fn(|k| lanes2(&p.sc_pairs[k], &q.sc_pairs[k]));
+            for t in 0..N {
+                let x = &xs[t][b];
+                // The weights are stored plus 32: take 32 × scale × (sum of each 16)
+                // back, two sub-blocks to a 32-bit lane of the sums.
+                let mut off = _mm512_setzero_si512();
+                for (sc, pair) in sc_pairs.iter().zip(x.bsums.chunks_exact(2)) {
+                    let bp = (pair[0] as u16 as u32 | (pair[1] as u16 as u32) << 16) as i32;
+                    off = _mm512_dpwssd_epi32(off, *sc, _mm512_set1_epi32(bp));
+                }
+                let sums = _mm512_sub_epi32(sums[t], _mm512_slli_epi32(off, 5));
+                let xd = _mm512_set1_ps(x.d);
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sums), acc[t]);
+            }
+        }
+        let mut out = [[0.0f32; 16]; N];
+        for t in 0..N {
+            store16(acc[t], &mut out[t]);
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) fn gemm2_q8_0<const N: usize>(
+        pa: &[Q8Panel],
+        pb: &[Q8Panel],
+        a: &[ActRow<'_>],
+    ) -> [[f32; 16]; N] {
+        let mut xs: [&[super::super::Q8]; N] = [&[]; N];
+        for (x, a) in xs.iter_mut().zip(a) {
+            *x = q8s(*a);
+        }
+        let zero = _mm512_setzero_si512();
+        let mut acc = [_mm512_setzero_ps(); N];
+        for (b, (p, q)) in pa.iter().zip(pb).enumerate() {
+            for k in 0..8 {
+                let mut sums = [_mm512_setzero_si512(); N];
+                for j in 0..8 {
+                    let w = lanes2(&p.qs[k][j], &q.qs[k][j]);
+                    // |w| times x with w's sign, as in the 256-bit kernel.
+                    let negative = _mm512_movepi8_mask(w);
+                    let aw = _mm512_abs_epi8(w);
+                    for t in 0..N {
+                        let x = spread4_16(&xs[t][8 * b + k].qs, 4 * j);
+                        let x = _mm512_mask_sub_epi8(x, negative, zero, x);
+                        sums[t] = _mm512_dpbusd_epi32(sums[t], aw, x);
+                    }
+                }
+                let d = f16s2(&p.d[k], &q.d[k]);
+                for t in 0..N {
+                    let xd = _mm512_set1_ps(xs[t][8 * b + k].d);
+                    acc[t] =
+                        _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sums[t]), acc[t]);
+                }
+            }
+        }
+        let mut out = [[0.0f32; 16]; N];
+        for t in 0..N {
+            store16(acc[t], &mut out[t]);
         }
         out
     }

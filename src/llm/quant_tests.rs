@@ -248,7 +248,8 @@ fn q8_rows(xs: &[impl AsRef<[f32]>]) -> Vec<Vec<Q8>> {
         .collect()
 }
 
-/// The row kernels (portable and fastest) and the panel kernel of `t` give the same
+/// The row kernels (portable and fastest) and the panel kernels of `t` (each
+/// instruction set the CPU runs) give the same
 /// bits, on random rows and on a row at every extreme (`extreme` sets a block) that
 /// meets activations of ±127, where 16-bit partial sums come closest to overflowing.
 fn kernels_give_the_same_bits_everywhere<P: panel::Panel>(t: WeightType, extreme: fn(&mut [u8])) {
@@ -291,18 +292,40 @@ fn kernels_give_the_same_bits_everywhere<P: panel::Panel>(t: WeightType, extreme
     // Panels, with every count of tokens up to the activations'.
     let mut packed = vec![P::default(); n / 256];
     P::pack(std::array::from_fn(|r| &rows[r][..]), &mut packed);
-    for count in 1..=acts.len() {
-        let mut out = vec![[0.0f32; 8]; count];
-        P::gemm(&packed, &acts[..count], &mut out);
-        for (i, o) in out.iter().enumerate() {
-            for (r, v) in o.iter().enumerate() {
-                assert_eq!(
-                    v.to_bits(),
-                    expect[r][i].to_bits(),
-                    "{}: panel of {count} tokens: row {r} token {i}: {v} against {}",
-                    t.name(),
-                    expect[r][i]
-                );
+    // Each kernel set this CPU runs.
+    for isa in [panel::Isa::Avx2, panel::Isa::Vnni] {
+        if !isa.runs() {
+            continue;
+        }
+        for count in 1..=acts.len() {
+            let mut out = vec![[0.0f32; 8]; count];
+            P::gemm_with(isa, &packed, &acts[..count], &mut out);
+            for (i, o) in out.iter().enumerate() {
+                for (r, v) in o.iter().enumerate() {
+                    assert_eq!(
+                        v.to_bits(),
+                        expect[r][i].to_bits(),
+                        "{}: {isa:?} panel of {count} tokens: row {r} token {i}: {v} against {}",
+                        t.name(),
+                        expect[r][i]
+                    );
+                }
+            }
+            // Two panels at once: these rows, then the same rows in reverse order.
+            let mut rev = vec![P::default(); n / 256];
+            P::pack(std::array::from_fn(|r| &rows[7 - r][..]), &mut rev);
+            let mut out = vec![[0.0f32; 16]; count];
+            P::gemm_pair_with(isa, &packed, &rev, &acts[..count], &mut out);
+            for (i, o) in out.iter().enumerate() {
+                for (r, v) in o.iter().enumerate() {
+                    let e = expect[if r < 8 { r } else { 15 - r }][i];
+                    assert_eq!(
+                        v.to_bits(),
+                        e.to_bits(),
+                        "{}: {isa:?} panel pair of {count} tokens: row {r} token {i}: {v} against {e}",
+                        t.name(),
+                    );
+                }
             }
         }
     }
