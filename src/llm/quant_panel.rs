@@ -25,6 +25,12 @@
 //! stay in the file, and a product of 4 or more token rows packs each block of rows
 //! once per call (into a thread's scratch) and runs every token group over it.
 //!
+//! Each kernel is written twice: in AVX2 (`maddubs` into 16-bit sums) and in AVX-512
+//! VNNI (`vpdpbusd`, which multiplies 4 byte pairs and adds them into a 32-bit lane in
+//! one instruction). The VNNI kernels also run two panels at once (16 rows, a row to a
+//! lane of a 512-bit vector) for 4 or more tokens: on Zen 4 a 512-bit `vpdpbusd`
+//! issues as often as a 256-bit one, so it does twice the multiply-adds per cycle.
+//!
 //! The outputs are the same bits as the row kernels' (`super::dot_q4k`,
 //! `super::dot_q6k`, `super::dot_q8_0`): the integer sums of a block are exact in any order, and the float
 //! operations per (row, token) are the same, block by block (`acc = fma(d · x.d, sums,
