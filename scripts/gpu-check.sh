@@ -67,7 +67,7 @@ PACKAGED=${GPU_CHECK_PACKAGED:-ppocr_cls ppocr_det ppocr_rec magika}
 build_suites() {
     local args=() s
     for s in "${SUITES[@]}"; do args+=(--test "$s"); done
-    cargo test --release --no-run --message-format=json "${args[@]}" 2>/dev/null |
+    cargo test --release --workspace --no-run --message-format=json "${args[@]}" 2>/dev/null |
         python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -103,7 +103,7 @@ prepare_conformance() {
 if [[ $MODE == pack ]]; then
     mkdir -p "$PACK_DIR"
     PACK_DIR=$(cd "$PACK_DIR" && pwd)
-    cargo build --release >/dev/null 2>&1 || true
+    cargo build --release --workspace >/dev/null 2>&1 || true
     # The test binaries are mostly the same library: one archive, compressed in one
     # stream with a dictionary wider than a binary, stores it about once (19 MiB for six
     # binaries of 41 MiB, where one file each took 48 MiB).

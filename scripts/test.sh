@@ -57,11 +57,11 @@ onnx_conformance() {
     "$venv/bin/python" scripts/onnx_conformance.py "$out"
     # On tract (`backend: "tract"`).
     env -u INFER_ONNXRUNTIME_LIBRARY INFER_ONNX_CONFORMANCE_DIR="$out" \
-        cargo test --release --test onnx_conformance -- --nocapture
+        cargo test --release --workspace --test onnx_conformance -- --nocapture
     # On ONNX Runtime (required: a run that cannot load it fails).
     if ensure_onnxruntime "$TARGET_DIR/onnxruntime"; then
         INFER_ONNXRUNTIME_LIBRARY="$ORT_LIB" INFER_ONNX_CONFORMANCE_ENGINE=onnxruntime \
-            INFER_ONNX_CONFORMANCE_DIR="$out" cargo test --release --test onnx_conformance -- --nocapture
+            INFER_ONNX_CONFORMANCE_DIR="$out" cargo test --release --workspace --test onnx_conformance -- --nocapture
     else
         echo "SKIP: the ONNX Runtime conformance run (no ONNX Runtime)"
     fi
@@ -85,7 +85,7 @@ standin_gpu_tests() {
     case "$fakes" in /*) ;; *) fakes="$PWD/$fakes" ;; esac
     sh tests/fixtures/build_fakes.sh "$fakes"
     env -u INFER_ONNXRUNTIME_LIBRARY LD_LIBRARY_PATH="$fakes" INFER_FAKE_CUDA=one \
-        cargo test --release
+        cargo test --release --workspace
 }
 
 # The kernels of the GPU executor through the real NVRTC (from PyPI; no GPU needed): NVRTC
@@ -113,14 +113,14 @@ nvrtc_check() {
         return 0
     fi
     INFER_NVRTC_LIB_DIR="$dir/nvidia/cu13/lib" \
-        cargo test --release --test gpu kernels_compile_with_nvrtc -- --nocapture || return 1
+        cargo test --release --workspace --test gpu kernels_compile_with_nvrtc -- --nocapture || return 1
     if ! install_nvrtc "$dir12" "nvidia-cuda-nvrtc-cu12==$NVRTC12_VERSION" \
         "$dir12/nvidia/cuda_nvrtc/lib/libnvrtc.so.12"; then
         echo "SKIP: NVRTC 12 could not be installed from PyPI; the kernels were not compiled with it"
         return 0
     fi
     INFER_NVRTC_LIB_DIR="$dir12/nvidia/cuda_nvrtc/lib" INFER_NVRTC_ARCHS=75,80,86,89,90 \
-        cargo test --release --test gpu kernels_compile_with_nvrtc -- --nocapture
+        cargo test --release --workspace --test gpu kernels_compile_with_nvrtc -- --nocapture
 }
 
 # Real ONNX models shipped inside public PyPI packages (tests/onnx_packaged.rs), against
@@ -165,10 +165,10 @@ packaged_models() {
         return 0
     fi
     INFER_ONNXRUNTIME_LIBRARY="$ORT_LIB" INFER_PACKAGED_MODELS_DIR="$out" \
-        cargo test --release --test onnx_packaged -- --nocapture
+        cargo test --release --workspace --test onnx_packaged -- --nocapture
     # The same models on tract: each matches or is refused at load (UNSUPPORTED).
     env -u INFER_ONNXRUNTIME_LIBRARY INFER_PACKAGED_ENGINE=tract INFER_PACKAGED_MODELS_DIR="$out" \
-        cargo test --release --test onnx_packaged -- --nocapture
+        cargo test --release --workspace --test onnx_packaged -- --nocapture
 }
 
 # Llama-family decoders (tests/llama.rs and the Llama cases of tests/generative.rs)
@@ -194,8 +194,8 @@ llama_models() {
                 --out "$d/ref-$(basename "$r").json" >/dev/null
         done
     done
-    INFER_LLAMA_MODELS_DIR="$out" cargo test --release --test llama -- --nocapture
-    INFER_LLAMA_MODELS_DIR="$out" cargo test --release --test generative llama_family -- --nocapture
+    INFER_LLAMA_MODELS_DIR="$out" cargo test --release --workspace --test llama -- --nocapture
+    INFER_LLAMA_MODELS_DIR="$out" cargo test --release --workspace --test generative llama_family -- --nocapture
 }
 
 # The ONNX backend's behaviour tests again, with ONNX Runtime as the engine (the main
@@ -205,7 +205,7 @@ onnxruntime_tests() {
         echo "SKIP: no ONNX Runtime; the ONNX backend tests ran on tract only"
         return 0
     fi
-    INFER_ONNXRUNTIME_LIBRARY="$ORT_LIB" cargo test --release --test onnx_backend --test onnx_models --test onnxruntime
+    INFER_ONNXRUNTIME_LIBRARY="$ORT_LIB" cargo test --release --workspace --test onnx_backend --test onnx_models --test onnxruntime
 }
 
 summary() {
@@ -278,8 +278,7 @@ ensure_rust_component clippy
 
 step fmt cargo fmt --all --check
 step clippy cargo clippy --workspace --all-targets -- -D warnings
-step cargo-test env -u INFER_ONNXRUNTIME_LIBRARY cargo test --release
-step infer-perf env -u INFER_ONNXRUNTIME_LIBRARY cargo test --release -p infer-perf -- --test-threads=1
+step cargo-test env -u INFER_ONNXRUNTIME_LIBRARY cargo test --release --workspace
 step cargo-test-gpu-standin standin_gpu_tests
 step onnxruntime onnxruntime_tests
 step onnx-conformance onnx_conformance
@@ -287,7 +286,7 @@ step packaged-models packaged_models
 step llama-models llama_models
 step gpu-check gpu_check_standin
 step nvrtc nvrtc_check
-step build cargo build --release
+step build cargo build --release --workspace
 step symbols tests/symbols.sh "$LIB_DIR/libinfer.so"
 step c-build build_c_tests
 step c-tests "$C_TESTS/c_api_tests"

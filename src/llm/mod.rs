@@ -33,6 +33,15 @@ pub use kv::{KvCache, KvShape, KvType};
 pub use llama::{Llama, LlamaConfig, RopeStyle};
 pub use llama_runner::LlamaRunner;
 pub use quant::WeightType;
+
+/// Which kernels quantized products run on this CPU, in words, and a warning when
+/// `INFER_CPU_MAX_ISA` names no instruction set.
+pub fn cpu_kernels() -> (&'static str, Option<String>) {
+    (
+        quant::panel::Isa::describe(),
+        quant::panel::Isa::setting_problem(),
+    )
+}
 pub use sampling::{argmax, penalize, sample, Penalties, Rng, SamplingParams};
 pub use step::{Logits, StepSeq};
 pub use text::{hf_eos_ids, Detokenizer, StopStrings, TextCodec, TextSource};

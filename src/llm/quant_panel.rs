@@ -133,6 +133,36 @@ impl Isa {
         })
     }
 
+    /// Which kernels quantized products run on this CPU, in words (for the log).
+    pub(crate) fn describe() -> &'static str {
+        if !available() {
+            "portable kernels (no AVX2)"
+        } else if Isa::best() == Isa::Vnni {
+            "AVX-512 VNNI kernels"
+        } else if Isa::Vnni.runs() {
+            "AVX2 kernels (INFER_CPU_MAX_ISA=avx2)"
+        } else {
+            "AVX2 kernels"
+        }
+    }
+
+    /// A warning when `INFER_CPU_MAX_ISA` is set to something other than `avx2` or
+    /// `avx512` (it is then ignored).
+    pub(crate) fn setting_problem() -> Option<String> {
+        Isa::problem_of(std::env::var("INFER_CPU_MAX_ISA").ok().as_deref())
+    }
+
+    /// [`Isa::setting_problem`] for the variable's value.
+    pub(crate) fn problem_of(v: Option<&str>) -> Option<String> {
+        let v = v?;
+        match v.trim().to_ascii_lowercase().as_str() {
+            "" | "avx2" | "avx512" => None,
+            _ => Some(format!(
+                "INFER_CPU_MAX_ISA={v:?} is neither avx2 nor avx512, so it is ignored"
+            )),
+        }
+    }
+
     /// Whether this CPU runs kernels in `self`.
     pub(crate) fn runs(self) -> bool {
         #[cfg(target_arch = "x86_64")]

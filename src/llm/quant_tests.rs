@@ -379,3 +379,14 @@ fn blocks32_kernels_give_the_bits_of_the_portable_ones() {
         assert_eq!(bits(&fast), bits(&portable), "{}", t.name());
     }
 }
+
+#[test]
+fn only_avx2_and_avx512_are_instruction_set_caps() {
+    for ok in [None, Some(""), Some("avx2"), Some(" AVX2 "), Some("avx512")] {
+        assert_eq!(panel::Isa::problem_of(ok), None, "{ok:?}");
+    }
+    for bad in ["sse4", "avx-512", "off"] {
+        let why = panel::Isa::problem_of(Some(bad)).expect(bad);
+        assert!(why.contains(bad) && why.contains("ignored"), "{why}");
+    }
+}

@@ -259,6 +259,10 @@ fn start_llama(
     })?;
     let mib = |b: f64| b / (1u64 << 20) as f64;
     let (total, mapped) = model.weight_bytes();
+    let (kernels, problem) = crate::llm::cpu_kernels();
+    if let Some(problem) = problem {
+        log.warn(&format!("{at}: {problem}"));
+    }
     let kinds: Vec<String> = types
         .iter()
         .map(|(t, b)| {
@@ -270,7 +274,7 @@ fn start_llama(
         })
         .collect();
     log.info(&format!(
-        "{at}: {} ({}) with {} layers, {} heads ({} key/value), width {}, vocabulary {}, context {}; weights {:.1} MiB ({}), {:.1} MiB of them mapped from the file; {}",
+        "{at}: {} ({}) with {} layers, {} heads ({} key/value), width {}, vocabulary {}, context {}; weights {:.1} MiB ({}), {:.1} MiB of them mapped from the file, {}; {}",
         c.arch,
         model.source,
         c.n_layer,
@@ -282,6 +286,7 @@ fn start_llama(
         mib(total as f64),
         kinds.join(", "),
         mib(mapped as f64),
+        kernels,
         describe(kv_shape, &settings, executors.len()),
     ));
     let limits = ModelLimits {

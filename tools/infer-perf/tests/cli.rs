@@ -12,6 +12,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+/// The tests measure throughput and latency, so they run one at a time even when the
+/// harness runs tests in parallel (the README's test command runs the whole workspace in
+/// one `cargo test`).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn tool(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_infer-perf"))
         .args(args)
@@ -202,6 +210,7 @@ fn serve(repo: &Path, name: &str, config: Option<&str>) -> *mut ServerHandle {
 
 #[test]
 fn ensembles_report_their_steps() {
+    let _serial = one_at_a_time();
     let step = |model: &str, input: &str, output: &str| {
         format!(
             r#"{{ model_name: "{model}" model_version: -1 input_map {{ key: "IN" value: "{input}" }} output_map {{ key: "IN" value: "{output}" }} }}"#
@@ -256,6 +265,7 @@ ensemble_scheduling {{ step [ {}, {} ] }}
 
 #[test]
 fn table_and_csv_parse_and_agree_with_a_hand_made_closed_loop() {
+    let _serial = one_at_a_time();
     // One instance, no batching, 2 ms an execution: two requests in flight take turns,
     // so the throughput is about 500/s and the latency about 4 ms, whoever measures.
     let repo = repository("loop", &[("ident", identity("ident", 0, 2000, ""))]);
@@ -332,6 +342,7 @@ fn table_and_csv_parse_and_agree_with_a_hand_made_closed_loop() {
 
 #[test]
 fn sweep_picks_the_config_that_is_best_by_construction() {
+    let _serial = one_at_a_time();
     // 5 ms an execution and 8 requests in flight: batches of 4 on two instances serve
     // 1600/s at 5 ms; one instance 800/s at 10 ms; without batching 400/s at 20 ms and
     // 200/s at 40 ms.
@@ -415,6 +426,7 @@ fn sweep_picks_the_config_that_is_best_by_construction() {
 
 #[test]
 fn sequences_send_start_and_end() {
+    let _serial = one_at_a_time();
     // The own-state accumulator fails a request whose sequence was not started, and
     // without ENDs its two slots would stay taken: no errors and steady completions
     // mean each sequence began with START and ended with END.
@@ -460,6 +472,7 @@ parameters { key: "execute_delay_us" value { string_value: "200" } }
 
 #[test]
 fn request_rate_mode_sends_at_the_rate() {
+    let _serial = one_at_a_time();
     let repo = repository("rate", &[("ident", identity("ident", 0, 0, ""))]);
     let csv_path = repo.join("rate.csv");
     let (o, out, err) = perf(
@@ -491,6 +504,7 @@ fn request_rate_mode_sends_at_the_rate() {
 
 #[test]
 fn generative_model_reports_tokens() {
+    let _serial = one_at_a_time();
     let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models");
     let csv_path = std::env::temp_dir().join(format!("infer-perf-gen-{}.csv", std::process::id()));
     let (o, out, err) = perf(
@@ -529,6 +543,7 @@ fn generative_model_reports_tokens() {
 
 #[test]
 fn bad_input_is_refused_with_a_reason() {
+    let _serial = one_at_a_time();
     let repo = repository(
         "bad",
         &[
@@ -591,6 +606,7 @@ fn bad_input_is_refused_with_a_reason() {
 
 #[test]
 fn settings_and_the_library_log_are_shown() {
+    let _serial = one_at_a_time();
     let repo = repository("log", &[("ident", identity("ident", 8, 0, ""))]);
     let (o, out, err) = perf(
         &repo,
@@ -620,6 +636,7 @@ fn settings_and_the_library_log_are_shown() {
 
 #[test]
 fn help_shows_examples() {
+    let _serial = one_at_a_time();
     let o = tool(&["--help"]);
     let (out, _) = text(&o);
     assert!(o.status.success());
@@ -636,6 +653,7 @@ fn help_shows_examples() {
 
 #[test]
 fn latency_threshold_ends_the_range() {
+    let _serial = one_at_a_time();
     // 4 ms an execution, one at a time: 1 in flight waits 4 ms, 2 wait 8 ms (p50 over
     // 6 ms), so the third point is never measured. p50, not p99: a scheduling hiccup of
     // the machine must not end the range at the first point.
