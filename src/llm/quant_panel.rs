@@ -443,15 +443,15 @@ mod avx2 {
     /// The 8 lanes of `v` as a vector (aligned: panels are 32-byte aligned).
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    fn lanes(v: &[u32; 8]) -> __m256i {
-        // SAFETY: `v` is 32 bytes inside a `Q4KPanel`, which is 32-byte aligned, and
-        // every field of it sits at a multiple of 32 bytes.
+    pub(super) fn lanes(v: &[u32; 8]) -> __m256i {
+        // SAFETY: `v` is 32 bytes inside a panel, which is 32-byte aligned, and every
+        // field of one sits at a multiple of 32 bytes.
         unsafe { _mm256_load_si256(v.as_ptr() as *const __m256i) }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    fn lanes_f(v: &[f32; 8]) -> __m256 {
+    pub(super) fn lanes_f(v: &[f32; 8]) -> __m256 {
         // SAFETY: as in `lanes`.
         unsafe { _mm256_load_ps(v.as_ptr()) }
     }
@@ -459,7 +459,7 @@ mod avx2 {
     /// 8 f16 values (bits) as f32 (exact).
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    fn f16s(v: &[u16; 8]) -> __m256 {
+    pub(super) fn f16s(v: &[u16; 8]) -> __m256 {
         // SAFETY: `v` is 8 u16s (16 bytes); the load is unaligned.
         _mm256_cvtph_ps(unsafe { _mm_loadu_si128(v.as_ptr() as *const __m128i) })
     }
@@ -483,7 +483,7 @@ mod avx2 {
     /// Activations `at..at + 4` in every 32-bit lane.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    fn spread4(q: &[i8], at: usize) -> __m256i {
+    pub(super) fn spread4(q: &[i8], at: usize) -> __m256i {
         let q = &q[at..at + 4];
         // SAFETY: `q` holds 4 bytes; the read is unaligned.
         _mm256_set1_epi32(unsafe { (q.as_ptr() as *const i32).read_unaligned() })
@@ -659,32 +659,10 @@ mod vnni {
 
     use super::super::q8ks;
     use super::super::q8s;
+    // The AVX2 module's loads: callable here, where AVX2, FMA and F16C are enabled too.
+    use super::avx2::{f16s, lanes, lanes_f, spread4};
     use super::{ActRow, Q4KPanel, Q6KPanel, Q8Panel};
     use std::arch::x86_64::*;
-
-    /// The 8 lanes of `v` as a vector (aligned: panels are 32-byte aligned).
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    #[inline]
-    fn lanes(v: &[u32; 8]) -> __m256i {
-        // SAFETY: `v` is 32 bytes inside a panel, which is 32-byte aligned, and every
-        // field of one sits at a multiple of 32 bytes.
-        unsafe { _mm256_load_si256(v.as_ptr() as *const __m256i) }
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    #[inline]
-    fn lanes_f(v: &[f32; 8]) -> __m256 {
-        // SAFETY: as in `lanes`.
-        unsafe { _mm256_load_ps(v.as_ptr()) }
-    }
-
-    /// 8 f16 values (bits) as f32 (exact).
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    #[inline]
-    fn f16s(v: &[u16; 8]) -> __m256 {
-        // SAFETY: `v` is 8 u16s (16 bytes); the load is unaligned.
-        _mm256_cvtph_ps(unsafe { _mm_loadu_si128(v.as_ptr() as *const __m128i) })
-    }
 
     /// 8 bytes widened to the 8 lanes of a vector.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -692,15 +670,6 @@ mod vnni {
     fn bytes8(v: &[u8; 8]) -> __m256i {
         // SAFETY: `v` is 8 bytes; the load is unaligned.
         _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(v.as_ptr() as *const __m128i) })
-    }
-
-    /// Activations `at..at + 4` in every 32-bit lane.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    #[inline]
-    fn spread4(q: &[i8], at: usize) -> __m256i {
-        let q = &q[at..at + 4];
-        // SAFETY: `q` holds 4 bytes; the read is unaligned.
-        _mm256_set1_epi32(unsafe { (q.as_ptr() as *const i32).read_unaligned() })
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
