@@ -435,8 +435,7 @@ impl Panel for Q8Panel {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::super::q8ks;
-    use super::super::q8s;
+    use super::super::{q8ks, q8s, Q8K};
     use super::{ActRow, Q4KPanel, Q6KPanel, Q8Panel};
     use std::arch::x86_64::*;
 
@@ -525,40 +524,15 @@ mod avx2 {
                     sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(part[t], sc));
                 }
             }
-            let (d, dmin) = (f16s(&p.d), f16s(&p.dmin));
             for t in 0..N {
-                let x = &xs[t][b];
-                // Sums of each 32 activations (sub-block), two to a 32-bit lane, times
-                // the mins.
-                // SAFETY: `bsums` is 16 i16s (32 bytes); the load is unaligned.
-                let bs = unsafe { _mm256_loadu_si256(x.bsums.as_ptr() as *const __m256i) };
-                let pairs =
-                    _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-                let mut pair = [0i32; 4];
-                // SAFETY: `pair` is 4 i32s (16 bytes); the store is unaligned.
-                unsafe { _mm_storeu_si128(pair.as_mut_ptr() as *mut __m128i, pairs) };
-                let mut m = _mm256_setzero_si256();
-                for (q, &bp) in pair.iter().enumerate() {
-                    // SAFETY: `p.mins[q]` is 16 bytes; the load is unaligned.
-                    let mins = _mm256_cvtepu8_epi16(unsafe {
-                        _mm_loadu_si128(p.mins[q].as_ptr() as *const __m128i)
-                    });
-                    let prod = _mm256_madd_epi16(mins, _mm256_set1_epi32(bp));
-                    m = _mm256_add_epi32(m, prod);
-                }
-                let xd = _mm256_set1_ps(x.d);
-                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sums[t]), acc[t]);
-                acc_m[t] =
-                    _mm256_fmadd_ps(_mm256_mul_ps(dmin, xd), _mm256_cvtepi32_ps(m), acc_m[t]);
+                q4k_block_end(p, &xs[t][b], sums[t], &mut acc[t], &mut acc_m[t]);
             }
         }
-        let mut out = [[0.0f32; 8]; N];
+        let mut diff = [_mm256_setzero_ps(); N];
         for t in 0..N {
-            let v = _mm256_sub_ps(acc[t], acc_m[t]);
-            // SAFETY: `out[t]` holds 8 f32s; the store is unaligned.
-            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), v) };
+            diff[t] = _mm256_sub_ps(acc[t], acc_m[t]);
         }
-        out
+        rows_out(diff)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -587,28 +561,11 @@ mod avx2 {
                     sums[t] = _mm256_add_epi32(sums[t], part);
                 }
             }
-            let d = lanes_f(&p.d);
             for t in 0..N {
-                let x = &xs[t][b];
-                // The weights are stored plus 32: take 32 × scale × (sum of each 16)
-                // back, two sub-blocks to a 32-bit lane of the sums.
-                let mut off = _mm256_setzero_si256();
-                for (q, pair) in x.bsums.chunks_exact(2).enumerate() {
-                    let bp = (pair[0] as u16 as u32 | (pair[1] as u16 as u32) << 16) as i32;
-                    let prod = _mm256_madd_epi16(lanes(&p.sc_pairs[q]), _mm256_set1_epi32(bp));
-                    off = _mm256_add_epi32(off, prod);
-                }
-                let sums = _mm256_sub_epi32(sums[t], _mm256_slli_epi32(off, 5));
-                let xd = _mm256_set1_ps(x.d);
-                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sums), acc[t]);
+                q6k_block_end(p, &xs[t][b], sums[t], &mut acc[t]);
             }
         }
-        let mut out = [[0.0f32; 8]; N];
-        for t in 0..N {
-            // SAFETY: `out[t]` holds 8 f32s; the store is unaligned.
-            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
-        }
-        out
+        rows_out(acc)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -640,12 +597,85 @@ mod avx2 {
                 }
             }
         }
+        rows_out(acc)
+    }
+
+    /// Each vector's 8 lanes as a token's outputs of the panel's rows.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) fn rows_out<const N: usize>(v: [__m256; N]) -> [[f32; 8]; N] {
         let mut out = [[0.0f32; 8]; N];
-        for t in 0..N {
-            // SAFETY: `out[t]` holds 8 f32s; the store is unaligned.
-            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+        for (o, v) in out.iter_mut().zip(v) {
+            // SAFETY: `o` holds 8 f32s; the store is unaligned.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
         }
         out
+    }
+
+    /// Sums of each 32 of the 256 activations of `x`, two to a 32-bit lane (Q4_K's
+    /// sub-blocks, paired as its mins are).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) fn sub_block_sums(x: &Q8K) -> [i32; 4] {
+        // SAFETY: `bsums` is 16 i16s (32 bytes); the load is unaligned.
+        let bs = unsafe { _mm256_loadu_si256(x.bsums.as_ptr() as *const __m256i) };
+        let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        let mut pair = [0i32; 4];
+        // SAFETY: `pair` is 4 i32s (16 bytes); the store is unaligned.
+        unsafe { _mm_storeu_si128(pair.as_mut_ptr() as *mut __m128i, pairs) };
+        pair
+    }
+
+    /// The end of a Q4_K panel block for one token: its integer `sums` (scales
+    /// applied) into `acc`, and the mins times the activations' sub-block sums into
+    /// `acc_m`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) fn q4k_block_end(
+        p: &Q4KPanel,
+        x: &Q8K,
+        sums: __m256i,
+        acc: &mut __m256,
+        acc_m: &mut __m256,
+    ) {
+        let mut m = _mm256_setzero_si256();
+        for (mins, &bp) in p.mins.iter().zip(&sub_block_sums(x)) {
+            // SAFETY: `mins` is 16 bytes; the load is unaligned.
+            let mins =
+                _mm256_cvtepu8_epi16(unsafe { _mm_loadu_si128(mins.as_ptr() as *const __m128i) });
+            m = _mm256_add_epi32(m, _mm256_madd_epi16(mins, _mm256_set1_epi32(bp)));
+        }
+        let xd = _mm256_set1_ps(x.d);
+        *acc = _mm256_fmadd_ps(
+            _mm256_mul_ps(f16s(&p.d), xd),
+            _mm256_cvtepi32_ps(sums),
+            *acc,
+        );
+        *acc_m = _mm256_fmadd_ps(
+            _mm256_mul_ps(f16s(&p.dmin), xd),
+            _mm256_cvtepi32_ps(m),
+            *acc_m,
+        );
+    }
+
+    /// The end of a Q6_K panel block for one token: the weights are stored plus 32, so
+    /// 32 × scale × (sum of each 16 activations) comes off `sums` (two sub-blocks to a
+    /// 32-bit lane), which then go into `acc`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) fn q6k_block_end(p: &Q6KPanel, x: &Q8K, sums: __m256i, acc: &mut __m256) {
+        let mut off = _mm256_setzero_si256();
+        for (sc, pair) in p.sc_pairs.iter().zip(x.bsums.chunks_exact(2)) {
+            let bp = (pair[0] as u16 as u32 | (pair[1] as u16 as u32) << 16) as i32;
+            off = _mm256_add_epi32(off, _mm256_madd_epi16(lanes(sc), _mm256_set1_epi32(bp)));
+        }
+        let sums = _mm256_sub_epi32(sums, _mm256_slli_epi32(off, 5));
+        let xd = _mm256_set1_ps(x.d);
+        *acc = _mm256_fmadd_ps(
+            _mm256_mul_ps(lanes_f(&p.d), xd),
+            _mm256_cvtepi32_ps(sums),
+            *acc,
+        );
     }
 }
 
@@ -660,7 +690,9 @@ mod vnni {
     use super::super::q8ks;
     use super::super::q8s;
     // The AVX2 module's loads: callable here, where AVX2, FMA and F16C are enabled too.
-    use super::avx2::{f16s, lanes, lanes_f, spread4};
+    use super::avx2::{
+        f16s, lanes, lanes_f, q4k_block_end, q6k_block_end, rows_out, spread4, sub_block_sums,
+    };
     use super::{ActRow, Q4KPanel, Q6KPanel, Q8Panel};
     use std::arch::x86_64::*;
 
@@ -706,41 +738,15 @@ mod vnni {
                     sums[t] = _mm256_add_epi32(sums[t], part);
                 }
             }
-            let (d, dmin) = (f16s(&p.d), f16s(&p.dmin));
-            // SAFETY: each `p.mins[q]` is 16 bytes; the loads are unaligned.
-            let mins: [__m256i; 4] = std::array::from_fn(|q| {
-                _mm256_cvtepu8_epi16(unsafe {
-                    _mm_loadu_si128(p.mins[q].as_ptr() as *const __m128i)
-                })
-            });
             for t in 0..N {
-                let x = &xs[t][b];
-                // Sums of each 32 activations (sub-block), two to a 32-bit lane, times
-                // the mins.
-                // SAFETY: `bsums` is 16 i16s (32 bytes); the load is unaligned.
-                let bs = unsafe { _mm256_loadu_si256(x.bsums.as_ptr() as *const __m256i) };
-                let pairs =
-                    _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-                let mut pair = [0i32; 4];
-                // SAFETY: `pair` is 4 i32s (16 bytes); the store is unaligned.
-                unsafe { _mm_storeu_si128(pair.as_mut_ptr() as *mut __m128i, pairs) };
-                let mut m = _mm256_setzero_si256();
-                for (mins, &bp) in mins.iter().zip(&pair) {
-                    m = _mm256_dpwssd_epi32(m, *mins, _mm256_set1_epi32(bp));
-                }
-                let xd = _mm256_set1_ps(x.d);
-                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sums[t]), acc[t]);
-                acc_m[t] =
-                    _mm256_fmadd_ps(_mm256_mul_ps(dmin, xd), _mm256_cvtepi32_ps(m), acc_m[t]);
+                q4k_block_end(p, &xs[t][b], sums[t], &mut acc[t], &mut acc_m[t]);
             }
         }
-        let mut out = [[0.0f32; 8]; N];
+        let mut diff = [_mm256_setzero_ps(); N];
         for t in 0..N {
-            let v = _mm256_sub_ps(acc[t], acc_m[t]);
-            // SAFETY: `out[t]` holds 8 f32s; the store is unaligned.
-            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), v) };
+            diff[t] = _mm256_sub_ps(acc[t], acc_m[t]);
         }
-        out
+        rows_out(diff)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -765,27 +771,11 @@ mod vnni {
                     sums[t] = _mm256_add_epi32(sums[t], _mm256_mullo_epi32(part, sc));
                 }
             }
-            let d = lanes_f(&p.d);
             for t in 0..N {
-                let x = &xs[t][b];
-                // The weights are stored plus 32: take 32 × scale × (sum of each 16)
-                // back, two sub-blocks to a 32-bit lane of the sums.
-                let mut off = _mm256_setzero_si256();
-                for (q, pair) in x.bsums.chunks_exact(2).enumerate() {
-                    let bp = (pair[0] as u16 as u32 | (pair[1] as u16 as u32) << 16) as i32;
-                    off = _mm256_dpwssd_epi32(off, lanes(&p.sc_pairs[q]), _mm256_set1_epi32(bp));
-                }
-                let sums = _mm256_sub_epi32(sums[t], _mm256_slli_epi32(off, 5));
-                let xd = _mm256_set1_ps(x.d);
-                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sums), acc[t]);
+                q6k_block_end(p, &xs[t][b], sums[t], &mut acc[t]);
             }
         }
-        let mut out = [[0.0f32; 8]; N];
-        for t in 0..N {
-            // SAFETY: `out[t]` holds 8 f32s; the store is unaligned.
-            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
-        }
-        out
+        rows_out(acc)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -816,12 +806,7 @@ mod vnni {
                 }
             }
         }
-        let mut out = [[0.0f32; 8]; N];
-        for t in 0..N {
-            // SAFETY: `out[t]` holds 8 f32s; the store is unaligned.
-            unsafe { _mm256_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
-        }
-        out
+        rows_out(acc)
     }
 
     /// Rows of two panels' fields side by side: `a`'s 8 lanes, then `b`'s.
@@ -876,20 +861,6 @@ mod vnni {
         let q = &q[at..at + 4];
         // SAFETY: `q` holds 4 bytes; the read is unaligned.
         _mm512_set1_epi32(unsafe { (q.as_ptr() as *const i32).read_unaligned() })
-    }
-
-    /// Sums of each 32 of the 256 activations of `x`, two to a 32-bit lane (Q4_K's
-    /// sub-blocks, paired as its mins are).
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    #[inline]
-    fn sub_block_sums(x: &super::super::Q8K) -> [i32; 4] {
-        // SAFETY: `bsums` is 16 i16s (32 bytes); the load is unaligned.
-        let bs = unsafe { _mm256_loadu_si256(x.bsums.as_ptr() as *const __m256i) };
-        let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-        let mut pair = [0i32; 4];
-        // SAFETY: `pair` is 4 i32s (16 bytes); the store is unaligned.
-        unsafe { _mm_storeu_si128(pair.as_mut_ptr() as *mut __m128i, pairs) };
-        pair
     }
 
     /// Stores each of `v`'s 16 lanes.
