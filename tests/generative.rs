@@ -79,6 +79,8 @@ struct Got {
     /// `text_output` of each response.
     text: Vec<String>,
     responses_after_final: usize,
+    /// What `infer_server_cancel` returned when the callback sent it (`Params::cancel_at`).
+    cancel_status: Option<infer_status>,
 }
 
 impl Got {
@@ -91,6 +93,9 @@ impl Got {
 struct Slot {
     got: Mutex<Got>,
     cv: Condvar,
+    /// The server's address and a token count: the callback that brings the count to it
+    /// cancels the request.
+    cancel_at: Option<(usize, usize)>,
 }
 
 unsafe extern "C" fn on_response(ud: *mut c_void, resp: *mut Response, flags: u32) {
@@ -107,6 +112,13 @@ unsafe extern "C" fn on_response(ud: *mut c_void, resp: *mut Response, flags: u3
                 .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
                 .collect(),
         );
+        if let Some((server, at)) = slot.cancel_at {
+            let before = g.chunks[..g.chunks.len() - 1].concat().len();
+            if before < at && g.tokens().len() >= at && flags & INFER_RESPONSE_FLAG_FINAL == 0 {
+                let id = infer_response_request_id(r.0);
+                g.cancel_status = Some(infer_server_cancel(server as *mut ServerHandle, id));
+            }
+        }
     }
     if let Some((shape, bytes)) = r.output("text_output") {
         assert_eq!(shape, vec![1]);
@@ -178,6 +190,8 @@ struct Params {
     bools: Vec<(&'static str, bool)>,
     strings: Vec<(&'static str, String)>,
     floats: Vec<(&'static str, f64)>,
+    /// Cancel from the callback that brings the tokens received to this count.
+    cancel_at: Option<usize>,
 }
 
 fn max_tokens(n: i64) -> Params {
@@ -229,7 +243,10 @@ fn try_enqueue(
     if p.streaming {
         ok(unsafe { infer_request_set_parameter_bool(r.0, cs("streaming").as_ptr(), true) });
     }
-    let slot = Arc::new(Slot::default());
+    let slot = Arc::new(Slot {
+        cancel_at: p.cancel_at.map(|n| (s.0 as usize, n)),
+        ..Slot::default()
+    });
     let ud = Arc::into_raw(slot.clone()) as *mut c_void;
     let mut id = 0u64;
     let st = unsafe { infer_server_enqueue(s.0, r.take(), Some(on_response), ud, &mut id) };
@@ -509,24 +526,20 @@ fn end_id_and_context_length_end_generation() {
 #[test]
 fn cancel_a_streaming_request_midway() {
     let s = server_with("gpt", &config(&[]));
+    // The callback of the third token cancels: callbacks run on the model's loop between
+    // iterations, so the request is still running then, however fast the model is.
     let p = enqueue(
         &s,
         "gpt",
         &[5, 6, 7],
         &Params {
             streaming: true,
+            cancel_at: Some(3),
             ..max_tokens(120)
         },
     );
-    // Wait for a few tokens, then cancel.
-    loop {
-        if p.0.got.lock().unwrap().chunks.len() >= 3 {
-            break;
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    ok(unsafe { infer_server_cancel(s.0, p.1) });
     let g = p.wait();
+    assert_eq!(g.cancel_status, Some(INFER_STATUS_OK), "{g:?}");
     assert_eq!(g.status, Some(INFER_STATUS_CANCELLED), "{g:?}");
     assert_eq!(g.reason, "cancelled");
     assert!(

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -119,49 +120,65 @@ func TestGenerativeStreamingSendsOneTokenPerResponse(t *testing.T) {
 
 func TestGenerativeCancelOneStreamByItsRequestID(t *testing.T) {
 	s := newGPT2Server(t)
-	long, err := s.Stream(context.Background(), gpt2Request(t, s, []int32{5, 6, 7}, 100, true))
-	if err != nil {
-		t.Fatal(err)
-	}
 	short, err := s.Stream(context.Background(), gpt2Request(t, s, []int32{8, 9}, 20, true))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []int32
-	var id uint64
-	var final StreamItem
-	for item := range long {
-		got = append(got, tokensOf(t, item.Response)...)
-		if len(got) == 5 && !item.Final {
+	// The cancel is sent from the callback of the fifth token: the callbacks of a
+	// generative model run on its loop between iterations, so the request is certainly
+	// still running then, however fast the model is. (A receiver that cancels after
+	// reading a stream's fifth item may find all 100 tokens made already.)
+	type event struct {
+		tokens []int32
+		final  bool
+		err    error
+		reason string
+		cancel error
+	}
+	events := make(chan event, 128)
+	var made atomic.Int64 // tokens received by the callback
+	id, err := s.Enqueue(gpt2Request(t, s, []int32{5, 6, 7}, 100, true), func(resp *Response, final bool) {
+		defer resp.Close()
+		e := event{final: final, err: resp.Err()}
+		if e.err == nil {
+			e.tokens, _, _ = resp.OutputInt32("output_ids")
+		}
+		if made.Add(int64(len(e.tokens))) == 5 && !final {
 			// Any response of a request carries its id; the request stops after the
 			// current iteration and still ends with a FINAL.
-			id = item.Response.RequestID()
-			if err := s.Cancel(id); err != nil {
-				t.Fatalf("Cancel: %v", err)
-			}
+			e.cancel = s.Cancel(resp.RequestID())
 		}
-		if item.Final {
-			final = item
-		} else {
-			item.Response.Close()
+		if final {
+			e.reason, _ = resp.ParameterString("finish_reason")
 		}
+		events <- e
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if final.Response == nil {
-		t.Fatal("no FINAL")
+	n := 0
+	for e := range events {
+		n += len(e.tokens)
+		if e.cancel != nil {
+			t.Errorf("Cancel from the callback of token %d: %v", n, e.cancel)
+		}
+		if !e.final {
+			continue
+		}
+		wantCode(t, e.err, Cancelled)
+		if e.reason != "cancelled" {
+			t.Errorf("finish_reason %q, want cancelled", e.reason)
+		}
+		break
 	}
-	defer final.Response.Close()
-	wantCode(t, final.Err, Cancelled)
-	if reason, err := final.Response.ParameterString("finish_reason"); err != nil || reason != "cancelled" {
-		t.Errorf("finish_reason %q (%v), want cancelled", reason, err)
-	}
-	if len(got) < 5 || len(got) >= 100 {
-		t.Errorf("%d tokens after a cancel at 5", len(got))
+	if n < 5 || n >= 100 {
+		t.Errorf("%d tokens after a cancel at 5", n)
 	}
 	if err := s.Cancel(id); CodeOf(err) != NotFound {
 		t.Errorf("Cancel of the finished request: %v", err)
 	}
 	// The other request of the batch is not disturbed.
-	n := 0
+	n = 0
 	for item := range short {
 		if item.Err != nil {
 			t.Errorf("other request: %v", item.Err)
