@@ -42,15 +42,23 @@ struct Stream {
     std::vector<std::size_t> tokens_per_response;
     std::vector<int32_t> tokens;
     std::optional<infer::Response> final; // kept to read its status and parameters
+    /// What server.cancel returned when the receiver sent it (receiver's cancel_at).
+    std::optional<bool> cancelled;
 
-    /// The response callback for enqueue.
-    auto receiver() {
-        return [this](infer::Response r, bool is_final) {
+    /// The response callback for enqueue. With a server and cancel_at, the callback that
+    /// brings the tokens to cancel_at cancels the request (by the response's id).
+    auto receiver(infer::Server *server = nullptr, std::size_t cancel_at = 0) {
+        return [this, server, cancel_at](infer::Response r, bool is_final) {
             const std::lock_guard<std::mutex> lock(mu);
             if (r.ok()) { // outputs of a non-OK response throw; a cancelled FINAL has no token
                 const auto ids = r.output<int32_t>("output_ids");
                 tokens_per_response.push_back(ids.size());
+                const std::size_t before = tokens.size();
                 tokens.insert(tokens.end(), ids.begin(), ids.end());
+                if (server != nullptr && !is_final && before < cancel_at &&
+                    tokens.size() >= cancel_at) {
+                    cancelled = server->cancel(r.request_id());
+                }
             }
             if (is_final) {
                 final.emplace(std::move(r));
@@ -94,12 +102,14 @@ TEST(Generative, StreamingSendsOneTokenPerResponse) {
 TEST(Generative, CancelStopsARunningRequestAfterTheCurrentIteration) {
     infer::Server server = gpt2_server();
     Stream running, other;
-    const uint64_t id = server.enqueue(gpt2_request(server, {5, 6, 7}, 100, true),
-                                       running.receiver());
     server.enqueue(gpt2_request(server, {8, 9}, 20, true), other.receiver());
-    ASSERT_TRUE(running.wait([&] { return running.tokens.size() >= 5 || running.final; }));
-    EXPECT_TRUE(server.cancel(id));
+    // The callback of the fifth token cancels: callbacks run on the model's loop between
+    // iterations, so the request is still running then, however fast the model is (a
+    // thread that waits for five tokens and then cancels may find all 100 made).
+    const uint64_t id = server.enqueue(gpt2_request(server, {5, 6, 7}, 100, true),
+                                       running.receiver(&server, 5));
     ASSERT_TRUE(running.wait([&] { return running.final.has_value(); }));
+    EXPECT_EQ(running.cancelled, std::optional<bool>(true));
 
     EXPECT_EQ(running.final->status(), INFER_STATUS_CANCELLED);
     EXPECT_EQ(running.final->parameter_string("finish_reason"), "cancelled");
