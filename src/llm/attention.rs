@@ -492,11 +492,12 @@ fn attend_body(
 #[inline(always)]
 // The constants are written as published; each rounds to the f32 it names.
 #[allow(clippy::excessive_precision)]
-fn exp_nonpositive(x: f32) -> f32 {
+pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     // 1.5 · 2^23: adding and taking it away rounds to the nearest integer.
     const ROUND: f32 = 12_582_912.0;
     let x = if x < -87.0 { -87.0 } else { x };
-    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let k = x * std::f32::consts::LOG2_E + ROUND;
+    let n = k - ROUND;
     // ln 2 in two parts: n · 0.693359375 is exact for |n| < 2^12.
     let r = (x - n * 0.693_359_375) - n * -2.121_944_40e-4;
     let p = ((((1.987_569_150_0e-4 * r + 1.398_199_950_7e-3) * r + 8.333_451_907_3e-3) * r
@@ -506,8 +507,11 @@ fn exp_nonpositive(x: f32) -> f32 {
         * r
         + 5.000_000_120_1e-1;
     let e = (r * r) * p + r + 1.0;
-    // n is in -126..=0 (or NaN, which `as` makes 0): 2^n is a normal number.
-    e * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // n is in -126..=0, so 2^n is a normal number. `k`'s low bits hold n (two's
+    // complement) on top of ROUND's: integer operations, which vectorize where a cast
+    // of `n` to an integer does not. (A NaN `x` leaves `e` NaN.)
+    let n_bits = k.to_bits().wrapping_sub(ROUND.to_bits());
+    e * f32::from_bits(n_bits.wrapping_add(127) << 23)
 }
 
 #[cfg(test)]

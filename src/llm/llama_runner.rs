@@ -6,7 +6,7 @@
 //! output (`linear`), attention is per token (`attention`), and everything else is per
 //! row.
 
-use super::attention::{self, AttentionShape, Scratch};
+use super::attention::{self, exp_nonpositive, AttentionShape, Scratch};
 use super::kernels::{reduce8, Exec};
 use super::kv::KvCache;
 use super::linear::{matmul, matmuls, Acts, Blocking, Out, Target};
@@ -230,15 +230,45 @@ impl LlamaRunner {
     }
 }
 
+/// `g[i] = silu(g[i]) · u[i]`, where `silu(g) = g / (1 + e^-g)`: computed as
+/// `g · n / (1 + a)` with `a = e^-|g|` ([`exp_nonpositive`], a loop that vectorizes)
+/// and `n` 1 for `g >= 0`, `a` below (0 below -100). On x86-64 with AVX2 the same loop compiled for
+/// AVX2 runs: the same operations (no fused multiply-add), so the same bits.
+fn silu_mul(g: &mut [f32], u: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn avx2(g: &mut [f32], u: &[f32]) {
+        silu_mul_portable(g, u)
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { avx2(g, u) };
+    }
+    silu_mul_portable(g, u)
+}
+
+#[inline(always)]
+fn silu_mul_portable(g: &mut [f32], u: &[f32]) {
+    for (g, &u) in g.iter_mut().zip(u) {
+        let a = exp_nonpositive(-g.abs());
+        // Below -100, e^g · g is under f32's smallest number (and e^-|g| stops at e^-87).
+        let n = if *g >= 0.0 {
+            1.0
+        } else if *g < -100.0 {
+            0.0
+        } else {
+            a
+        };
+        *g = *g * n / (1.0 + a) * u;
+    }
+}
+
 /// `gate[i] = silu(gate[i]) · up[i]`, split over threads.
 fn swiglu(exec: Exec<'_>, gate: &mut [f32], up: &[f32]) {
     use rayon::prelude::*;
     const CHUNK: usize = 4096;
-    let one = |(g, u): (&mut [f32], &[f32])| {
-        for (g, &u) in g.iter_mut().zip(u) {
-            *g = *g / (1.0 + (-*g).exp()) * u;
-        }
-    };
+    let one = |(g, u): (&mut [f32], &[f32])| silu_mul(g, u);
     match exec.pool {
         Some(pool) if exec.parts(gate.len() * 16, gate.len().div_ceil(CHUNK)) > 1 => {
             pool.install(|| {

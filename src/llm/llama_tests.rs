@@ -241,3 +241,37 @@ fn configs_name_what_they_cannot_serve() {
     j["sliding_window"] = serde_json::json!(32);
     assert_eq!(LlamaConfig::from_hf_json(&j.to_string()).unwrap().n_ctx, 32);
 }
+
+#[test]
+fn silu_is_close_to_f64_and_the_same_bits_on_every_path() {
+    let mut g: Vec<f32> = (-2000..=2000).map(|i| i as f32 * 0.01).collect();
+    g.extend([
+        0.0,
+        -0.0,
+        1e-30,
+        -1e-30,
+        20.0,
+        -20.0,
+        88.0,
+        -88.0,
+        200.0,
+        -200.0,
+        f32::MAX,
+        f32::MIN,
+    ]);
+    let u: Vec<f32> = (0..g.len()).map(|i| 1.0 + (i % 7) as f32 * 0.25).collect();
+    let mut fast = g.clone();
+    silu_mul(&mut fast, &u);
+    let mut portable = g.clone();
+    silu_mul_portable(&mut portable, &u);
+    assert_eq!(bits(&fast), bits(&portable));
+    for ((&x, &u), &y) in g.iter().zip(&u).zip(&fast) {
+        let want = (x as f64 / (1.0 + (-(x as f64)).exp()) * u as f64) as f32;
+        // Within 4 ulp; below -87, where e^-|g| stops at e^-87, within 1e-30.
+        let tol = 4.0 * f32::EPSILON * want.abs() + 1e-30;
+        assert!((y - want).abs() <= tol, "silu({x}) · {u}: {y}, want {want}");
+    }
+    let mut nan = [f32::NAN, 1.0];
+    silu_mul(&mut nan, &[1.0, 1.0]);
+    assert!(nan[0].is_nan());
+}
