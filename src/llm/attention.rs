@@ -398,10 +398,19 @@ fn attend_body(
     }
     let scores = &mut scores[..nh * n_ctx];
     let used = &blocks[..n_ctx.div_ceil(tpb)];
+    // The head after the one being read: the next of the block, or the next block's
+    // first.
+    let ahead = |bi: usize, g: usize| match g + 1 < shape.n_kv_head {
+        true => Some((used[bi] as usize, g + 1)),
+        false => used.get(bi + 1).map(|&b| (b as usize, 0)),
+    };
     for (bi, &block) in used.iter().enumerate() {
         let first = bi * tpb;
         let count = tpb.min(n_ctx - first);
         for g in 0..shape.n_kv_head {
+            if let Some((b, h)) = ahead(bi, g) {
+                kv.prefetch(b, shape.layer, false, h);
+            }
             let keys: HeadRef<'_> = kv.head(block as usize, shape.layer, false, g);
             if let (HeadRef::F16(keys), Some(f16)) = (&keys, &f16) {
                 let keys = &keys[..count * hd];
@@ -433,6 +442,9 @@ fn attend_body(
             }
         }
     }
+    if let Some(&b) = used.first() {
+        kv.prefetch(b as usize, shape.layer, true, 0);
+    }
     for row in scores.chunks_exact_mut(n_ctx) {
         let max = row.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
         // The exponentials vectorize (in the AVX2 copy); their sum stays in order.
@@ -452,6 +464,9 @@ fn attend_body(
         let first = bi * tpb;
         let count = tpb.min(n_ctx - first);
         for g in 0..shape.n_kv_head {
+            if let Some((b, h)) = ahead(bi, g) {
+                kv.prefetch(b, shape.layer, true, h);
+            }
             let values: HeadRef<'_> = kv.head(block as usize, shape.layer, true, g);
             if let (HeadRef::F16(values), Some(f16)) = (&values, &f16) {
                 let values = &values[..count * hd];

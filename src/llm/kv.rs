@@ -7,6 +7,7 @@
 //! keys (or values) for a whole block are contiguous, which is what attention reads.
 
 use super::config::Gpt2Config;
+use super::kernels::prefetch;
 use crate::status::{Error, Result};
 use half::f16;
 
@@ -226,6 +227,19 @@ impl KvCache {
         block * self.block_len
             + (layer * 2 + value as usize) * self.shape.n_kv_head * tpb_hd
             + head * tpb_hd
+    }
+
+    /// Asks the CPU to start loading one KV head's keys (`value` false) or values of
+    /// `block` in `layer`, which attention reads next: a sequence's blocks lie apart,
+    /// where the hardware prefetcher does not follow.
+    #[inline]
+    pub(crate) fn prefetch(&self, block: usize, layer: usize, value: bool, head: usize) {
+        let o = self.offset(block, layer, value, head);
+        let n = self.tokens_per_block * self.shape.head_dim;
+        match &self.data {
+            Store::F32(d) => prefetch(bytemuck::cast_slice(d.get(o..o + n).unwrap_or(&[]))),
+            Store::F16(d) => prefetch(bytemuck::cast_slice(d.get(o..o + n).unwrap_or(&[]))),
+        }
     }
 
     /// One KV head's keys (`value` false) or values for all positions of a block:

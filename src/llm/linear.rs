@@ -9,7 +9,7 @@
 //! batching invariance (see `kernels`) holds by construction, and threads may split
 //! the outputs any way.
 
-use super::kernels::Exec;
+use super::kernels::{prefetch, Exec};
 use super::quant::panel::{self, Panel};
 use super::quant::{self, ActKind, ActRow, DotFn, WeightType, Q8, Q8K};
 use crate::status::{Error, Result};
@@ -728,6 +728,12 @@ fn run_panels<P: Panel>(
                     .enumerate()
                 {
                     let r0 = b0 + 8 * p;
+                    // The next panel's rows load while this one packs (packing stalls
+                    // on the file's bytes otherwise: they are read once a product).
+                    if p + 1 < whole {
+                        let next = (r0 + 8) * w.row_bytes..(r0 + 16) * w.row_bytes;
+                        prefetch(&w.data.get()[next]);
+                    }
                     P::pack(std::array::from_fn(|i| w.row(r0 + i)), out);
                 }
                 &scratch[..whole * nb]
