@@ -7,7 +7,6 @@
 use super::kernels::{dot, reduce8, Exec};
 use super::kv::{HeadRef, KvCache};
 use super::step::{StepSeq, TokenSlot};
-use rayon::prelude::*;
 
 /// Attention of one layer.
 pub(crate) struct AttentionShape {
@@ -89,7 +88,7 @@ pub(crate) fn attention(
         }
     };
     match exec.pool {
-        Some(pool) if parts > 1 => pool.install(|| chunks.into_par_iter().for_each(part)),
+        Some(pool) if parts > 1 => pool.for_each(chunks, part),
         _ => chunks.into_iter().for_each(part),
     }
 }

@@ -22,7 +22,7 @@ const MIN_PARALLEL_WORK: usize = 1 << 18;
 /// threads (`step` takes `&mut self`); one Runner per instance.
 pub struct Runner {
     model: Arc<Gpt2>,
-    pool: Option<Arc<rayon::ThreadPool>>,
+    pool: Option<Arc<super::pool::Pool>>,
     threads: usize,
     pub(crate) min_par_work: usize,
     plan: Planner,
@@ -81,12 +81,12 @@ impl Runner {
         logits: &mut Vec<f32>,
     ) -> Result<()> {
         let pool = self.pool.clone();
-        super::kernels::on_pool(pool.as_deref(), |pool| self.step_on(pool, kv, seqs, logits))
+        self.step_on(pool.as_deref(), kv, seqs, logits)
     }
 
     fn step_on(
         &mut self,
-        pool: Option<&rayon::ThreadPool>,
+        pool: Option<&super::pool::Pool>,
         kv: &mut KvCache,
         seqs: &[StepSeq<'_>],
         logits: &mut Vec<f32>,

@@ -9,24 +9,24 @@
 //! other than the row's own (a token's context length, the model's widths).
 
 use super::config::Activation;
-use rayon::prelude::*;
+use super::pool::Pool;
 
 /// Where and how wide to run a kernel.
 #[derive(Clone, Copy)]
 pub(crate) struct Exec<'a> {
-    pub pool: Option<&'a rayon::ThreadPool>,
+    pub pool: Option<&'a Pool>,
     pub threads: usize,
     /// Multiply-adds below which a kernel stays on the calling thread.
     pub min_par_work: usize,
 }
 
 /// The thread pool of one runner: `threads` 0 = one per available core, 1 = none (all on
-/// the caller's thread). Returns the pool and the thread count; RESOURCE_EXHAUSTED when
-/// the threads cannot be started.
+/// the caller's thread). Returns the pool (the caller's thread and `threads - 1`
+/// workers) and the thread count; RESOURCE_EXHAUSTED when the threads cannot be started.
 pub(crate) fn thread_pool(
     threads: usize,
     name: &'static str,
-) -> crate::status::Result<(Option<rayon::ThreadPool>, usize)> {
+) -> crate::status::Result<(Option<Pool>, usize)> {
     let threads = match threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
@@ -34,29 +34,7 @@ pub(crate) fn thread_pool(
     if threads <= 1 {
         return Ok((None, threads));
     }
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(move |i| format!("infer-{name}-{i}"))
-        .build()
-        .map_err(|e| {
-            crate::status::Error::exhausted(format!("cannot start {threads} {name} threads: {e}"))
-        })?;
-    Ok((Some(pool), threads))
-}
-
-/// Runs `f` on `pool`'s threads (here, without a pool), handing it the pool. A runner's
-/// whole step runs there: its serial parts on one of the pool's threads while the
-/// others spin, each product split from there. Products started from outside the pool
-/// would each hand their work over and sleep until it is done (two thread switches a
-/// product; a decode step has about eight a layer).
-pub(crate) fn on_pool<R: Send>(
-    pool: Option<&rayon::ThreadPool>,
-    f: impl FnOnce(Option<&rayon::ThreadPool>) -> R + Send,
-) -> R {
-    match pool {
-        Some(p) => p.install(|| f(Some(p))),
-        None => f(None),
-    }
+    Ok((Some(Pool::new(threads, name)?), threads))
 }
 
 impl Exec<'_> {
@@ -75,9 +53,8 @@ pub(crate) fn activate_rows(exec: Exec<'_>, act: Activation, x: &mut [f32], widt
     let parts = exec.parts(x.len() * 16, rows);
     let per = rows.div_ceil(parts.max(1)).max(1);
     match exec.pool {
-        Some(pool) if parts > 1 => pool.install(|| {
-            x.par_chunks_mut(per * width)
-                .for_each(|part| activate(act, part))
+        Some(pool) if parts > 1 => pool.for_each(x.chunks_mut(per * width).collect(), |part| {
+            activate(act, part)
         }),
         _ => activate(act, x),
     }
@@ -185,7 +162,7 @@ pub(crate) fn layer_norm_rows(
     };
     match exec.pool {
         Some(pool) if parts > 1 => {
-            pool.install(|| out.par_chunks_mut(per * e).enumerate().for_each(part))
+            pool.for_each(out.chunks_mut(per * e).enumerate().collect(), part)
         }
         _ => part((0, out)),
     }

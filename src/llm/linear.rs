@@ -378,18 +378,26 @@ fn par_rows<T: Send>(
     per: usize,
     f: impl Fn(usize, &mut [T]) + Sync + Send,
 ) {
-    use rayon::prelude::*;
     if per == 0 {
         return;
     }
     let rows = out.len() / per;
     let parts = exec.parts(work * 4, rows);
     match exec.pool {
-        Some(pool) if parts > 1 => pool.install(|| {
-            out.par_chunks_mut(per)
-                .enumerate()
-                .for_each(|(r, o)| f(r, o))
-        }),
+        Some(pool) if parts > 1 => {
+            // Each part a run of whole rows, 4 parts a thread (a thread that finishes
+            // early takes another).
+            let parts = (parts * 4).min(rows);
+            let rows_per = rows.div_ceil(parts);
+            pool.for_each(
+                out.chunks_mut(rows_per * per).enumerate().collect(),
+                |(p, o): (usize, &mut [T])| {
+                    for (r, o) in o.chunks_mut(per).enumerate() {
+                        f(p * rows_per + r, o)
+                    }
+                },
+            )
+        }
         _ => out.chunks_mut(per).enumerate().for_each(|(r, o)| f(r, o)),
     }
 }
@@ -411,7 +419,7 @@ pub(crate) enum Out<'a> {
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 // SAFETY: each thread writes only the outputs of its own weight rows (disjoint columns
-// of every token row), and all finish before `matmul` returns (rayon joins them).
+// of every token row), and all finish before `matmul` returns (the pool waits for them).
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
@@ -593,10 +601,7 @@ pub(crate) fn matmuls(
         }
     };
     match exec.pool {
-        Some(pool) if parts > 1 => {
-            use rayon::prelude::*;
-            pool.install(|| (0..parts).into_par_iter().for_each(run))
-        }
+        Some(pool) if parts > 1 => pool.run(parts, &run),
         _ => (0..parts).for_each(run),
     }
 }
@@ -788,10 +793,7 @@ mod tests {
 
     #[test]
     fn outputs_do_not_depend_on_the_batch_or_the_threads() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap();
+        let pool = crate::llm::pool::Pool::new(3, "test").unwrap();
         // 45 rows: two pairs of panels, a last panel alone and 5 rows of the row kernel
         // (for 4 or more tokens; one token runs every panel alone).
         let (n, k, t) = (45, 512, 5);
@@ -968,10 +970,7 @@ mod tests {
     fn speed() {
         let env = |name: &str, default: &str| std::env::var(name).unwrap_or(default.into());
         let threads: usize = env("INFER_MATMUL_THREADS", "1").parse().unwrap();
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
+        let pool = crate::llm::pool::Pool::new(threads, "test").unwrap();
         let exec = Exec {
             pool: (threads > 1).then_some(&pool),
             threads,
@@ -1031,10 +1030,7 @@ mod tests {
 
     #[test]
     fn several_products_at_once_equal_each_alone() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap();
+        let pool = crate::llm::pool::Pool::new(3, "test").unwrap();
         let split = Exec {
             pool: Some(&pool),
             threads: 3,

@@ -11,6 +11,7 @@ use super::kernels::{reduce8, Exec};
 use super::kv::KvCache;
 use super::linear::{matmul, matmuls, Acts, Blocking, Out, Target};
 use super::llama::{Llama, RopeStyle};
+use super::pool::Pool;
 use super::step::{Planner, StepSeq};
 use crate::status::{Error, Result};
 use std::sync::Arc;
@@ -22,7 +23,7 @@ const MIN_PARALLEL_WORK: usize = 1 << 16;
 /// takes `&mut self`).
 pub struct LlamaRunner {
     model: Arc<Llama>,
-    pool: Option<Arc<rayon::ThreadPool>>,
+    pool: Option<Arc<Pool>>,
     threads: usize,
     pub(crate) min_par_work: usize,
     plan: Planner,
@@ -81,12 +82,12 @@ impl LlamaRunner {
         logits: &mut Vec<f32>,
     ) -> Result<()> {
         let pool = self.pool.clone();
-        super::kernels::on_pool(pool.as_deref(), |pool| self.step_on(pool, kv, seqs, logits))
+        self.step_on(pool.as_deref(), kv, seqs, logits)
     }
 
     fn step_on(
         &mut self,
-        pool: Option<&rayon::ThreadPool>,
+        pool: Option<&Pool>,
         kv: &mut KvCache,
         seqs: &[StepSeq<'_>],
         logits: &mut Vec<f32>,
@@ -266,16 +267,11 @@ fn silu_mul_portable(g: &mut [f32], u: &[f32]) {
 
 /// `gate[i] = silu(gate[i]) · up[i]`, split over threads.
 fn swiglu(exec: Exec<'_>, gate: &mut [f32], up: &[f32]) {
-    use rayon::prelude::*;
     const CHUNK: usize = 4096;
     let one = |(g, u): (&mut [f32], &[f32])| silu_mul(g, u);
     match exec.pool {
         Some(pool) if exec.parts(gate.len() * 16, gate.len().div_ceil(CHUNK)) > 1 => {
-            pool.install(|| {
-                gate.par_chunks_mut(CHUNK)
-                    .zip(up.par_chunks(CHUNK))
-                    .for_each(one)
-            })
+            pool.for_each(gate.chunks_mut(CHUNK).zip(up.chunks(CHUNK)).collect(), one)
         }
         _ => one((gate, up)),
     }

@@ -21,6 +21,7 @@ mod kv;
 mod linear;
 mod llama;
 mod llama_runner;
+mod pool;
 mod quant;
 mod sampling;
 mod step;
