@@ -20,7 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long a worker spins for the next job before it sleeps.
+/// How long a worker spins for the next job before it sleeps (not at all where the pool
+/// has more threads than the machine has cores: spinners would take the cores from the
+/// threads that work).
 const SPIN: Duration = Duration::from_millis(2);
 
 /// A job: part `i` of it is `f(i)`. The lifetime is erased: [`Pool::run`] keeps the
@@ -46,6 +48,8 @@ struct Shared {
     running: AtomicBool,
     panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
     stop: AtomicBool,
+    /// How long a worker spins before it sleeps.
+    spin: Duration,
     sleepers: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
@@ -85,6 +89,7 @@ impl Pool {
     /// A pool of `threads` threads in all: the caller of [`Pool::run`] and `threads - 1`
     /// workers named `infer-{name}-{i}`. RESOURCE_EXHAUSTED when a thread cannot start.
     pub(crate) fn new(threads: usize, name: &str) -> Result<Pool> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let shared = Arc::new(Shared {
             seq: AtomicU64::new(0),
             open: AtomicU64::new(0),
@@ -96,6 +101,11 @@ impl Pool {
             running: AtomicBool::new(false),
             panic: Mutex::new(None),
             stop: AtomicBool::new(false),
+            spin: if threads <= cores {
+                SPIN
+            } else {
+                Duration::ZERO
+            },
             sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
@@ -154,11 +164,11 @@ impl Pool {
         sh.work(f, parts);
         let mut spins = 0u32;
         while sh.done.load(Acquire) < parts {
-            spins = pause(spins);
+            spins = pause(sh, spins);
         }
         sh.open.store(0, SeqCst);
         while sh.active.load(SeqCst) > 0 {
-            spins = pause(spins);
+            spins = pause(sh, spins);
         }
         // SAFETY: no worker is in the job or can enter it (`open` is 0).
         unsafe { *sh.job.get() = None };
@@ -195,10 +205,11 @@ impl Drop for Pool {
 }
 
 /// One wait of a spin loop: a pause instruction, and a yield of the core every 256th
-/// time (a preempted thread the loop waits for may need it).
+/// time (a preempted thread the loop waits for may need it), or every time where the
+/// pool has more threads than cores (`spin` zero).
 #[inline]
-fn pause(spins: u32) -> u32 {
-    if spins % 256 == 255 {
+fn pause(sh: &Shared, spins: u32) -> u32 {
+    if spins % 256 == 255 || sh.spin.is_zero() {
         std::thread::yield_now();
     } else {
         std::hint::spin_loop();
@@ -221,8 +232,8 @@ fn work_loop(sh: &Shared) {
                 seen = s;
                 break;
             }
-            spins = pause(spins);
-            if spins.is_multiple_of(64) && since.elapsed() > SPIN {
+            spins = pause(sh, spins);
+            if spins.is_multiple_of(64) && since.elapsed() >= sh.spin {
                 let mut g = sh.lock.lock().unwrap_or_else(|e| e.into_inner());
                 sh.sleepers.fetch_add(1, SeqCst);
                 while sh.seq.load(SeqCst) == seen && !sh.stop.load(SeqCst) {
