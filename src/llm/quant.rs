@@ -410,6 +410,16 @@ fn q8ks(a: ActRow<'_>) -> &[Q8K] {
     }
 }
 
+/// [`q8s`] of each of the first `N` rows of `a` (a kernel's group of rows).
+fn q8s_n<'a, const N: usize>(a: &[ActRow<'a>]) -> [&'a [Q8]; N] {
+    std::array::from_fn(|i| q8s(a[i]))
+}
+
+/// [`q8ks`] of each of the first `N` rows of `a`.
+fn q8ks_n<'a, const N: usize>(a: &[ActRow<'a>]) -> [&'a [Q8K]; N] {
+    std::array::from_fn(|i| q8ks(a[i]))
+}
+
 /// Float rows: eight running sums, combined pairwise at the end.
 fn dot_float(t: WeightType, row: &[u8], a: ActRow<'_>) -> f32 {
     let x = f32s(a);
@@ -558,7 +568,7 @@ mod avx2 {
     //! kernel takes `N` activation rows at once: a weight block is loaded and unpacked
     //! once, then met by each row in turn, every row with its own accumulator.
 
-    use super::{f16_at, q8ks, q8s, ActRow, DotFn, WeightType, Q8, Q8K};
+    use super::{f16_at, q8ks_n, q8s_n, ActRow, DotFn, WeightType, Q8, Q8K};
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
 
@@ -727,14 +737,6 @@ mod avx2 {
 
     fn f32s<'a, const N: usize>(a: &[ActRow<'a>]) -> [&'a [f32]; N] {
         std::array::from_fn(|i| super::f32s(a[i]))
-    }
-
-    fn q8s_n<'a, const N: usize>(a: &[ActRow<'a>]) -> [&'a [Q8]; N] {
-        std::array::from_fn(|i| q8s(a[i]))
-    }
-
-    fn q8ks_n<'a, const N: usize>(a: &[ActRow<'a>]) -> [&'a [Q8K]; N] {
-        std::array::from_fn(|i| q8ks(a[i]))
     }
 
     /// Float rows of `width`-byte elements: whole 32s with four FMA accumulators per

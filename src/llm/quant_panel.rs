@@ -435,7 +435,7 @@ impl Panel for Q8Panel {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::super::{q8ks, q8s, Q8K};
+    use super::super::{q8ks_n, q8s_n, Q8, Q8K};
     use super::{ActRow, Q4KPanel, Q6KPanel, Q8Panel};
     use std::arch::x86_64::*;
 
@@ -490,10 +490,7 @@ mod avx2 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn gemm_q4k<const N: usize>(panel: &[Q4KPanel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
-        let mut xs: [&[super::super::Q8K]; N] = [&[]; N];
-        for (x, a) in xs.iter_mut().zip(a) {
-            *x = q8ks(*a);
-        }
+        let xs: [&[Q8K]; N] = q8ks_n(a);
         let low = _mm256_set1_epi8(0xf);
         let mut acc = [_mm256_setzero_ps(); N];
         let mut acc_m = [_mm256_setzero_ps(); N];
@@ -528,19 +525,12 @@ mod avx2 {
                 q4k_block_end(p, &xs[t][b], sums[t], &mut acc[t], &mut acc_m[t]);
             }
         }
-        let mut diff = [_mm256_setzero_ps(); N];
-        for t in 0..N {
-            diff[t] = _mm256_sub_ps(acc[t], acc_m[t]);
-        }
-        rows_out(diff)
+        rows_out(std::array::from_fn(|t| _mm256_sub_ps(acc[t], acc_m[t])))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn gemm_q6k<const N: usize>(panel: &[Q6KPanel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
-        let mut xs: [&[super::super::Q8K]; N] = [&[]; N];
-        for (x, a) in xs.iter_mut().zip(a) {
-            *x = q8ks(*a);
-        }
+        let xs: [&[Q8K]; N] = q8ks_n(a);
         let mut acc = [_mm256_setzero_ps(); N];
         for (b, p) in panel.iter().enumerate() {
             let mut sums = [_mm256_setzero_si256(); N];
@@ -570,10 +560,7 @@ mod avx2 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn gemm_q8_0<const N: usize>(panel: &[Q8Panel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
-        let mut xs: [&[super::super::Q8]; N] = [&[]; N];
-        for (x, a) in xs.iter_mut().zip(a) {
-            *x = q8s(*a);
-        }
+        let xs: [&[Q8]; N] = q8s_n(a);
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); N];
         for (b, p) in panel.iter().enumerate() {
@@ -687,8 +674,7 @@ mod vnni {
     //! and an add (and for Q8_0 a `madd` more). The sums are exact integers either
     //! way, and the float operations per output are the same, so are the outputs.
 
-    use super::super::q8ks;
-    use super::super::q8s;
+    use super::super::{q8ks_n, q8s_n, Q8, Q8K};
     // The AVX2 module's loads: callable here, where AVX2, FMA and F16C are enabled too.
     use super::avx2::{
         f16s, lanes, lanes_f, q4k_block_end, q6k_block_end, rows_out, spread4, sub_block_sums,
@@ -706,10 +692,7 @@ mod vnni {
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(super) fn gemm_q4k<const N: usize>(panel: &[Q4KPanel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
-        let mut xs: [&[super::super::Q8K]; N] = [&[]; N];
-        for (x, a) in xs.iter_mut().zip(a) {
-            *x = q8ks(*a);
-        }
+        let xs: [&[Q8K]; N] = q8ks_n(a);
         let low = _mm256_set1_epi8(0xf);
         let mut acc = [_mm256_setzero_ps(); N];
         let mut acc_m = [_mm256_setzero_ps(); N];
@@ -742,19 +725,12 @@ mod vnni {
                 q4k_block_end(p, &xs[t][b], sums[t], &mut acc[t], &mut acc_m[t]);
             }
         }
-        let mut diff = [_mm256_setzero_ps(); N];
-        for t in 0..N {
-            diff[t] = _mm256_sub_ps(acc[t], acc_m[t]);
-        }
-        rows_out(diff)
+        rows_out(std::array::from_fn(|t| _mm256_sub_ps(acc[t], acc_m[t])))
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(super) fn gemm_q6k<const N: usize>(panel: &[Q6KPanel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
-        let mut xs: [&[super::super::Q8K]; N] = [&[]; N];
-        for (x, a) in xs.iter_mut().zip(a) {
-            *x = q8ks(*a);
-        }
+        let xs: [&[Q8K]; N] = q8ks_n(a);
         let mut acc = [_mm256_setzero_ps(); N];
         for (b, p) in panel.iter().enumerate() {
             let mut sums = [_mm256_setzero_si256(); N];
@@ -780,10 +756,7 @@ mod vnni {
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(super) fn gemm_q8_0<const N: usize>(panel: &[Q8Panel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
-        let mut xs: [&[super::super::Q8]; N] = [&[]; N];
-        for (x, a) in xs.iter_mut().zip(a) {
-            *x = q8s(*a);
-        }
+        let xs: [&[Q8]; N] = q8s_n(a);
         let mut acc = [_mm256_setzero_ps(); N];
         for (b, p) in panel.iter().enumerate() {
             for k in 0..8 {
@@ -877,10 +850,7 @@ mod vnni {
         pb: &[Q4KPanel],
         a: &[ActRow<'_>],
     ) -> [[f32; 16]; N] {
-        let mut xs: [&[super::super::Q8K]; N] = [&[]; N];
-        for (x, a) in xs.iter_mut().zip(a) {
-            *x = q8ks(*a);
-        }
+        let xs: [&[Q8K]; N] = q8ks_n(a);
         let low = _mm512_set1_epi8(0xf);
         let mut acc = [_mm512_setzero_ps(); N];
         let mut acc_m = [_mm512_setzero_ps(); N];
@@ -942,10 +912,7 @@ mod vnni {
         pb: &[Q6KPanel],
         a: &[ActRow<'_>],
     ) -> [[f32; 16]; N] {
-        let mut xs: [&[super::super::Q8K]; N] = [&[]; N];
-        for (x, a) in xs.iter_mut().zip(a) {
-            *x = q8ks(*a);
-        }
+        let xs: [&[Q8K]; N] = q8ks_n(a);
         let mut acc = [_mm512_setzero_ps(); N];
         for (b, (p, q)) in pa.iter().zip(pb).enumerate() {
             let mut sums = [_mm512_setzero_si512(); N];
@@ -993,10 +960,7 @@ mod vnni {
         pb: &[Q8Panel],
         a: &[ActRow<'_>],
     ) -> [[f32; 16]; N] {
-        let mut xs: [&[super::super::Q8]; N] = [&[]; N];
-        for (x, a) in xs.iter_mut().zip(a) {
-            *x = q8s(*a);
-        }
+        let xs: [&[Q8]; N] = q8s_n(a);
         let zero = _mm512_setzero_si512();
         let mut acc = [_mm512_setzero_ps(); N];
         for (b, (p, q)) in pa.iter().zip(pb).enumerate() {
