@@ -6,8 +6,8 @@
 //! output (`linear`), attention is per token (`attention`), and everything else is per
 //! row.
 
-use super::attention::{self, exp_nonpositive, AttentionShape, Scratch};
-use super::kernels::{reduce8, Exec};
+use super::attention::{self, AttentionShape, Scratch};
+use super::kernels::{exp_nonpositive, reduce8, Exec};
 use super::kv::KvCache;
 use super::linear::{matmul, matmuls, Acts, Blocking, Out, Target};
 use super::llama::{Llama, RopeStyle};
