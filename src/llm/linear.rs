@@ -332,6 +332,82 @@ impl Acts {
         Ok(())
     }
 
+    /// [`Acts::prepare`] of rows that `fill(r, row)` computes first, in the same pass:
+    /// each thread part fills its token rows of `x` (`t` rows of `k`) and quantizes
+    /// them while they are in cache. A step's norms and activations end in one wait
+    /// for the pool, where a pass of their own and then [`Acts::prepare`] took two and
+    /// read `x` twice (the 2,048 token rows of a long step are 32 MiB of gate values).
+    /// The rows and their 8-bit forms are the same bits as from the two passes.
+    pub(crate) fn fill_and_prepare(
+        &mut self,
+        exec: Exec<'_>,
+        x: &mut [f32],
+        t: usize,
+        k: usize,
+        types: impl IntoIterator<Item = WeightType>,
+        fill: impl Fn(usize, &mut [f32]) + Sync,
+    ) -> Result<()> {
+        let (mut q8, mut q8k) = (false, false);
+        for ty in types {
+            match ty.act() {
+                ActKind::Q8 => q8 = true,
+                ActKind::Q8K => q8k = true,
+                ActKind::F32 => {}
+            }
+        }
+        let (p8, p8k) = (if q8 { k / 32 } else { 0 }, if q8k { k / 256 } else { 0 });
+        grow(&mut self.q8, t * p8)?;
+        grow(&mut self.q8k, t * p8k)?;
+        (self.t, self.k, self.has_q8, self.has_q8k) = (t, k, q8, q8k);
+        if k == 0 {
+            return Ok(());
+        }
+        let rows = |first: usize, x: &mut [f32], q8: &mut [Q8], q8k: &mut [Q8K]| {
+            for (i, row) in x.chunks_exact_mut(k).enumerate() {
+                fill(first + i, row);
+                if p8 > 0 {
+                    quant::quantize_q8(row, &mut q8[i * p8..(i + 1) * p8]);
+                }
+                if p8k > 0 {
+                    quant::quantize_q8k(row, &mut q8k[i * p8k..(i + 1) * p8k]);
+                }
+            }
+        };
+        let (x, q8, q8k) = (
+            &mut x[..t * k],
+            &mut self.q8[..t * p8],
+            &mut self.q8k[..t * p8k],
+        );
+        let parts = exec.parts(t * k * 4, t);
+        match exec.pool {
+            Some(pool) if parts > 1 => {
+                // Runs of whole rows, 4 parts a thread (a thread that finishes early
+                // takes another).
+                let per = t.div_ceil((parts * 4).min(t));
+                let items: Vec<_> = x
+                    .chunks_mut(per * k)
+                    .zip(
+                        q8.chunks_mut((per * p8).max(1))
+                            .map(Some)
+                            .chain(std::iter::repeat_with(|| None)),
+                    )
+                    .zip(
+                        q8k.chunks_mut((per * p8k).max(1))
+                            .map(Some)
+                            .chain(std::iter::repeat_with(|| None)),
+                    )
+                    .enumerate()
+                    .map(|(i, ((x, a), b))| {
+                        (i * per, x, a.unwrap_or_default(), b.unwrap_or_default())
+                    })
+                    .collect();
+                pool.for_each(items, |(first, x, a, b)| rows(first, x, a, b));
+            }
+            _ => rows(0, x, q8, q8k),
+        }
+        Ok(())
+    }
+
     /// The bytes of one prepared token row of `kind`.
     fn row_bytes(&self, kind: ActKind) -> usize {
         match kind {

@@ -154,8 +154,10 @@ impl LlamaRunner {
             divisor: (hd as f32).sqrt(),
         };
         for (l, b) in model.layers.iter().enumerate() {
-            rms_norm_rows(hidden, &b.attn_norm, c.rms_eps, normed);
-            acts.prepare(exec, normed, t, e, [b.wq.wtype, b.wk.wtype, b.wv.wtype])?;
+            let types = [b.wq.wtype, b.wk.wtype, b.wv.wtype];
+            acts.fill_and_prepare(exec, normed, t, e, types, |r, o| {
+                rms_norm(&hidden[r * e..(r + 1) * e], &b.attn_norm, c.rms_eps, o)
+            })?;
             let (bq, bk, bv) = match &b.qkv_bias {
                 Some(bias) => (
                     Out::Bias(&bias[..qw]),
@@ -171,14 +173,15 @@ impl LlamaRunner {
             ];
             let target = &mut [Target { y: qkv, ldy: width }];
             matmuls(exec, &qkv_products, acts, normed, target, Blocking::DEFAULT);
-            for (row, cs) in qkv
-                .chunks_exact_mut(width)
-                .zip(rope.chunks_exact(2 * pairs))
-            {
-                for head in row[..qw + kvw].chunks_exact_mut(hd) {
-                    rotate(head, cs, c.rope_style, c.rope_dims);
+            let rope = &*rope;
+            by_rows(exec, &mut qkv[..t * width], width, |first, rows| {
+                for (i, row) in rows.chunks_exact_mut(width).enumerate() {
+                    let cs = &rope[(first + i) * 2 * pairs..(first + i + 1) * 2 * pairs];
+                    for head in row[..qw + kvw].chunks_exact_mut(hd) {
+                        rotate(head, cs, c.rope_style, c.rope_dims);
+                    }
                 }
-            }
+            });
             for (r, slot) in self.plan.slots.iter().enumerate() {
                 let pos = slot.pos as usize;
                 let block = seqs[slot.seq as usize].blocks[pos / kv.tokens_per_block()];
@@ -209,13 +212,16 @@ impl LlamaRunner {
                 }
             }
 
-            rms_norm_rows(hidden, &b.ffn_norm, c.rms_eps, normed);
-            acts.prepare(exec, normed, t, e, [b.gate.wtype, b.up.wtype])?;
+            acts.fill_and_prepare(exec, normed, t, e, [b.gate.wtype, b.up.wtype], |r, o| {
+                rms_norm(&hidden[r * e..(r + 1) * e], &b.ffn_norm, c.rms_eps, o)
+            })?;
             let gate_up = [(&b.gate, 0, 0, Out::Set), (&b.up, 1, 0, Out::Set)];
             let targets = &mut [Target { y: gate, ldy: ff }, Target { y: up, ldy: ff }];
             matmuls(exec, &gate_up, acts, normed, targets, Blocking::DEFAULT);
-            swiglu(exec, gate, up);
-            acts.prepare(exec, gate, t, ff, [b.down.wtype])?;
+            let up = &*up;
+            acts.fill_and_prepare(exec, gate, t, ff, [b.down.wtype], |r, g| {
+                silu_mul(g, &up[r * ff..(r + 1) * ff])
+            })?;
             matmul(exec, &b.down, acts, gate, hidden, e, Out::Add);
         }
 
@@ -265,15 +271,18 @@ fn silu_mul_portable(g: &mut [f32], u: &[f32]) {
     }
 }
 
-/// `gate[i] = silu(gate[i]) · up[i]`, split over threads.
-fn swiglu(exec: Exec<'_>, gate: &mut [f32], up: &[f32]) {
-    const CHUNK: usize = 4096;
-    let one = |(g, u): (&mut [f32], &[f32])| silu_mul(g, u);
+/// `f(first, rows)` over runs of `x`'s rows of `width` (`first` the run's first row),
+/// split over the pool's threads when there are many rows.
+fn by_rows(exec: Exec<'_>, x: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    let rows = x.len() / width.max(1);
+    let parts = exec.parts(x.len() * 4, rows);
     match exec.pool {
-        Some(pool) if exec.parts(gate.len() * 16, gate.len().div_ceil(CHUNK)) > 1 => {
-            pool.for_each(gate.chunks_mut(CHUNK).zip(up.chunks(CHUNK)).collect(), one)
+        Some(pool) if parts > 1 => {
+            let per = rows.div_ceil(parts);
+            let runs: Vec<_> = x.chunks_mut(per * width).enumerate().collect();
+            pool.for_each(runs, |(i, run)| f(i * per, run))
         }
-        _ => one((gate, up)),
+        _ => f(0, x),
     }
 }
 
@@ -290,13 +299,6 @@ fn rotate(head: &mut [f32], cs: &[f32], style: RopeStyle, dims: usize) {
         let (x0, x1) = (head[a], head[b]);
         head[a] = x0 * c - x1 * s;
         head[b] = x1 * c + x0 * s;
-    }
-}
-
-fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let e = w.len();
-    for (x, o) in x.chunks_exact(e).zip(out.chunks_exact_mut(e)) {
-        rms_norm(x, w, eps, o);
     }
 }
 
