@@ -22,6 +22,10 @@ pub(crate) struct AttentionShape {
     pub divisor: f32,
 }
 
+/// The most parts [`attention`] splits a step into for each of the pool's threads; a
+/// runner keeps this many [`Scratch`]es a thread.
+pub(crate) const PARTS_PER_THREAD: usize = 4;
+
 /// One thread part's buffers: scores (`[n_head][context]`) and a block's keys or
 /// values widened to f32 (for an F16 cache).
 #[derive(Default)]
@@ -51,7 +55,13 @@ pub(crate) fn attention(
     // the tokens.
     let cost = |s: &TokenSlot| s.pos as usize + 1;
     let total: usize = tokens.iter().map(cost).sum();
-    let parts = exec.parts(total * e * 2, t.min(scratch.len())).max(1);
+    // Up to PARTS_PER_THREAD parts a thread: one that finishes early (or that the host
+    // preempted, or that waited longer on memory) takes another instead of waiting.
+    let parts = match exec.parts(total * e * 2, t) {
+        p if p > 1 => (p * PARTS_PER_THREAD).min(t).min(scratch.len()),
+        p => p,
+    }
+    .max(1);
     let mut bounds = Vec::with_capacity(parts + 1);
     bounds.push(0);
     let mut acc = 0;

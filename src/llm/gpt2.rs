@@ -44,7 +44,9 @@ impl Runner {
         model.config.validate()?;
         model.check_shapes()?;
         let (pool, threads) = kernels::thread_pool(threads, "gpt2")?;
-        let scores = (0..threads).map(|_| Scratch::default()).collect();
+        let scores = (0..threads * attention::PARTS_PER_THREAD)
+            .map(|_| Scratch::default())
+            .collect();
         Ok(Runner {
             model,
             pool: pool.map(Arc::new),

@@ -60,7 +60,9 @@ impl LlamaRunner {
             head_in: Vec::new(),
             rope: Vec::new(),
             acts: Acts::default(),
-            scratch: (0..threads).map(|_| Scratch::default()).collect(),
+            scratch: (0..threads * attention::PARTS_PER_THREAD)
+                .map(|_| Scratch::default())
+                .collect(),
         })
     }
 

@@ -396,6 +396,7 @@ fn f32s(a: ActRow<'_>) -> &[f32] {
     }
 }
 
+#[inline(always)]
 fn q8s(a: ActRow<'_>) -> &[Q8] {
     match a {
         ActRow::Q8(x) => x,
@@ -403,6 +404,7 @@ fn q8s(a: ActRow<'_>) -> &[Q8] {
     }
 }
 
+#[inline(always)]
 fn q8ks(a: ActRow<'_>) -> &[Q8K] {
     match a {
         ActRow::Q8K(x) => x,
@@ -411,11 +413,13 @@ fn q8ks(a: ActRow<'_>) -> &[Q8K] {
 }
 
 /// [`q8s`] of each of the first `N` rows of `a` (a kernel's group of rows).
+#[inline(always)]
 fn q8s_n<'a, const N: usize>(a: &[ActRow<'a>]) -> [&'a [Q8]; N] {
     std::array::from_fn(|i| q8s(a[i]))
 }
 
 /// [`q8ks`] of each of the first `N` rows of `a`.
+#[inline(always)]
 fn q8ks_n<'a, const N: usize>(a: &[ActRow<'a>]) -> [&'a [Q8K]; N] {
     std::array::from_fn(|i| q8ks(a[i]))
 }
