@@ -133,12 +133,14 @@ impl WeightType {
     }
 }
 
-/// 32 activations quantized to i8 with one scale.
+/// 32 activations quantized to i8 with one scale, and their sum.
 #[derive(Clone, Copy)]
 #[repr(C, align(4))]
 pub(crate) struct Q8 {
     pub d: f32,
     pub qs: [i8; 32],
+    /// The sum of `qs` (the VNNI panel kernels take 128 times it off their sums).
+    pub sum: i32,
 }
 
 /// 256 activations quantized to i8 with one scale, and the sums of each 16.
@@ -155,6 +157,7 @@ impl Default for Q8 {
         Q8 {
             d: 0.0,
             qs: [0; 32],
+            sum: 0,
         }
     }
 }
@@ -201,6 +204,7 @@ pub(crate) fn quantize_q8(x: &[f32], out: &mut [Q8]) {
 fn portable_quantize_q8(x: &[f32], out: &mut [Q8]) {
     for (b, o) in x.chunks_exact(32).zip(out.iter_mut()) {
         o.d = quantize_block(b, &mut o.qs);
+        o.sum = o.qs.iter().map(|&q| q as i32).sum();
     }
 }
 
@@ -676,6 +680,7 @@ mod avx2 {
     pub(super) fn quantize_q8(x: &[f32], out: &mut [Q8]) {
         for (b, o) in x.chunks_exact(32).zip(out.iter_mut()) {
             o.d = quantize_block(b, &mut o.qs);
+            o.sum = o.qs.iter().map(|&q| q as i32).sum();
         }
     }
 

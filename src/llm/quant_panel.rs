@@ -398,7 +398,9 @@ pub(crate) struct Q8Panel {
     /// Block `k`: each row's scale, as f16 bits (as in the file: a packed matrix is the
     /// file's size).
     d: [[u16; 8]; 8],
-    /// Block `k`, group `j`: lane `r` holds row `r`'s weights `4j ..+ 4` of the block.
+    /// Block `k`, group `j`: lane `r` holds row `r`'s weights `4j ..+ 4` of the block,
+    /// each plus 128 (an unsigned byte, which `vpdpbusd` takes as it is; the kernels
+    /// take 128 times the activations' sum back).
     qs: [[[u32; 8]; 8]; 8],
 }
 
@@ -414,6 +416,9 @@ impl Panel for Q8Panel {
             for (k, block) in p.qs.iter_mut().enumerate() {
                 let at = 34 * (8 * bi + k) + 2;
                 interleave(std::array::from_fn(|r| &rows[r][at..at + 32]), block);
+                for w in block.as_flattened_mut() {
+                    *w ^= 0x8080_8080;
+                }
             }
         }
     }
@@ -567,8 +572,10 @@ mod avx2 {
             for k in 0..8 {
                 let mut sums = [_mm256_setzero_si256(); N];
                 for j in 0..8 {
-                    let w = lanes(&p.qs[k][j]);
-                    // |w| times x with w's sign: maddubs wants its first operand unsigned.
+                    // The weights as they are (stored plus 128).
+                    let w = _mm256_xor_si256(lanes(&p.qs[k][j]), _mm256_set1_epi8(-128));
+                    // |w| times x with w's sign: maddubs wants its first operand unsigned,
+                    // and its sums of two (under 2 · 255 · 127) would not fit 16 bits.
                     let aw = _mm256_sign_epi8(w, w);
                     for t in 0..N {
                         let x = _mm256_sign_epi8(spread4(&xs[t][8 * b + k].qs, 4 * j), w);
@@ -760,15 +767,15 @@ mod vnni {
         let mut acc = [_mm256_setzero_ps(); N];
         for (b, p) in panel.iter().enumerate() {
             for k in 0..8 {
-                let mut sums = [_mm256_setzero_si256(); N];
+                // The weights are stored plus 128 (unsigned, as `vpdpbusd` takes its
+                // first operand): the sums start at -128 times the activations' sum.
+                let mut sums: [__m256i; N] =
+                    std::array::from_fn(|t| _mm256_set1_epi32(-(xs[t][8 * b + k].sum << 7)));
                 for j in 0..8 {
                     let w = lanes(&p.qs[k][j]);
-                    // |w| times x with w's sign: `vpdpbusd` wants its first operand
-                    // unsigned (|-128| = 128 as a byte).
-                    let aw = _mm256_abs_epi8(w);
                     for t in 0..N {
-                        let x = _mm256_sign_epi8(spread4(&xs[t][8 * b + k].qs, 4 * j), w);
-                        sums[t] = _mm256_dpbusd_epi32(sums[t], aw, x);
+                        let x = spread4(&xs[t][8 * b + k].qs, 4 * j);
+                        sums[t] = _mm256_dpbusd_epi32(sums[t], w, x);
                     }
                 }
                 let d = f16s(&p.d[k]);
@@ -961,20 +968,17 @@ mod vnni {
         a: &[ActRow<'_>],
     ) -> [[f32; 16]; N] {
         let xs: [&[Q8]; N] = q8s_n(a);
-        let zero = _mm512_setzero_si512();
         let mut acc = [_mm512_setzero_ps(); N];
         for (b, (p, q)) in pa.iter().zip(pb).enumerate() {
             for k in 0..8 {
-                let mut sums = [_mm512_setzero_si512(); N];
+                // Weights plus 128, as in the 256-bit kernel.
+                let mut sums: [__m512i; N] =
+                    std::array::from_fn(|t| _mm512_set1_epi32(-(xs[t][8 * b + k].sum << 7)));
                 for j in 0..8 {
                     let w = lanes2(&p.qs[k][j], &q.qs[k][j]);
-                    // |w| times x with w's sign, as in the 256-bit kernel.
-                    let negative = _mm512_movepi8_mask(w);
-                    let aw = _mm512_abs_epi8(w);
                     for t in 0..N {
                         let x = spread4_16(&xs[t][8 * b + k].qs, 4 * j);
-                        let x = _mm512_mask_sub_epi8(x, negative, zero, x);
-                        sums[t] = _mm512_dpbusd_epi32(sums[t], aw, x);
+                        sums[t] = _mm512_dpbusd_epi32(sums[t], w, x);
                     }
                 }
                 let d = f16s2(&p.d[k], &q.d[k]);
