@@ -384,23 +384,16 @@ impl Acts {
                 // Runs of whole rows, 4 parts a thread (a thread that finishes early
                 // takes another).
                 let per = t.div_ceil((parts * 4).min(t));
-                let items: Vec<_> = x
-                    .chunks_mut(per * k)
-                    .zip(
-                        q8.chunks_mut((per * p8).max(1))
-                            .map(Some)
-                            .chain(std::iter::repeat_with(|| None)),
-                    )
-                    .zip(
-                        q8k.chunks_mut((per * p8k).max(1))
-                            .map(Some)
-                            .chain(std::iter::repeat_with(|| None)),
-                    )
-                    .enumerate()
-                    .map(|(i, ((x, a), b))| {
-                        (i * per, x, a.unwrap_or_default(), b.unwrap_or_default())
-                    })
-                    .collect();
+                let (mut x, mut q8, mut q8k) = (x, q8, q8k);
+                let mut items = Vec::with_capacity(t.div_ceil(per));
+                for first in (0..t).step_by(per) {
+                    let n = per.min(t - first);
+                    let (a, rest) = std::mem::take(&mut x).split_at_mut(n * k);
+                    let (b, rest8) = std::mem::take(&mut q8).split_at_mut(n * p8);
+                    let (c, rest8k) = std::mem::take(&mut q8k).split_at_mut(n * p8k);
+                    (x, q8, q8k) = (rest, rest8, rest8k);
+                    items.push((first, a, b, c));
+                }
                 pool.for_each(items, |(first, x, a, b)| rows(first, x, a, b));
             }
             _ => rows(0, x, q8, q8k),
@@ -1101,6 +1094,55 @@ mod tests {
                     g(best[1]),
                     best[0] / best[1],
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn filling_while_preparing_equals_filling_then_preparing() {
+        let pool = crate::llm::pool::Pool::new(3, "test").unwrap();
+        let (t, k) = (23, 512);
+        let fill = |r: usize, row: &mut [f32]| {
+            for (i, v) in row.iter_mut().enumerate() {
+                *v = ((r * 31 + i * 7) % 97) as f32 * 0.05 - 2.4;
+            }
+        };
+        let mut want = vec![0.0f32; t * k];
+        for (r, row) in want.chunks_exact_mut(k).enumerate() {
+            fill(r, row);
+        }
+        for threads in [1, 3] {
+            let exec = Exec {
+                pool: (threads > 1).then_some(&pool),
+                threads,
+                min_par_work: 0,
+            };
+            let types = [WeightType::Q8_0, WeightType::Q4K];
+            let mut a = Acts::default();
+            a.prepare(exec, &want, t, k, types).unwrap();
+            let mut b = Acts::default();
+            let mut got = vec![f32::NAN; t * k];
+            b.fill_and_prepare(exec, &mut got, t, k, types, fill)
+                .unwrap();
+            assert_eq!(bits(&got), bits(&want), "{threads} threads");
+            assert!(b.has_q8 && b.has_q8k);
+            let q8 = |a: &Acts| -> Vec<(u32, [i8; 32], i32)> {
+                a.q8[..t * k / 32]
+                    .iter()
+                    .map(|q| (q.d.to_bits(), q.qs, q.sum))
+                    .collect()
+            };
+            let q8k = |a: &Acts| -> Vec<(u32, Vec<i8>, [i16; 16])> {
+                a.q8k[..t * k / 256]
+                    .iter()
+                    .map(|q| (q.d.to_bits(), q.qs.to_vec(), q.bsums))
+                    .collect()
+            };
+            assert_eq!(q8(&b), q8(&a), "{threads} threads");
+            assert_eq!(q8k(&b), q8k(&a), "{threads} threads");
+            // The sums the VNNI Q8_0 kernels take back are the blocks' sums.
+            for q in &b.q8[..t * k / 32] {
+                assert_eq!(q.sum, q.qs.iter().map(|&v| v as i32).sum::<i32>());
             }
         }
     }
