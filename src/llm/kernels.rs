@@ -47,6 +47,39 @@ impl Exec<'_> {
     }
 }
 
+/// Runs `f(row, out_row)` over `out` split in rows of `per`, on the pool when `work` is
+/// large.
+pub(crate) fn par_rows<T: Send>(
+    exec: Exec<'_>,
+    work: usize,
+    out: &mut [T],
+    per: usize,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) {
+    if per == 0 {
+        return;
+    }
+    let rows = out.len() / per;
+    let parts = exec.parts(work * 4, rows);
+    match exec.pool {
+        Some(pool) if parts > 1 => {
+            // Each part a run of whole rows, 4 parts a thread (a thread that finishes
+            // early takes another).
+            let parts = (parts * 4).min(rows);
+            let rows_per = rows.div_ceil(parts);
+            pool.for_each(
+                out.chunks_mut(rows_per * per).enumerate().collect(),
+                |(p, o): (usize, &mut [T])| {
+                    for (r, o) in o.chunks_mut(per).enumerate() {
+                        f(p * rows_per + r, o)
+                    }
+                },
+            )
+        }
+        _ => out.chunks_mut(per).enumerate().for_each(|(r, o)| f(r, o)),
+    }
+}
+
 /// Applies `act` to `x` (rows of `width`), rows split over threads.
 pub(crate) fn activate_rows(exec: Exec<'_>, act: Activation, x: &mut [f32], width: usize) {
     let rows = x.len() / width.max(1);

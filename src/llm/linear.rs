@@ -9,7 +9,7 @@
 //! batching invariance (see `kernels`) holds by construction, and threads may split
 //! the outputs any way.
 
-use super::kernels::{prefetch, Exec};
+use super::kernels::{par_rows, prefetch, Exec};
 use super::quant::panel::{self, Panel};
 use super::quant::{self, ActKind, ActRow, DotFn, WeightType, Q8, Q8K};
 use crate::status::{Error, Result};
@@ -436,39 +436,6 @@ fn grow<T: Default + Clone>(v: &mut Vec<T>, n: usize) -> Result<()> {
         v.resize(n, T::default());
     }
     Ok(())
-}
-
-/// Runs `f(row, out_row)` over `out` split in rows of `per`, on the pool when `work` is
-/// large.
-fn par_rows<T: Send>(
-    exec: Exec<'_>,
-    work: usize,
-    out: &mut [T],
-    per: usize,
-    f: impl Fn(usize, &mut [T]) + Sync + Send,
-) {
-    if per == 0 {
-        return;
-    }
-    let rows = out.len() / per;
-    let parts = exec.parts(work * 4, rows);
-    match exec.pool {
-        Some(pool) if parts > 1 => {
-            // Each part a run of whole rows, 4 parts a thread (a thread that finishes
-            // early takes another).
-            let parts = (parts * 4).min(rows);
-            let rows_per = rows.div_ceil(parts);
-            pool.for_each(
-                out.chunks_mut(rows_per * per).enumerate().collect(),
-                |(p, o): (usize, &mut [T])| {
-                    for (r, o) in o.chunks_mut(per).enumerate() {
-                        f(p * rows_per + r, o)
-                    }
-                },
-            )
-        }
-        _ => out.chunks_mut(per).enumerate().for_each(|(r, o)| f(r, o)),
-    }
 }
 
 /// What happens to each output after its dot product.

@@ -7,7 +7,7 @@
 //! row.
 
 use super::attention::{self, AttentionShape, Scratch};
-use super::kernels::{exp_nonpositive, reduce8, Exec};
+use super::kernels::{exp_nonpositive, par_rows, reduce8, Exec};
 use super::kv::KvCache;
 use super::linear::{matmul, matmuls, Acts, Blocking, Out, Target};
 use super::llama::{Llama, RopeStyle};
@@ -176,12 +176,10 @@ impl LlamaRunner {
             let target = &mut [Target { y: qkv, ldy: width }];
             matmuls(exec, &qkv_products, acts, normed, target, Blocking::DEFAULT);
             let rope = &*rope;
-            by_rows(exec, &mut qkv[..t * width], width, |first, rows| {
-                for (i, row) in rows.chunks_exact_mut(width).enumerate() {
-                    let cs = &rope[(first + i) * 2 * pairs..(first + i + 1) * 2 * pairs];
-                    for head in row[..qw + kvw].chunks_exact_mut(hd) {
-                        rotate(head, cs, c.rope_style, c.rope_dims);
-                    }
+            par_rows(exec, t * width, &mut qkv[..t * width], width, |r, row| {
+                let cs = &rope[r * 2 * pairs..(r + 1) * 2 * pairs];
+                for head in row[..qw + kvw].chunks_exact_mut(hd) {
+                    rotate(head, cs, c.rope_style, c.rope_dims);
                 }
             });
             for (r, slot) in self.plan.slots.iter().enumerate() {
@@ -270,21 +268,6 @@ fn silu_mul_portable(g: &mut [f32], u: &[f32]) {
             a
         };
         *g = *g * n / (1.0 + a) * u;
-    }
-}
-
-/// `f(first, rows)` over runs of `x`'s rows of `width` (`first` the run's first row),
-/// split over the pool's threads when there are many rows.
-fn by_rows(exec: Exec<'_>, x: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
-    let rows = x.len() / width.max(1);
-    let parts = exec.parts(x.len() * 4, rows);
-    match exec.pool {
-        Some(pool) if parts > 1 => {
-            let per = rows.div_ceil(parts);
-            let runs: Vec<_> = x.chunks_mut(per * width).enumerate().collect();
-            pool.for_each(runs, |(i, run)| f(i * per, run))
-        }
-        _ => f(0, x),
     }
 }
 
