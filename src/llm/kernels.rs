@@ -276,8 +276,27 @@ pub(crate) fn reduce8(a: [f32; 8]) -> f32 {
     ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
 }
 
+/// The largest of `x` (`-inf` when empty; NaNs are passed over, as by `f32::max`), over
+/// 8 lanes so that it vectorizes: the maximum is the same whatever the order.
 #[inline(always)]
-fn sum(x: &[f32]) -> f32 {
+pub(crate) fn max_of(x: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for l in 0..8 {
+            acc[l] = acc[l].max(c[l]);
+        }
+    }
+    for (l, &v) in chunks.remainder().iter().enumerate() {
+        acc[l] = acc[l].max(v);
+    }
+    acc.into_iter().fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// The sum of `x` over 8 lanes (element `i` into lane `i % 8`, each lane in order),
+/// then [`reduce8`]: the same bits wherever it runs, vectorized or not.
+#[inline(always)]
+pub(crate) fn sum(x: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let mut chunks = x.chunks_exact(8);
     for c in &mut chunks {

@@ -999,6 +999,8 @@ mod tests {
     /// of each):
     /// `cargo test --release --lib llm::linear::tests::speed -- --ignored --nocapture`
     /// `INFER_MATMUL_TYPES=q8_0,q4_k` picks the types, `INFER_MATMUL_THREADS` the threads,
+    /// `INFER_MATMUL_SHAPES=n,k,t;n,k,t` the shapes (weights past the caches: rows × cols
+    /// of tens of MB),
     /// `INFER_MATMUL_GROUP_BYTES` and `INFER_MATMUL_BLOCK_BYTES` the other blocking (by
     /// default, 32 tokens against 16 rows at a time).
     #[test]
@@ -1017,14 +1019,25 @@ mod tests {
                 .into_iter()
                 .find(|w| w.name().eq_ignore_ascii_case(name))
                 .unwrap_or_else(|| panic!("no weight type {name}"));
-            for (n, k, t) in [
-                (4096, 1024, 512),
-                (1024, 4096, 512),
-                (4096, 1024, 32),
-                (1024, 1024, 1),
-                (65536, 1024, 1),
-                (32, 1024, 16),
-            ] {
+            let shapes: Vec<(usize, usize, usize)> = match std::env::var("INFER_MATMUL_SHAPES") {
+                Ok(v) => v
+                    .split(';')
+                    .map(|s| {
+                        let d: Vec<usize> =
+                            s.split(',').map(|d| d.trim().parse().unwrap()).collect();
+                        (d[0], d[1], d[2])
+                    })
+                    .collect(),
+                Err(_) => vec![
+                    (4096, 1024, 512),
+                    (1024, 4096, 512),
+                    (4096, 1024, 32),
+                    (1024, 1024, 1),
+                    (65536, 1024, 1),
+                    (32, 1024, 16),
+                ],
+            };
+            for (n, k, t) in shapes {
                 let data: Vec<u8> = (0..n)
                     .flat_map(|r| random_row(wt, k, r as u64 + 1))
                     .collect();

@@ -683,9 +683,7 @@ mod vnni {
 
     use super::super::{q8ks_n, q8s_n, Q8, Q8K};
     // The AVX2 module's loads: callable here, where AVX2, FMA and F16C are enabled too.
-    use super::avx2::{
-        f16s, lanes, lanes_f, q4k_block_end, q6k_block_end, rows_out, spread4, sub_block_sums,
-    };
+    use super::avx2::{f16s, lanes, lanes_f, q4k_block_end, rows_out, spread4, sub_block_sums};
     use super::{ActRow, Q4KPanel, Q6KPanel, Q8Panel};
     use std::arch::x86_64::*;
 
@@ -746,16 +744,22 @@ mod vnni {
                 // The scale sits in both 16-bit halves: the high one, sign-extended.
                 let sc = _mm256_srai_epi32(lanes(&p.sc[s]), 16);
                 for t in 0..N {
-                    let x = &xs[t][b].qs;
-                    let d =
-                        |acc, j: usize| _mm256_dpbusd_epi32(acc, w[j], spread4(x, 16 * s + 4 * j));
+                    let x = &xs[t][b];
+                    let d = |acc, j: usize| {
+                        _mm256_dpbusd_epi32(acc, w[j], spread4(&x.qs, 16 * s + 4 * j))
+                    };
+                    // The weights are stored plus 32: the sub-block's sum starts at -32
+                    // times its activations' sum, and is then the sum of the weights'.
+                    let init = _mm256_set1_epi32(-32 * x.bsums[s] as i32);
                     let zero = _mm256_setzero_si256();
-                    let part = _mm256_add_epi32(d(d(zero, 0), 1), d(d(zero, 2), 3));
+                    let part = _mm256_add_epi32(d(d(init, 0), 1), d(d(zero, 2), 3));
                     sums[t] = _mm256_add_epi32(sums[t], _mm256_mullo_epi32(part, sc));
                 }
             }
+            let d = lanes_f(&p.d);
             for t in 0..N {
-                q6k_block_end(p, &xs[t][b], sums[t], &mut acc[t]);
+                let xd = _mm256_set1_ps(xs[t][b].d);
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sums[t]), acc[t]);
             }
         }
         rows_out(acc)
@@ -928,30 +932,23 @@ mod vnni {
                 // The scale sits in both 16-bit halves: the high one, sign-extended.
                 let sc = _mm512_srai_epi32(lanes2(&p.sc[s], &q.sc[s]), 16);
                 for t in 0..N {
-                    let x = &xs[t][b].qs;
+                    let x = &xs[t][b];
                     let d = |acc, j: usize| {
-                        _mm512_dpbusd_epi32(acc, w[j], spread4_16(x, 16 * s + 4 * j))
+                        _mm512_dpbusd_epi32(acc, w[j], spread4_16(&x.qs, 16 * s + 4 * j))
                     };
+                    // As in the 256-bit kernel: starting at -32 times the activations'
+                    // sum takes the 32 the weights are stored plus back (where a
+                    // correction at the block's end took 8 more multiplies a token).
+                    let init = _mm512_set1_epi32(-32 * x.bsums[s] as i32);
                     let zero = _mm512_setzero_si512();
-                    let part = _mm512_add_epi32(d(d(zero, 0), 1), d(d(zero, 2), 3));
+                    let part = _mm512_add_epi32(d(d(init, 0), 1), d(d(zero, 2), 3));
                     sums[t] = _mm512_add_epi32(sums[t], _mm512_mullo_epi32(part, sc));
                 }
             }
             let d = lanes2_f(&p.d, &q.d);
-            let sc_pairs: [__m512i; 8] =
-                std::array::from_fn(|k| lanes2(&p.sc_pairs[k], &q.sc_pairs[k]));
             for t in 0..N {
-                let x = &xs[t][b];
-                // The weights are stored plus 32: take 32 × scale × (sum of each 16)
-                // back, two sub-blocks to a 32-bit lane of the sums.
-                let mut off = _mm512_setzero_si512();
-                for (sc, pair) in sc_pairs.iter().zip(x.bsums.chunks_exact(2)) {
-                    let bp = (pair[0] as u16 as u32 | (pair[1] as u16 as u32) << 16) as i32;
-                    off = _mm512_dpwssd_epi32(off, *sc, _mm512_set1_epi32(bp));
-                }
-                let sums = _mm512_sub_epi32(sums[t], _mm512_slli_epi32(off, 5));
-                let xd = _mm512_set1_ps(x.d);
-                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sums), acc[t]);
+                let xd = _mm512_set1_ps(xs[t][b].d);
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sums[t]), acc[t]);
             }
         }
         let mut out = [[0.0f32; 16]; N];
