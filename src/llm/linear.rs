@@ -9,7 +9,7 @@
 //! batching invariance (see `kernels`) holds by construction, and threads may split
 //! the outputs any way.
 
-use super::kernels::{par_rows, prefetch, Exec};
+use super::kernels::{par_rows, prefetch, prefetch_l2, Exec};
 use super::quant::panel::{self, Panel};
 use super::quant::{self, ActKind, ActRow, DotFn, WeightType, Q8, Q8K};
 use crate::status::{Error, Result};
@@ -748,6 +748,7 @@ fn run_panels<P: Panel>(
     put: impl Fn(usize, usize, &[f32]),
 ) {
     let nb = w.cols / panel::PANEL_COLS;
+    let per_call = matches!(panels, Panels::PerCall(_));
     let mut outs = [[0.0f32; 8]; TOKENS];
     let mut outs2 = [[0.0f32; 16]; TOKENS];
     let mut dots = [0.0f32; TOKENS];
@@ -771,7 +772,8 @@ fn run_panels<P: Panel>(
                     let r0 = b0 + 8 * p;
                     // The next panel's rows load while this one packs (packing stalls
                     // on the file's bytes otherwise: they are read once a product).
-                    if p + 1 < whole {
+                    // (The first block's: the later ones were asked for the block before.)
+                    if p + 1 < whole && b0 == rows.start {
                         let next = (r0 + 8) * w.row_bytes..(r0 + 16) * w.row_bytes;
                         prefetch(&w.data.get()[next]);
                     }
@@ -780,6 +782,19 @@ fn run_panels<P: Panel>(
                 &scratch[..whole * nb]
             }
         };
+        // Per-call panels: the next block's rows of the file come into the L2 cache a
+        // part before each kernel call of this block's passes, so that packing them
+        // does not wait on memory (Q6_K products of 32 tokens ran 10 % faster; into
+        // the L1 cache, where they push out what the kernel reads, 10 % slower).
+        let ahead: &[u8] = match per_call {
+            true => {
+                let n1 = (b1 + block).min(rows.end);
+                &w.data.get()[b1 * w.row_bytes..n1 * w.row_bytes]
+            }
+            false => &[],
+        };
+        let calls = acts.len().div_ceil(group) * whole.div_ceil(2).max(1);
+        let mut call = 0;
         for i0 in (0..acts.len()).step_by(group) {
             let group = &acts[i0..(i0 + group).min(acts.len())];
             let g = group.len();
@@ -791,6 +806,11 @@ fn run_panels<P: Panel>(
             let pairs = g >= PAIR_TOKENS;
             let mut panels = mine.chunks_exact(nb.max(1)).enumerate();
             while let Some((p, a)) = panels.next() {
+                if !ahead.is_empty() {
+                    let part = call * ahead.len() / calls..(call + 1) * ahead.len() / calls;
+                    prefetch_l2(ahead.get(part).unwrap_or(&[]));
+                    call += 1;
+                }
                 let next = if pairs { panels.next() } else { None };
                 if let Some((_, b)) = next {
                     P::gemm_pair(a, b, group, &mut outs2[..g]);
