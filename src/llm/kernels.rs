@@ -240,18 +240,22 @@ pub(crate) fn prefetch(bytes: &[u8]) {
     let _ = bytes;
 }
 
-/// [`prefetch`] into the L2 cache only: for data read a while later, which the L1
-/// cache would not keep (and whose lines would push out what is read meanwhile).
+/// [`prefetch`] of the memory `v` takes into the L2 cache only: for data read a while
+/// later, which the L1 cache would not keep (and whose lines would push out what is
+/// read meanwhile).
 #[inline]
-pub(crate) fn prefetch_l2(bytes: &[u8]) {
+pub(crate) fn prefetch_l2<T>(v: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    for line in bytes.chunks(64) {
+    {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T2};
-        // SAFETY: a prefetch never faults; the address is inside `bytes` all the same.
-        unsafe { _mm_prefetch::<_MM_HINT_T2>(line.as_ptr() as *const i8) }
+        let base = v.as_ptr() as *const i8;
+        for at in (0..std::mem::size_of_val(v)).step_by(64) {
+            // SAFETY: a prefetch never faults; the address is inside `v` all the same.
+            unsafe { _mm_prefetch::<_MM_HINT_T2>(base.wrapping_add(at)) }
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
+    let _ = v;
 }
 
 /// `e^x` for `x <= 0` (an attention score less its row's maximum, SiLU's `e^-|g|`), within 2 ulp, in plain f32
