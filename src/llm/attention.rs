@@ -134,7 +134,8 @@ fn attend(
 /// `scores2` and `axpy2` do the same for two query heads that share the keys and
 /// values (grouped-query attention): each F16 element is widened once for both, and
 /// each head's outputs get the same operations in the same order as from `scores` and
-/// `axpy`.
+/// `axpy`. Each also takes the next head's keys or values (or nothing), which it asks
+/// the cache for a part at a time, as far into them as it is into its own.
 struct F16Ops<S, A, S2, A2>
 where
     S: Fn(&[f32], &[u16], f32, &mut [f32], &[u16]),
