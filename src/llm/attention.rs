@@ -338,7 +338,7 @@ fn axpy_f16_avx2<const H: usize>(
 fn prefetch_part(x: &[u16], range: std::ops::Range<usize>) {
     let end = range.end.min(x.len());
     if range.start < end {
-        prefetch(bytemuck::cast_slice(&x[range.start..end]));
+        prefetch(&x[range.start..end]);
     }
 }
 

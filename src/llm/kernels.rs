@@ -225,37 +225,37 @@ pub(crate) fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f
     }
 }
 
-/// Asks the CPU to start loading `bytes` into its caches, a line at a time, for data
-/// read soon that the hardware prefetcher would not see coming (a stream that starts
-/// elsewhere than where the last one ended). A hint: never a fault, never a result.
+/// Asks the CPU to start loading the memory `v` takes into its caches, a line at a
+/// time, for data read soon that the hardware prefetcher would not see coming (a
+/// stream that starts elsewhere than where the last one ended). A hint: never a fault,
+/// never a result.
 #[inline]
-pub(crate) fn prefetch(bytes: &[u8]) {
+pub(crate) fn prefetch<T>(v: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    for line in bytes.chunks(64) {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: a prefetch never faults; the address is inside `bytes` all the same.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr() as *const i8) }
-    }
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T0 }, T>(v);
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
+    let _ = v;
 }
 
-/// [`prefetch`] of the memory `v` takes into the L2 cache only: for data read a while
-/// later, which the L1 cache would not keep (and whose lines would push out what is
-/// read meanwhile).
+/// [`prefetch`] into the L2 cache only: for data read a while later, which the L1
+/// cache would not keep (and whose lines would push out what is read meanwhile).
 #[inline]
 pub(crate) fn prefetch_l2<T>(v: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T2};
-        let base = v.as_ptr() as *const i8;
-        for at in (0..std::mem::size_of_val(v)).step_by(64) {
-            // SAFETY: a prefetch never faults; the address is inside `v` all the same.
-            unsafe { _mm_prefetch::<_MM_HINT_T2>(base.wrapping_add(at)) }
-        }
-    }
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T2 }, T>(v);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = v;
+}
+
+/// One `PREFETCH` with `HINT` for each 64-byte line of `v`'s memory.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_lines<const HINT: i32, T>(v: &[T]) {
+    let base = v.as_ptr() as *const i8;
+    for at in (0..std::mem::size_of_val(v)).step_by(64) {
+        // SAFETY: a prefetch never faults; the address is inside `v` all the same.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(base.wrapping_add(at)) }
+    }
 }
 
 /// `e^x` for `x <= 0` (an attention score less its row's maximum, SiLU's `e^-|g|`), within 2 ulp, in plain f32

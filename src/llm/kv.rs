@@ -237,8 +237,8 @@ impl KvCache {
         let o = self.offset(block, layer, value, head);
         let n = self.tokens_per_block * self.shape.head_dim;
         match &self.data {
-            Store::F32(d) => prefetch(bytemuck::cast_slice(d.get(o..o + n).unwrap_or(&[]))),
-            Store::F16(d) => prefetch(bytemuck::cast_slice(d.get(o..o + n).unwrap_or(&[]))),
+            Store::F32(d) => prefetch(d.get(o..o + n).unwrap_or(&[])),
+            Store::F16(d) => prefetch(d.get(o..o + n).unwrap_or(&[])),
         }
     }
 

@@ -331,7 +331,9 @@ pub(crate) struct Q6KPanel {
     d: [f32; 8],
     /// Sub-block `s` (16 weights): lane `r` holds row `r`'s scale (i16) in both halves.
     sc: [[u32; 8]; 16],
-    /// Sub-blocks `2p` and `2p + 1`: lane `r` holds row `r`'s two scales (low, high).
+    /// Sub-blocks `2p` and `2p + 1`: lane `r` holds row `r`'s two scales (low, high),
+    /// for the AVX2 kernel's correction at a block's end (the VNNI kernels start each
+    /// sub-block's sums at -32 times its activations' sum instead).
     sc_pairs: [[u32; 8]; 8],
     /// Sub-block `s`, group `j`: lane `r` holds row `r`'s weights `16s + 4j ..+ 4` as
     /// stored (0..=63, read minus 32).
