@@ -224,7 +224,8 @@ impl Server {
                 infer_request_new(self.0, model.as_ptr(), -1, &mut r),
                 "infer_request_new",
             );
-            check(
+            let bytes = std::mem::size_of_val(data);
+            let status = if copy_input() {
                 infer_request_add_input(
                     r,
                     input.as_ptr(),
@@ -232,10 +233,25 @@ impl Server {
                     shape.as_ptr(),
                     shape.len(),
                     data.as_ptr() as *const c_void,
-                    std::mem::size_of_val(data),
-                ),
-                "infer_request_add_input",
-            );
+                    bytes,
+                )
+            } else {
+                // The caller's rows are read in place (they outlive the request).
+                infer_request_add_input_borrowed(
+                    r,
+                    input.as_ptr(),
+                    INFER_DATATYPE_FP32,
+                    shape.as_ptr(),
+                    shape.len(),
+                    data.as_ptr() as *const c_void,
+                    bytes,
+                    INFER_MEMORY_CPU,
+                    0,
+                    None,
+                    std::ptr::null_mut(),
+                )
+            };
+            check(status, "infer_request_add_input");
             r
         }
     }
@@ -487,6 +503,16 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
 }
 
+/// Whether requests copy their input (`infer_request_add_input`) rather than lend it
+/// (`infer_request_add_input_borrowed`, the default): `INFER_BENCH_COPY_INPUT=1`.
+fn copy_input() -> bool {
+    static COPY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *COPY.get_or_init(|| {
+        std::env::var("INFER_BENCH_COPY_INPUT")
+            .is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+    })
+}
+
 fn count(v: &serde_json::Value, k: &str) -> f64 {
     v["models"][0][k].as_f64().unwrap_or(0.0)
 }
@@ -572,9 +598,12 @@ fn check_against_cpu(gpu: &Server, models: &[BenchModel], knobs: &Knobs) {
 
 fn latency(gpu: &Server, models: &[BenchModel], knobs: &Knobs) -> Vec<(String, usize, f64, f64)> {
     println!("## latency: infer_server_infer, one request in flight, 1 KIND_GPU instance, no dynamic batching");
-    println!("Time of the whole call as the caller sees it (request built from host memory, staged through pinned memory, computed, output copied back, response freed).");
-    println!("| model | batch | iters | p50 (us) | mean (us) | p99 (us) | samples/s | TFLOP/s | library compute_us (mean) |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "Time of the whole call as the caller sees it (request built from host memory ({}), staged through pinned memory, computed, output copied back, response freed). Stream: the instance's timing events per batch (inputs' way up from when the stream reached the batch, the backend's work, the copies down).",
+        if copy_input() { "copied by infer_request_add_input" } else { "lent, infer_request_add_input_borrowed" }
+    );
+    println!("| model | batch | iters | p50 (us) | mean (us) | p99 (us) | samples/s | TFLOP/s | library compute_us (mean) | stream: up / backend / down (us) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     // (model, batch, mean us, compute us) for the cuBLAS comparison.
     let mut rows = Vec::new();
     for m in models {
@@ -606,13 +635,22 @@ fn latency(gpu: &Server, models: &[BenchModel], knobs: &Knobs) -> Vec<(String, u
             let after = gpu.stats(&m.name);
             let compute = (compute_total(&after, "total") - compute_total(&before, "total"))
                 / (compute_total(&after, "count") - compute_total(&before, "count")).max(1.0);
+            let timed =
+                (gpu_total(&after, "timed_batches") - gpu_total(&before, "timed_batches")).max(1.0);
+            let stream_us = |k: &str| (gpu_total(&after, k) - gpu_total(&before, k)) / timed / 1e3;
+            let stream = format!(
+                "{:.1} / {:.1} / {:.1}",
+                stream_us("h2d_ns"),
+                stream_us("compute_ns"),
+                stream_us("d2h_ns")
+            );
             let mean = lat.iter().sum::<f64>() / lat.len() as f64;
             lat.sort_by(f64::total_cmp);
             let tf = m.flop_per_sample.map_or("-".to_owned(), |f| {
                 format!("{:.2}", tflops(f * batch as f64, mean))
             });
             println!(
-                "| {} | {batch} | {} | {:.1} | {mean:.1} | {:.1} | {:.0} | {tf} | {compute:.1} |",
+                "| {} | {batch} | {} | {:.1} | {mean:.1} | {:.1} | {:.0} | {tf} | {compute:.1} | {stream} |",
                 m.name,
                 lat.len(),
                 percentile(&lat, 0.5),

@@ -215,13 +215,18 @@ impl Drop for Borrowed {
     }
 }
 
+/// Host bytes that several tensors share (the windows of a batch output): a vector, or
+/// the page-locked buffer a GPU instance copied the output into, which goes back to its
+/// pool when the last window is dropped.
+pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
 /// Where a tensor's bytes live.
 pub enum TensorData {
     Owned(Vec<u8>),
     Borrowed(Borrowed),
     /// A window into a buffer shared with other tensors (a batch output).
     Shared {
-        buf: Arc<Vec<u8>>,
+        buf: SharedBytes,
         offset: usize,
         len: usize,
     },
@@ -254,7 +259,7 @@ impl TensorData {
         match self {
             TensorData::Owned(v) => v,
             TensorData::Borrowed(b) => b.as_slice(),
-            TensorData::Shared { buf, offset, len } => &buf[*offset..*offset + *len],
+            TensorData::Shared { buf, offset, len } => &(**buf).as_ref()[*offset..*offset + *len],
             TensorData::Device(_) => &[],
         }
     }

@@ -917,21 +917,24 @@ fn affine_batch(gpu: i32, b: *mut Batch) -> std::result::Result<(), String> {
             return Err(format!("input X at {x:#x}: memory type {ty} on GPU {on}"));
         }
         let rows = infer_batch_size(b) as i64;
-        if std::slice::from_raw_parts(shape, nd) != [rows, 4] || bytes != rows as usize * 16 {
-            return Err(format!("input X: {bytes} bytes"));
+        // [rows, 4] for the affine models, [rows, any width] for `wide_config`'s.
+        let dims = std::slice::from_raw_parts(shape, nd);
+        let width = dims.get(1).copied().unwrap_or(-1);
+        if nd != 2 || dims[0] != rows || width < 0 || bytes != (rows * width) as usize * 4 {
+            return Err(format!("input X: shape {dims:?}, {bytes} bytes"));
         }
         let (mut y, mut xc) = (null_mut(), null_mut());
         ok(infer_batch_output_device(
             b,
             c"Y".as_ptr(),
-            [rows, 4].as_ptr(),
+            [rows, width].as_ptr(),
             2,
             &mut y,
         ));
         ok(infer_batch_output_device(
             b,
             c"X_COPY".as_ptr(),
-            [rows, 4].as_ptr(),
+            [rows, width].as_ptr(),
             2,
             &mut xc,
         ));
@@ -940,7 +943,7 @@ fn affine_batch(gpu: i32, b: *mut Batch) -> std::result::Result<(), String> {
         }
         // The same output twice, and BYTES-free checks of the section-10 calls.
         let mut again = null_mut();
-        let st = infer_batch_output_device(b, c"Y".as_ptr(), [rows, 4].as_ptr(), 2, &mut again);
+        let st = infer_batch_output_device(b, c"Y".as_ptr(), [rows, width].as_ptr(), 2, &mut again);
         if st != INFER_STATUS_INVALID_ARGUMENT || !last_error().contains("already allocated") {
             return Err(format!("second Y: {st} {}", last_error()));
         }
@@ -956,7 +959,7 @@ fn affine_batch(gpu: i32, b: *mut Batch) -> std::result::Result<(), String> {
         let job = Box::new(AffineJob {
             x,
             y: y as u64,
-            n: rows as usize * 4,
+            n: (rows * width) as usize,
         });
         assert_eq!(
             (d.host_func)(stream, affine_kernel, Box::into_raw(job) as *mut c_void),
@@ -1341,6 +1344,7 @@ fn data_path_one_gpu() {
     outputs_read_after_free(&s);
     frees_keep_the_callers_context(&s);
     host_outputs_on_the_device(&s);
+    wide_rows_staged_in_chunks_and_outputs_lent(&s);
 
     // A backend that leaves a CUDA graph capture open on the instance's stream fails its
     // own batch, naming the capture; the instance then serves as before (the capture is
@@ -1890,6 +1894,148 @@ fn outputs_read_after_free(s: &Server) {
         assert_eq!(unsafe { (d.stream_destroy)(stream) }, 0);
     }
     println!("outputs read after free: blocking and non-blocking streams checked");
+}
+
+/// The affine backend's model over rows of any width (inputs of megabytes).
+fn wide_config(name: &str) -> String {
+    format!(
+        r#"name: "{name}" backend: "gpu_affine" max_batch_size: 8
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }},
+         {{ name: "X_COPY" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+instance_group [ {{ kind: KIND_GPU count: 1 gpus: [ 0 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 200000 }}"#
+    )
+}
+
+/// Row `i` of width `w`: values exact in f32 and different in every row and column.
+fn wide_row(i: usize, w: usize) -> Vec<f32> {
+    (0..w)
+        .map(|j| (i * 7919 + j % 65_536) as f32 * 0.5 - 1000.0)
+        .collect()
+}
+
+#[track_caller]
+fn check_wide(resp: &Resp, x: &[f32]) {
+    assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
+    let (mem, _, y) = read_output(resp, "Y");
+    assert_eq!(mem, INFER_MEMORY_CPU);
+    let bad = y.iter().zip(x).position(|(y, x)| *y != 2. * x + 1.);
+    assert!(
+        y.len() == x.len() && bad.is_none(),
+        "Y differs at {bad:?} of {}",
+        x.len()
+    );
+    assert!(read_output(resp, "X_COPY").2 == x, "X_COPY differs");
+}
+
+/// Inputs of megabytes are staged in chunks, each copied up while the host stages the
+/// next: rows that cross chunks, several requests in one batch, a request whose input is
+/// on the device between host ones. Outputs copied down are lent to the responses up to
+/// the instance's limit (64 MiB), and copied out past it: responses held by the caller
+/// read right either way, and the page-locked memory stays bounded.
+fn wide_rows_staged_in_chunks_and_outputs_lent(s: &Server) {
+    let d = driver();
+    s.load("w", &wide_config("w"));
+    // 8 rows of 100,000 floats (400,000 bytes: chunk edges fall inside rows); row 5's
+    // input lent from device memory.
+    let w = 100_000;
+    let c = Collector::new();
+    let mut ids = Vec::new();
+    let mut on_device = Vec::new();
+    for i in 0..8 {
+        let x = wide_row(i, w);
+        let r = s.request("w");
+        let r = if i == 5 {
+            d.bind(0);
+            let p = d.upload(&x);
+            on_device.push(p);
+            let st = unsafe {
+                infer_request_add_input_borrowed(
+                    r.0,
+                    c"X".as_ptr(),
+                    INFER_DATATYPE_FP32,
+                    [1i64, w as i64].as_ptr(),
+                    2,
+                    p as *const c_void,
+                    w * 4,
+                    INFER_MEMORY_GPU,
+                    0,
+                    None,
+                    null_mut(),
+                )
+            };
+            ok(st);
+            r
+        } else {
+            r.input_f32("X", &[1, w as i64], &x)
+        };
+        ids.push(s.enqueue(r, &c).unwrap());
+    }
+    c.wait(8);
+    c.assert_exactly_once(&ids);
+    for resp in c.take() {
+        let i = ids.iter().position(|&id| id == resp.id()).unwrap();
+        check_wide(&resp, &wide_row(i, w));
+    }
+    let st = s.stats("w");
+    let execs = st["models"][0]["execution_count"].as_u64().unwrap_or(0);
+    assert!(execs < 8, "the rows were not batched: {st}");
+    // One input of 4.4 MB (nine chunks).
+    let x = wide_row(9, 1_100_000);
+    check_wide(
+        &s.infer(s.request("w").input_f32("X", &[1, x.len() as i64], &x)),
+        &x,
+    );
+
+    // Responses the caller keeps: 2 outputs of 1.2 MB each, 40 times (96 MB lent
+    // without a limit).
+    let w = 300_000;
+    let host0 = d.counters().live_host_bytes;
+    let held: Vec<(Resp, Vec<f32>)> = (0..40)
+        .map(|i| {
+            let x = wide_row(100 + i, w);
+            (
+                s.infer(s.request("w").input_f32("X", &[1, w as i64], &x)),
+                x,
+            )
+        })
+        .collect();
+    let grown = d.counters().live_host_bytes.saturating_sub(host0);
+    for (resp, x) in &held {
+        check_wide(resp, x);
+    }
+    assert!(
+        grown <= (64 + 8) << 20,
+        "{grown} bytes of page-locked memory for 40 responses held: the lending limit (64 MiB) did not hold"
+    );
+    assert!(
+        grown >= 32 << 20,
+        "{grown} bytes of page-locked memory for 40 responses held: outputs were not lent"
+    );
+    drop(held);
+    // Freed responses gave their buffers back: the same again allocates nothing.
+    let again = d.counters().live_host_bytes;
+    let held: Vec<Resp> = (0..40)
+        .map(|i| {
+            s.infer(
+                s.request("w")
+                    .input_f32("X", &[1, w as i64], &wide_row(i, w)),
+            )
+        })
+        .collect();
+    assert_eq!(
+        d.counters().live_host_bytes,
+        again,
+        "lent buffers were not reused"
+    );
+    drop(held);
+    d.bind(0);
+    for p in on_device {
+        assert_eq!(unsafe { (d.mem_free)(p) }, 0);
+    }
+    s.unload("w");
+    println!("wide rows staged in chunks; outputs lent up to the limit ({grown} bytes held)");
 }
 
 /// The library's clean-up (a pool, its streams, events and memory, let go of on the

@@ -124,10 +124,48 @@ pub struct BatchOutput {
     pub dtype: DataType,
     pub shape: Shape,
     /// The bytes in host memory (empty when the output only lives on the device).
-    pub data: Vec<u8>,
+    pub data: OutputBytes,
     /// The output in device memory (GPU instances), shared by the responses that asked
     /// for device memory.
     pub device: Option<Arc<crate::cuda::DeviceBuf>>,
+}
+
+/// A batch output's bytes in host memory.
+pub enum OutputBytes {
+    /// Written by a backend on the host, or copied out of page-locked memory.
+    Owned(Vec<u8>),
+    /// The page-locked buffer a GPU instance copied the output down into, lent to the
+    /// responses, which read their windows of it in place.
+    Pinned(crate::cuda::PinnedBuf),
+}
+
+impl OutputBytes {
+    /// The bytes as a buffer the responses' windows share.
+    pub fn into_shared(self) -> crate::tensor::SharedBytes {
+        match self {
+            OutputBytes::Owned(v) => Arc::new(v),
+            OutputBytes::Pinned(p) => Arc::new(p),
+        }
+    }
+}
+
+impl std::ops::Deref for OutputBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            OutputBytes::Owned(v) => v,
+            OutputBytes::Pinned(p) => p.as_slice(),
+        }
+    }
+}
+
+impl std::ops::DerefMut for OutputBytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            OutputBytes::Owned(v) => v,
+            OutputBytes::Pinned(p) => p.as_mut_slice(),
+        }
+    }
 }
 
 /// One execution's worth of requests, their batched inputs and the outputs the backend
@@ -496,11 +534,11 @@ impl Batch {
             name: tname,
             dtype,
             shape: Shape::from_slice(shape),
-            data,
+            data: OutputBytes::Owned(data),
             device: None,
         });
         let last = self.outputs.len() - 1;
-        Ok(&mut self.outputs[last].data)
+        Ok(&mut self.outputs[last].data[..])
     }
 
     /// Checks an output about to be allocated: its name (model output or implicit state

@@ -643,6 +643,8 @@ pub struct PoolCounters {
     pub device_bytes: AtomicU64,
     pub pinned_allocs: AtomicU64,
     pub pinned_bytes: AtomicU64,
+    /// Pinned bytes lent to responses ([`PinnedBuf::lend`]) and not yet back.
+    pub pinned_lent_bytes: AtomicU64,
 }
 
 /// Device and pinned host memory of one context, in size classes (`size_class`: at most
@@ -892,6 +894,7 @@ impl MemoryPool {
             len,
             class,
             pool: self.clone(),
+            lent: false,
         })
     }
 
@@ -998,6 +1001,8 @@ pub struct PinnedBuf {
     len: usize,
     class: usize,
     pool: Arc<MemoryPool>,
+    /// Counted in the pool's `pinned_lent_bytes` until dropped.
+    lent: bool,
 }
 
 // SAFETY: plain host memory owned by this handle.
@@ -1026,10 +1031,39 @@ impl PinnedBuf {
         // SAFETY: as above, exclusively borrowed.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
+
+    /// Lends this buffer out of the pool for as long as its holders keep it (responses
+    /// that read their outputs in place), if the pool's lent pinned memory stays within
+    /// `limit` bytes with it; else gives it back unchanged. Page-locked memory is scarce:
+    /// the limit bounds what responses an application holds on to can keep locked.
+    pub fn lend(mut self, limit: u64) -> std::result::Result<PinnedBuf, PinnedBuf> {
+        let class = self.class as u64;
+        let lent = &self.pool.counters.pinned_lent_bytes;
+        let fits = lent.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+            now.checked_add(class).filter(|&after| after <= limit)
+        });
+        if fits.is_err() {
+            return Err(self);
+        }
+        self.lent = true;
+        Ok(self)
+    }
+}
+
+impl AsRef<[u8]> for PinnedBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
 }
 
 impl Drop for PinnedBuf {
     fn drop(&mut self) {
+        if self.lent {
+            self.pool
+                .counters
+                .pinned_lent_bytes
+                .fetch_sub(self.class as u64, Ordering::AcqRel);
+        }
         self.pool
             .pinned_free
             .lock()

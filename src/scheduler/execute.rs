@@ -419,7 +419,7 @@ impl Worker<'_> {
                         name,
                         dtype: o.dtype,
                         shape: o.shape,
-                        buf: Arc::new(o.data),
+                        buf: o.data.into_shared(),
                         device: o.device,
                         bytes_offsets,
                         reshape_back,
@@ -512,7 +512,10 @@ impl Worker<'_> {
             if !req.wants_output(o.name.to_str().unwrap_or("")) {
                 continue;
             }
-            let total = o.device.as_ref().map_or(o.buf.len(), |d| d.len());
+            let total = o
+                .device
+                .as_ref()
+                .map_or((*o.buf).as_ref().len(), |d| d.len());
             let (offset, len, mut shape) = match o.scatter.as_ref().and_then(|s| s.get(index)) {
                 Some((offset, len, shape)) => (*offset, *len, shape.clone()),
                 None => row_window(config, w, &o.shape, total, o.bytes_offsets.as_deref()),
@@ -614,7 +617,7 @@ struct SplitOutput {
     name: Arc<CString>,
     dtype: crate::tensor::DataType,
     shape: crate::request::Shape,
-    buf: Arc<Vec<u8>>,
+    buf: crate::tensor::SharedBytes,
     /// The output in device memory, for requests that want it there.
     device: Option<Arc<crate::cuda::DeviceBuf>>,
     /// Element offsets of a BYTES output.
