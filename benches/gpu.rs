@@ -218,6 +218,19 @@ impl Server {
     }
 
     fn request(&self, model: &CStr, input: &CStr, shape: &[i64], data: &[f32]) -> *mut Request {
+        self.request_in(model, input, shape, data, INFER_MEMORY_CPU)
+    }
+
+    /// A request whose input lies in host memory of type `mem` (INFER_MEMORY_CPU, or
+    /// INFER_MEMORY_CPU_PINNED for page-locked memory).
+    fn request_in(
+        &self,
+        model: &CStr,
+        input: &CStr,
+        shape: &[i64],
+        data: &[f32],
+        mem: u32,
+    ) -> *mut Request {
         unsafe {
             let mut r = std::ptr::null_mut();
             check(
@@ -245,7 +258,7 @@ impl Server {
                     shape.len(),
                     data.as_ptr() as *const c_void,
                     bytes,
-                    INFER_MEMORY_CPU,
+                    mem,
                     0,
                     None,
                     std::ptr::null_mut(),
@@ -513,6 +526,13 @@ fn copy_input() -> bool {
     })
 }
 
+/// Whether the latency part's inputs lie in page-locked memory, lent as
+/// INFER_MEMORY_CPU_PINNED (copied up from where they are): `INFER_BENCH_PINNED_INPUT=1`.
+fn pinned_input() -> bool {
+    std::env::var("INFER_BENCH_PINNED_INPUT")
+        .is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
 fn count(v: &serde_json::Value, k: &str) -> f64 {
     v["models"][0][k].as_f64().unwrap_or(0.0)
 }
@@ -600,7 +620,13 @@ fn latency(gpu: &Server, models: &[BenchModel], knobs: &Knobs) -> Vec<(String, u
     println!("## latency: infer_server_infer, one request in flight, 1 KIND_GPU instance, no dynamic batching");
     println!(
         "Time of the whole call as the caller sees it (request built from host memory ({}), staged through pinned memory, computed, output copied back, response freed). Stream: the instance's timing events per batch (inputs' way up from when the stream reached the batch, the backend's work, the copies down).",
-        if copy_input() { "copied by infer_request_add_input" } else { "lent, infer_request_add_input_borrowed" }
+        if pinned_input() {
+            "page-locked, lent as INFER_MEMORY_CPU_PINNED"
+        } else if copy_input() {
+            "copied by infer_request_add_input"
+        } else {
+            "lent, infer_request_add_input_borrowed"
+        }
     );
     println!("| model | batch | iters | p50 (us) | mean (us) | p99 (us) | samples/s | TFLOP/s | library compute_us (mean) | stream: up / backend / down (us) |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
@@ -613,8 +639,31 @@ fn latency(gpu: &Server, models: &[BenchModel], knobs: &Knobs) -> Vec<(String, u
             let data = m.inputs(batch);
             let mut shape: Vec<i64> = vec![batch as i64];
             shape.extend(&m.row);
+            // With INFER_BENCH_PINNED_INPUT, the rows in page-locked memory of GPU 0's
+            // context.
+            let locked = pinned_input().then(|| {
+                let ctx = infer::cuda::context(0).unwrap_or_else(|e| fail(&e.message));
+                ctx.bind().unwrap_or_else(|e| fail(&e.message));
+                let pool = infer::cuda::MemoryPool::new(&ctx);
+                let mut buf = pool
+                    .pinned(std::mem::size_of_val(&data[..]))
+                    .unwrap_or_else(|e| fail(&e.message));
+                for (d, v) in buf.as_mut_slice().chunks_exact_mut(4).zip(&data) {
+                    d.copy_from_slice(&v.to_ne_bytes());
+                }
+                buf
+            });
+            let (values, mem) = match &locked {
+                // SAFETY: page-locked memory from cuMemHostAlloc (page-aligned) holding
+                // the rows' f32 values.
+                Some(b) => (
+                    unsafe { std::slice::from_raw_parts(b.as_ptr() as *const f32, data.len()) },
+                    INFER_MEMORY_CPU_PINNED,
+                ),
+                None => (&data[..], INFER_MEMORY_CPU),
+            };
             let call = || {
-                let resp = gpu.infer(gpu.request(&name, &input, &shape, &data));
+                let resp = gpu.infer(gpu.request_in(&name, &input, &shape, values, mem));
                 unsafe { infer_response_free(resp) };
             };
             // Warm-up (the first call at a batch size plans the graph for that shape).

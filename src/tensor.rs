@@ -185,6 +185,9 @@ pub struct Borrowed {
     ptr: *const u8,
     len: usize,
     release: Option<Release>,
+    /// The caller says the memory is page-locked (INFER_MEMORY_CPU_PINNED): a device
+    /// may copy it directly.
+    page_locked: bool,
 }
 
 // SAFETY: the caller promises (C API contract) that the memory stays valid and unchanged
@@ -196,7 +199,17 @@ impl Borrowed {
     /// # Safety
     /// `ptr` must be valid for reads of `len` bytes until `release` is called.
     pub unsafe fn new(ptr: *const u8, len: usize, release: Option<Release>) -> Borrowed {
-        Borrowed { ptr, len, release }
+        Borrowed {
+            ptr,
+            len,
+            release,
+            page_locked: false,
+        }
+    }
+    /// Marks the memory as page-locked, as the caller says it is.
+    pub fn page_locked(mut self) -> Borrowed {
+        self.page_locked = true;
+        self
     }
     pub fn as_slice(&self) -> &[u8] {
         if self.len == 0 {
@@ -269,6 +282,13 @@ impl TensorData {
             TensorData::Borrowed(b) => b.len,
             TensorData::Shared { len, .. } => *len,
             TensorData::Device(d) => d.len,
+        }
+    }
+    /// Host bytes the caller lent as page-locked memory (INFER_MEMORY_CPU_PINNED).
+    pub fn page_locked(&self) -> Option<&[u8]> {
+        match self {
+            TensorData::Borrowed(b) if b.page_locked => Some(b.as_slice()),
+            _ => None,
         }
     }
     /// The device memory, for data on a GPU.

@@ -3,14 +3,18 @@
 //! Per batch, on the instance's worker thread:
 //! 1. the inputs are laid out in one device buffer (256-byte aligned). Host rows are
 //!    gathered straight from the requests into a pinned staging buffer with the same
-//!    layout and copied up in as few host-to-device copies as the layout allows; rows
-//!    already in device memory are copied device to device, and a batch of one request
-//!    whose input is on this device uses the caller's memory as it is;
+//!    layout, a chunk at a time, each chunk's copy up queued as soon as it is staged (the
+//!    device copies while the host stages the next); rows the caller lent as page-locked
+//!    memory (INFER_MEMORY_CPU_PINNED) are copied up from where they are, rows already in
+//!    device memory device to device, and a batch of one request whose input is on this
+//!    device uses the caller's memory as it is;
 //! 2. the backend runs with device pointers and the instance's stream, and allocates its
 //!    outputs in device memory from the instance's pool;
 //! 3. outputs that someone needs on the host are copied down into pinned memory, the
-//!    stream is synchronized once, and outputs wanted on the device stay there, shared
-//!    by the responses that asked (`infer_request_set_output_memory`).
+//!    stream is synchronized once, and the pinned buffers are lent to the responses,
+//!    which read their windows in place (up to `LEND_PINNED` bytes per instance; past it
+//!    they are copied out); outputs wanted on the device stay there, shared by the
+//!    responses that asked (`infer_request_set_output_memory`).
 //!
 //! Every copy is asynchronous on the instance's stream and every host buffer involved is
 //! pinned; buffers come from the instance's pool, so the steady state allocates nothing.
@@ -202,6 +206,16 @@ impl Drop for Timing {
 /// (a single copy of 4 MiB waited for all of it to be staged first).
 const STAGE_CHUNK: usize = 512 << 10;
 
+/// Host pieces lent as page-locked memory of at least this size are copied up from
+/// where they are; smaller ones are staged with the rest (fewer, larger copies).
+const DIRECT_MIN: usize = 64 << 10;
+
+/// The bytes of a host piece that is copied up from the caller's memory: lent as
+/// page-locked (INFER_MEMORY_CPU_PINNED) and at least `DIRECT_MIN` long.
+fn direct(piece: &crate::tensor::TensorData) -> Option<&[u8]> {
+    piece.page_locked().filter(|b| b.len() >= DIRECT_MIN)
+}
+
 /// Queues a batch's input copies to its device buffer as the host stages them.
 struct Uploader<'a> {
     instance: &'a GpuInstance,
@@ -249,6 +263,22 @@ impl Uploader<'_> {
             )?
         };
         self.instance.stats.h2d(end - at);
+        Ok(())
+    }
+
+    /// Queues the copy up of host bytes the caller lent as page-locked memory, from
+    /// where they are.
+    fn direct(&mut self, at: usize, bytes: &[u8]) -> Result<()> {
+        // SAFETY: the caller's memory stays valid until the request is released, after
+        // the batch's work has run; the destination is inside `dev`.
+        unsafe {
+            self.instance.stream.copy_to_device(
+                self.dev.ptr() + at as u64,
+                bytes.as_ptr(),
+                bytes.len(),
+            )?
+        };
+        self.instance.stats.h2d(bytes.len());
         Ok(())
     }
 
@@ -324,7 +354,7 @@ impl GpuInstance {
                 None => pieces
                     .iter()
                     .map(|p| {
-                        if p.device().is_none() {
+                        if p.device().is_none() && direct(p).is_none() {
                             host_bytes += p.len();
                         }
                         p.len()
@@ -382,11 +412,16 @@ impl GpuInstance {
                         }
                         up.device(at, d.ptr, len)?;
                     }
-                    None => {
-                        if let Some(p) = pinned.as_mut() {
-                            up.stage(p, at, piece.as_slice())?;
+                    None => match (direct(piece), pinned.as_mut()) {
+                        (Some(bytes), p) => {
+                            if let Some(p) = p {
+                                up.flush(p)?;
+                            }
+                            up.direct(at, bytes)?;
                         }
-                    }
+                        (None, Some(p)) => up.stage(p, at, piece.as_slice())?,
+                        (None, None) => {}
+                    },
                 }
                 at += len;
             }

@@ -285,8 +285,11 @@ pub type infer_release_fn = Option<unsafe extern "C" fn(user_data: *mut c_void)>
 /// (at most once, from any thread; NULL `release` = never told). If this call fails the
 /// buffer was not taken and `release` is not called.
 ///
-/// `mem` says where `data` is: host memory (INFER_MEMORY_CPU or INFER_MEMORY_CPU_PINNED),
-/// or device memory of GPU `device_id` (INFER_MEMORY_GPU). Device memory must be one
+/// `mem` says where `data` is: host memory (INFER_MEMORY_CPU, or INFER_MEMORY_CPU_PINNED
+/// for page-locked memory such as cuMemHostAlloc's, which a GPU instance copies to the
+/// device straight from the caller's buffer instead of staging it first; memory so named
+/// that is not page-locked is still copied right, but that copy waits for the instance's
+/// stream), or device memory of GPU `device_id` (INFER_MEMORY_GPU). Device memory must be one
 /// allocation of that device holding all `byte_size` bytes (INVALID_ARGUMENT otherwise;
 /// UNAVAILABLE without a usable GPU) and BYTES inputs must be in host memory. A model
 /// whose instances all run on GPUs reads it there (in place when the batch has only this
@@ -354,11 +357,12 @@ pub unsafe extern "C" fn infer_request_add_input_borrowed(
                     release.map(|func| super::callbacks::release(func, release_user_data));
                 // SAFETY: the caller keeps `data` readable until `release` runs (the C
                 // API's contract for infer_request_add_input_borrowed).
-                Ok(TensorData::Borrowed(Borrowed::new(
-                    b.as_ptr(),
-                    b.len(),
-                    release,
-                )))
+                let lent = Borrowed::new(b.as_ptr(), b.len(), release);
+                Ok(TensorData::Borrowed(if mem == INFER_MEMORY_CPU_PINNED {
+                    lent.page_locked()
+                } else {
+                    lent
+                }))
             })
         }
     })
