@@ -231,7 +231,31 @@ impl Drop for Borrowed {
 /// Host bytes that several tensors share (the windows of a batch output): a vector, or
 /// the page-locked buffer a GPU instance copied the output into, which goes back to its
 /// pool when the last window is dropped.
-pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+pub type SharedBytes = Arc<dyn HostBytes>;
+
+/// A buffer of host bytes behind [`SharedBytes`].
+pub trait HostBytes: Send + Sync {
+    fn bytes(&self) -> &[u8];
+    /// Whether the bytes lie in page-locked memory (a device can copy them directly).
+    fn page_locked(&self) -> bool {
+        false
+    }
+}
+
+impl HostBytes for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl HostBytes for crate::cuda::PinnedBuf {
+    fn bytes(&self) -> &[u8] {
+        self.as_slice()
+    }
+    fn page_locked(&self) -> bool {
+        true
+    }
+}
 
 /// Where a tensor's bytes live.
 pub enum TensorData {
@@ -272,7 +296,7 @@ impl TensorData {
         match self {
             TensorData::Owned(v) => v,
             TensorData::Borrowed(b) => b.as_slice(),
-            TensorData::Shared { buf, offset, len } => &(**buf).as_ref()[*offset..*offset + *len],
+            TensorData::Shared { buf, offset, len } => &buf.bytes()[*offset..*offset + *len],
             TensorData::Device(_) => &[],
         }
     }
@@ -289,6 +313,15 @@ impl TensorData {
         match self {
             TensorData::Borrowed(b) if b.page_locked => Some(b.as_slice()),
             _ => None,
+        }
+    }
+    /// Whether the bytes are in host memory that is page-locked: an output a GPU
+    /// instance lent its landing buffer to, or an input lent as such.
+    pub fn in_page_locked_memory(&self) -> bool {
+        match self {
+            TensorData::Borrowed(b) => b.page_locked,
+            TensorData::Shared { buf, .. } => buf.page_locked(),
+            _ => false,
         }
     }
     /// The device memory, for data on a GPU.

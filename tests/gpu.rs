@@ -1129,7 +1129,7 @@ fn rate_limited_gpu_instances_take_turns() {
     c.assert_exactly_once(&ids);
     for resp in c.take() {
         let i = ids.iter().position(|&id| id == resp.id()).unwrap();
-        check_affine(&resp, x_of(i), INFER_MEMORY_CPU);
+        check_affine(&resp, x_of(i), INFER_MEMORY_CPU_PINNED);
     }
 }
 
@@ -1165,7 +1165,7 @@ fn data_path_one_gpu() {
         let mem = if i % 3 == 0 {
             INFER_MEMORY_GPU
         } else {
-            INFER_MEMORY_CPU
+            INFER_MEMORY_CPU_PINNED
         };
         check_affine(&resp, x_of(i), mem);
         batched = true;
@@ -1199,7 +1199,7 @@ fn data_path_one_gpu() {
             if gpu.is_some() {
                 INFER_MEMORY_GPU
             } else {
-                INFER_MEMORY_CPU
+                INFER_MEMORY_CPU_PINNED
             },
         );
     }
@@ -1231,7 +1231,7 @@ fn data_path_one_gpu() {
     c.assert_exactly_once(&ids);
     for resp in c.take() {
         let i = ids.iter().position(|&id| id == resp.id()).unwrap();
-        check_affine(&resp, x_of(i), INFER_MEMORY_CPU);
+        check_affine(&resp, x_of(i), INFER_MEMORY_CPU_PINNED);
     }
     KERNEL_US.store(0, SeqCst);
     let overlapped = OVERLAPPED.load(SeqCst);
@@ -1277,7 +1277,7 @@ fn data_path_one_gpu() {
     let r = s.request("g");
     ok(device_input(&r, "X", p, 16, 0));
     let resp = s.infer(r);
-    check_affine(&resp, x, INFER_MEMORY_CPU);
+    check_affine(&resp, x, INFER_MEMORY_CPU_PINNED);
     let c = d.counters();
     // Down: Y and X_COPY; up: nothing (X was used in place).
     assert_eq!(c.async_copies, 3, "{c:?}"); // + the backend's own device-to-device copy
@@ -1289,7 +1289,7 @@ fn data_path_one_gpu() {
     let r = s.request("g");
     ok(device_input(&r, "X", wide + 16, 16, 0));
     let resp = s.infer(r);
-    check_affine(&resp, x_of(9), INFER_MEMORY_CPU);
+    check_affine(&resp, x_of(9), INFER_MEMORY_CPU_PINNED);
     assert_eq!(d.counters().async_copies, 4, "{:?}", d.counters());
     drop(resp);
     assert_eq!(RELEASED.load(std::sync::atomic::Ordering::SeqCst), 2);
@@ -1360,7 +1360,7 @@ fn data_path_one_gpu() {
     check_affine(
         &s.infer(affine_request(&s, "cap", x_of(1), None)),
         x_of(1),
-        INFER_MEMORY_CPU,
+        INFER_MEMORY_CPU_PINNED,
     );
     LEAVE_CAPTURE_OPEN.store(true, SeqCst);
     let resp = s.infer(affine_request(&s, "cap", x_of(2), None));
@@ -1375,7 +1375,7 @@ fn data_path_one_gpu() {
         let want = if gpu.is_some() {
             INFER_MEMORY_GPU
         } else {
-            INFER_MEMORY_CPU
+            INFER_MEMORY_CPU_PINNED
         };
         check_affine(
             &s.infer(affine_request(&s, "cap", x_of(i), gpu)),
@@ -1448,7 +1448,7 @@ fn gpu_statistics_one_gpu(s: &Server) {
         check_affine(
             &s.infer(affine_request(s, "gs", x_of(i), None)),
             x_of(i),
-            INFER_MEMORY_CPU,
+            INFER_MEMORY_CPU_PINNED,
         );
     }
     // 2 with device outputs: 1 copy up, none down.
@@ -1467,7 +1467,7 @@ fn gpu_statistics_one_gpu(s: &Server) {
     for (p, x) in [(aligned, x_of(6)), (wide + 16, x_of(8))] {
         let r = s.request("gs");
         ok(device_input(&r, "X", p, 16, 0));
-        check_affine(&s.infer(r), x, INFER_MEMORY_CPU);
+        check_affine(&s.infer(r), x, INFER_MEMORY_CPU_PINNED);
     }
     KERNEL_US.store(0, SeqCst);
     let st = s.stats("gs");
@@ -1634,7 +1634,7 @@ fn data_path_two_gpus() {
     );
     ok(device_input(&r, "X", p, 16, 1));
     let resp = s.infer(r);
-    check_affine(&resp, x, INFER_MEMORY_CPU);
+    check_affine(&resp, x, INFER_MEMORY_CPU_PINNED);
     drop(resp);
     host_outputs_on_the_asked_gpu(&s);
     drop(s);
@@ -1920,17 +1920,26 @@ fn wide_row(i: usize, w: usize) -> Vec<f32> {
 }
 
 #[track_caller]
-fn check_wide(resp: &Resp, x: &[f32]) {
+/// Checks a response of `wide_config`'s model to `x`; returns where its outputs Y and
+/// X_COPY are (host memory: page-locked where the instance lent it, else ordinary).
+fn check_wide(resp: &Resp, x: &[f32]) -> [u32; 2] {
     assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
     let (mem, _, y) = read_output(resp, "Y");
-    assert_eq!(mem, INFER_MEMORY_CPU);
+    let (mem_copy, _, xc) = read_output(resp, "X_COPY");
+    for m in [mem, mem_copy] {
+        assert!(
+            m == INFER_MEMORY_CPU_PINNED || m == INFER_MEMORY_CPU,
+            "an output in memory {m}"
+        );
+    }
     let bad = y.iter().zip(x).position(|(y, x)| *y != 2. * x + 1.);
     assert!(
         y.len() == x.len() && bad.is_none(),
         "Y differs at {bad:?} of {}",
         x.len()
     );
-    assert!(read_output(resp, "X_COPY").2 == x, "X_COPY differs");
+    assert!(xc == x, "X_COPY differs");
+    [mem, mem_copy]
 }
 
 /// Inputs of megabytes are staged in chunks, each copied up while the host stages the
@@ -1980,7 +1989,10 @@ fn wide_rows_staged_in_chunks_and_outputs_lent(s: &Server) {
     c.assert_exactly_once(&ids);
     for resp in c.take() {
         let i = ids.iter().position(|&id| id == resp.id()).unwrap();
-        check_wide(&resp, &wide_row(i, w));
+        assert_eq!(
+            check_wide(&resp, &wide_row(i, w)),
+            [INFER_MEMORY_CPU_PINNED; 2]
+        );
     }
     let st = s.stats("w");
     let execs = st["models"][0]["execution_count"].as_u64().unwrap_or(0);
@@ -2027,7 +2039,7 @@ fn wide_rows_staged_in_chunks_and_outputs_lent(s: &Server) {
             null_mut(),
         )
     });
-    check_wide(&s.infer(r), &x);
+    assert_eq!(check_wide(&s.infer(r), &x), [INFER_MEMORY_CPU_PINNED; 2]);
     let after = h2d(s);
     assert_eq!(
         (after.0 - before.0, after.1 - before.1),
@@ -2050,9 +2062,19 @@ fn wide_rows_staged_in_chunks_and_outputs_lent(s: &Server) {
         })
         .collect();
     let grown = d.counters().live_host_bytes.saturating_sub(host0);
-    for (resp, x) in &held {
-        check_wide(resp, x);
-    }
+    let mems: Vec<u32> = held
+        .iter()
+        .flat_map(|(resp, x)| check_wide(resp, x))
+        .collect();
+    // Outputs of 1.25 MiB (their size class): the first 51 are lent, the rest copied out.
+    let lent = mems
+        .iter()
+        .take_while(|&&m| m == INFER_MEMORY_CPU_PINNED)
+        .count();
+    assert!(
+        (40..=51).contains(&lent) && mems[lent..].iter().all(|&m| m == INFER_MEMORY_CPU),
+        "outputs in memory {mems:?}: not lent up to 64 MiB, then copied out"
+    );
     if d.real() {
         drop(held);
         s.unload("w");
@@ -3445,7 +3467,11 @@ fn all_outputs(resp: &Resp) -> std::collections::BTreeMap<String, (Vec<i64>, Vec
         });
         let (mut mem, mut dev) = (99u32, 99i64);
         ok(unsafe { infer_response_output_memory(resp.0, i, &mut mem, &mut dev) });
-        assert_eq!(mem, INFER_MEMORY_CPU);
+        // Host memory: page-locked where a GPU instance lent its landing buffer.
+        assert!(
+            mem == INFER_MEMORY_CPU || mem == INFER_MEMORY_CPU_PINNED,
+            "memory {mem}"
+        );
         let name = unsafe { std::ffi::CStr::from_ptr(name) }
             .to_string_lossy()
             .into_owned();
@@ -5471,10 +5497,11 @@ fn onnx_on_the_stand_in() {
                 }
                 for name in names {
                     let (mem, _, got) = read_output(&resp, name);
+                    // Host outputs read where the GPU instance copied them down.
                     let want_mem = if on_gpu {
                         INFER_MEMORY_GPU
                     } else {
-                        INFER_MEMORY_CPU
+                        INFER_MEMORY_CPU_PINNED
                     };
                     assert_eq!(mem, want_mem, "{name}");
                     assert_eq!(got, vec![*sum], "{name}: sequence {seq} step {step}");

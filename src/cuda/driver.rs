@@ -1050,12 +1050,6 @@ impl PinnedBuf {
     }
 }
 
-impl AsRef<[u8]> for PinnedBuf {
-    fn as_ref(&self) -> &[u8] {
-        self.as_slice()
-    }
-}
-
 impl Drop for PinnedBuf {
     fn drop(&mut self) {
         if self.lent {

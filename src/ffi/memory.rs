@@ -48,9 +48,10 @@ pub unsafe extern "C" fn infer_request_set_output_memory(
     })
 }
 
-/// Where output `index` (0-based) of a response lives: INFER_MEMORY_CPU and device 0, or
-/// INFER_MEMORY_GPU and the device id (then `infer_response_output`'s data pointer is a
-/// device address).
+/// Where output `index` (0-based) of a response lives: INFER_MEMORY_CPU and device 0;
+/// INFER_MEMORY_CPU_PINNED and device 0 for page-locked host memory (an output a GPU
+/// instance copied down, read where it landed, which that GPU copies from directly: lent
+/// as an input with INFER_MEMORY_CPU_PINNED, say); or INFER_MEMORY_GPU and the device id (then `infer_response_output`'s data pointer is a device address).
 /// INVALID_ARGUMENT for an index out of range or a NULL out-pointer.
 #[no_mangle]
 pub unsafe extern "C" fn infer_response_output_memory(
@@ -81,8 +82,12 @@ pub unsafe extern "C" fn infer_response_output_memory(
                 unsafe { write_out(device_id, "device_id", d.device as i64) }
             }
             None => {
+                let host = match r.outputs[index].data.in_page_locked_memory() {
+                    true => INFER_MEMORY_CPU_PINNED,
+                    false => INFER_MEMORY_CPU,
+                };
                 // SAFETY: `mem`: NULL (refused) or writable for one value.
-                unsafe { write_out(mem, "mem", INFER_MEMORY_CPU) }?;
+                unsafe { write_out(mem, "mem", host) }?;
                 // SAFETY: `device_id`: NULL (refused) or writable for one value.
                 unsafe { write_out(device_id, "device_id", 0) }
             }

@@ -512,10 +512,7 @@ impl Worker<'_> {
             if !req.wants_output(o.name.to_str().unwrap_or("")) {
                 continue;
             }
-            let total = o
-                .device
-                .as_ref()
-                .map_or((*o.buf).as_ref().len(), |d| d.len());
+            let total = o.device.as_ref().map_or(o.buf.bytes().len(), |d| d.len());
             let (offset, len, mut shape) = match o.scatter.as_ref().and_then(|s| s.get(index)) {
                 Some((offset, len, shape)) => (*offset, *len, shape.clone()),
                 None => row_window(config, w, &o.shape, total, o.bytes_offsets.as_deref()),
