@@ -13,7 +13,7 @@ type MemoryType uint32
 // The memory types, as in include/infer.h.
 const (
 	MemoryCPU       MemoryType = C.INFER_MEMORY_CPU        // ordinary host memory
-	MemoryCPUPinned MemoryType = C.INFER_MEMORY_CPU_PINNED // page-locked host memory (served as MemoryCPU)
+	MemoryCPUPinned MemoryType = C.INFER_MEMORY_CPU_PINNED // page-locked host memory (a GPU copies it directly)
 	MemoryGPU       MemoryType = C.INFER_MEMORY_GPU        // device memory of one GPU
 )
 

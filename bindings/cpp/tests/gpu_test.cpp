@@ -281,7 +281,8 @@ TEST(StandInGpu, WithoutOutputMemoryGpuOutputsComeToTheHost) {
                                                          0, [&] { released++; }))
                             .get();
     ASSERT_TRUE(r.ok()) << r.error_message();
-    EXPECT_EQ(r.output_memory("Y"), (infer::MemoryLocation{infer::MemoryType::Cpu, 0}));
+    // Read where the GPU instance copied it down: page-locked host memory.
+    EXPECT_EQ(r.output_memory("Y"), (infer::MemoryLocation{infer::MemoryType::CpuPinned, 0}));
     EXPECT_EQ(r.output<float>("Y").to_vector(), x);
     EXPECT_TRUE(support::wait_until([&] { return released.load() == 1; }));
 

@@ -61,7 +61,7 @@ inline std::size_t byte_size(DataType dt) noexcept {
 /// Where a tensor's memory lives (the INFER_MEMORY_* values).
 enum class MemoryType : infer_memory_type {
     Cpu = INFER_MEMORY_CPU,              ///< ordinary host memory
-    CpuPinned = INFER_MEMORY_CPU_PINNED, ///< page-locked host memory (served as Cpu)
+    CpuPinned = INFER_MEMORY_CPU_PINNED, ///< page-locked host memory (a GPU copies it directly)
     Gpu = INFER_MEMORY_GPU,              ///< device memory of one GPU
 };
 
