@@ -444,7 +444,8 @@ infer_status infer_request_set_output_memory(struct infer_request *r, infer_memo
  * Where output `index` (0-based) of a response lives: INFER_MEMORY_CPU and device 0;
  * INFER_MEMORY_CPU_PINNED and device 0 for page-locked host memory (an output a GPU
  * instance copied down, read where it landed, which that GPU copies from directly: lent
- * as an input with INFER_MEMORY_CPU_PINNED, say); or INFER_MEMORY_GPU and the device id (then `infer_response_output`'s data pointer is a device address).
+ * as an input with INFER_MEMORY_CPU_PINNED, say); or INFER_MEMORY_GPU and the device id
+ * (then `infer_response_output`'s data pointer is a device address).
  * INVALID_ARGUMENT for an index out of range or a NULL out-pointer.
  */
 infer_status infer_response_output_memory(const struct infer_response *r, uintptr_t index, infer_memory_type *mem, int64_t *device_id);

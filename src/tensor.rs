@@ -309,7 +309,7 @@ impl TensorData {
         }
     }
     /// Host bytes the caller lent as page-locked memory (INFER_MEMORY_CPU_PINNED).
-    pub fn page_locked(&self) -> Option<&[u8]> {
+    pub fn lent_page_locked(&self) -> Option<&[u8]> {
         match self {
             TensorData::Borrowed(b) if b.page_locked => Some(b.as_slice()),
             _ => None,

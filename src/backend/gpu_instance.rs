@@ -213,7 +213,7 @@ const DIRECT_MIN: usize = 64 << 10;
 /// The bytes of a host piece that is copied up from the caller's memory: lent as
 /// page-locked (INFER_MEMORY_CPU_PINNED) and at least `DIRECT_MIN` long.
 fn direct(piece: &crate::tensor::TensorData) -> Option<&[u8]> {
-    piece.page_locked().filter(|b| b.len() >= DIRECT_MIN)
+    piece.lent_page_locked().filter(|b| b.len() >= DIRECT_MIN)
 }
 
 /// Queues a batch's input copies to its device buffer as the host stages them.

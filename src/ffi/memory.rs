@@ -51,7 +51,8 @@ pub unsafe extern "C" fn infer_request_set_output_memory(
 /// Where output `index` (0-based) of a response lives: INFER_MEMORY_CPU and device 0;
 /// INFER_MEMORY_CPU_PINNED and device 0 for page-locked host memory (an output a GPU
 /// instance copied down, read where it landed, which that GPU copies from directly: lent
-/// as an input with INFER_MEMORY_CPU_PINNED, say); or INFER_MEMORY_GPU and the device id (then `infer_response_output`'s data pointer is a device address).
+/// as an input with INFER_MEMORY_CPU_PINNED, say); or INFER_MEMORY_GPU and the device id
+/// (then `infer_response_output`'s data pointer is a device address).
 /// INVALID_ARGUMENT for an index out of range or a NULL out-pointer.
 #[no_mangle]
 pub unsafe extern "C" fn infer_response_output_memory(
