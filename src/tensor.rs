@@ -308,10 +308,16 @@ impl TensorData {
             TensorData::Device(d) => d.len,
         }
     }
-    /// Host bytes the caller lent as page-locked memory (INFER_MEMORY_CPU_PINNED).
-    pub fn lent_page_locked(&self) -> Option<&[u8]> {
+    /// The bytes, where they lie in page-locked host memory, which a device can copy
+    /// from directly: an input the caller lent as such (INFER_MEMORY_CPU_PINNED), or a
+    /// window of the buffer a GPU instance lent to a response (an ensemble passes its
+    /// steps' outputs on this way).
+    pub fn page_locked_bytes(&self) -> Option<&[u8]> {
         match self {
             TensorData::Borrowed(b) if b.page_locked => Some(b.as_slice()),
+            TensorData::Shared { buf, offset, len } if buf.page_locked() => {
+                Some(&buf.bytes()[*offset..*offset + *len])
+            }
             _ => None,
         }
     }

@@ -1942,11 +1942,24 @@ fn check_wide(resp: &Resp, x: &[f32]) -> [u32; 2] {
     [mem, mem_copy]
 }
 
+/// Copies up (count, bytes) by the GPU instances of `model`.
+fn h2d_of(s: &Server, model: &str) -> (u64, u64) {
+    let st = s.stats(model);
+    let sum = |k: &str| {
+        st["models"][0]["gpu"]["instances"]
+            .as_array()
+            .map_or(0, |a| a.iter().filter_map(|i| i[k].as_u64()).sum::<u64>())
+    };
+    (sum("h2d_copies"), sum("h2d_bytes"))
+}
+
 /// Inputs of megabytes are staged in chunks, each copied up while the host stages the
 /// next: rows that cross chunks, several requests in one batch, a request whose input is
 /// on the device between host ones. Outputs copied down are lent to the responses up to
 /// the instance's limit (64 MiB), and copied out past it: responses held by the caller
-/// read right either way, and the page-locked memory stays bounded.
+/// read right either way, and the page-locked memory stays bounded. Inputs in
+/// page-locked memory (lent as such, or an ensemble step's output lent by the GPU
+/// instance before) go up from where they lie.
 fn wide_rows_staged_in_chunks_and_outputs_lent(s: &Server) {
     let d = driver();
     s.load("w", &wide_config("w"));
@@ -2013,15 +2026,7 @@ fn wide_rows_staged_in_chunks_and_outputs_lent(s: &Server) {
         0
     );
     unsafe { std::ptr::copy_nonoverlapping(x.as_ptr(), locked as *mut f32, x.len()) };
-    let h2d = |s: &Server| {
-        let st = s.stats("w");
-        let sum = |k: &str| {
-            st["models"][0]["gpu"]["instances"]
-                .as_array()
-                .map_or(0, |a| a.iter().filter_map(|i| i[k].as_u64()).sum::<u64>())
-        };
-        (sum("h2d_copies"), sum("h2d_bytes"))
-    };
+    let h2d = |s: &Server| h2d_of(s, "w");
     let before = h2d(s);
     let r = s.request("w");
     ok(unsafe {
@@ -2109,6 +2114,42 @@ fn wide_rows_staged_in_chunks_and_outputs_lent(s: &Server) {
     for p in on_device {
         assert_eq!(unsafe { (d.mem_free)(p) }, 0);
     }
+
+    // An ensemble of two GPU models: the first's output Y (1.2 MB, lent to the step's
+    // response in page-locked memory) goes up to the second from where it lies, in one
+    // copy (staged, it would take three).
+    s.load("w2", &wide_config("w2"));
+    s.load(
+        "ww",
+        r#"name: "ww" platform: "ensemble" max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] },
+         { name: "MID" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "w" model_version: -1 input_map { key: "X" value: "X" }
+    output_map { key: "Y" value: "mid" } },
+  { model_name: "w2" model_version: -1 input_map { key: "X" value: "mid" }
+    output_map { key: "Y" value: "Y" } output_map { key: "X_COPY" value: "MID" } } ] }"#,
+    );
+    let x = wide_row(12, 300_000);
+    let before = h2d_of(s, "w2");
+    let resp = s.infer(s.request("ww").input_f32("X", &[1, x.len() as i64], &x));
+    assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
+    let (_, _, y) = read_output(&resp, "Y");
+    let (_, _, mid) = read_output(&resp, "MID");
+    let want_mid: Vec<f32> = x.iter().map(|x| 2. * x + 1.).collect();
+    assert!(mid == want_mid, "the ensemble's intermediate differs");
+    let bad = y.iter().zip(&want_mid).position(|(y, m)| *y != 2. * m + 1.);
+    assert!(y.len() == x.len() && bad.is_none(), "Y differs at {bad:?}");
+    let after = h2d_of(s, "w2");
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (1, x.len() as u64 * 4),
+        "an ensemble step's page-locked output was not copied up to the next step from where it lies"
+    );
+    drop(resp);
+    s.unload("ww");
+    s.unload("w2");
     s.unload("w");
     println!("wide rows staged in chunks; outputs lent up to the limit ({grown} bytes held)");
 }

@@ -206,14 +206,15 @@ impl Drop for Timing {
 /// (a single copy of 4 MiB waited for all of it to be staged first).
 const STAGE_CHUNK: usize = 512 << 10;
 
-/// Host pieces lent as page-locked memory of at least this size are copied up from
-/// where they are; smaller ones are staged with the rest (fewer, larger copies).
+/// Host pieces in page-locked memory of at least this size are copied up from where
+/// they are; smaller ones are staged with the rest (fewer, larger copies).
 const DIRECT_MIN: usize = 64 << 10;
 
-/// The bytes of a host piece that is copied up from the caller's memory: lent as
-/// page-locked (INFER_MEMORY_CPU_PINNED) and at least `DIRECT_MIN` long.
+/// The bytes of a host piece that is copied up from where it lies: in page-locked
+/// memory (lent as such by the caller, or an output another GPU instance lent to an
+/// ensemble's step) and at least `DIRECT_MIN` long.
 fn direct(piece: &crate::tensor::TensorData) -> Option<&[u8]> {
-    piece.lent_page_locked().filter(|b| b.len() >= DIRECT_MIN)
+    piece.page_locked_bytes().filter(|b| b.len() >= DIRECT_MIN)
 }
 
 /// Queues a batch's input copies to its device buffer as the host stages them.
@@ -266,11 +267,11 @@ impl Uploader<'_> {
         Ok(())
     }
 
-    /// Queues the copy up of host bytes the caller lent as page-locked memory, from
-    /// where they are.
+    /// Queues the copy up of host bytes in page-locked memory, from where they are.
     fn direct(&mut self, at: usize, bytes: &[u8]) -> Result<()> {
-        // SAFETY: the caller's memory stays valid until the request is released, after
-        // the batch's work has run; the destination is inside `dev`.
+        // SAFETY: the bytes (the caller's memory, or a buffer shared by the request's
+        // input) stay valid and unchanged until the request is released, after the
+        // batch's work has run; the destination is inside `dev`.
         unsafe {
             self.instance.stream.copy_to_device(
                 self.dev.ptr() + at as u64,
