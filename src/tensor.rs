@@ -324,11 +324,7 @@ impl TensorData {
     /// Whether the bytes are in host memory that is page-locked: an output a GPU
     /// instance lent its landing buffer to, or an input lent as such.
     pub fn in_page_locked_memory(&self) -> bool {
-        match self {
-            TensorData::Borrowed(b) => b.page_locked,
-            TensorData::Shared { buf, .. } => buf.page_locked(),
-            _ => false,
-        }
+        self.page_locked_bytes().is_some()
     }
     /// The device memory, for data on a GPU.
     pub fn device(&self) -> Option<&DeviceData> {
