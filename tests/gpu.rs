@@ -2026,8 +2026,7 @@ fn wide_rows_staged_in_chunks_and_outputs_lent(s: &Server) {
         0
     );
     unsafe { std::ptr::copy_nonoverlapping(x.as_ptr(), locked as *mut f32, x.len()) };
-    let h2d = |s: &Server| h2d_of(s, "w");
-    let before = h2d(s);
+    let before = h2d_of(s, "w");
     let r = s.request("w");
     ok(unsafe {
         infer_request_add_input_borrowed(
@@ -2045,7 +2044,7 @@ fn wide_rows_staged_in_chunks_and_outputs_lent(s: &Server) {
         )
     });
     assert_eq!(check_wide(&s.infer(r), &x), [INFER_MEMORY_CPU_PINNED; 2]);
-    let after = h2d(s);
+    let after = h2d_of(s, "w");
     assert_eq!(
         (after.0 - before.0, after.1 - before.1),
         (1, x.len() as u64 * 4),
