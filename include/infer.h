@@ -538,8 +538,9 @@ infer_status infer_request_add_input(struct infer_request *r, const char *name, 
  * allocation of that device holding all `byte_size` bytes (INVALID_ARGUMENT otherwise;
  * UNAVAILABLE without a usable GPU) and BYTES inputs must be in host memory. A model
  * whose instances all run on GPUs reads it there (in place when the batch has only this
- * request and it is on the instance's device); any other model gets a copy in host
- * memory, made when the request is enqueued, after which `release` is called. The
+ * request and it is on the instance's device), as do an ensemble's steps on such
+ * models; any other model (or step) gets a copy in host memory, made when the request
+ * (step) is enqueued; `release` is called when no model needs the memory any more. The
  * caller must not change the memory until released, and work that produced it must be
  * complete before enqueue (the library's stream does not wait for the caller's).
  */

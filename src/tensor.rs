@@ -286,6 +286,9 @@ pub enum DeviceKeep {
     Borrowed(#[allow(dead_code)] Option<Borrowed>),
     /// A batch output shared by the responses of a batch.
     Pooled(#[allow(dead_code)] Arc<crate::cuda::DeviceBuf>),
+    /// The caller's memory, shared by the tensors of an ensemble's steps: released
+    /// when the last of them is dropped.
+    Shared(#[allow(dead_code)] Arc<Option<Borrowed>>),
 }
 
 impl TensorData {

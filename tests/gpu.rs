@@ -1942,15 +1942,23 @@ fn check_wide(resp: &Resp, x: &[f32]) -> [u32; 2] {
     [mem, mem_copy]
 }
 
-/// Copies up (count, bytes) by the GPU instances of `model`.
-fn h2d_of(s: &Server, model: &str) -> (u64, u64) {
+/// Copies (count, bytes) up, or down, by the GPU instances of `model`.
+fn copies_of(s: &Server, model: &str, way: &str) -> (u64, u64) {
     let st = s.stats(model);
     let sum = |k: &str| {
         st["models"][0]["gpu"]["instances"]
             .as_array()
             .map_or(0, |a| a.iter().filter_map(|i| i[k].as_u64()).sum::<u64>())
     };
-    (sum("h2d_copies"), sum("h2d_bytes"))
+    (sum(&format!("{way}_copies")), sum(&format!("{way}_bytes")))
+}
+
+fn h2d_of(s: &Server, model: &str) -> (u64, u64) {
+    copies_of(s, model, "h2d")
+}
+
+fn d2h_of(s: &Server, model: &str) -> (u64, u64) {
+    copies_of(s, model, "d2h")
 }
 
 /// Inputs of megabytes are staged in chunks, each copied up while the host stages the
@@ -1959,7 +1967,9 @@ fn h2d_of(s: &Server, model: &str) -> (u64, u64) {
 /// the instance's limit (64 MiB), and copied out past it: responses held by the caller
 /// read right either way, and the page-locked memory stays bounded. Inputs in
 /// page-locked memory (lent as such, or an ensemble step's output lent by the GPU
-/// instance before) go up from where they lie.
+/// instance before) go up from where they lie. Between ensemble steps on one GPU, and
+/// from an ensemble's input lent there to its outputs wanted there, tensors stay on the
+/// device.
 fn wide_rows_staged_in_chunks_and_outputs_lent(s: &Server) {
     let d = driver();
     s.load("w", &wide_config("w"));
@@ -2114,9 +2124,8 @@ fn wide_rows_staged_in_chunks_and_outputs_lent(s: &Server) {
         assert_eq!(unsafe { (d.mem_free)(p) }, 0);
     }
 
-    // An ensemble of two GPU models: the first's output Y (1.2 MB, lent to the step's
-    // response in page-locked memory) goes up to the second from where it lies, in one
-    // copy (staged, it would take three).
+    // An ensemble of two GPU models on GPU 0: w's output Y (1.2 MB) is w2's input X and
+    // the ensemble's output MID.
     s.load("w2", &wide_config("w2"));
     s.load(
         "ww",
@@ -2126,27 +2135,111 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] },
          { name: "MID" data_type: TYPE_FP32 dims: [ -1 ] } ]
 ensemble_scheduling { step [
   { model_name: "w" model_version: -1 input_map { key: "X" value: "X" }
-    output_map { key: "Y" value: "mid" } },
-  { model_name: "w2" model_version: -1 input_map { key: "X" value: "mid" }
-    output_map { key: "Y" value: "Y" } output_map { key: "X_COPY" value: "MID" } } ] }"#,
+    output_map { key: "Y" value: "MID" } },
+  { model_name: "w2" model_version: -1 input_map { key: "X" value: "MID" }
+    output_map { key: "Y" value: "Y" } } ] }"#,
     );
     let x = wide_row(12, 300_000);
-    let before = h2d_of(s, "w2");
-    let resp = s.infer(s.request("ww").input_f32("X", &[1, x.len() as i64], &x));
-    assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
-    let (_, _, y) = read_output(&resp, "Y");
-    let (_, _, mid) = read_output(&resp, "MID");
+    let bytes = x.len() as u64 * 4;
     let want_mid: Vec<f32> = x.iter().map(|x| 2. * x + 1.).collect();
-    assert!(mid == want_mid, "the ensemble's intermediate differs");
-    let bad = y.iter().zip(&want_mid).position(|(y, m)| *y != 2. * m + 1.);
-    assert!(y.len() == x.len() && bad.is_none(), "Y differs at {bad:?}");
-    let after = h2d_of(s, "w2");
+    let want_y: Vec<f32> = want_mid.iter().map(|m| 2. * m + 1.).collect();
+    // Copies (up, down) by each model's instances during `run`.
+    let copies = |run: &mut dyn FnMut()| {
+        let before = ["w", "w2"].map(|m| (h2d_of(s, m), d2h_of(s, m)));
+        run();
+        let after = ["w", "w2"].map(|m| (h2d_of(s, m), d2h_of(s, m)));
+        let delta = |a: (u64, u64), b: (u64, u64)| (a.0 - b.0, a.1 - b.1);
+        [0, 1].map(|i| {
+            (
+                delta(after[i].0, before[i].0),
+                delta(after[i].1, before[i].1),
+            )
+        })
+    };
+    let check = |resp: &Resp, want: &[(&str, &[f32])], mem: u32| {
+        assert_eq!(resp.status(), INFER_STATUS_OK, "{}", resp.error());
+        assert_eq!(resp.output_count(), want.len());
+        for (name, values) in want {
+            let (m, dev, got) = read_output(resp, name);
+            assert_eq!(
+                (m == INFER_MEMORY_GPU, dev),
+                (mem == INFER_MEMORY_GPU, 0),
+                "{name}"
+            );
+            assert!(got == *values, "the ensemble's output {name} differs");
+        }
+    };
+    // MID wanted in host memory: w's output comes down (lent to the step's response in
+    // page-locked memory) and goes up to w2 from where it lies, in one copy (staged, it
+    // would take three).
+    let mut resp = None;
+    let [_, (w2_up, _)] = copies(&mut || {
+        resp = Some(s.infer(s.request("ww").input_f32("X", &[1, x.len() as i64], &x)));
+    });
+    let resp = resp.take().unwrap();
+    check(
+        &resp,
+        &[("Y", &want_y), ("MID", &want_mid)],
+        INFER_MEMORY_CPU,
+    );
     assert_eq!(
-        (after.0 - before.0, after.1 - before.1),
-        (1, x.len() as u64 * 4),
+        w2_up,
+        (1, bytes),
         "an ensemble step's page-locked output was not copied up to the next step from where it lies"
     );
     drop(resp);
+    // Only Y wanted: MID stays on the GPU from w to w2 (nothing comes down from w,
+    // nothing goes up to w2).
+    let mut resp = None;
+    let [(_, w_down), (w2_up, _)] = copies(&mut || {
+        let r = s
+            .request("ww")
+            .input_f32("X", &[1, x.len() as i64], &x)
+            .output("Y");
+        resp = Some(s.infer(r));
+    });
+    check(&resp.take().unwrap(), &[("Y", &want_y)], INFER_MEMORY_CPU);
+    assert_eq!(
+        (w_down, w2_up),
+        ((0, 0), (0, 0)),
+        "an intermediate between two steps on one GPU left the device"
+    );
+    // Both outputs wanted on GPU 0, and the input lent there: nothing crosses.
+    d.bind(0);
+    let p = d.upload(&x);
+    let moved = copies(&mut || {
+        let r = s.request("ww");
+        ok(unsafe {
+            infer_request_add_input_borrowed(
+                r.0,
+                c"X".as_ptr(),
+                INFER_DATATYPE_FP32,
+                [1i64, x.len() as i64].as_ptr(),
+                2,
+                p as *const c_void,
+                x.len() * 4,
+                INFER_MEMORY_GPU,
+                0,
+                None,
+                null_mut(),
+            )
+        });
+        ok(unsafe { infer_request_set_output_memory(r.0, INFER_MEMORY_GPU, 0) });
+        resp = Some(s.infer(r));
+    });
+    let resp = resp.take().unwrap();
+    check(
+        &resp,
+        &[("Y", &want_y), ("MID", &want_mid)],
+        INFER_MEMORY_GPU,
+    );
+    assert_eq!(
+        moved,
+        [((0, 0), (0, 0)); 2],
+        "an ensemble on one GPU, its input and outputs there, copied (up, down) per step"
+    );
+    drop(resp);
+    assert_eq!(unsafe { (d.mem_free)(p) }, 0);
     s.unload("ww");
     s.unload("w2");
     s.unload("w");

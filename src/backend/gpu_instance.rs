@@ -497,8 +497,11 @@ impl GpuInstance {
         };
         timing.mark(2, &self.stream, true);
         let outputs = batch.gpu.take().map_or_else(Vec::new, |g| g.outputs);
-        let all_on_device =
-            !batch.requests.is_empty() && batch.requests.iter().all(|r| r.output_device.is_some());
+        let all_on_device = !batch.requests.is_empty()
+            && batch
+                .requests
+                .iter()
+                .all(|r| r.outputs_on_device().is_some());
         let mut flight = InFlight {
             ran,
             event: None,
@@ -508,7 +511,7 @@ impl GpuInstance {
             outputs,
             landing: Vec::new(),
             inputs: (dev_in, pinned_in),
-            any_on_device: batch.requests.iter().any(|r| r.output_device.is_some()),
+            any_on_device: (batch.requests.iter()).any(|r| r.outputs_on_device().is_some()),
             device,
         };
         let queued = self.queue_copies_down(batch, &mut flight, all_on_device);
@@ -663,8 +666,8 @@ impl ModelInstance for GpuInstance {
 }
 
 /// Copies a request's inputs that are in device memory to the host, for a model whose
-/// instances read them there (CPU instances, sequence batching, ensembles, generative
-/// models). The caller's device memory is released once copied.
+/// instances read them there (CPU instances, sequence batching, generative models).
+/// The caller's device memory is released once copied.
 pub fn inputs_to_host(req: &mut crate::request::Request) -> Result<()> {
     for t in &mut req.inputs {
         let Some(d) = t.data.device() else {
@@ -679,8 +682,9 @@ pub fn inputs_to_host(req: &mut crate::request::Request) -> Result<()> {
         let ctx = crate::cuda::context(d.device).map_err(at)?;
         let _bound = crate::cuda::ScopedBind::new(&ctx).map_err(at)?;
         let mut host = vec![0u8; d.len];
-        // SAFETY: the caller lent `len` bytes of device memory at `ptr` (checked against
-        // the driver's allocation when the input was added).
+        // SAFETY: `len` bytes of device memory at `ptr`, valid while the tensor holds
+        // them: memory the caller lent (checked against the driver's allocation when the
+        // input was added) or a batch output passed on by an ensemble (its buffer held).
         unsafe { crate::cuda::driver::copy_to_host_now(&mut host, d.ptr) }.map_err(at)?;
         t.data = crate::tensor::TensorData::Owned(host);
     }

@@ -102,6 +102,10 @@ pub struct Request {
     /// The GPU this request wants its outputs on (`infer_request_set_output_memory`);
     /// None: host memory.
     pub output_device: Option<i32>,
+    /// The GPU an ensemble step's outputs are read on next (every step that reads them
+    /// runs there): outputs a GPU instance computes on that device stay there, and the
+    /// others come as they are (unlike `output_device`, nothing is copied up for them).
+    pub leave_on_device: Option<i32>,
     /// A requested output the backend does not produce is left out of the response
     /// instead of failing it (an ensemble's steps: Triton's ensembles go on without it).
     pub outputs_optional: bool,
@@ -130,6 +134,7 @@ impl Request {
             sink: None,
             gpu: crate::cuda::GpuState::Off,
             output_device: None,
+            leave_on_device: None,
             outputs_optional: false,
             spare_buffers: Vec::new(),
         }
@@ -199,7 +204,14 @@ impl Request {
         self.sink = None;
         self.gpu = crate::cuda::GpuState::Off;
         self.output_device = None;
+        self.leave_on_device = None;
         self.outputs_optional = false;
+    }
+
+    /// The GPU where outputs a GPU instance computes there are to stay (wanted there by
+    /// the caller, or read there by the next ensemble steps); None: host memory.
+    pub fn outputs_on_device(&self) -> Option<i32> {
+        self.output_device.or(self.leave_on_device)
     }
 
     pub fn input(&self, name: &str) -> Option<&Tensor> {

@@ -20,7 +20,7 @@ use super::Scheduler;
 use crate::config::{EnsembleStep, ModelConfig};
 use crate::request::{CorrelationId, OutputTensor, Request, Response, ResponseSink, Shape};
 use crate::status::{Code, Error, Result};
-use crate::tensor::{DataType, Tensor, TensorData};
+use crate::tensor::{DataType, DeviceData, DeviceKeep, Tensor, TensorData};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::CString;
@@ -35,15 +35,35 @@ struct Value {
     data: TensorData,
 }
 
-/// A view of the same bytes: shared windows are shared again, other data is moved into
-/// a shared buffer once.
+/// A view of the same bytes: shared windows (in host or device memory) are shared
+/// again, other data is moved into a shared buffer once.
 fn share(data: &mut TensorData) -> TensorData {
-    if let TensorData::Shared { buf, offset, len } = data {
-        return TensorData::Shared {
-            buf: buf.clone(),
-            offset: *offset,
-            len: *len,
-        };
+    match data {
+        TensorData::Shared { buf, offset, len } => {
+            return TensorData::Shared {
+                buf: buf.clone(),
+                offset: *offset,
+                len: *len,
+            }
+        }
+        TensorData::Device(d) => {
+            let keep = match &mut d.keep {
+                DeviceKeep::Pooled(buf) => DeviceKeep::Pooled(buf.clone()),
+                DeviceKeep::Shared(lent) => DeviceKeep::Shared(lent.clone()),
+                DeviceKeep::Borrowed(b) => {
+                    let lent = Arc::new(b.take());
+                    d.keep = DeviceKeep::Shared(lent.clone());
+                    DeviceKeep::Shared(lent)
+                }
+            };
+            return TensorData::Device(DeviceData {
+                ptr: d.ptr,
+                len: d.len,
+                device: d.device,
+                keep,
+            });
+        }
+        TensorData::Owned(_) | TensorData::Borrowed(_) => {}
     }
     let bytes = data.as_slice().to_vec();
     let len = bytes.len();
@@ -72,6 +92,8 @@ struct Run {
     wanted: Vec<usize>,
     /// Steps the wanted outputs depend on.
     needed: Vec<bool>,
+    /// Where each needed step goes and leaves its outputs.
+    plan: Vec<StepPlan>,
     st: Mutex<RunState>,
 }
 
@@ -88,6 +110,20 @@ struct RunState {
     sink: Option<ResponseSink>,
 }
 
+/// A needed step of a request: the model version it was resolved to when the request
+/// started (its enqueue looks again if that version has gone since), and the GPU its
+/// outputs stay on.
+#[derive(Default)]
+struct StepPlan {
+    target: Option<Arc<Scheduler>>,
+    /// Some(d) when the step's model runs on GPU d and every reader of its outputs
+    /// does too: the next steps on d, and the caller where it wants outputs on d. Then
+    /// its outputs go from step to step in device memory, as in Triton's ensembles;
+    /// otherwise they come to the host (whatever reads them there, or a GPU on another
+    /// step, copies them from there).
+    leave_on: Option<i32>,
+}
+
 #[derive(Default)]
 struct StepQueue {
     inflight: u32,
@@ -101,6 +137,8 @@ pub trait Router: Send + Sync {
     fn enqueue(&self, req: Box<Request>) -> Result<u64>;
     /// Cancels a request enqueued here (one that has finished is not an error).
     fn cancel(&self, request_id: u64);
+    /// The scheduler serving `version` (-1: the latest) of `model`, if loaded.
+    fn scheduler(&self, model: &str, version: i64) -> Option<Arc<Scheduler>>;
 }
 
 /// The ensemble scheduler: runs each request's steps as their inputs become ready.
@@ -191,6 +229,7 @@ impl Runner {
                 break;
             }
         }
+        let plan = self.plan(&config.outputs, &needed, &wanted, req.output_device);
         let mut tensors = HashMap::with_capacity(req.inputs.len() + self.steps.len());
         for t in &mut req.inputs {
             tensors.insert(
@@ -216,6 +255,7 @@ impl Runner {
             started_at: Instant::now(),
             wanted,
             needed,
+            plan,
             st: Mutex::new(RunState {
                 tensors,
                 missing,
@@ -228,6 +268,57 @@ impl Runner {
         crate::request::pool::recycle_request(req);
         self.advance(&sched, &run);
         Ok(())
+    }
+
+    /// Resolves each needed step's model and decides where its outputs stay: on the GPU
+    /// it runs on when every reader of them is there too (`out_device`: where the
+    /// caller wants the ensemble's outputs), else in host memory. A model with a
+    /// response cache reads and writes host memory (its cache keeps host outputs).
+    fn plan(
+        &self,
+        outputs: &[crate::config::TensorConfig],
+        needed: &[bool],
+        wanted: &[usize],
+        out_device: Option<i32>,
+    ) -> Vec<StepPlan> {
+        let server = self.server.upgrade();
+        let targets: Vec<Option<Arc<Scheduler>>> = (self.steps.iter().zip(needed))
+            .map(|(s, &n)| {
+                let server = server.as_ref().filter(|_| n)?;
+                server.scheduler(&s.model_name, s.model_version)
+            })
+            .collect();
+        let device_of = |i: usize| {
+            (targets[i].as_ref())
+                .filter(|t| !t.config.response_cache)
+                .and_then(|t| t.device)
+        };
+        let readers_on = |i: usize, d: i32| {
+            let mut read = false;
+            for (_, tensor) in &self.steps[i].output_map {
+                if wanted.iter().any(|&o| outputs[o].name == *tensor) {
+                    if out_device != Some(d) {
+                        return false;
+                    }
+                    read = true;
+                }
+                for (j, s) in self.steps.iter().enumerate() {
+                    if needed[j] && s.input_map.iter().any(|(_, t)| t == tensor) {
+                        if device_of(j) != Some(d) {
+                            return false;
+                        }
+                        read = true;
+                    }
+                }
+            }
+            read
+        };
+        (0..self.steps.len())
+            .map(|i| StepPlan {
+                leave_on: device_of(i).filter(|&d| readers_on(i, d)),
+                target: targets[i].clone(),
+            })
+            .collect()
     }
 
     /// Sends every needed step whose inputs exist, or finishes the request.
@@ -342,6 +433,9 @@ impl Runner {
         req.requested_outputs
             .extend(step.output_map.iter().map(|(o, _)| o.clone()));
         req.outputs_optional = true;
+        let plan = &run.plan[i];
+        req.leave_on_device = plan.leave_on;
+        req.target = (plan.target.clone()).map(|t| t as Arc<dyn std::any::Any + Send + Sync>);
         req.correlation_id = run.corr.clone();
         req.flags = run.flags;
         req.priority = run.priority;

@@ -526,7 +526,7 @@ impl Worker<'_> {
                 name: o.name.clone(),
                 dtype: o.dtype,
                 shape,
-                data: match (&o.device, req.output_device) {
+                data: match (&o.device, req.outputs_on_device()) {
                     (Some(d), Some(_)) => {
                         crate::tensor::TensorData::Device(crate::tensor::DeviceData {
                             ptr: d.ptr() + offset as u64,

@@ -127,9 +127,12 @@ pub struct Scheduler {
     pub config: Arc<ModelConfig>,
     pub stats: ModelStats,
     /// Every instance runs on a GPU and batches go straight to them (no sequence
-    /// batcher): inputs in device memory stay there. Otherwise the server copies them to
-    /// the host before they are queued.
+    /// batcher), or an ensemble (its steps' models take them): inputs in device memory
+    /// stay there. Otherwise the server copies them to the host before they are queued.
     pub takes_device_inputs: bool,
+    /// The GPU every instance runs on, where they take inputs in device memory and can
+    /// leave outputs there (`takes_device_inputs`, all on one device); None otherwise.
+    pub device: Option<i32>,
     kind: Arc<dyn Kind>,
     workers: Mutex<Vec<JoinHandle<()>>>,
     log: crate::log::Logger,
@@ -174,6 +177,7 @@ impl Scheduler {
             config,
             stats,
             takes_device_inputs: false,
+            device: None,
             kind,
             workers: Mutex::new(Vec::new()),
             log,
@@ -228,6 +232,8 @@ impl Scheduler {
         let stats = ModelStats::new(config.max_batch_size);
         // The kind and, for each instance, the loop its worker runs.
         type Loop = Box<dyn FnOnce(&Arc<Scheduler>) + Send>;
+        let first_device = instances.first().and_then(|i| i.device());
+        let one_device = first_device.filter(|&d| instances.iter().all(|i| i.device() == Some(d)));
         let (kind, loops, takes_device_inputs): (Arc<dyn Kind>, Vec<Loop>, bool) =
             match config.sequence_batching.as_ref() {
                 Some(q) => {
@@ -267,6 +273,7 @@ impl Scheduler {
         let sched = Scheduler::new(model, config, stats, log, kind);
         let sched = Arc::new_cyclic(|me| Scheduler {
             takes_device_inputs,
+            device: one_device.filter(|_| takes_device_inputs),
             timer: Some(timer),
             me: me.clone(),
             ..sched
@@ -333,7 +340,8 @@ impl Scheduler {
         Ok(sched)
     }
 
-    /// An ensemble model: requests run its steps through `server`.
+    /// An ensemble model: requests run its steps through `server`. It takes inputs in
+    /// device memory: each step's model takes them there or copies them to the host.
     pub fn start_ensemble(
         model: ModelIdentity,
         config: Arc<ModelConfig>,
@@ -343,7 +351,10 @@ impl Scheduler {
         Arc::new_cyclic(|me| {
             let runner = Arc::new(ensemble::Runner::new(me.clone(), server, &config));
             let stats = ModelStats::new(config.max_batch_size);
-            Scheduler::new(model, config, stats, log, runner)
+            Scheduler {
+                takes_device_inputs: true,
+                ..Scheduler::new(model, config, stats, log, runner)
+            }
         })
     }
 

@@ -710,4 +710,8 @@ impl crate::scheduler::Router for Server {
         // A step request that already finished has nothing left to cancel.
         let _ = Server::cancel(self, request_id);
     }
+
+    fn scheduler(&self, model: &str, version: i64) -> Option<Arc<Scheduler>> {
+        self.resolve(model, version).ok()
+    }
 }
