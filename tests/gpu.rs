@@ -1961,6 +1961,26 @@ fn d2h_of(s: &Server, model: &str) -> (u64, u64) {
     copies_of(s, model, "d2h")
 }
 
+/// Lends `len` f32s at `p` (in memory `mem`, of GPU 0 for device memory) as input X of
+/// shape [1, len], never released.
+fn lend_row(r: &Req, p: *const c_void, len: usize, mem: u32) -> infer_status {
+    unsafe {
+        infer_request_add_input_borrowed(
+            r.0,
+            c"X".as_ptr(),
+            INFER_DATATYPE_FP32,
+            [1i64, len as i64].as_ptr(),
+            2,
+            p,
+            len * 4,
+            mem,
+            0,
+            None,
+            null_mut(),
+        )
+    }
+}
+
 /// Inputs of megabytes are staged in chunks, each copied up while the host stages the
 /// next: rows that cross chunks, several requests in one batch, a request whose input is
 /// on the device between host ones. Outputs copied down are lent to the responses up to
@@ -1986,22 +2006,7 @@ fn wide_rows_staged_in_chunks_and_outputs_lent(s: &Server) {
             d.bind(0);
             let p = d.upload(&x);
             on_device.push(p);
-            let st = unsafe {
-                infer_request_add_input_borrowed(
-                    r.0,
-                    c"X".as_ptr(),
-                    INFER_DATATYPE_FP32,
-                    [1i64, w as i64].as_ptr(),
-                    2,
-                    p as *const c_void,
-                    w * 4,
-                    INFER_MEMORY_GPU,
-                    0,
-                    None,
-                    null_mut(),
-                )
-            };
-            ok(st);
+            ok(lend_row(&r, p as *const c_void, w, INFER_MEMORY_GPU));
             r
         } else {
             r.input_f32("X", &[1, w as i64], &x)
@@ -2038,21 +2043,7 @@ fn wide_rows_staged_in_chunks_and_outputs_lent(s: &Server) {
     unsafe { std::ptr::copy_nonoverlapping(x.as_ptr(), locked as *mut f32, x.len()) };
     let before = h2d_of(s, "w");
     let r = s.request("w");
-    ok(unsafe {
-        infer_request_add_input_borrowed(
-            r.0,
-            c"X".as_ptr(),
-            INFER_DATATYPE_FP32,
-            [1i64, x.len() as i64].as_ptr(),
-            2,
-            locked,
-            x.len() * 4,
-            INFER_MEMORY_CPU_PINNED,
-            0,
-            None,
-            null_mut(),
-        )
-    });
+    ok(lend_row(&r, locked, x.len(), INFER_MEMORY_CPU_PINNED));
     assert_eq!(check_wide(&s.infer(r), &x), [INFER_MEMORY_CPU_PINNED; 2]);
     let after = h2d_of(s, "w");
     assert_eq!(
@@ -2209,21 +2200,7 @@ ensemble_scheduling { step [
     let p = d.upload(&x);
     let moved = copies(&mut || {
         let r = s.request("ww");
-        ok(unsafe {
-            infer_request_add_input_borrowed(
-                r.0,
-                c"X".as_ptr(),
-                INFER_DATATYPE_FP32,
-                [1i64, x.len() as i64].as_ptr(),
-                2,
-                p as *const c_void,
-                x.len() * 4,
-                INFER_MEMORY_GPU,
-                0,
-                None,
-                null_mut(),
-            )
-        });
+        ok(lend_row(&r, p as *const c_void, x.len(), INFER_MEMORY_GPU));
         ok(unsafe { infer_request_set_output_memory(r.0, INFER_MEMORY_GPU, 0) });
         resp = Some(s.infer(r));
     });
