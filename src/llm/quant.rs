@@ -703,7 +703,7 @@ mod avx2 {
     /// 32 bytes from the start of `b` (panics when shorter).
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    fn load32<T: Copy>(b: &[T]) -> __m256i {
+    pub(super) fn load32<T: Copy>(b: &[T]) -> __m256i {
         let b = &b[..32 / size_of::<T>()];
         // SAFETY: `b` holds 32 bytes; the load is unaligned.
         unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) }
@@ -1107,7 +1107,7 @@ mod avx2 {
     /// half's two 32-byte runs of low nibbles (`l0`, `l1`) and its 32 bytes of high bits.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    fn q6k_quarter(l0: __m256i, l1: __m256i, qh: __m256i, k: usize) -> __m256i {
+    pub(super) fn q6k_quarter(l0: __m256i, l1: __m256i, qh: __m256i, k: usize) -> __m256i {
         let low = _mm256_set1_epi8(0xf);
         let lowbits = match k {
             0 => _mm256_and_si256(l0, low),
