@@ -558,7 +558,7 @@ fn peak_rss_mib() -> f64 {
 /// the last token), `pp` (a 512-token prompt: prompt tokens/s to the first token), or a
 /// stream count S (S requests of 128 prompt + 128 generated tokens at once: all tokens
 /// over the wall time, as llama-batched-bench's `speed`; also the seconds until every
-/// prompt's first token, and in all).
+/// prompt's first token, in all, and the decoding steps' median and tenth percentile).
 fn llama_one(a: &Args) {
     let gguf = PathBuf::from(&a.ggufs[0]);
     let dir = std::env::temp_dir().join(format!("infer-llama-bench-{}", std::process::id()));
@@ -643,10 +643,22 @@ parameters {{ key: "enable_chunked_context" value {{ string_value: "true" }} }}"
             // Every prompt's first token: the prompts' share of the time.
             let first = t.iter().map(|x| x.tokens[0]).max().unwrap();
             let total = streams * (128 + 128);
+            // The decoding steps' times, from the gaps between one stream's tokens: their
+            // median and tenth percentile move less with the host's other load than the
+            // wall time does.
+            let mut gaps: Vec<f64> = t[0]
+                .tokens
+                .windows(2)
+                .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
+                .collect();
+            gaps.sort_by(f64::total_cmp);
+            let at = |q: f64| gaps.get((q * gaps.len() as f64) as usize).copied();
             serde_json::json!({
                 "speed": total as f64 / (end - start).as_secs_f64(),
                 "prompts_s": (first - start).as_secs_f64(),
                 "all_s": (end - start).as_secs_f64(),
+                "step_ms_median": at(0.5),
+                "step_ms_p10": at(0.1),
             })
         }
     };

@@ -247,6 +247,21 @@ pub(crate) fn prefetch_l2<T>(v: &[T]) {
     let _ = v;
 }
 
+/// Asks for the 64-byte line at `p` with the intent to write it (`PREFETCHW` where the
+/// CPU has it), so that a store there a while later finds the line owned. A raw
+/// address: the memory may be another thread's to write meanwhile (a prefetch never
+/// faults and reads nothing the program sees).
+#[inline]
+pub(crate) fn prefetch_write_line<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_ET0 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// One `PREFETCH` with `HINT` for each 64-byte line of `v`'s memory.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]

@@ -9,7 +9,7 @@
 //! batching invariance (see `kernels`) holds by construction, and threads may split
 //! the outputs any way.
 
-use super::kernels::{par_rows, prefetch, prefetch_l2, Exec};
+use super::kernels::{par_rows, prefetch, prefetch_l2, prefetch_write_line, Exec};
 use super::quant::panel::{self, Panel};
 use super::quant::{self, ActKind, ActRow, DotFn, WeightType, Q8, Q8K};
 use crate::status::{Error, Result};
@@ -580,10 +580,11 @@ pub(crate) fn matmuls(
     }
     let work: usize = products.iter().map(|p| t * p.0.rows * k).sum();
     // With several tokens, more parts than threads: a thread that finishes early (or one
-    // the host preempted) takes another part instead of waiting at the end. One token's
-    // product is too short for that to pay.
+    // the host preempted) takes another part instead of waiting at the end, where the
+    // other waits for about half a part (with 4 parts a thread, 3 % of 32 streams'
+    // decoding). One token's product is too short for that to pay.
     let parts = match exec.parts(work, tiles) {
-        p if p > 1 && t >= 4 => (p * 4).min(tiles),
+        p if p > 1 && t >= 4 => (p * PARTS_PER_THREAD).min(tiles),
         p => p,
     };
     let per = tiles.div_ceil(parts);
@@ -618,6 +619,13 @@ pub(crate) fn matmuls(
                     let o = unsafe {
                         std::slice::from_raw_parts_mut(yp.get().add(i * ldy + col + r), v.len())
                     };
+                    // The line of this token's next outputs of the matrix, written after
+                    // the next kernel call: owned by then, not fetched at the store (a
+                    // token's outputs are a row of their own, `ldy` apart, so the stores
+                    // of a call go to as many lines as it has tokens).
+                    if r + 2 * v.len() <= w.rows {
+                        prefetch_write_line(o.as_ptr().wrapping_add(v.len()));
+                    }
                     match out {
                         Out::Set => o.copy_from_slice(v),
                         Out::Bias(b) => {
@@ -707,6 +715,11 @@ fn run_rows(
         b0 = b1;
     }
 }
+
+/// Parts a thread of a product of 4 or more tokens is split into (see [`matmuls`]):
+/// decoding 32 Q8_0 streams on 2 threads, 12 (with the outputs' lines prefetched) took
+/// 1.08x less time a step than 4.
+const PARTS_PER_THREAD: usize = 12;
 
 /// The fewest token rows in a group for which [`run_panels`] runs two panels at once.
 const PAIR_TOKENS: usize = 4;
