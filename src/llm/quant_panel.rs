@@ -404,29 +404,27 @@ impl Panel for Q6KPanel {
 
 /// [`Panel::pack`] for Q6_K, a row at a time (the AVX2 version transposes in registers).
 pub(crate) fn pack_q6k(rows: [&[u8]; 8], out: &mut [Q6KPanel]) {
-    {
-        let mut q = [[0u8; 256]; 8];
-        for (bi, p) in out.iter_mut().enumerate() {
-            for (r, row) in rows.iter().enumerate() {
-                let b = &row[210 * bi..210 * (bi + 1)];
-                p.d[r] = f16_at(b, 208);
-                let scale = |s: usize| (b[192 + s] as i8) as i16 as u16 as u32;
-                for (s, sc) in p.sc.iter_mut().enumerate() {
-                    sc[r] = scale(s) * 0x1_0001;
-                }
-                for (s, pair) in p.sc_pairs.iter_mut().enumerate() {
-                    pair[r] = scale(2 * s) | (scale(2 * s + 1) << 16);
-                }
-                unpack_q6k(b, &mut q[r]);
+    let mut q = [[0u8; 256]; 8];
+    for (bi, p) in out.iter_mut().enumerate() {
+        for (r, row) in rows.iter().enumerate() {
+            let b = &row[210 * bi..210 * (bi + 1)];
+            p.d[r] = f16_at(b, 208);
+            let scale = |s: usize| (b[192 + s] as i8) as i16 as u16 as u32;
+            for (s, sc) in p.sc.iter_mut().enumerate() {
+                sc[r] = scale(s) * 0x1_0001;
             }
-            // Weights 32c ..+ 32 are sub-blocks 2c and 2c + 1: eight 4-byte groups.
-            for (c, subs) in p.q.chunks_exact_mut(2).enumerate() {
-                let groups: &mut [[u32; 8]; 8] = match subs.as_flattened_mut().try_into() {
-                    Ok(g) => g,
-                    Err(_) => unreachable!("two sub-blocks are eight groups"),
-                };
-                interleave(std::array::from_fn(|r| &q[r][32 * c..32 * c + 32]), groups);
+            for (s, pair) in p.sc_pairs.iter_mut().enumerate() {
+                pair[r] = scale(2 * s) | (scale(2 * s + 1) << 16);
             }
+            unpack_q6k(b, &mut q[r]);
+        }
+        // Weights 32c ..+ 32 are sub-blocks 2c and 2c + 1: eight 4-byte groups.
+        for (c, subs) in p.q.chunks_exact_mut(2).enumerate() {
+            let groups: &mut [[u32; 8]; 8] = match subs.as_flattened_mut().try_into() {
+                Ok(g) => g,
+                Err(_) => unreachable!("two sub-blocks are eight groups"),
+            };
+            interleave(std::array::from_fn(|r| &q[r][32 * c..32 * c + 32]), groups);
         }
     }
 }
