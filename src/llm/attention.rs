@@ -173,22 +173,54 @@ fn attend_avx2(
     let f16 = std::arch::is_x86_feature_detected!("f16c").then(|| F16Ops {
         // SAFETY: the CPU has AVX2 and F16C.
         scores: |q: &[f32], k: &[u16], div: f32, out: &mut [f32], ahead: &[u16]| unsafe {
-            scores_f16_avx2([q], k, div, [out], ahead)
+            scores_f16([q], k, div, [out], ahead)
         },
         // SAFETY: as above.
         axpy: |o: &mut [f32], p: &[f32], v: &[u16], ahead: &[u16]| unsafe {
-            axpy_f16_avx2([o], [p], v, ahead)
+            axpy_f16([o], [p], v, ahead)
         },
         // SAFETY: as above.
         scores2: |q: [&[f32]; 2], k: &[u16], div: f32, out: [&mut [f32]; 2], ahead: &[u16]| unsafe {
-            scores_f16_avx2(q, k, div, out, ahead)
+            scores_f16(q, k, div, out, ahead)
         },
         // SAFETY: as above.
         axpy2: |o: [&mut [f32]; 2], p: [&[f32]; 2], v: &[u16], ahead: &[u16]| unsafe {
-            axpy_f16_avx2(o, p, v, ahead)
+            axpy_f16(o, p, v, ahead)
         },
     });
     attend_body(shape, q, kv, blocks, pos, scores, out, dot, f16)
+}
+
+/// [`scores_f16_avx2`] for the head width: compiled for the common widths (64 and 128)
+/// and for any other.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn scores_f16<const H: usize>(
+    q: [&[f32]; H],
+    keys: &[u16],
+    divisor: f32,
+    out: [&mut [f32]; H],
+    ahead: &[u16],
+) {
+    match q[0].len() {
+        64 => scores_f16_avx2::<H, 64>(q, keys, divisor, out, ahead),
+        128 => scores_f16_avx2::<H, 128>(q, keys, divisor, out, ahead),
+        _ => scores_f16_avx2::<H, 0>(q, keys, divisor, out, ahead),
+    }
+}
+
+/// [`axpy_f16_avx2`] for the head width, compiled for the common widths (see
+/// [`scores_f16`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn axpy_f16<const H: usize>(o: [&mut [f32]; H], probs: [&[f32]; H], values: &[u16], ahead: &[u16]) {
+    match o[0].len() {
+        64 => axpy_f16_avx2::<H, 64>(o, probs, values, ahead),
+        128 => axpy_f16_avx2::<H, 128>(o, probs, values, ahead),
+        _ => axpy_f16_avx2::<H, 0>(o, probs, values, ahead),
+    }
 }
 
 /// `out[h][i] = dot_f16_avx2(q[h], key i) / divisor` for `H` query heads (1 or 2: two
@@ -196,11 +228,12 @@ fn attend_avx2(
 /// time where the head's width is whole 8s. Each (head, key) pair's lanes take the same
 /// products and sums as [`dot_f16_avx2`], each key widened once for all heads; then the
 /// eight pairs' lanes are transposed so that `reduce8`'s sums of all eight run side by
-/// side.
+/// side. `HD` is the head's width where it is known when compiled (0 where not): with
+/// it, the loops over a key have fixed bounds and no checks.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-fn scores_f16_avx2<const H: usize>(
+fn scores_f16_avx2<const H: usize, const HD: usize>(
     q: [&[f32]; H],
     keys: &[u16],
     divisor: f32,
@@ -208,15 +241,16 @@ fn scores_f16_avx2<const H: usize>(
     ahead: &[u16],
 ) {
     use std::arch::x86_64::*;
-    let hd = q[0].len();
+    let hd = if HD > 0 { HD } else { q[0].len() };
     let n = out.iter().map(|o| o.len()).min().unwrap_or(0);
     let step = 8 / H;
     let mut i = 0;
     if hd.is_multiple_of(8) && hd > 0 && q.iter().all(|q| q.len() == hd) {
+        let q: [&[f32]; H] = std::array::from_fn(|h| &q[h][..hd]);
         let div = _mm256_set1_ps(divisor);
         while i + step <= n {
             prefetch_part(ahead, i * hd..(i + step) * hd);
-            let keys = &keys[i * hd..(i + step) * hd];
+            let keys = &keys[i * hd..][..step * hd];
             // acc[h · step + j]: head h, key j.
             let mut acc = [_mm256_setzero_ps(); 8];
             for c in 0..hd / 8 {
@@ -268,17 +302,17 @@ fn scores_f16_avx2<const H: usize>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-fn axpy_f16_avx2<const H: usize>(
+fn axpy_f16_avx2<const H: usize, const HD: usize>(
     mut o: [&mut [f32]; H],
     probs: [&[f32]; H],
     values: &[u16],
     ahead: &[u16],
 ) {
     use std::arch::x86_64::*;
-    let hd = o[0].len();
+    let hd = if HD > 0 { HD } else { o[0].len() };
     if o.iter().any(|o| o.len() != hd) {
         for (o, p) in o.into_iter().zip(probs) {
-            axpy_f16_avx2([o], [p], values, ahead);
+            axpy_f16_avx2::<1, 0>([o], [p], values, ahead);
         }
         return;
     }
@@ -622,9 +656,9 @@ mod tests {
         }
     }
 
-    /// Heads of whole 8s (the 8-key and register-held paths), grouped-query attention,
-    /// blocks of more than 8 tokens: the AVX2 path on an F16 cache gives the bits of the
-    /// baseline over a widened copy.
+    /// Heads of whole 8s (the 8-key and register-held paths, the widths 64 and 128
+    /// compiled on their own), grouped-query attention, blocks of more than 8 tokens:
+    /// the AVX2 path on an F16 cache gives the bits of the baseline over a widened copy.
     #[test]
     fn eight_keys_at_a_time_give_the_same_bits() {
         let val = |i: usize| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0;
@@ -635,6 +669,10 @@ mod tests {
             (6, 2, 40, 7),
             (8, 1, 64, 13),
             (4, 2, 20, 10),
+            // The widths compiled on their own: one and two query heads a KV head.
+            (2, 2, 64, 16),
+            (3, 1, 128, 16),
+            (2, 2, 128, 5),
         ] {
             let kv_width = n_kv_head * hd;
             let shape = AttentionShape {
