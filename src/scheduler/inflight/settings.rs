@@ -75,7 +75,11 @@ pub const MAX_TOKENS: usize = 1 << 20;
 pub const MAX_TOKENS_PER_BLOCK: usize = 1 << 16;
 pub const MAX_THREADS: usize = 256;
 const DEFAULT_MAX_TOKENS_PER_ITERATION: usize = 8192;
-const DEFAULT_TOKENS_PER_BLOCK: usize = 16;
+/// TensorRT-LLM's default. Longer blocks are fewer, longer runs of each head's keys and
+/// values for attention to read (32 streams of a 0.4 B Q8_0 model decoded about 4 %
+/// faster than with 16, attention taking 10 % less of a step); prefix reuse keeps whole
+/// blocks only, so a shared prefix shorter than a block is not reused.
+const DEFAULT_TOKENS_PER_BLOCK: usize = 64;
 const DEFAULT_REQUEST_MAX_TOKENS: usize = 16;
 /// Without a size in the config the cache holds every sequence at full context, up to
 /// this much memory.
