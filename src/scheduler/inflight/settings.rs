@@ -347,3 +347,38 @@ pub const OUTPUT_IDS: &str = "output_ids";
 pub const OUTPUT_LOG_PROBS: &str = "output_log_probs";
 pub const TEXT_INPUT: &str = "text_input";
 pub const TEXT_OUTPUT: &str = "text_output";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(params: &[(&str, &str)]) -> Settings {
+        let mut text = String::from(
+            "backend: \"llama\"\nmax_batch_size: 0\n\
+             input [ { name: \"input_ids\" data_type: TYPE_INT32 dims: [ -1 ] } ]\n\
+             output [ { name: \"output_ids\" data_type: TYPE_INT32 dims: [ -1 ] } ]\n",
+        );
+        for (k, v) in params {
+            text += &format!("parameters {{ key: \"{k}\" value {{ string_value: \"{v}\" }} }}\n");
+        }
+        let c = crate::config::parse_config_named(&text, Some("m")).unwrap();
+        // 1 KiB a position: a block of 64 is 64 KiB.
+        Settings::from_config(&c, 2048, |tpb| tpb << 10).unwrap().0
+    }
+
+    #[test]
+    fn blocks_hold_64_positions_unless_configured() {
+        let s = settings(&[]);
+        assert_eq!(s.tokens_per_block, 64);
+        // Every sequence at full context: 64 sequences of 2048 positions, 32 blocks each.
+        assert_eq!(s.kv_blocks, 64 * 32);
+        let s = settings(&[("tokens_per_block", "16")]);
+        assert_eq!((s.tokens_per_block, s.kv_blocks), (16, 64 * 128));
+        // A size in positions becomes whole blocks of the configured length.
+        let s = settings(&[("max_tokens_in_paged_kv_cache", "1000")]);
+        assert_eq!((s.tokens_per_block, s.kv_blocks), (64, 16));
+        // Without a size, at most 1 GiB: 16384 blocks of 64 KiB.
+        let s = settings(&[("max_num_sequences", "1024")]);
+        assert_eq!(s.kv_blocks, 16384);
+    }
+}
