@@ -640,6 +640,34 @@ unsafe extern "C" fn on_stats(ud: *mut c_void, json: *const std::ffi::c_char) {
     v.lock().unwrap().push(serde_json::from_str(text).unwrap());
 }
 
+/// A config without `tokens_per_block` gets TensorRT-LLM's 64 positions a block: the
+/// iteration statistics say so, and `kv_cache_blocks` counts blocks of that length.
+#[test]
+fn kv_blocks_hold_64_positions_by_default() {
+    let text: Vec<String> = config(&[])
+        .lines()
+        .filter(|l| !l.contains("\"tokens_per_block\""))
+        .map(str::to_owned)
+        .collect();
+    let s = server_with("gpt", &text.join("\n"));
+    let seen: Box<Mutex<Vec<Value>>> = Box::default();
+    let ud = &*seen as *const _ as *mut c_void;
+    ok(unsafe {
+        infer_server_set_iteration_stats_callback(s.0, cs("gpt").as_ptr(), Some(on_stats), ud)
+    });
+    let prompt: Vec<i32> = (0..70).collect();
+    let g = run(&s, "gpt", &prompt, &max_tokens(2));
+    assert_eq!(g.tokens().len(), 2);
+    let seen = seen.lock().unwrap();
+    assert!(!seen.is_empty());
+    for v in seen.iter() {
+        assert_eq!(v["tokens_per_block"], 64, "{v}");
+        assert_eq!(v["kv_blocks_max"], 64, "{v}");
+    }
+    // 70 prompt positions fill two blocks of 64.
+    assert_eq!(seen[0]["kv_blocks_used"], 2, "{}", seen[0]);
+}
+
 #[test]
 fn iteration_statistics_callback_statistics_json_and_prometheus() {
     let s = server_with("gpt", &config(&[]));
