@@ -10,7 +10,7 @@ use super::attention::{self, AttentionShape, Scratch};
 use super::kernels::{self, Exec};
 use super::kv::KvCache;
 use super::linear::{matmul, Acts, Out};
-use super::step::{Planner, StepSeq};
+use super::step::{Planner, StepSeq, TokenSlot};
 use super::weights::Gpt2;
 use crate::status::{Error, Result};
 use std::sync::Arc;
@@ -32,6 +32,9 @@ pub struct Runner {
     attn: Vec<f32>,
     fc: Vec<f32>,
     head_in: Vec<f32>,
+    /// The slots of the tokens whose logits are returned (the last layer's rows when
+    /// that is fewer than the step's tokens).
+    head_slots: Vec<TokenSlot>,
     acts: Acts,
     /// One attention scratch per thread part.
     scores: Vec<Scratch>,
@@ -59,6 +62,7 @@ impl Runner {
             attn: Vec::new(),
             fc: Vec::new(),
             head_in: Vec::new(),
+            head_slots: Vec::new(),
             acts: Acts::default(),
             scores,
         })
@@ -134,6 +138,19 @@ impl Runner {
 
         let eps = c.layer_norm_epsilon;
         let hd = c.head_dim();
+        // The last layer computes every token's keys and values (later tokens attend to
+        // them), and the rest of the layer only for the tokens whose logits are returned.
+        // Each row's operations are the same either way, so the same bits.
+        self.head_slots.clear();
+        self.head_slots.extend(
+            self.plan
+                .head_rows
+                .iter()
+                .map(|&r| self.plan.slots[r as usize]),
+        );
+        let mut slots: &[TokenSlot] = &self.plan.slots;
+        let mut live = t;
+        let last = model.blocks.len().saturating_sub(1);
         for (l, b) in model.blocks.iter().enumerate() {
             kernels::layer_norm_rows(exec, hidden, &b.ln_1.weight, &b.ln_1.bias, eps, normed);
             acts.prepare(exec, normed, t, e, [b.attn.wtype])?;
@@ -158,6 +175,19 @@ impl Runner {
                     &row[2 * e..],
                 );
             }
+            if l == last && rows < t {
+                if rows == 0 {
+                    break;
+                }
+                // Rows in ascending order, so each moves down or stays.
+                for (i, &r) in self.plan.head_rows.iter().enumerate() {
+                    let r = r as usize;
+                    hidden.copy_within(r * e..(r + 1) * e, i * e);
+                    qkv.copy_within(r * 3 * e..(r + 1) * 3 * e, i * 3 * e);
+                }
+                slots = &self.head_slots;
+                live = rows;
+            }
             let mut divisor = 1.0f32;
             if c.scale_attn_weights {
                 divisor = (hd as f32).sqrt();
@@ -173,17 +203,8 @@ impl Runner {
                 layer: l,
                 divisor,
             };
-            attention::attention(
-                exec,
-                &shape,
-                qkv,
-                kv,
-                &self.plan.slots,
-                seqs,
-                &mut self.scores,
-                attn,
-            );
-            acts.prepare(exec, attn, t, e, [b.attn_proj.wtype])?;
+            attention::attention(exec, &shape, qkv, kv, slots, seqs, &mut self.scores, attn);
+            acts.prepare(exec, attn, live, e, [b.attn_proj.wtype])?;
             matmul(
                 exec,
                 &b.attn_proj,
@@ -193,11 +214,12 @@ impl Runner {
                 e,
                 Out::BiasAdd(&b.attn_proj_b),
             );
-            kernels::layer_norm_rows(exec, hidden, &b.ln_2.weight, &b.ln_2.bias, eps, normed);
-            acts.prepare(exec, normed, t, e, [b.fc.wtype])?;
+            let (h, n) = (&hidden[..live * e], &mut normed[..live * e]);
+            kernels::layer_norm_rows(exec, h, &b.ln_2.weight, &b.ln_2.bias, eps, n);
+            acts.prepare(exec, normed, live, e, [b.fc.wtype])?;
             matmul(exec, &b.fc, acts, normed, fc, i, Out::Bias(&b.fc_b));
-            kernels::activate_rows(exec, c.activation, fc, i);
-            acts.prepare(exec, fc, t, i, [b.mlp_proj.wtype])?;
+            kernels::activate_rows(exec, c.activation, &mut fc[..live * i], i);
+            acts.prepare(exec, fc, live, i, [b.mlp_proj.wtype])?;
             matmul(
                 exec,
                 &b.mlp_proj,
@@ -210,8 +232,13 @@ impl Runner {
         }
 
         if rows > 0 {
-            for (o, &r) in head_in.chunks_exact_mut(e).zip(&self.plan.head_rows) {
-                let r = r as usize;
+            for (k, (o, &r)) in head_in
+                .chunks_exact_mut(e)
+                .zip(&self.plan.head_rows)
+                .enumerate()
+            {
+                // The last layer left the returned rows first when it computed only them.
+                let r = if live < t { k } else { r as usize };
                 kernels::layer_norm(
                     &hidden[r * e..(r + 1) * e],
                     &model.ln_f.weight,

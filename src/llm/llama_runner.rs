@@ -12,7 +12,7 @@ use super::kv::KvCache;
 use super::linear::{matmul, matmuls, Acts, Blocking, Out, Target};
 use super::llama::{Llama, RopeStyle};
 use super::pool::Pool;
-use super::step::{Planner, StepSeq};
+use super::step::{Planner, StepSeq, TokenSlot};
 use crate::status::{Error, Result};
 use std::sync::Arc;
 
@@ -37,6 +37,9 @@ pub struct LlamaRunner {
     head_in: Vec<f32>,
     /// Per token: cos and sin of each rotary pair's angle.
     rope: Vec<f32>,
+    /// The slots of the tokens whose logits are returned (the last layer's rows when
+    /// that is fewer than the step's tokens).
+    head_slots: Vec<TokenSlot>,
     acts: Acts,
     scratch: Vec<Scratch>,
 }
@@ -59,6 +62,7 @@ impl LlamaRunner {
             up: Vec::new(),
             head_in: Vec::new(),
             rope: Vec::new(),
+            head_slots: Vec::new(),
             acts: Acts::default(),
             scratch: (0..threads * attention::PARTS_PER_THREAD)
                 .map(|_| Scratch::default())
@@ -155,6 +159,20 @@ impl LlamaRunner {
             layer,
             divisor: (hd as f32).sqrt(),
         };
+        // The last layer computes every token's keys and values (later tokens attend to
+        // them), and the rest of the layer (attention, the output projection, the MLP)
+        // only for the tokens whose logits are returned: a prompt's last token, not the
+        // other 127 of it. Each row's operations are the same either way, so the same bits.
+        self.head_slots.clear();
+        self.head_slots.extend(
+            self.plan
+                .head_rows
+                .iter()
+                .map(|&r| self.plan.slots[r as usize]),
+        );
+        let mut slots: &[TokenSlot] = &self.plan.slots;
+        let mut live = t;
+        let last = model.layers.len().saturating_sub(1);
         for (l, b) in model.layers.iter().enumerate() {
             let types = [b.wq.wtype, b.wk.wtype, b.wv.wtype];
             acts.fill_and_prepare(exec, normed, t, e, types, |r, o| {
@@ -194,40 +212,58 @@ impl LlamaRunner {
                     &row[qw + kvw..],
                 );
             }
+            if l == last && rows < t {
+                if rows == 0 {
+                    break;
+                }
+                // Rows in ascending order, so each moves down or stays.
+                for (i, &r) in self.plan.head_rows.iter().enumerate() {
+                    let r = r as usize;
+                    hidden.copy_within(r * e..(r + 1) * e, i * e);
+                    qkv.copy_within(r * width..(r + 1) * width, i * width);
+                }
+                slots = &self.head_slots;
+                live = rows;
+            }
             attention::attention(
                 exec,
                 &shape(l),
                 qkv,
                 kv,
-                &self.plan.slots,
+                slots,
                 seqs,
                 &mut self.scratch,
                 attn,
             );
-            acts.prepare(exec, attn, t, qw, [b.wo.wtype])?;
+            acts.prepare(exec, attn, live, qw, [b.wo.wtype])?;
             matmul(exec, &b.wo, acts, attn, hidden, e, Out::Add);
             if let Some(bias) = &b.wo_bias {
-                for row in hidden.chunks_exact_mut(e) {
+                for row in hidden[..live * e].chunks_exact_mut(e) {
                     row.iter_mut().zip(bias).for_each(|(h, b)| *h += b);
                 }
             }
 
-            acts.fill_and_prepare(exec, normed, t, e, [b.gate.wtype, b.up.wtype], |r, o| {
+            acts.fill_and_prepare(exec, normed, live, e, [b.gate.wtype, b.up.wtype], |r, o| {
                 rms_norm(&hidden[r * e..(r + 1) * e], &b.ffn_norm, c.rms_eps, o)
             })?;
             let gate_up = [(&b.gate, 0, 0, Out::Set), (&b.up, 1, 0, Out::Set)];
             let targets = &mut [Target { y: gate, ldy: ff }, Target { y: up, ldy: ff }];
             matmuls(exec, &gate_up, acts, normed, targets, Blocking::DEFAULT);
             let up = &*up;
-            acts.fill_and_prepare(exec, gate, t, ff, [b.down.wtype], |r, g| {
+            acts.fill_and_prepare(exec, gate, live, ff, [b.down.wtype], |r, g| {
                 silu_mul(g, &up[r * ff..(r + 1) * ff])
             })?;
             matmul(exec, &b.down, acts, gate, hidden, e, Out::Add);
         }
 
         if rows > 0 {
-            for (o, &r) in head_in.chunks_exact_mut(e).zip(&self.plan.head_rows) {
-                let r = r as usize;
+            for (i, (o, &r)) in head_in
+                .chunks_exact_mut(e)
+                .zip(&self.plan.head_rows)
+                .enumerate()
+            {
+                // The last layer left the returned rows first when it computed only them.
+                let r = if live < t { i } else { r as usize };
                 rms_norm(&hidden[r * e..(r + 1) * e], &model.norm, c.rms_eps, o);
             }
             acts.prepare(exec, head_in, rows, e, [model.head.wtype])?;

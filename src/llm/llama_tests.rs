@@ -109,6 +109,61 @@ fn chunks_threads_and_batches_do_not_change_a_bit() {
     }
 }
 
+/// The last layer runs attention and the MLP only for the rows whose logits are
+/// returned; its keys and values are still every token's. A prompt fed as chunks that
+/// return nothing, then a last chunk that returns its last row, gives that row's bits
+/// of the whole prompt's run (which computed every row), on one thread and on three.
+#[test]
+fn rows_without_logits_still_fill_the_last_layers_cache() {
+    let m = model(false, true);
+    let shape = m.config.kv_shape(KvType::F32);
+    let p = prompt(29, 5);
+    let whole = run_chunked(
+        &mut runner(&m, 1),
+        &mut KvCache::new(shape, 8, 8).unwrap(),
+        &p,
+        29,
+    );
+    let blocks: Vec<u32> = (0..8).collect();
+    for threads in [1, 3] {
+        let mut r = runner(&m, threads);
+        let mut kv = KvCache::new(shape, 8, 8).unwrap();
+        let mut logits = vec![1.0; 5];
+        for (start, end, want) in [
+            (0, 9, Logits::None),
+            (9, 20, Logits::None),
+            (20, 29, Logits::Last),
+        ] {
+            let s = StepSeq {
+                tokens: &p[start..end],
+                start,
+                blocks: &blocks,
+                logits: want,
+            };
+            r.step(&mut kv, &[s], &mut logits).unwrap();
+        }
+        assert_eq!(bits(&logits), bits(&whole[28 * 97..]), "threads {threads}");
+        // One more token attends over all 30 positions, the last layer's included.
+        let next = [p[3]];
+        let s = StepSeq {
+            tokens: &next,
+            start: 29,
+            blocks: &blocks,
+            logits: Logits::Last,
+        };
+        r.step(&mut kv, &[s], &mut logits).unwrap();
+        let mut longer = p.clone();
+        longer.push(p[3]);
+        let all = run_chunked(
+            &mut runner(&m, 1),
+            &mut KvCache::new(shape, 8, 8).unwrap(),
+            &longer,
+            30,
+        );
+        assert_eq!(bits(&logits), bits(&all[29 * 97..]), "threads {threads}");
+    }
+}
+
 #[test]
 fn f16_cache_stays_close_to_f32() {
     let m = model(true, false);
