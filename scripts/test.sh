@@ -184,6 +184,7 @@ llama_models() {
     fi
     local py="$venv/bin/python" prompt="3,17,101,45,200,7,9,311,42,5,77,128" spec name args d r
     for spec in "tiny-llama|--arch llama --shape tiny --rope-scaling llama3 --attention-bias"         "small-llama|--arch llama --shape small --pre gpt-2"         "small-qwen2|--arch qwen2 --shape small" \
+        "small-qwen2-quantized|--arch qwen2 --shape small --weights q8_0 --weights q4_k" \
         "tiny-llama2|--arch llama --shape tiny --vocab spm --weights f16 --weights q8_0 --weights q4_k"; do
         name="${spec%%|*}" args="${spec#*|}" d="$out/$name"
         # shellcheck disable=SC2086

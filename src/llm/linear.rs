@@ -865,6 +865,184 @@ fn run_panels<P: Panel>(
     }
 }
 
+/// Whether [`matmul_combined`] serves `a` and `b` for `t` token rows: both packed at
+/// load into panels of one type, of one shape, and enough tokens for two panels a call.
+pub(crate) fn combines(a: &Matrix, b: &Matrix, t: usize) -> bool {
+    let same = matches!(
+        (a.packed.as_deref(), b.packed.as_deref()),
+        (Some(Packed::Q8_0(_)), Some(Packed::Q8_0(_)))
+            | (Some(Packed::Q4K(_)), Some(Packed::Q4K(_)))
+    );
+    same && a.rows == b.rows && a.cols == b.cols && t >= PAIR_TOKENS
+}
+
+/// `y[i][j] = f(a.row(j) · x[i], b.row(j) · x[i])` for two matrices that
+/// [`combines`] accepts (a gated MLP's gate and up projections): each kernel call runs
+/// eight rows of `a` and the same eight of `b` side by side, and `combine(of_a, of_b,
+/// out)` turns a token's up to eight outputs of each into the values stored. The two
+/// products' outputs never go to memory, and no pass over them follows. Each
+/// product's value is the bits [`matmul`] gives, so `combine` sees what it would
+/// have read from two `matmul`s.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_combined(
+    exec: Exec<'_>,
+    a: &Matrix,
+    b: &Matrix,
+    acts: &Acts,
+    x: &[f32],
+    y: &mut [f32],
+    ldy: usize,
+    combine: impl Fn(&[f32], &[f32], &mut [f32]) + Sync,
+) {
+    let (t, k, n) = (acts.t, acts.k, a.rows);
+    assert!(
+        combines(a, b, t),
+        "{} and {}: not combinable",
+        a.name,
+        b.name
+    );
+    assert_eq!(
+        k, a.cols,
+        "{}: activations prepared for another width",
+        a.name
+    );
+    assert!(x.len() >= t * k && ldy >= n && y.len() >= (t - 1) * ldy + n);
+    let kind = a.wtype.act();
+    match kind {
+        ActKind::Q8 => assert!(acts.has_q8, "{}: activations not quantized", a.name),
+        ActKind::Q8K => assert!(acts.has_q8k, "{}: activations not quantized", a.name),
+        ActKind::F32 => {}
+    }
+    let tiles = n.div_ceil(TILE);
+    // More parts than threads, as in `matmuls`.
+    let parts = match exec.parts(2 * t * n * k, tiles) {
+        p if p > 1 => (p * PARTS_PER_THREAD).min(tiles),
+        p => p,
+    };
+    let per = tiles.div_ceil(parts);
+    let rows: Vec<ActRow<'_>> = (0..t).map(|i| acts.row(kind, x, i)).collect();
+    let blocking = Blocking::DEFAULT;
+    let group = (blocking.group_bytes / acts.row_bytes(kind)).clamp(4, TOKENS) & !3;
+    // A block of each matrix: together they stay in L2 as the token groups pass.
+    let block = (blocking.block_bytes / 2 / a.row_bytes).max(TILE) / TILE * TILE;
+    let yp = OutPtr(y.as_mut_ptr());
+    let run = |part: usize| {
+        let (first, end) = ((part * per * TILE).min(n), ((part + 1) * per * TILE).min(n));
+        if first >= end {
+            return;
+        }
+        let put = |i: usize, r: usize, v: &[f32]| {
+            // SAFETY: outputs `r..r + v.len()` of token `i` are inside `y` (asserted
+            // above: `r + v.len() <= n <= ldy`), and only the part that owns rows
+            // `first..end` touches them, so this is the only reference to them while
+            // it lives.
+            let o = unsafe { std::slice::from_raw_parts_mut(yp.get().add(i * ldy + r), v.len()) };
+            if r + 2 * v.len() <= n {
+                prefetch_write_line(o.as_ptr().wrapping_add(v.len()));
+            }
+            o.copy_from_slice(v);
+        };
+        let pair = (a, b, &rows[..], first..end, group, block);
+        match (a.packed.as_deref(), b.packed.as_deref()) {
+            (Some(Packed::Q8_0(pa)), Some(Packed::Q8_0(pb))) => {
+                run_panels_side_by_side(pair, pa, pb, &combine, put)
+            }
+            (Some(Packed::Q4K(pa)), Some(Packed::Q4K(pb))) => {
+                run_panels_side_by_side(pair, pa, pb, &combine, put)
+            }
+            // `combines` was asserted.
+            _ => {}
+        }
+    };
+    match exec.pool {
+        Some(pool) if parts > 1 => pool.run(parts, &run),
+        _ => (0..parts).for_each(run),
+    }
+}
+
+/// Rows `rows` of `a` and of `b` (packed into `pa` and `pb`) against every token row,
+/// in blocks of rows and groups of tokens as [`run_panels`] walks them: panel `p` of
+/// `a` and panel `p` of `b` in one pair kernel call, their outputs combined there.
+/// Rows past the last whole eight use the row kernel (the same bits).
+fn run_panels_side_by_side<P: Panel>(
+    (a, b, acts, rows, group, block): (
+        &Matrix,
+        &Matrix,
+        &[ActRow<'_>],
+        std::ops::Range<usize>,
+        usize,
+        usize,
+    ),
+    pa: &[P],
+    pb: &[P],
+    combine: &impl Fn(&[f32], &[f32], &mut [f32]),
+    put: impl Fn(usize, usize, &[f32]),
+) {
+    let nb = a.cols / panel::PANEL_COLS;
+    let mut outs = [[0.0f32; 16]; TOKENS];
+    let (mut dots_a, mut dots_b) = ([0.0f32; TOKENS], [0.0f32; TOKENS]);
+    let (mut tail_a, mut tail_b) = ([0.0f32; TOKENS * 8], [0.0f32; TOKENS * 8]);
+    let mut h = [0.0f32; 8];
+    let mut b0 = rows.start;
+    while b0 < rows.end {
+        let b1 = (b0 + block).min(rows.end);
+        // Blocks start at whole tiles, so at whole eights.
+        debug_assert!(b0.is_multiple_of(8));
+        let whole = (b1 - b0) / 8;
+        let (ma, mb) = (
+            &pa[b0 / 8 * nb..(b0 / 8 + whole) * nb],
+            &pb[b0 / 8 * nb..(b0 / 8 + whole) * nb],
+        );
+        // The next block of both into L2, a share before each kernel call (see
+        // `run_panels`).
+        let n1 = (b1 + block).min(rows.end);
+        let ahead = [
+            pa.get(b1 / 8 * nb..n1 / 8 * nb).unwrap_or(&[]),
+            pb.get(b1 / 8 * nb..n1 / 8 * nb).unwrap_or(&[]),
+        ];
+        let calls = acts.len().div_ceil(group) * whole.max(1);
+        let mut call = 0;
+        for i0 in (0..acts.len()).step_by(group) {
+            let group = &acts[i0..(i0 + group).min(acts.len())];
+            let g = group.len();
+            for (p, (x, y)) in ma
+                .chunks_exact(nb.max(1))
+                .zip(mb.chunks_exact(nb.max(1)))
+                .enumerate()
+            {
+                let share = |n: usize| call * n / calls..(call + 1) * n / calls;
+                for next in ahead {
+                    prefetch_l2(next.get(share(next.len())).unwrap_or(&[]));
+                }
+                call += 1;
+                P::gemm_pair(x, y, group, &mut outs[..g]);
+                for (j, o) in outs[..g].iter().enumerate() {
+                    combine(&o[..8], &o[8..], &mut h);
+                    put(i0 + j, b0 + 8 * p, &h);
+                }
+            }
+            let r0 = b0 + 8 * whole;
+            if r0 < b1 {
+                let m = b1 - r0;
+                for r in r0..b1 {
+                    (a.dot)(a.row(r), group, &mut dots_a[..g]);
+                    (b.dot)(b.row(r), group, &mut dots_b[..g]);
+                    for j in 0..g {
+                        tail_a[j * 8 + r - r0] = dots_a[j];
+                        tail_b[j * 8 + r - r0] = dots_b[j];
+                    }
+                }
+                for j in 0..g {
+                    let (x, y) = (&tail_a[j * 8..j * 8 + m], &tail_b[j * 8..j * 8 + m]);
+                    combine(x, y, &mut h[..m]);
+                    put(i0 + j, r0, &h[..m]);
+                }
+            }
+        }
+        b0 = b1;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -933,6 +1111,74 @@ mod tests {
             matmul(alone, &plain, &acts, &x, &mut y, n + 3, Out::Add);
             assert_eq!(bits(&whole), bits(&y), "{} packed", wt.name());
         }
+    }
+
+    /// Two packed matrices side by side give each output the bits of two `matmul`s
+    /// (combined after), for every count of tokens from 4, split over threads or not,
+    /// with rows past the last whole eight (45) and blocks of rows (2,100).
+    #[test]
+    fn combined_products_are_the_two_products_combined() {
+        let pool = crate::llm::pool::Pool::new(3, "test").unwrap();
+        let k = 512;
+        let combine = |a: &[f32], b: &[f32], o: &mut [f32]| {
+            for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
+                *o = a * 0.5 - b;
+            }
+        };
+        let matrix = |wt: WeightType, n: usize, seed: u64| {
+            let data: Vec<u8> = (0..n)
+                .flat_map(|r| random_row(wt, k, seed * 1000 + r as u64))
+                .collect();
+            Matrix::new("w", wt, n, k, Bytes::Owned(Arc::new(data)))
+                .and_then(Matrix::packed)
+                .unwrap()
+        };
+        for wt in [WeightType::Q8_0, WeightType::Q4K] {
+            if !panel::available() {
+                break;
+            }
+            for n in [45, 2100] {
+                let (a, b) = (matrix(wt, n, 1), matrix(wt, n, 2));
+                for t in [4, 7, 33] {
+                    let x: Vec<f32> = (0..t * k)
+                        .map(|i| ((i * 17 % 31) as f32 - 15.0) * 0.07)
+                        .collect();
+                    for threads in [1, 3] {
+                        let exec = Exec {
+                            pool: (threads > 1).then_some(&pool),
+                            threads,
+                            min_par_work: 0,
+                        };
+                        let mut acts = Acts::default();
+                        acts.prepare(exec, &x, t, k, [wt]).unwrap();
+                        assert!(combines(&a, &b, t));
+                        let ldy = n + 3;
+                        let (mut ya, mut yb) = (vec![0.0f32; t * ldy], vec![0.0f32; t * ldy]);
+                        matmul(exec, &a, &acts, &x, &mut ya, ldy, Out::Set);
+                        matmul(exec, &b, &acts, &x, &mut yb, ldy, Out::Set);
+                        let mut want = vec![1.0f32; t * ldy];
+                        for i in 0..t {
+                            let r = i * ldy..i * ldy + n;
+                            combine(&ya[r.clone()], &yb[r.clone()], &mut want[r]);
+                        }
+                        let mut got = vec![1.0f32; t * ldy];
+                        matmul_combined(exec, &a, &b, &acts, &x, &mut got, ldy, combine);
+                        let what = format!("{} n {n} t {t} threads {threads}", wt.name());
+                        assert_eq!(bits(&want), bits(&got), "{what}");
+                    }
+                }
+                assert!(!combines(&a, &b, 3), "three tokens run one panel at a time");
+            }
+        }
+        // Not packed alike: the two products run apart.
+        let q8 = matrix(WeightType::Q8_0, 16, 1);
+        let q4 = matrix(WeightType::Q4K, 16, 2);
+        assert!(!combines(&q8, &q4, 8));
+        assert!(!combines(&q8, &matrix(WeightType::Q8_0, 24, 3), 8));
+        let data = random_row(WeightType::Q8_0, k, 9).repeat(16);
+        let plain =
+            Matrix::new("w", WeightType::Q8_0, 16, k, Bytes::Owned(Arc::new(data))).unwrap();
+        assert!(!combines(&plain, &plain, 8));
     }
 
     /// The resident KiB of this process's mapping that holds `addr` (/proc/self/smaps).

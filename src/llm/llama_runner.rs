@@ -9,7 +9,7 @@
 use super::attention::{self, AttentionShape, Scratch};
 use super::kernels::{exp_nonpositive, par_rows, reduce8, Exec};
 use super::kv::KvCache;
-use super::linear::{matmul, matmuls, Acts, Blocking, Out, Target};
+use super::linear::{combines, matmul, matmul_combined, matmuls, Acts, Blocking, Out, Target};
 use super::llama::{Llama, RopeStyle};
 use super::pool::Pool;
 use super::step::{Planner, StepSeq, TokenSlot};
@@ -122,7 +122,22 @@ impl LlamaRunner {
         let qkv = grow(&mut self.qkv, t * width)?;
         let attn = grow(&mut self.attn, t * qw)?;
         let gate = grow(&mut self.gate, t * ff)?;
-        let up = grow(&mut self.up, t * ff)?;
+        // The up projection's outputs need a buffer only where a layer cannot run it side
+        // by side with the gate's (`combines`); the last layer may run fewer rows.
+        let last_rows = if rows < t { rows } else { t };
+        let separate = |(l, b): (usize, &super::llama::Layer)| {
+            let n = if l + 1 == model.layers.len() {
+                last_rows
+            } else {
+                t
+            };
+            n > 0 && !combines(&b.gate, &b.up, n)
+        };
+        let up = if model.layers.iter().enumerate().any(separate) {
+            grow(&mut self.up, t * ff)?
+        } else {
+            &mut []
+        };
         let head_in = grow(&mut self.head_in, rows * e)?;
         let rope = grow(&mut self.rope, t * 2 * pairs)?;
         grow(logits, rows * v)?;
@@ -246,13 +261,23 @@ impl LlamaRunner {
             acts.fill_and_prepare(exec, normed, live, e, [b.gate.wtype, b.up.wtype], |r, o| {
                 rms_norm(&hidden[r * e..(r + 1) * e], &b.ffn_norm, c.rms_eps, o)
             })?;
-            let gate_up = [(&b.gate, 0, 0, Out::Set), (&b.up, 1, 0, Out::Set)];
-            let targets = &mut [Target { y: gate, ldy: ff }, Target { y: up, ldy: ff }];
-            matmuls(exec, &gate_up, acts, normed, targets, Blocking::DEFAULT);
-            let up = &*up;
-            acts.fill_and_prepare(exec, gate, live, ff, [b.down.wtype], |r, g| {
-                silu_mul(g, &up[r * ff..(r + 1) * ff])
-            })?;
+            if combines(&b.gate, &b.up, live) {
+                // SiLU(gate) x up as each kernel call's outputs come: the two products'
+                // outputs never go to memory.
+                matmul_combined(exec, &b.gate, &b.up, acts, normed, gate, ff, |g, u, h| {
+                    h.copy_from_slice(g);
+                    silu_mul(h, u);
+                });
+                acts.prepare(exec, gate, live, ff, [b.down.wtype])?;
+            } else {
+                let gate_up = [(&b.gate, 0, 0, Out::Set), (&b.up, 1, 0, Out::Set)];
+                let targets = &mut [Target { y: gate, ldy: ff }, Target { y: up, ldy: ff }];
+                matmuls(exec, &gate_up, acts, normed, targets, Blocking::DEFAULT);
+                let up = &*up;
+                acts.fill_and_prepare(exec, gate, live, ff, [b.down.wtype], |r, g| {
+                    silu_mul(g, &up[r * ff..(r + 1) * ff])
+                })?;
+            }
             matmul(exec, &b.down, acts, gate, hidden, e, Out::Add);
         }
 
