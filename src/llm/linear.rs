@@ -979,10 +979,16 @@ fn run_panels_side_by_side<P: Panel>(
     put: impl Fn(usize, usize, &[f32]),
 ) {
     let nb = a.cols / panel::PANEL_COLS;
-    let mut outs = [[0.0f32; 16]; TOKENS];
+    // Two kernel calls' outputs (panels p and p + 1 of each matrix), so that each token's
+    // 16 combined values are stored at once, as `run_panels` stores a pair's; all the
+    // group's values of `a` and of `b` side by side, so that one `combine` call takes
+    // them all (SiLU's chain of dependent operations on one vector at a time would
+    // leave the core waiting; over a few hundred values the iterations overlap).
+    let mut outs = [[[0.0f32; 16]; TOKENS]; 2];
     let (mut dots_a, mut dots_b) = ([0.0f32; TOKENS], [0.0f32; TOKENS]);
-    let (mut tail_a, mut tail_b) = ([0.0f32; TOKENS * 8], [0.0f32; TOKENS * 8]);
-    let mut h = [0.0f32; 8];
+    let mut va = [0.0f32; TOKENS * 16];
+    let mut vb = [0.0f32; TOKENS * 16];
+    let mut h = [0.0f32; TOKENS * 16];
     let mut b0 = rows.start;
     while b0 < rows.end {
         let b1 = (b0 + block).min(rows.end);
@@ -1005,21 +1011,31 @@ fn run_panels_side_by_side<P: Panel>(
         for i0 in (0..acts.len()).step_by(group) {
             let group = &acts[i0..(i0 + group).min(acts.len())];
             let g = group.len();
-            for (p, (x, y)) in ma
-                .chunks_exact(nb.max(1))
-                .zip(mb.chunks_exact(nb.max(1)))
-                .enumerate()
-            {
-                let share = |n: usize| call * n / calls..(call + 1) * n / calls;
-                for next in ahead {
-                    prefetch_l2(next.get(share(next.len())).unwrap_or(&[]));
+            let mut p = 0;
+            while p < whole {
+                let two = (whole - p).min(2);
+                for (q, outs) in outs.iter_mut().enumerate().take(two) {
+                    let share = |n: usize| call * n / calls..(call + 1) * n / calls;
+                    for next in ahead {
+                        prefetch_l2(next.get(share(next.len())).unwrap_or(&[]));
+                    }
+                    call += 1;
+                    let at = (p + q) * nb..(p + q + 1) * nb;
+                    P::gemm_pair(&ma[at.clone()], &mb[at], group, &mut outs[..g]);
                 }
-                call += 1;
-                P::gemm_pair(x, y, group, &mut outs[..g]);
-                for (j, o) in outs[..g].iter().enumerate() {
-                    combine(&o[..8], &o[8..], &mut h);
-                    put(i0 + j, b0 + 8 * p, &h);
+                let w = 8 * two;
+                for j in 0..g {
+                    for (q, outs) in outs.iter().enumerate().take(two) {
+                        let at = j * w + 8 * q..j * w + 8 * q + 8;
+                        va[at.clone()].copy_from_slice(&outs[j][..8]);
+                        vb[at].copy_from_slice(&outs[j][8..]);
+                    }
                 }
+                combine(&va[..g * w], &vb[..g * w], &mut h[..g * w]);
+                for (j, h) in h[..g * w].chunks_exact(w).enumerate() {
+                    put(i0 + j, b0 + 8 * p, h);
+                }
+                p += two;
             }
             let r0 = b0 + 8 * whole;
             if r0 < b1 {
@@ -1028,14 +1044,13 @@ fn run_panels_side_by_side<P: Panel>(
                     (a.dot)(a.row(r), group, &mut dots_a[..g]);
                     (b.dot)(b.row(r), group, &mut dots_b[..g]);
                     for j in 0..g {
-                        tail_a[j * 8 + r - r0] = dots_a[j];
-                        tail_b[j * 8 + r - r0] = dots_b[j];
+                        va[j * m + r - r0] = dots_a[j];
+                        vb[j * m + r - r0] = dots_b[j];
                     }
                 }
-                for j in 0..g {
-                    let (x, y) = (&tail_a[j * 8..j * 8 + m], &tail_b[j * 8..j * 8 + m]);
-                    combine(x, y, &mut h[..m]);
-                    put(i0 + j, r0, &h[..m]);
+                combine(&va[..g * m], &vb[..g * m], &mut h[..g * m]);
+                for (j, h) in h[..g * m].chunks_exact(m).enumerate() {
+                    put(i0 + j, r0, h);
                 }
             }
         }

@@ -122,8 +122,9 @@ impl LlamaRunner {
         let qkv = grow(&mut self.qkv, t * width)?;
         let attn = grow(&mut self.attn, t * qw)?;
         let gate = grow(&mut self.gate, t * ff)?;
-        // The up projection's outputs need a buffer only where a layer cannot run it side
-        // by side with the gate's (`combines`); the last layer may run fewer rows.
+        // The up projection's outputs need a buffer only for the rows of the layers that
+        // cannot run it side by side with the gate's (`combines`); the last layer may run
+        // fewer rows.
         let last_rows = if rows < t { rows } else { t };
         let separate = |(l, b): (usize, &super::llama::Layer)| {
             let n = if l + 1 == model.layers.len() {
@@ -131,13 +132,10 @@ impl LlamaRunner {
             } else {
                 t
             };
-            n > 0 && !combines(&b.gate, &b.up, n)
+            (n > 0 && !combines(&b.gate, &b.up, n)).then_some(n)
         };
-        let up = if model.layers.iter().enumerate().any(separate) {
-            grow(&mut self.up, t * ff)?
-        } else {
-            &mut []
-        };
+        let up_rows = model.layers.iter().enumerate().filter_map(separate).max();
+        let up = grow(&mut self.up, up_rows.unwrap_or(0) * ff)?;
         let head_in = grow(&mut self.head_in, rows * e)?;
         let rope = grow(&mut self.rope, t * 2 * pairs)?;
         grow(logits, rows * v)?;

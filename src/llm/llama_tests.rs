@@ -330,3 +330,77 @@ fn silu_is_close_to_f64_and_the_same_bits_on_every_path() {
     silu_mul(&mut nan, &[1.0, 1.0]);
     assert!(nan[0].is_nan());
 }
+
+/// The gated MLP's first half, side by side (`matmul_combined`, SiLU(gate) x up applied
+/// to each kernel call's outputs) against apart (both products to memory, then SiLU x up
+/// in the quantizing pass), Q8_0 1024 -> 4096, interleaved rounds, best of each:
+/// `INFER_GATE_UP_TOKENS=32,512,4096 INFER_GATE_UP_THREADS=2 cargo test --release --lib
+/// gate_up_speed -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn gate_up_speed() {
+    use crate::llm::kernels::Exec;
+    use crate::llm::linear::{Bytes, Matrix};
+    use crate::llm::quant::tests::random_row;
+    use crate::llm::quant::WeightType;
+    let env = |name: &str, default: &str| std::env::var(name).unwrap_or(default.into());
+    let threads: usize = env("INFER_GATE_UP_THREADS", "2").parse().unwrap();
+    let pool = crate::llm::pool::Pool::new(threads, "test").unwrap();
+    let exec = Exec {
+        pool: (threads > 1).then_some(&pool),
+        threads,
+        min_par_work: 0,
+    };
+    let (k, ff, wt) = (1024, 4096, WeightType::Q8_0);
+    let matrix = |seed: u64| {
+        let data: Vec<u8> = (0..ff)
+            .flat_map(|r| random_row(wt, k, seed * 100_000 + r as u64))
+            .collect();
+        Matrix::new("w", wt, ff, k, Bytes::Owned(Arc::new(data)))
+            .and_then(Matrix::packed)
+            .unwrap()
+    };
+    let (gate, up) = (matrix(1), matrix(2));
+    for t in env("INFER_GATE_UP_TOKENS", "32,512").split(',') {
+        let t: usize = t.trim().parse().unwrap();
+        let x: Vec<f32> = (0..t * k)
+            .map(|i| ((i * 13 % 29) as f32 - 14.0) * 0.1)
+            .collect();
+        let mut acts = Acts::default();
+        let mut down = Acts::default();
+        let (mut g, mut u) = (vec![0.0f32; t * ff], vec![0.0f32; t * ff]);
+        let reps = (1 << 30) / (2 * ff * k * t) + 1;
+        let mut best = [f64::MAX; 2];
+        for round in 0..10 {
+            let t0 = std::time::Instant::now();
+            for _ in 0..reps {
+                acts.prepare(exec, &x, t, k, [wt]).unwrap();
+                if round % 2 == 0 {
+                    matmul_combined(exec, &gate, &up, &acts, &x, &mut g, ff, |a, b, h| {
+                        h.copy_from_slice(a);
+                        silu_mul(h, b);
+                    });
+                    down.prepare(exec, &g, t, ff, [wt]).unwrap();
+                } else {
+                    let products = [(&gate, 0, 0, Out::Set), (&up, 1, 0, Out::Set)];
+                    let targets =
+                        &mut [Target { y: &mut g, ldy: ff }, Target { y: &mut u, ldy: ff }];
+                    matmuls(exec, &products, &acts, &x, targets, Blocking::DEFAULT);
+                    let u = &u;
+                    down.fill_and_prepare(exec, &mut g, t, ff, [wt], |r, row| {
+                        silu_mul(row, &u[r * ff..(r + 1) * ff])
+                    })
+                    .unwrap();
+                }
+            }
+            let b = &mut best[round % 2];
+            *b = b.min(t0.elapsed().as_secs_f64() / reps as f64);
+        }
+        println!(
+            "t {t:>5}: side by side {:.2} ms, apart {:.2} ms ({:.3}x)",
+            best[0] * 1e3,
+            best[1] * 1e3,
+            best[1] / best[0]
+        );
+    }
+}
