@@ -125,13 +125,8 @@ impl LlamaRunner {
         // The up projection's outputs need a buffer only for the rows of the layers that
         // cannot run it side by side with the gate's (`combines`); the last layer may run
         // fewer rows.
-        let last_rows = if rows < t { rows } else { t };
         let separate = |(l, b): (usize, &super::llama::Layer)| {
-            let n = if l + 1 == model.layers.len() {
-                last_rows
-            } else {
-                t
-            };
+            let n = if l + 1 == model.layers.len() { rows } else { t };
             (n > 0 && !combines(&b.gate, &b.up, n)).then_some(n)
         };
         let up_rows = model.layers.iter().enumerate().filter_map(separate).max();
