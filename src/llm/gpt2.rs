@@ -10,7 +10,7 @@ use super::attention::{self, AttentionShape, Scratch};
 use super::kernels::{self, Exec};
 use super::kv::KvCache;
 use super::linear::{matmul, Acts, Out};
-use super::step::{Planner, StepSeq, TokenSlot};
+use super::step::{keep_rows, Planner, StepSeq, TokenSlot};
 use super::weights::Gpt2;
 use crate::status::{Error, Result};
 use std::sync::Arc;
@@ -32,9 +32,6 @@ pub struct Runner {
     attn: Vec<f32>,
     fc: Vec<f32>,
     head_in: Vec<f32>,
-    /// The slots of the tokens whose logits are returned (the last layer's rows when
-    /// that is fewer than the step's tokens).
-    head_slots: Vec<TokenSlot>,
     acts: Acts,
     /// One attention scratch per thread part.
     scores: Vec<Scratch>,
@@ -62,7 +59,6 @@ impl Runner {
             attn: Vec::new(),
             fc: Vec::new(),
             head_in: Vec::new(),
-            head_slots: Vec::new(),
             acts: Acts::default(),
             scores,
         })
@@ -141,13 +137,6 @@ impl Runner {
         // The last layer computes every token's keys and values (later tokens attend to
         // them), and the rest of the layer only for the tokens whose logits are returned.
         // Each row's operations are the same either way, so the same bits.
-        self.head_slots.clear();
-        self.head_slots.extend(
-            self.plan
-                .head_rows
-                .iter()
-                .map(|&r| self.plan.slots[r as usize]),
-        );
         let mut slots: &[TokenSlot] = &self.plan.slots;
         let mut live = t;
         let last = model.blocks.len().saturating_sub(1);
@@ -179,13 +168,9 @@ impl Runner {
                 if rows == 0 {
                     break;
                 }
-                // Rows in ascending order, so each moves down or stays.
-                for (i, &r) in self.plan.head_rows.iter().enumerate() {
-                    let r = r as usize;
-                    hidden.copy_within(r * e..(r + 1) * e, i * e);
-                    qkv.copy_within(r * 3 * e..(r + 1) * 3 * e, i * 3 * e);
-                }
-                slots = &self.head_slots;
+                keep_rows(&self.plan.head_rows, hidden, e);
+                keep_rows(&self.plan.head_rows, qkv, 3 * e);
+                slots = &self.plan.head_slots;
                 live = rows;
             }
             let mut divisor = 1.0f32;

@@ -12,7 +12,7 @@ use super::kv::KvCache;
 use super::linear::{combines, matmul, matmul_combined, matmuls, Acts, Blocking, Out, Target};
 use super::llama::{Llama, RopeStyle};
 use super::pool::Pool;
-use super::step::{Planner, StepSeq, TokenSlot};
+use super::step::{keep_rows, Planner, StepSeq, TokenSlot};
 use crate::status::{Error, Result};
 use std::sync::Arc;
 
@@ -37,9 +37,6 @@ pub struct LlamaRunner {
     head_in: Vec<f32>,
     /// Per token: cos and sin of each rotary pair's angle.
     rope: Vec<f32>,
-    /// The slots of the tokens whose logits are returned (the last layer's rows when
-    /// that is fewer than the step's tokens).
-    head_slots: Vec<TokenSlot>,
     acts: Acts,
     scratch: Vec<Scratch>,
 }
@@ -62,7 +59,6 @@ impl LlamaRunner {
             up: Vec::new(),
             head_in: Vec::new(),
             rope: Vec::new(),
-            head_slots: Vec::new(),
             acts: Acts::default(),
             scratch: (0..threads * attention::PARTS_PER_THREAD)
                 .map(|_| Scratch::default())
@@ -171,13 +167,6 @@ impl LlamaRunner {
         // them), and the rest of the layer (attention, the output projection, the MLP)
         // only for the tokens whose logits are returned: a prompt's last token, not the
         // other 127 of it. Each row's operations are the same either way, so the same bits.
-        self.head_slots.clear();
-        self.head_slots.extend(
-            self.plan
-                .head_rows
-                .iter()
-                .map(|&r| self.plan.slots[r as usize]),
-        );
         let mut slots: &[TokenSlot] = &self.plan.slots;
         let mut live = t;
         let last = model.layers.len().saturating_sub(1);
@@ -224,13 +213,9 @@ impl LlamaRunner {
                 if rows == 0 {
                     break;
                 }
-                // Rows in ascending order, so each moves down or stays.
-                for (i, &r) in self.plan.head_rows.iter().enumerate() {
-                    let r = r as usize;
-                    hidden.copy_within(r * e..(r + 1) * e, i * e);
-                    qkv.copy_within(r * width..(r + 1) * width, i * width);
-                }
-                slots = &self.head_slots;
+                keep_rows(&self.plan.head_rows, hidden, e);
+                keep_rows(&self.plan.head_rows, qkv, width);
+                slots = &self.plan.head_slots;
                 live = rows;
             }
             attention::attention(

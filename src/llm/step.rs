@@ -45,6 +45,8 @@ pub(crate) struct Planner {
     pub slots: Vec<TokenSlot>,
     /// Tokens whose logits are returned, in order.
     pub head_rows: Vec<u32>,
+    /// Their slots, in the same order.
+    pub head_slots: Vec<TokenSlot>,
     /// Which sequence of which step last claimed a block for writing (see `plan`).
     claims: Vec<u64>,
     step_no: u32,
@@ -61,6 +63,7 @@ impl Planner {
     ) -> Result<()> {
         self.slots.clear();
         self.head_rows.clear();
+        self.head_slots.clear();
         let tpb = kv.tokens_per_block();
         if self.claims.len() < kv.num_blocks() {
             self.claims.resize(kv.num_blocks(), 0);
@@ -128,12 +131,26 @@ impl Planner {
                 {
                     self.head_rows.push(self.slots.len() as u32);
                 }
-                self.slots.push(TokenSlot {
+                let slot = TokenSlot {
                     seq: si as u32,
                     pos: (s.start + j) as u32,
-                });
+                };
+                if self.head_rows.last() == Some(&(self.slots.len() as u32)) {
+                    self.head_slots.push(slot);
+                }
+                self.slots.push(slot);
             }
         }
         Ok(())
+    }
+}
+
+/// Moves rows `rows` (ascending) of `buf`, `width` apart, to its front in that order: a
+/// step's last layer keeps only the rows whose logits are returned.
+pub(crate) fn keep_rows(rows: &[u32], buf: &mut [f32], width: usize) {
+    for (i, &r) in rows.iter().enumerate() {
+        let r = r as usize;
+        // Ascending, so each row moves down or stays.
+        buf.copy_within(r * width..(r + 1) * width, i * width);
     }
 }
