@@ -626,20 +626,7 @@ pub(crate) fn matmuls(
                     if r + 2 * v.len() <= w.rows {
                         prefetch_write_line(o.as_ptr().wrapping_add(v.len()));
                     }
-                    match out {
-                        Out::Set => o.copy_from_slice(v),
-                        Out::Bias(b) => {
-                            for ((o, &v), &b) in o.iter_mut().zip(v).zip(&b[r..]) {
-                                *o = v + b;
-                            }
-                        }
-                        Out::Add => o.iter_mut().zip(v).for_each(|(o, &v)| *o += v),
-                        Out::BiasAdd(b) => {
-                            for ((o, &v), &b) in o.iter_mut().zip(v).zip(&b[r..]) {
-                                *o += v + b;
-                            }
-                        }
-                    }
+                    store(o, v, out, r);
                 },
             );
         }
@@ -647,6 +634,53 @@ pub(crate) fn matmuls(
     match exec.pool {
         Some(pool) if parts > 1 => pool.run(parts, &run),
         _ => (0..parts).for_each(run),
+    }
+}
+
+/// `o (op)= v` as `out` says, for outputs `r..` of a matrix: a pair kernel call's 16
+/// outputs of a token and a panel's 8 as arrays of that size, which compile to a few
+/// vector moves (a slice's copy of 64 bytes is a call to `memcpy`; the products' stores
+/// of 32 streams spent about as long in it as in the rest of the loop around the kernel).
+#[inline(always)]
+fn store(o: &mut [f32], v: &[f32], out: Out<'_>, r: usize) {
+    #[inline(always)]
+    fn fixed<const W: usize>(o: &mut [f32], v: &[f32], out: Out<'_>, r: usize) -> bool {
+        let (Ok(o), Ok(v)) = (<&mut [f32; W]>::try_from(o), <&[f32; W]>::try_from(v)) else {
+            return false;
+        };
+        fn bias<const W: usize>(b: &[f32], r: usize) -> Option<&[f32; W]> {
+            b.get(r..r + W).and_then(|b| b.try_into().ok())
+        }
+        match out {
+            Out::Set => *o = *v,
+            Out::Add => (0..W).for_each(|i| o[i] += v[i]),
+            Out::Bias(b) => match bias::<W>(b, r) {
+                Some(b) => (0..W).for_each(|i| o[i] = v[i] + b[i]),
+                None => return false,
+            },
+            Out::BiasAdd(b) => match bias::<W>(b, r) {
+                Some(b) => (0..W).for_each(|i| o[i] += v[i] + b[i]),
+                None => return false,
+            },
+        }
+        true
+    }
+    if fixed::<16>(o, v, out, r) || fixed::<8>(o, v, out, r) {
+        return;
+    }
+    match out {
+        Out::Set => o.copy_from_slice(v),
+        Out::Bias(b) => {
+            for ((o, &v), &b) in o.iter_mut().zip(v).zip(&b[r..]) {
+                *o = v + b;
+            }
+        }
+        Out::Add => o.iter_mut().zip(v).for_each(|(o, &v)| *o += v),
+        Out::BiasAdd(b) => {
+            for ((o, &v), &b) in o.iter_mut().zip(v).zip(&b[r..]) {
+                *o += v + b;
+            }
+        }
     }
 }
 
@@ -940,7 +974,7 @@ pub(crate) fn matmul_combined(
             if r + 2 * v.len() <= n {
                 prefetch_write_line(o.as_ptr().wrapping_add(v.len()));
             }
-            o.copy_from_slice(v);
+            store(o, v, Out::Set, r);
         };
         let pair = (a, b, &rows[..], first..end, group, block);
         match (a.packed.as_deref(), b.packed.as_deref()) {
@@ -1027,8 +1061,9 @@ fn run_panels_side_by_side<P: Panel>(
                 for j in 0..g {
                     for (q, outs) in outs.iter().enumerate().take(two) {
                         let at = j * w + 8 * q..j * w + 8 * q + 8;
-                        va[at.clone()].copy_from_slice(&outs[j][..8]);
-                        vb[at].copy_from_slice(&outs[j][8..]);
+                        let (a, b) = outs[j].split_at(8);
+                        store(&mut va[at.clone()], a, Out::Set, 0);
+                        store(&mut vb[at], b, Out::Set, 0);
                     }
                 }
                 combine(&va[..g * w], &vb[..g * w], &mut h[..g * w]);

@@ -91,7 +91,11 @@ fn pair_by_halves<P: Panel>(
         for (k, p) in [a, b].into_iter().enumerate() {
             P::gemm_with(isa, p, acts, &mut half[..n]);
             for (o, h) in out.iter_mut().zip(&half[..n]) {
-                o[8 * k..8 * k + 8].copy_from_slice(h);
+                let (lo, hi) = o.split_at_mut(8);
+                // Arrays, not slices: moves, not a call to `memcpy`.
+                if let Ok(d) = <&mut [f32; 8]>::try_from(if k == 0 { lo } else { hi }) {
+                    *d = *h;
+                }
             }
         }
     }
@@ -207,24 +211,29 @@ macro_rules! by_fours {
             );
             let mut i = 0;
             while i + 4 <= acts.len() {
+                // The kernel stores into `out` itself (a result returned and copied
+                // would be a call to `memcpy` for each kernel call).
+                let Ok(dst) = <&mut [[f32; 8]; 4]>::try_from(&mut out[i..i + 4]) else {
+                    unreachable!("four rows are four rows")
+                };
                 // SAFETY: the CPU runs `isa`'s instructions (asserted above).
-                let r = unsafe {
+                unsafe {
                     match isa {
-                        Isa::Avx2 => avx2::$kernel::<4>(panel, &acts[i..i + 4]),
-                        Isa::Vnni => vnni::$kernel::<4>(panel, &acts[i..i + 4]),
+                        Isa::Avx2 => avx2::$kernel::<4>(panel, &acts[i..i + 4], dst),
+                        Isa::Vnni => vnni::$kernel::<4>(panel, &acts[i..i + 4], dst),
                     }
                 };
-                out[i..i + 4].copy_from_slice(&r);
                 i += 4;
             }
             while i < acts.len() {
+                let dst = std::array::from_mut(&mut out[i]);
                 // SAFETY: as above.
-                out[i] = unsafe {
+                unsafe {
                     match isa {
-                        Isa::Avx2 => avx2::$kernel::<1>(panel, &acts[i..i + 1]),
-                        Isa::Vnni => vnni::$kernel::<1>(panel, &acts[i..i + 1]),
+                        Isa::Avx2 => avx2::$kernel::<1>(panel, &acts[i..i + 1], dst),
+                        Isa::Vnni => vnni::$kernel::<1>(panel, &acts[i..i + 1], dst),
                     }
-                }[0];
+                };
                 i += 1;
             }
         }
@@ -270,14 +279,17 @@ macro_rules! pairs_by_fours {
         );
         let mut i = 0;
         while i + 4 <= acts.len() {
+            // The kernel stores into `out` itself, as in `by_fours`.
+            let Ok(dst) = <&mut [[f32; 16]; 4]>::try_from(&mut out[i..i + 4]) else {
+                unreachable!("four rows are four rows")
+            };
             // SAFETY: the CPU runs `isa`'s instructions (asserted above).
-            let r = unsafe { $($kernel)::+::<4>(a, b, &acts[i..i + 4]) };
-            out[i..i + 4].copy_from_slice(&r);
+            unsafe { $($kernel)::+::<4>(a, b, &acts[i..i + 4], dst) };
             i += 4;
         }
         while i < acts.len() {
             // SAFETY: as above.
-            out[i] = unsafe { $($kernel)::+::<1>(a, b, &acts[i..i + 1]) }[0];
+            unsafe { $($kernel)::+::<1>(a, b, &acts[i..i + 1], std::array::from_mut(&mut out[i])) };
             i += 1;
         }
     }};
@@ -597,7 +609,11 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn gemm_q4k<const N: usize>(panel: &[Q4KPanel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
+    pub(super) fn gemm_q4k<const N: usize>(
+        panel: &[Q4KPanel],
+        a: &[ActRow<'_>],
+        out: &mut [[f32; 8]; N],
+    ) {
         let xs: [&[Q8K]; N] = q8ks_n(a);
         let low = _mm256_set1_epi8(0xf);
         let mut acc = [_mm256_setzero_ps(); N];
@@ -633,11 +649,18 @@ mod avx2 {
                 q4k_block_end(p, &xs[t][b], sums[t], &mut acc[t], &mut acc_m[t]);
             }
         }
-        rows_out(std::array::from_fn(|t| _mm256_sub_ps(acc[t], acc_m[t])))
+        rows_out(
+            std::array::from_fn(|t| _mm256_sub_ps(acc[t], acc_m[t])),
+            out,
+        )
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn gemm_q6k<const N: usize>(panel: &[Q6KPanel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
+    pub(super) fn gemm_q6k<const N: usize>(
+        panel: &[Q6KPanel],
+        a: &[ActRow<'_>],
+        out: &mut [[f32; 8]; N],
+    ) {
         let xs: [&[Q8K]; N] = q8ks_n(a);
         let mut acc = [_mm256_setzero_ps(); N];
         for (b, p) in panel.iter().enumerate() {
@@ -663,11 +686,15 @@ mod avx2 {
                 q6k_block_end(p, &xs[t][b], sums[t], &mut acc[t]);
             }
         }
-        rows_out(acc)
+        rows_out(acc, out)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn gemm_q8_0<const N: usize>(panel: &[Q8Panel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
+    pub(super) fn gemm_q8_0<const N: usize>(
+        panel: &[Q8Panel],
+        a: &[ActRow<'_>],
+        out: &mut [[f32; 8]; N],
+    ) {
         let xs: [&[Q8]; N] = q8s_n(a);
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); N];
@@ -694,7 +721,7 @@ mod avx2 {
                 }
             }
         }
-        rows_out(acc)
+        rows_out(acc, out)
     }
 
     /// [`gemm_q8_0`] of two panels at once: each token's 4 activations are broadcast
@@ -704,7 +731,8 @@ mod avx2 {
         pa: &[Q8Panel],
         pb: &[Q8Panel],
         a: &[ActRow<'_>],
-    ) -> [[f32; 16]; N] {
+        out: &mut [[f32; 16]; N],
+    ) {
         let xs: [&[Q8]; N] = q8s_n(a);
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); N]; 2];
@@ -737,14 +765,13 @@ mod avx2 {
                 }
             }
         }
-        rows_out2(std::array::from_fn(|t| [acc[0][t], acc[1][t]]))
+        rows_out2(std::array::from_fn(|t| [acc[0][t], acc[1][t]]), out)
     }
 
     /// Each pair of vectors as a token's outputs of two panels' rows.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(super) fn rows_out2<const N: usize>(v: [[__m256; 2]; N]) -> [[f32; 16]; N] {
-        let mut out = [[0.0f32; 16]; N];
+    pub(super) fn rows_out2<const N: usize>(v: [[__m256; 2]; N], out: &mut [[f32; 16]; N]) {
         for (o, v) in out.iter_mut().zip(v) {
             let (lo, hi) = o.split_at_mut(8);
             // SAFETY: `lo` and `hi` hold 8 f32s each; the stores are unaligned.
@@ -753,19 +780,16 @@ mod avx2 {
                 _mm256_storeu_ps(hi.as_mut_ptr(), v[1]);
             }
         }
-        out
     }
 
     /// Each vector's 8 lanes as a token's outputs of the panel's rows.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(super) fn rows_out<const N: usize>(v: [__m256; N]) -> [[f32; 8]; N] {
-        let mut out = [[0.0f32; 8]; N];
+    pub(super) fn rows_out<const N: usize>(v: [__m256; N], out: &mut [[f32; 8]; N]) {
         for (o, v) in out.iter_mut().zip(v) {
             // SAFETY: `o` holds 8 f32s; the store is unaligned.
             unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
         }
-        out
     }
 
     /// Sums of each 32 of the 256 activations of `x`, two to a 32-bit lane (Q4_K's
@@ -858,7 +882,11 @@ mod vnni {
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) fn gemm_q4k<const N: usize>(panel: &[Q4KPanel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
+    pub(super) fn gemm_q4k<const N: usize>(
+        panel: &[Q4KPanel],
+        a: &[ActRow<'_>],
+        out: &mut [[f32; 8]; N],
+    ) {
         let xs: [&[Q8K]; N] = q8ks_n(a);
         let low = _mm256_set1_epi8(0xf);
         let mut acc = [_mm256_setzero_ps(); N];
@@ -892,11 +920,18 @@ mod vnni {
                 q4k_block_end(p, &xs[t][b], sums[t], &mut acc[t], &mut acc_m[t]);
             }
         }
-        rows_out(std::array::from_fn(|t| _mm256_sub_ps(acc[t], acc_m[t])))
+        rows_out(
+            std::array::from_fn(|t| _mm256_sub_ps(acc[t], acc_m[t])),
+            out,
+        )
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) fn gemm_q6k<const N: usize>(panel: &[Q6KPanel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
+    pub(super) fn gemm_q6k<const N: usize>(
+        panel: &[Q6KPanel],
+        a: &[ActRow<'_>],
+        out: &mut [[f32; 8]; N],
+    ) {
         let xs: [&[Q8K]; N] = q8ks_n(a);
         let mut acc = [_mm256_setzero_ps(); N];
         for (b, p) in panel.iter().enumerate() {
@@ -924,11 +959,15 @@ mod vnni {
                 acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sums[t]), acc[t]);
             }
         }
-        rows_out(acc)
+        rows_out(acc, out)
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) fn gemm_q8_0<const N: usize>(panel: &[Q8Panel], a: &[ActRow<'_>]) -> [[f32; 8]; N] {
+    pub(super) fn gemm_q8_0<const N: usize>(
+        panel: &[Q8Panel],
+        a: &[ActRow<'_>],
+        out: &mut [[f32; 8]; N],
+    ) {
         let xs: [&[Q8]; N] = q8s_n(a);
         let mut acc = [_mm256_setzero_ps(); N];
         for (b, p) in panel.iter().enumerate() {
@@ -952,7 +991,7 @@ mod vnni {
                 }
             }
         }
-        rows_out(acc)
+        rows_out(acc, out)
     }
 
     /// Rows of two panels' fields side by side: `a`'s 8 lanes, then `b`'s.
@@ -1022,7 +1061,8 @@ mod vnni {
         pa: &[Q4KPanel],
         pb: &[Q4KPanel],
         a: &[ActRow<'_>],
-    ) -> [[f32; 16]; N] {
+        out: &mut [[f32; 16]; N],
+    ) {
         let xs: [&[Q8K]; N] = q8ks_n(a);
         let low = _mm512_set1_epi8(0xf);
         let mut acc = [_mm512_setzero_ps(); N];
@@ -1072,11 +1112,9 @@ mod vnni {
                     _mm512_fmadd_ps(_mm512_mul_ps(dmin, xd), _mm512_cvtepi32_ps(m), acc_m[t]);
             }
         }
-        let mut out = [[0.0f32; 16]; N];
         for t in 0..N {
             store16(_mm512_sub_ps(acc[t], acc_m[t]), &mut out[t]);
         }
-        out
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -1084,7 +1122,8 @@ mod vnni {
         pa: &[Q6KPanel],
         pb: &[Q6KPanel],
         a: &[ActRow<'_>],
-    ) -> [[f32; 16]; N] {
+        out: &mut [[f32; 16]; N],
+    ) {
         let xs: [&[Q8K]; N] = q8ks_n(a);
         let mut acc = [_mm512_setzero_ps(); N];
         for (b, (p, q)) in pa.iter().zip(pb).enumerate() {
@@ -1113,11 +1152,9 @@ mod vnni {
                 acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sums[t]), acc[t]);
             }
         }
-        let mut out = [[0.0f32; 16]; N];
         for t in 0..N {
             store16(acc[t], &mut out[t]);
         }
-        out
     }
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -1125,7 +1162,8 @@ mod vnni {
         pa: &[Q8Panel],
         pb: &[Q8Panel],
         a: &[ActRow<'_>],
-    ) -> [[f32; 16]; N] {
+        out: &mut [[f32; 16]; N],
+    ) {
         let xs: [&[Q8]; N] = q8s_n(a);
         let mut acc = [_mm512_setzero_ps(); N];
         for (b, (p, q)) in pa.iter().zip(pb).enumerate() {
@@ -1148,11 +1186,9 @@ mod vnni {
                 }
             }
         }
-        let mut out = [[0.0f32; 16]; N];
         for t in 0..N {
             store16(acc[t], &mut out[t]);
         }
-        out
     }
 }
 
