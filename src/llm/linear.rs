@@ -637,50 +637,34 @@ pub(crate) fn matmuls(
     }
 }
 
-/// `o (op)= v` as `out` says, for outputs `r..` of a matrix: a pair kernel call's 16
-/// outputs of a token and a panel's 8 as arrays of that size, which compile to a few
-/// vector moves (a slice's copy of 64 bytes is a call to `memcpy`; the products' stores
-/// of 32 streams spent about as long in it as in the rest of the loop around the kernel).
+/// `o (op)= v` as `out` says, for outputs `r..` of a matrix. A pair kernel call's 16
+/// outputs of a token and a panel's 8 take arms of their own, where the length is a
+/// constant and the copy compiles to a few vector moves (a slice's copy of 64 bytes is
+/// otherwise a call to `memcpy`, about as long as the rest of the loop around the
+/// kernel).
 #[inline(always)]
 fn store(o: &mut [f32], v: &[f32], out: Out<'_>, r: usize) {
     #[inline(always)]
-    fn fixed<const W: usize>(o: &mut [f32], v: &[f32], out: Out<'_>, r: usize) -> bool {
-        let (Ok(o), Ok(v)) = (<&mut [f32; W]>::try_from(o), <&[f32; W]>::try_from(v)) else {
-            return false;
-        };
-        fn bias<const W: usize>(b: &[f32], r: usize) -> Option<&[f32; W]> {
-            b.get(r..r + W).and_then(|b| b.try_into().ok())
-        }
+    fn apply(o: &mut [f32], v: &[f32], out: Out<'_>, r: usize) {
         match out {
-            Out::Set => *o = *v,
-            Out::Add => (0..W).for_each(|i| o[i] += v[i]),
-            Out::Bias(b) => match bias::<W>(b, r) {
-                Some(b) => (0..W).for_each(|i| o[i] = v[i] + b[i]),
-                None => return false,
-            },
-            Out::BiasAdd(b) => match bias::<W>(b, r) {
-                Some(b) => (0..W).for_each(|i| o[i] += v[i] + b[i]),
-                None => return false,
-            },
-        }
-        true
-    }
-    if fixed::<16>(o, v, out, r) || fixed::<8>(o, v, out, r) {
-        return;
-    }
-    match out {
-        Out::Set => o.copy_from_slice(v),
-        Out::Bias(b) => {
-            for ((o, &v), &b) in o.iter_mut().zip(v).zip(&b[r..]) {
-                *o = v + b;
+            Out::Set => o.copy_from_slice(v),
+            Out::Bias(b) => {
+                for ((o, &v), &b) in o.iter_mut().zip(v).zip(&b[r..]) {
+                    *o = v + b;
+                }
+            }
+            Out::Add => o.iter_mut().zip(v).for_each(|(o, &v)| *o += v),
+            Out::BiasAdd(b) => {
+                for ((o, &v), &b) in o.iter_mut().zip(v).zip(&b[r..]) {
+                    *o += v + b;
+                }
             }
         }
-        Out::Add => o.iter_mut().zip(v).for_each(|(o, &v)| *o += v),
-        Out::BiasAdd(b) => {
-            for ((o, &v), &b) in o.iter_mut().zip(v).zip(&b[r..]) {
-                *o += v + b;
-            }
-        }
+    }
+    match (o.len(), v.len()) {
+        (16, 16) => apply(&mut o[..16], &v[..16], out, r),
+        (8, 8) => apply(&mut o[..8], &v[..8], out, r),
+        _ => apply(o, v, out, r),
     }
 }
 
