@@ -79,6 +79,8 @@ fn page_size() -> usize {
 enum Packed {
     Q4K(Vec<panel::Q4KPanel>),
     Q8_0(Vec<panel::Q8Panel>),
+    /// Q8_0 where the fastest kernels are AVX2's and no weight is -128.
+    Q8_0Sm(Vec<panel::Q8SmPanel>),
 }
 
 impl Packed {
@@ -91,12 +93,14 @@ impl Packed {
         row_bytes: usize,
         data: &[u8],
     ) -> Result<Option<Packed>> {
+        /// The panels, or `None` where `fits` refuses one's eight rows.
         fn pack<P: Panel>(
             rows: usize,
             cols: usize,
             row_bytes: usize,
             data: &[u8],
-        ) -> Result<Vec<P>> {
+            fits: impl Fn(&[&[u8]; 8]) -> bool + Sync,
+        ) -> Result<Option<Vec<P>>> {
             let nb = cols / panel::PANEL_COLS;
             let n = rows / 8 * nb;
             let mut v: Vec<P> = Vec::new();
@@ -107,12 +111,17 @@ impl Packed {
             // thread's work; the pages stream from the file as they are read).
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
             let per = (rows / 8).div_ceil(threads).max(1) * nb;
+            let refused = std::sync::atomic::AtomicBool::new(false);
             let pack_part = |first: usize, part: &mut [P]| {
                 for (p, out) in part.chunks_exact_mut(nb).enumerate() {
                     let p = first + p;
                     let rows: [&[u8]; 8] = std::array::from_fn(|i| {
                         &data[(8 * p + i) * row_bytes..(8 * p + i + 1) * row_bytes]
                     });
+                    if refused.load(std::sync::atomic::Ordering::Relaxed) || !fits(&rows) {
+                        refused.store(true, std::sync::atomic::Ordering::Relaxed);
+                        return;
+                    }
                     P::pack(rows, out);
                 }
             };
@@ -132,22 +141,38 @@ impl Packed {
                 }
                 Ok::<(), Error>(())
             })?;
-            Ok(v)
+            Ok((!refused.into_inner()).then_some(v))
         }
         if rows < 8 || cols == 0 || !cols.is_multiple_of(panel::PANEL_COLS) || !panel::available() {
             return Ok(None);
         }
-        Ok(Some(match wtype {
-            WeightType::Q4K => Packed::Q4K(pack(rows, cols, row_bytes, data)?),
-            WeightType::Q8_0 => Packed::Q8_0(pack(rows, cols, row_bytes, data)?),
-            _ => return Ok(None),
-        }))
+        let any = |_: &[&[u8]; 8]| true;
+        Ok(match wtype {
+            WeightType::Q4K => pack(rows, cols, row_bytes, data, any)?.map(Packed::Q4K),
+            WeightType::Q8_0 => {
+                // Sign and magnitude for AVX2, unless a weight of -128 (which has no
+                // such form) turns up while packing.
+                let sm = match panel::Isa::best() {
+                    panel::Isa::Avx2 => {
+                        let fits = |r: &[&[u8]; 8]| !r.iter().any(|r| panel::q8_0_has_min(r));
+                        pack(rows, cols, row_bytes, data, fits)?.map(Packed::Q8_0Sm)
+                    }
+                    panel::Isa::Vnni => None,
+                };
+                match sm {
+                    Some(p) => Some(p),
+                    None => pack(rows, cols, row_bytes, data, any)?.map(Packed::Q8_0),
+                }
+            }
+            _ => None,
+        })
     }
 
     fn bytes(&self) -> usize {
         match self {
             Packed::Q4K(v) => std::mem::size_of_val(v.as_slice()),
             Packed::Q8_0(v) => std::mem::size_of_val(v.as_slice()),
+            Packed::Q8_0Sm(v) => std::mem::size_of_val(v.as_slice()),
         }
     }
 }
@@ -688,6 +713,9 @@ fn run_rows(
         Some(Packed::Q8_0(p)) => {
             return run_panels(w, acts, rows, group, block, Panels::Packed(p), put)
         }
+        Some(Packed::Q8_0Sm(p)) => {
+            return run_panels(w, acts, rows, group, block, Panels::Packed(p), put)
+        }
         None => {}
     }
     if acts.len() >= PANEL_TOKENS && w.cols.is_multiple_of(panel::PANEL_COLS) && panel::available()
@@ -889,6 +917,7 @@ pub(crate) fn combines(a: &Matrix, b: &Matrix, t: usize) -> bool {
     let same = matches!(
         (a.packed.as_deref(), b.packed.as_deref()),
         (Some(Packed::Q8_0(_)), Some(Packed::Q8_0(_)))
+            | (Some(Packed::Q8_0Sm(_)), Some(Packed::Q8_0Sm(_)))
             | (Some(Packed::Q4K(_)), Some(Packed::Q4K(_)))
     );
     same && a.rows == b.rows && a.cols == b.cols && t >= PAIR_TOKENS
@@ -963,6 +992,9 @@ pub(crate) fn matmul_combined(
         let pair = (a, b, &rows[..], first..end, group, block);
         match (a.packed.as_deref(), b.packed.as_deref()) {
             (Some(Packed::Q8_0(pa)), Some(Packed::Q8_0(pb))) => {
+                run_panels_side_by_side(pair, pa, pb, &combine, put)
+            }
+            (Some(Packed::Q8_0Sm(pa)), Some(Packed::Q8_0Sm(pb))) => {
                 run_panels_side_by_side(pair, pa, pb, &combine, put)
             }
             (Some(Packed::Q4K(pa)), Some(Packed::Q4K(pb))) => {
@@ -1083,29 +1115,52 @@ mod tests {
     use crate::llm::kernels::tests::bits;
     use crate::llm::quant::tests::random_row;
 
+    /// Q8_0 rows (whole blocks) with each weight of -128 made -127.
+    fn without_min(mut data: Vec<u8>) -> Vec<u8> {
+        for b in data.chunks_exact_mut(34) {
+            b[2..]
+                .iter_mut()
+                .filter(|q| **q == 0x80)
+                .for_each(|q| *q = 0x81);
+        }
+        assert!(!panel::q8_0_has_min(&data));
+        data
+    }
+
     #[test]
     fn outputs_do_not_depend_on_the_batch_or_the_threads() {
         let pool = crate::llm::pool::Pool::new(3, "test").unwrap();
         // 45 rows: two pairs of panels, a last panel alone and 5 rows of the row kernel
         // (for 4 or more tokens; one token runs every panel alone).
         let (n, k, t) = (45, 512, 5);
-        for (wt, pack) in [
-            (WeightType::F16, true),
-            (WeightType::Q4K, false),
-            (WeightType::Q4K, true),
-            (WeightType::Q6K, false),
-            (WeightType::Q6K, true),
-            (WeightType::Q8_0, false),
-            (WeightType::Q8_0, true),
+        // Q8_0 with weights of -128 (random bytes) and without (sign-magnitude panels
+        // where the fastest kernels are AVX2's).
+        for (wt, pack, no_min) in [
+            (WeightType::F16, true, false),
+            (WeightType::Q4K, false, false),
+            (WeightType::Q4K, true, false),
+            (WeightType::Q6K, false, false),
+            (WeightType::Q6K, true, false),
+            (WeightType::Q8_0, false, false),
+            (WeightType::Q8_0, true, false),
+            (WeightType::Q8_0, true, true),
         ] {
             let data: Vec<u8> = (0..n)
                 .flat_map(|r| random_row(wt, k, r as u64 + 1))
                 .collect();
+            let data = if no_min { without_min(data) } else { data };
             let mut w = Matrix::new("w", wt, n, k, Bytes::Owned(Arc::new(data))).unwrap();
             if pack {
                 w = w.packed().unwrap();
                 let packs = matches!(wt, WeightType::Q4K | WeightType::Q8_0);
                 assert_eq!(w.is_packed(), packs && panel::available());
+                let sm = matches!(w.packed.as_deref(), Some(Packed::Q8_0Sm(_)));
+                assert_eq!(
+                    sm,
+                    w.is_packed() && no_min && panel::Isa::best() == panel::Isa::Avx2,
+                    "{} without -128: {no_min}",
+                    wt.name()
+                );
             }
             let x: Vec<f32> = (0..t * k)
                 .map(|i| ((i * 13 % 29) as f32 - 14.0) * 0.1)
@@ -1159,20 +1214,26 @@ mod tests {
                 *o = a * 0.5 - b;
             }
         };
-        let matrix = |wt: WeightType, n: usize, seed: u64| {
+        let matrix = |wt: WeightType, n: usize, seed: u64, no_min: bool| {
             let data: Vec<u8> = (0..n)
                 .flat_map(|r| random_row(wt, k, seed * 1000 + r as u64))
                 .collect();
+            let data = if no_min { without_min(data) } else { data };
             Matrix::new("w", wt, n, k, Bytes::Owned(Arc::new(data)))
                 .and_then(Matrix::packed)
                 .unwrap()
         };
-        for wt in [WeightType::Q8_0, WeightType::Q4K] {
+        // Q8_0 with weights of -128 and without (sign-magnitude panels on AVX2).
+        for (wt, no_min) in [
+            (WeightType::Q8_0, false),
+            (WeightType::Q8_0, true),
+            (WeightType::Q4K, false),
+        ] {
             if !panel::available() {
                 break;
             }
             for n in [45, 2100] {
-                let (a, b) = (matrix(wt, n, 1), matrix(wt, n, 2));
+                let (a, b) = (matrix(wt, n, 1, no_min), matrix(wt, n, 2, no_min));
                 for t in [4, 7, 33] {
                     let x: Vec<f32> = (0..t * k)
                         .map(|i| ((i * 17 % 31) as f32 - 15.0) * 0.07)
@@ -1205,10 +1266,17 @@ mod tests {
             }
         }
         // Not packed alike: the two products run apart.
-        let q8 = matrix(WeightType::Q8_0, 16, 1);
-        let q4 = matrix(WeightType::Q4K, 16, 2);
+        let q8 = matrix(WeightType::Q8_0, 16, 1, false);
+        let q4 = matrix(WeightType::Q4K, 16, 2, false);
         assert!(!combines(&q8, &q4, 8));
-        assert!(!combines(&q8, &matrix(WeightType::Q8_0, 24, 3), 8));
+        assert!(!combines(&q8, &matrix(WeightType::Q8_0, 24, 3, false), 8));
+        // One Q8_0 matrix with a weight of -128 and one without: packed alike only where
+        // the fastest kernels are VNNI's.
+        let sm = matrix(WeightType::Q8_0, 16, 4, true);
+        assert_eq!(
+            combines(&q8, &sm, 8),
+            panel::Isa::best() == panel::Isa::Vnni
+        );
         let data = random_row(WeightType::Q8_0, k, 9).repeat(16);
         let plain =
             Matrix::new("w", WeightType::Q8_0, 16, k, Bytes::Owned(Arc::new(data))).unwrap();

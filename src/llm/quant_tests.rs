@@ -253,8 +253,20 @@ fn q8_rows(xs: &[impl AsRef<[f32]>]) -> Vec<Vec<Q8>> {
 /// bits, on random rows and on a row at every extreme (`extreme` sets a block) that
 /// meets activations of ±127, where 16-bit partial sums come closest to overflowing.
 fn kernels_give_the_same_bits_everywhere<P: panel::Panel>(t: WeightType, extreme: fn(&mut [u8])) {
+    kernels_give_the_same_bits_on::<P>(t, extreme, |_| {})
+}
+
+/// [`kernels_give_the_same_bits_everywhere`] with every block of every row through
+/// `fix` first.
+fn kernels_give_the_same_bits_on<P: panel::Panel>(
+    t: WeightType,
+    extreme: fn(&mut [u8]),
+    fix: fn(&mut [u8]),
+) {
     let n = 768;
     let mut rows: Vec<Vec<u8>> = (0..8).map(|r| random_row(t, n, 40 + r)).collect();
+    rows.iter_mut()
+        .for_each(|r| r.chunks_exact_mut(t.block_bytes()).for_each(fix));
     rows[5].chunks_exact_mut(t.block_bytes()).for_each(extreme);
     let mut xs: Vec<Vec<f32>> = (0..11).map(|i| act(n, 60 + i)).collect();
     xs[3] = vec![1.0; n];
@@ -358,6 +370,26 @@ fn q8_0_kernels_give_the_same_bits_everywhere() {
             *q = if i % 2 == 0 { 0x80 } else { 0x7f };
         }
     });
+}
+
+#[test]
+fn q8_0_sign_magnitude_kernels_give_the_same_bits_everywhere() {
+    // The panels AVX2 runs where no weight is -128: -127 and 127 in turn at the extreme,
+    // every -128 of the random rows made -127.
+    kernels_give_the_same_bits_on::<panel::Q8SmPanel>(
+        WeightType::Q8_0,
+        |b| {
+            for (i, q) in b[2..].iter_mut().enumerate() {
+                *q = if i % 2 == 0 { 0x81 } else { 0x7f };
+            }
+        },
+        |b| {
+            b[2..]
+                .iter_mut()
+                .filter(|q| **q == 0x80)
+                .for_each(|q| *q = 0x81)
+        },
+    );
 }
 
 #[test]
