@@ -489,21 +489,7 @@ pub(crate) struct Q8Panel {
 
 impl Panel for Q8Panel {
     fn pack(rows: [&[u8]; 8], out: &mut [Q8Panel]) {
-        for (bi, p) in out.iter_mut().enumerate() {
-            for (r, row) in rows.iter().enumerate() {
-                for (k, d) in p.d.iter_mut().enumerate() {
-                    let at = 34 * (8 * bi + k);
-                    d[r] = u16::from_le_bytes([row[at], row[at + 1]]);
-                }
-            }
-            for (k, block) in p.qs.iter_mut().enumerate() {
-                let at = 34 * (8 * bi + k) + 2;
-                interleave(std::array::from_fn(|r| &rows[r][at..at + 32]), block);
-                for w in block.as_flattened_mut() {
-                    *w ^= 0x8080_8080;
-                }
-            }
-        }
+        pack_q8_0(rows, out.iter_mut(), |w| w ^ 0x8080_8080)
     }
 
     fn gemm_with(isa: Isa, panel: &[Q8Panel], acts: &[ActRow<'_>], out: &mut [[f32; 8]]) {
@@ -543,6 +529,30 @@ pub(crate) fn q8_0_has_min(row: &[u8]) -> bool {
         .any(|b| b[2..].iter().fold(false, |hit, &q| hit | (q == 0x80)))
 }
 
+/// Eight Q8_0 rows interleaved into `out`'s panels (one a 256-column block), each
+/// 4-byte group of weights as `word` turns it (plus 128, or sign and magnitude).
+fn pack_q8_0<'a>(
+    rows: [&[u8]; 8],
+    out: impl Iterator<Item = &'a mut Q8Panel>,
+    word: impl Fn(u32) -> u32,
+) {
+    for (bi, p) in out.enumerate() {
+        for (r, row) in rows.iter().enumerate() {
+            for (k, d) in p.d.iter_mut().enumerate() {
+                let at = 34 * (8 * bi + k);
+                d[r] = u16::from_le_bytes([row[at], row[at + 1]]);
+            }
+        }
+        for (k, block) in p.qs.iter_mut().enumerate() {
+            let at = 34 * (8 * bi + k) + 2;
+            interleave(std::array::from_fn(|r| &rows[r][at..at + 32]), block);
+            for w in block.as_flattened_mut() {
+                *w = word(*w);
+            }
+        }
+    }
+}
+
 /// Four Q8_0 weights (bytes of `w`) from two's complement to sign and magnitude, all at
 /// once: negative bytes (none -128) become `0x80 | -b`.
 #[inline(always)]
@@ -560,21 +570,7 @@ impl Panel for Q8SmPanel {
             !rows.iter().any(|r| q8_0_has_min(r)),
             "a Q8_0 weight of -128"
         );
-        for (bi, Q8SmPanel(p)) in out.iter_mut().enumerate() {
-            for (r, row) in rows.iter().enumerate() {
-                for (k, d) in p.d.iter_mut().enumerate() {
-                    let at = 34 * (8 * bi + k);
-                    d[r] = u16::from_le_bytes([row[at], row[at + 1]]);
-                }
-            }
-            for (k, block) in p.qs.iter_mut().enumerate() {
-                let at = 34 * (8 * bi + k) + 2;
-                interleave(std::array::from_fn(|r| &rows[r][at..at + 32]), block);
-                for w in block.as_flattened_mut() {
-                    *w = sign_magnitude(*w);
-                }
-            }
-        }
+        pack_q8_0(rows, out.iter_mut().map(|p| &mut p.0), sign_magnitude)
     }
 
     fn gemm_with(_isa: Isa, panel: &[Q8SmPanel], acts: &[ActRow<'_>], out: &mut [[f32; 8]]) {
