@@ -3,8 +3,10 @@
 //! handed out as ranges of the mapping, never copied.
 //!
 //! A file is untrusted input: every length, count and offset is checked against the
-//! file's size before use, strings and arrays have limits, and a bad file is
-//! INVALID_ARGUMENT naming the file and what is wrong — never a panic.
+//! file's size before use, strings and arrays have limits, tensors must lie one after
+//! another as GGML writes them (so a changed type, shape or offset is caught rather
+//! than read from another tensor's bytes), and a bad file is INVALID_ARGUMENT naming the
+//! file and what is wrong — never a panic.
 
 use super::linear::Bytes;
 use super::quant::WeightType;
@@ -240,7 +242,36 @@ impl Gguf {
         };
         let data_start = r.at.next_multiple_of(align);
         let mut tensors = HashMap::new();
+        // Tensors lie one after another in the order they are listed, each padded to the
+        // alignment (as GGML writes them and its reader requires): where a tensor's
+        // offset is not the previous one's end, the file is damaged (a changed type or
+        // shape would have the kernels read another tensor's bytes). After a tensor of
+        // a type this reader cannot size, the next offset is only checked for order.
+        let mut expected = Some(0u64);
+        let mut last = 0u64;
+        let mut before = String::new();
         for (name, dims, ggml_type, offset) in infos {
+            if !offset.is_multiple_of(align as u64) {
+                return Err(r.bad(format!(
+                    "tensor {name} at data offset {offset}, not a multiple of the alignment ({align})"
+                )));
+            }
+            if offset < last {
+                return Err(r.bad(format!(
+                    "tensor {name} at data offset {offset}, before {before} ({last}) listed before it"
+                )));
+            }
+            if let Some(e) = expected.filter(|&e| e != offset) {
+                let prev = match before.as_str() {
+                    "" => "the data section starts at 0".to_owned(),
+                    b => format!("{b} before it ends at {e}"),
+                };
+                return Err(Error::invalid(format!(
+                    "{path}: tensor {name} is at data offset {offset}, but {prev} (tensors follow one another, each padded to {align} bytes): a damaged file, or a changed type or shape?"
+                )));
+            }
+            last = offset;
+            before.clone_from(&name);
             let elems = dims
                 .iter()
                 .try_fold(1u64, |a, &d| a.checked_mul(d))
@@ -276,6 +307,10 @@ impl Gguf {
             if tensors.contains_key(&name) {
                 return Err(r.bad(format!("tensor {name} appears twice")));
             }
+            expected = match WeightType::from_ggml(ggml_type) {
+                Some(_) => offset.checked_add(len.next_multiple_of(align as u64)),
+                None => None,
+            };
             tensors.insert(
                 name,
                 TensorInfo {
@@ -285,6 +320,16 @@ impl Gguf {
                     len: len as usize,
                 },
             );
+        }
+        // Only the last tensor's padding may follow it (a shrunken last tensor would
+        // leave its bytes there).
+        if let Some(end) = expected {
+            let trailing = (map.len() as u64).saturating_sub(data_start as u64 + end);
+            if !before.is_empty() && trailing > 0 {
+                return Err(Error::invalid(format!(
+                    "{path}: {trailing} bytes follow the last tensor ({before}) and its padding: a damaged file, or a changed type or shape?"
+                )));
+            }
         }
         Ok(Gguf {
             path,
@@ -419,6 +464,71 @@ pub(crate) mod tests {
             o.resize(o.len().next_multiple_of(32), 0);
         }
         std::fs::write(path, o).unwrap();
+    }
+
+    /// Where tensor `name`'s type (4 bytes) and offset (8 bytes) are in a file `write`
+    /// wrote: after its name, dimension count and dimensions.
+    pub(crate) fn info_at(file: &[u8], name: &str, dims: usize) -> usize {
+        let key = [&(name.len() as u64).to_le_bytes()[..], name.as_bytes()].concat();
+        let at = file
+            .windows(key.len())
+            .position(|w| w == key)
+            .expect("tensor name");
+        at + key.len() + 4 + 8 * dims
+    }
+
+    #[test]
+    fn tensors_out_of_place_are_refused() {
+        let dir = std::env::temp_dir().join(format!("infer-gguf-place-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("m.gguf");
+        let f32s = |n: u32| -> Vec<u8> { (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect() };
+        write(
+            &p,
+            &[("general.architecture", Value::Str("llama".into()))],
+            &[
+                ("a", vec![8], 0, f32s(8)),
+                ("b", vec![32, 2], 0, f32s(64)),
+                ("c", vec![4], 0, f32s(4)),
+            ],
+        );
+        let good = std::fs::read(&p).unwrap();
+        let g = Gguf::open(&p).unwrap();
+        assert_eq!(g.tensor("c").unwrap().2.get(), &f32s(4)[..]);
+        let (b_type, c_off) = (info_at(&good, "b", 2), info_at(&good, "c", 1) + 4);
+        let c_at = u64::from_le_bytes(good[c_off..c_off + 8].try_into().unwrap());
+        let open_with = |patch: &dyn Fn(&mut Vec<u8>)| {
+            let mut f = good.clone();
+            patch(&mut f);
+            std::fs::write(&p, &f).unwrap();
+            Gguf::open(&p)
+        };
+        let refused = |patch: &dyn Fn(&mut Vec<u8>), words: &[&str]| {
+            let e = open_with(patch)
+                .err()
+                .expect("a damaged file must be refused");
+            assert_eq!(e.code, Code::InvalidArgument, "{e}");
+            for w in words {
+                assert!(e.message.contains(w), "{w}: {e}");
+            }
+        };
+        let set_type =
+            |t: u32| move |f: &mut Vec<u8>| f[b_type..b_type + 4].copy_from_slice(&t.to_le_bytes());
+        let set_c =
+            |o: u64| move |f: &mut Vec<u8>| f[c_off..c_off + 8].copy_from_slice(&o.to_le_bytes());
+        // b read as F16 or Q8_0 is shorter than its bytes: c is not where b ends.
+        refused(&set_type(1), &["tensor c", "b before it ends at"]);
+        refused(&set_type(8), &["tensor c", "b before it ends"]);
+        // c moved past a gap, into b, or off the alignment.
+        refused(&set_c(c_at + 32), &["tensor c", "damaged"]);
+        refused(&set_c(c_at - 32), &["tensor c", "damaged"]);
+        refused(&set_c(0), &["tensor c", "before b"]);
+        refused(&set_c(c_at + 4), &["tensor c", "alignment"]);
+        // After a tensor of a type this reader cannot size, the next is read where it says.
+        let g = open_with(&set_type(15)).unwrap();
+        assert_eq!(g.tensor("b").err().unwrap().code, Code::Unsupported);
+        assert_eq!(g.tensor("c").unwrap().2.get(), &f32s(4)[..]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -83,6 +83,17 @@ impl LlamaConfig {
                 self.rope_dims, self.head_dim
             ));
         }
+        if self.n_head.checked_mul(self.head_dim).is_none() {
+            return bad(format!(
+                "{} heads of {} values overflow",
+                self.n_head, self.head_dim
+            ));
+        }
+        if let Some(f) = self.inv_freq.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+            return bad(format!(
+                "a rotary frequency is {f}: the rotary base or scaling parameters are out of range"
+            ));
+        }
         if self.inv_freq.len() != self.rope_dims / 2 {
             return bad(format!(
                 "{} rotary frequencies for {} rotary dimensions",
@@ -153,11 +164,17 @@ impl LlamaConfig {
             .get("partial_rotary_factor")
             .and_then(Json::as_f64)
             .unwrap_or(1.0);
+        if !(partial > 0.0 && partial <= 1.0) {
+            return Err(Error::invalid(format!(
+                "{at}: partial_rotary_factor {partial} is not in (0, 1]"
+            )));
+        }
         let rope_dims = ((head_dim as f64 * partial) as usize) & !1;
         let theta = o
             .get("rope_theta")
             .and_then(Json::as_f64)
             .unwrap_or(10_000.0);
+        check_rope(at, head_dim, rope_dims, theta, "rope_theta")?;
         let mut n_ctx = hf_uint(o, "max_position_embeddings")?;
         // A sliding window that applies within the context caps the context: attention
         // over the whole context is then the model's own computation.
@@ -188,17 +205,32 @@ impl LlamaConfig {
                     "default" => {}
                     "linear" => {
                         let f = num("factor")?;
+                        if !(f.is_finite() && f > 0.0) {
+                            return Err(Error::invalid(format!(
+                                "{at}: rope_scaling.factor {f} is not a positive number"
+                            )));
+                        }
                         inv_freq
                             .iter_mut()
                             .for_each(|x| *x = (*x as f64 / f) as f32);
                     }
-                    "llama3" => llama3_scaling(
-                        &mut inv_freq,
-                        num("factor")?,
-                        num("low_freq_factor")?,
-                        num("high_freq_factor")?,
-                        num("original_max_position_embeddings")?,
-                    ),
+                    "llama3" => {
+                        let (f, low, high, old) = (
+                            num("factor")?,
+                            num("low_freq_factor")?,
+                            num("high_freq_factor")?,
+                            num("original_max_position_embeddings")?,
+                        );
+                        // As transformers checks them (its wavelength bands need them).
+                        if !(f.is_finite() && f > 0.0 && low > 0.0 && high > low && old > 0.0)
+                            || !(high.is_finite() && old.is_finite())
+                        {
+                            return Err(Error::invalid(format!(
+                                "{at}: rope_scaling factor {f}, low_freq_factor {low}, high_freq_factor {high}, original_max_position_embeddings {old}: each must be positive and finite, and high_freq_factor above low_freq_factor"
+                            )));
+                        }
+                        llama3_scaling(&mut inv_freq, f, low, high, old)
+                    }
                     other => {
                         return Err(Error::unsupported(format!(
                         "{at}: rope_scaling type \"{other}\" (default, linear and llama3 are read)"
@@ -292,6 +324,7 @@ impl LlamaConfig {
             Some(_) => us("rope.dimension_count")?,
         };
         let theta = g.float(&key("rope.freq_base"))?.unwrap_or(10_000.0);
+        check_rope(at, head_dim, rope_dims, theta, &key("rope.freq_base"))?;
         let mut inv_freq = base_freqs(theta, rope_dims);
         let scaling = g
             .get(&key("rope.scaling.type"))
@@ -301,11 +334,15 @@ impl LlamaConfig {
             "none" => {}
             "linear" => {
                 let f = g.float(&key("rope.scaling.factor"))?.unwrap_or(1.0);
-                if f > 0.0 {
-                    inv_freq
-                        .iter_mut()
-                        .for_each(|x| *x = (*x as f64 / f) as f32);
+                if !(f.is_finite() && f > 0.0) {
+                    return Err(Error::invalid(format!(
+                        "{at}: {} {f} is not a positive number",
+                        key("rope.scaling.factor")
+                    )));
                 }
+                inv_freq
+                    .iter_mut()
+                    .for_each(|x| *x = (*x as f64 / f) as f32);
             }
             other => {
                 return Err(Error::unsupported(format!(
@@ -371,6 +408,30 @@ impl LlamaConfig {
         c.validate(at)?;
         Ok(c)
     }
+}
+
+/// Widest attention head read (the rotary tables are sized by it before any tensor is).
+const MAX_HEAD_DIM: usize = 1 << 14;
+
+/// The head size, rotary dimensions and rotary base, before the rotary frequencies are
+/// computed from them.
+fn check_rope(at: &str, head_dim: usize, rope_dims: usize, theta: f64, field: &str) -> Result<()> {
+    if head_dim == 0 || head_dim > MAX_HEAD_DIM {
+        return Err(Error::invalid(format!(
+            "{at}: a head size of {head_dim} (1 to {MAX_HEAD_DIM} are read)"
+        )));
+    }
+    if rope_dims > head_dim || !rope_dims.is_multiple_of(2) {
+        return Err(Error::invalid(format!(
+            "{at}: {rope_dims} rotary dimensions do not fit heads of {head_dim}"
+        )));
+    }
+    if !(theta.is_finite() && theta > 0.0) {
+        return Err(Error::invalid(format!(
+            "{at}: {field} {theta} is not a positive number"
+        )));
+    }
+    Ok(())
 }
 
 fn base_freqs(theta: f64, dims: usize) -> Vec<f32> {
@@ -458,6 +519,10 @@ trait Source {
     /// The vector `name` of `n` values, as f32.
     fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>>;
     fn has(&self, name: &str) -> bool;
+    /// `name` as the file spells it (for messages).
+    fn shown(&self, name: &str) -> String {
+        name.to_owned()
+    }
 }
 
 /// The one `.gguf` file of a version folder, if it has one.
@@ -527,6 +592,15 @@ impl Llama {
         let c = &config;
         let (e, hd) = (c.n_embd, c.head_dim);
         let (qw, kvw) = (c.n_head * hd, c.n_kv_head * hd);
+        // The last layer's first tensor, before anything is sized by the layer count.
+        let last = format!("blk.{}.attn_norm.weight", c.n_layer.saturating_sub(1));
+        if !src.has(&last) {
+            return Err(Error::invalid(format!(
+                "{source}: {} layers configured, but the weights have no {}",
+                c.n_layer,
+                src.shown(&last)
+            )));
+        }
         let mut layers = Vec::with_capacity(c.n_layer);
         for l in 0..c.n_layer {
             let n = |s: &str| format!("blk.{l}.{s}");
@@ -849,5 +923,9 @@ impl Source for HfSource<'_> {
 
     fn has(&self, name: &str) -> bool {
         self.st.tensor(&HfSource::hf_name(name)).is_ok()
+    }
+
+    fn shown(&self, name: &str) -> String {
+        HfSource::hf_name(name)
     }
 }

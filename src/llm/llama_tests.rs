@@ -274,6 +274,45 @@ fn configs_name_what_they_cannot_serve() {
             Code::InvalidArgument,
             "hidden_size",
         ),
+        // Values that size tables or make the rotary frequencies NaN are refused before
+        // anything is computed from them.
+        (
+            "head_dim",
+            serde_json::json!(1u64 << 20),
+            Code::InvalidArgument,
+            "head size",
+        ),
+        (
+            "partial_rotary_factor",
+            serde_json::json!(1e30),
+            Code::InvalidArgument,
+            "partial_rotary_factor",
+        ),
+        (
+            "rope_theta",
+            serde_json::json!(-1.0),
+            Code::InvalidArgument,
+            "rope_theta",
+        ),
+        (
+            "rope_theta",
+            serde_json::json!(0.0),
+            Code::InvalidArgument,
+            "rope_theta",
+        ),
+        (
+            "rope_scaling",
+            serde_json::json!({"rope_type": "linear", "factor": 0.0}),
+            Code::InvalidArgument,
+            "rope_scaling.factor",
+        ),
+        (
+            "rope_scaling",
+            serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 0.0,
+                "high_freq_factor": 0.0, "original_max_position_embeddings": 8192}),
+            Code::InvalidArgument,
+            "high_freq_factor above",
+        ),
     ] {
         let e = with(k, v).unwrap_err();
         assert_eq!(e.code, code, "{k}: {e}");
@@ -403,4 +442,214 @@ fn gate_up_speed() {
             best[1] / best[0]
         );
     }
+}
+
+type GgufTensor = (&'static str, Vec<u64>, u32, Vec<u8>);
+
+/// A one-layer Llama GGUF of F32 weights (width 32, 2 heads of 16 sharing one key/value
+/// head, MLP width 64, 40 tokens): its metadata and tensors, as `gguf::tests::write`
+/// takes them.
+fn tiny_gguf() -> (
+    Vec<(&'static str, crate::llm::gguf::Value)>,
+    Vec<GgufTensor>,
+) {
+    use crate::llm::gguf::Value;
+    let (e, ff, vocab, hd) = (32u64, 64u64, 40u64, 16u64);
+    let t = |name: &'static str, dims: Vec<u64>| -> GgufTensor {
+        let n: u64 = dims.iter().product();
+        let v = (0..n)
+            .flat_map(|i| (((i * 7919) % 61) as f32 / 61.0 - 0.5).to_le_bytes())
+            .collect();
+        (name, dims, 0, v)
+    };
+    let tensors = vec![
+        t("token_embd.weight", vec![e, vocab]),
+        t("blk.0.attn_norm.weight", vec![e]),
+        t("blk.0.attn_q.weight", vec![e, 2 * hd]),
+        t("blk.0.attn_k.weight", vec![e, hd]),
+        t("blk.0.attn_v.weight", vec![e, hd]),
+        t("blk.0.attn_output.weight", vec![2 * hd, e]),
+        t("blk.0.ffn_norm.weight", vec![e]),
+        t("blk.0.ffn_gate.weight", vec![e, ff]),
+        t("blk.0.ffn_up.weight", vec![e, ff]),
+        t("blk.0.ffn_down.weight", vec![ff, e]),
+        t("output_norm.weight", vec![e]),
+        t("output.weight", vec![e, vocab]),
+    ];
+    let meta = vec![
+        ("general.architecture", Value::Str("llama".into())),
+        ("llama.block_count", Value::UInt(1)),
+        ("llama.context_length", Value::UInt(64)),
+        ("llama.embedding_length", Value::UInt(e)),
+        ("llama.feed_forward_length", Value::UInt(ff)),
+        ("llama.attention.head_count", Value::UInt(2)),
+        ("llama.attention.head_count_kv", Value::UInt(1)),
+        ("llama.attention.key_length", Value::UInt(hd)),
+        ("llama.attention.value_length", Value::UInt(hd)),
+        ("llama.rope.freq_base", Value::Float(10000.0)),
+        ("llama.attention.layer_norm_rms_epsilon", Value::Float(1e-5)),
+    ];
+    (meta, tensors)
+}
+
+/// A GGUF file's metadata is untrusted: a layer count, head size or rotary base out of
+/// range is INVALID_ARGUMENT naming it, before anything is sized or computed from it
+/// (a layer count of 2^32 - 1 once reserved room for that many layers and aborted the
+/// process; a rotary base of 0 gave NaN logits).
+#[test]
+fn gguf_metadata_out_of_range_is_refused() {
+    use crate::llm::gguf::{tests::write, Value};
+    let dir = std::env::temp_dir().join(format!("infer-llama-meta-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("m.gguf");
+    let (base, tensors) = tiny_gguf();
+    let meta = |changed: &[(&'static str, Value)], dropped: &[&str]| {
+        let mut m = base.clone();
+        m.retain(|(k, _)| !dropped.contains(k) && !changed.iter().any(|(c, _)| c == k));
+        m.extend(changed.iter().cloned());
+        m
+    };
+    write(&p, &meta(&[], &[]), &tensors);
+    let m = Llama::load_gguf(&p).unwrap();
+    assert_eq!((m.config.n_layer, m.config.head_dim), (1, 16));
+    let no_value_length = ["llama.attention.value_length"];
+    for (changed, dropped, words) in [
+        (
+            vec![("llama.block_count", Value::UInt(u32::MAX as u64))],
+            &[][..],
+            &["4294967295 layers", "blk.4294967294.attn_norm.weight"][..],
+        ),
+        (
+            vec![("llama.block_count", Value::UInt(2))],
+            &[],
+            &["2 layers", "blk.1.attn_norm.weight"],
+        ),
+        (
+            vec![("llama.attention.key_length", Value::UInt(1 << 31))],
+            &no_value_length,
+            &["head size of 2147483648"],
+        ),
+        (
+            vec![("llama.rope.dimension_count", Value::UInt(1 << 31))],
+            &[],
+            &["2147483648 rotary dimensions"],
+        ),
+        (
+            vec![("llama.rope.freq_base", Value::Float(0.0))],
+            &[],
+            &["llama.rope.freq_base 0"],
+        ),
+        (
+            vec![("llama.rope.freq_base", Value::Float(f64::NAN))],
+            &[],
+            &["llama.rope.freq_base NaN"],
+        ),
+        (
+            vec![
+                ("llama.rope.scaling.type", Value::Str("linear".into())),
+                ("llama.rope.scaling.factor", Value::Float(-2.0)),
+            ],
+            &[],
+            &["llama.rope.scaling.factor -2"],
+        ),
+    ] {
+        write(&p, &meta(&changed, dropped), &tensors);
+        let err = Llama::load_gguf(&p)
+            .err()
+            .expect("out-of-range metadata must be refused");
+        assert_eq!(err.code, Code::InvalidArgument, "{err}");
+        for w in words {
+            assert!(err.message.contains(w), "{w}: {err}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Every number in a small GGUF file's metadata and tensor table set to values at and
+/// past the edges (0, 1, 2^31 - 1, 2^64 - 1, NaN, ...; each tensor's dimensions, type
+/// and offset): each file is refused as INVALID_ARGUMENT or UNSUPPORTED, or loads and
+/// gives finite logits. Nothing panics, aborts or computes from another tensor's bytes.
+#[test]
+fn damaged_gguf_numbers_are_refused_or_harmless() {
+    use crate::llm::gguf::{tests::info_at, tests::write, Value};
+    let dir = std::env::temp_dir().join(format!("infer-llama-sweep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("m.gguf");
+    let (meta, tensors) = tiny_gguf();
+    write(&p, &meta, &tensors);
+    let good = std::fs::read(&p).unwrap();
+    let mut outcomes = [0usize; 2];
+    let mut check = |what: String, file: &[u8]| {
+        std::fs::write(&p, file).unwrap();
+        match Llama::load_gguf(&p) {
+            Err(e) => {
+                assert!(
+                    matches!(e.code, Code::InvalidArgument | Code::Unsupported),
+                    "{what}: {e}"
+                );
+                outcomes[0] += 1;
+            }
+            Ok(m) => {
+                let m = Arc::new(m);
+                let shape = m.config.kv_shape(KvType::F32);
+                let mut kv = KvCache::new(shape, 8, 2).unwrap();
+                let s = StepSeq {
+                    tokens: &[2, 3, 4],
+                    start: 0,
+                    blocks: &[0, 1],
+                    logits: Logits::All,
+                };
+                let mut logits = Vec::new();
+                match runner(&m, 1).step(&mut kv, &[s], &mut logits) {
+                    // A context too short for the prompt (the server refuses it at enqueue).
+                    Err(e) => assert_eq!(e.code, Code::InvalidArgument, "{what}: {e}"),
+                    Ok(()) => assert!(
+                        logits.iter().all(|x| x.is_finite()),
+                        "{what}: logits not finite"
+                    ),
+                }
+                outcomes[1] += 1;
+            }
+        }
+    };
+    let ints = [0u64, 1, 3, 255, (1 << 31) - 1, u32::MAX as u64, u64::MAX];
+    let floats = [0.0, -1.0, f64::NAN, f64::INFINITY, 1e30, 1e-30];
+    for (i, (k, v)) in meta.iter().enumerate() {
+        let values: Vec<Value> = match v {
+            Value::UInt(_) => ints.iter().map(|&x| Value::UInt(x)).collect(),
+            Value::Float(_) => floats.iter().map(|&x| Value::Float(x)).collect(),
+            _ => vec![Value::Str("qwen3".into()), Value::UInt(1)],
+        };
+        for v in values {
+            let mut m = meta.clone();
+            m[i].1 = v.clone();
+            write(&p, &m, &tensors);
+            let f = std::fs::read(&p).unwrap();
+            check(format!("{k} = {v:?}"), &f);
+        }
+    }
+    for (name, dims, _, _) in &tensors {
+        let at = info_at(&good, name, dims.len());
+        for d in 0..dims.len() {
+            for v in [0u64, 1, 2, 1 << 20, 1 << 40, u64::MAX] {
+                let mut f = good.clone();
+                let o = at - 8 * (dims.len() - d);
+                f[o..o + 8].copy_from_slice(&v.to_le_bytes());
+                check(format!("{name} dim {d} = {v}"), &f);
+            }
+        }
+        for t in [1u32, 2, 6, 8, 12, 14, 30, 99, u32::MAX] {
+            let mut f = good.clone();
+            f[at..at + 4].copy_from_slice(&t.to_le_bytes());
+            check(format!("{name} type {t}"), &f);
+        }
+        for off in [1u64, 32, 1 << 40, u64::MAX - 31] {
+            let mut f = good.clone();
+            f[at + 4..at + 12].copy_from_slice(&off.to_le_bytes());
+            check(format!("{name} offset {off}"), &f);
+        }
+    }
+    // Most are refused; some (a larger context, another epsilon) are models still.
+    assert!(outcomes[0] > 200 && outcomes[1] > 5, "{outcomes:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
