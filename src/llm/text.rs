@@ -43,7 +43,9 @@ pub struct TextCodec {
     add_bos: Option<u32>,
     bos_token: String,
     eos_token: String,
-    template: Option<minijinja::Environment<'static>>,
+    /// The chat template, or why it does not compile (the model still serves ids and
+    /// plain text; requests that ask for the template are refused with the reason).
+    template: Option<std::result::Result<minijinja::Environment<'static>, String>>,
     /// The tokenizer's own end-of-generation tokens (GGUF's eos/eot/eom ids).
     pub eos_ids: Vec<u32>,
     /// Where the tokenizer came from, for the log.
@@ -143,7 +145,7 @@ impl TextCodec {
                 ))
             })?);
         }
-        let template = template.map(|t| compile_template(t, &shown)).transpose()?;
+        let template = template.map(|t| compile_template(t, &shown).map_err(|e| e.message));
         Ok(TextCodec {
             tok,
             add_bos: None,
@@ -247,7 +249,7 @@ impl TextCodec {
         }
         eos_ids.dedup();
         let template = match g.get("tokenizer.chat_template") {
-            Some(Value::Str(s)) => Some(compile_template(s.clone(), at)?),
+            Some(Value::Str(s)) => Some(compile_template(s.clone(), at).map_err(|e| e.message)),
             _ => None,
         };
         Ok(TextSource::Ready(Box::new(TextCodec {
@@ -289,13 +291,23 @@ impl TextCodec {
         self.template.is_some()
     }
 
+    /// Why the model's chat template cannot be used, if it has one that does not compile.
+    pub fn chat_template_error(&self) -> Option<&str> {
+        match &self.template {
+            Some(Err(why)) => Some(why),
+            _ => None,
+        }
+    }
+
     /// Renders the model's chat template over `messages` (a JSON array of objects with
     /// `role` and `content`), ending with the assistant's turn opened
     /// (`add_generation_prompt`).
     pub fn apply_chat_template(&self, messages: &Json) -> Result<String> {
-        let env = self.template.as_ref().ok_or_else(|| {
-            Error::invalid("the model has no chat template (tokenizer_config.json chat_template, chat_template.jinja or GGUF tokenizer.chat_template)")
-        })?;
+        let env = match &self.template {
+            None => return Err(Error::invalid("the model has no chat template (tokenizer_config.json chat_template, chat_template.jinja or GGUF tokenizer.chat_template)")),
+            Some(Err(why)) => return Err(Error::invalid(why.clone())),
+            Some(Ok(env)) => env,
+        };
         let list = messages.as_array().ok_or_else(|| {
             Error::invalid(
                 "the chat messages must be a JSON array of {\"role\", \"content\"} objects",
@@ -716,6 +728,7 @@ impl StopStrings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::status::Code;
 
     /// A byte-level BPE over the 256 byte symbols and a few merges (no file needed).
     fn byte_level() -> TextCodec {
@@ -816,14 +829,12 @@ mod tests {
     #[test]
     fn chat_templates_render_as_transformers_does() {
         let mut c = byte_level();
-        c.template = Some(
-            compile_template(
+        c.template = Some(Ok(compile_template(
                 "{% for m in messages %}\n<|{{ m['role'] }}|>{{ m['content'].strip() }}{{ eos_token }}{% endfor %}\n{% if add_generation_prompt %}<|assistant|>{% endif %}"
                     .into(),
                 "test",
             )
-            .unwrap(),
-        );
+            .unwrap()));
         let msgs = serde_json::json!([
             {"role": "system", "content": " Be brief. "},
             {"role": "user", "content": "Hi"}
@@ -836,12 +847,25 @@ mod tests {
             .apply_chat_template(&serde_json::json!([{"content": "x"}]))
             .unwrap_err();
         assert!(e.message.contains("role"), "{e}");
-        c.template = Some(
-            compile_template("{{ raise_exception('only user turns') }}".into(), "test").unwrap(),
-        );
+        c.template = Some(Ok(compile_template(
+            "{{ raise_exception('only user turns') }}".into(),
+            "test",
+        )
+        .unwrap()));
         let e = c.apply_chat_template(&msgs).unwrap_err();
         assert!(e.message.contains("only user turns"), "{e}");
-        assert!(compile_template("{% for %}".into(), "t").is_err());
+        // A template that does not compile leaves the codec serving text; asking for the
+        // template gets the reason.
+        let why = compile_template("{% for %}".into(), "t")
+            .unwrap_err()
+            .message;
+        assert!(why.contains("does not compile"), "{why}");
+        c.template = Some(Err(why.clone()));
+        assert!(c.has_chat_template());
+        assert_eq!(c.chat_template_error(), Some(why.as_str()));
+        let e = c.apply_chat_template(&msgs).unwrap_err();
+        assert_eq!((e.code, e.message), (Code::InvalidArgument, why));
+        assert_eq!(c.decode(&c.encode("hello", false).unwrap(), false), "hello");
         assert!(!strftime_now("%Y").is_empty());
     }
 }

@@ -156,6 +156,11 @@ fn vocabulary(
                     ""
                 }
             ));
+            if let Some(why) = c.chat_template_error() {
+                log.warn(&format!(
+                    "{at}: {why}; requests that ask for it (apply_chat_template) are refused"
+                ));
+            }
             Some(Arc::<TextCodec>::from(c))
         }
         TextSource::Missing(why) => {
