@@ -77,7 +77,10 @@ impl LlamaConfig {
                 self.n_head, self.n_kv_head
             ));
         }
-        if self.rope_dims > self.head_dim || !self.rope_dims.is_multiple_of(2) {
+        if self.rope_dims == 0
+            || self.rope_dims > self.head_dim
+            || !self.rope_dims.is_multiple_of(2)
+        {
             return bad(format!(
                 "{} rotary dimensions do not fit heads of {}",
                 self.rope_dims, self.head_dim
@@ -160,20 +163,14 @@ impl LlamaConfig {
                 "{at}: mlp_bias true (MLP biases are not read)"
             )));
         }
-        let partial = o
-            .get("partial_rotary_factor")
-            .and_then(Json::as_f64)
-            .unwrap_or(1.0);
+        let partial = hf_float(o, "partial_rotary_factor", 1.0)?;
         if !(partial > 0.0 && partial <= 1.0) {
             return Err(Error::invalid(format!(
-                "{at}: partial_rotary_factor {partial} is not in (0, 1]"
+                "{at}: partial_rotary_factor {partial:?} is not in (0, 1]"
             )));
         }
         let rope_dims = ((head_dim as f64 * partial) as usize) & !1;
-        let theta = o
-            .get("rope_theta")
-            .and_then(Json::as_f64)
-            .unwrap_or(10_000.0);
+        let theta = hf_float(o, "rope_theta", 10_000.0)?;
         check_rope(at, head_dim, rope_dims, theta, "rope_theta")?;
         let mut n_ctx = hf_uint(o, "max_position_embeddings")?;
         // A sliding window that applies within the context caps the context: attention
@@ -182,10 +179,8 @@ impl LlamaConfig {
             "mistral" => true,
             _ => hf_flag(o, "use_sliding_window", false)?,
         };
-        if window_on {
-            if let Some(w) = o.get("sliding_window").and_then(Json::as_u64) {
-                n_ctx = n_ctx.min(w as usize);
-            }
+        if window_on && !matches!(o.get("sliding_window"), None | Some(Json::Null)) {
+            n_ctx = n_ctx.min(hf_uint(o, "sliding_window")?);
         }
         let mut inv_freq = base_freqs(theta, rope_dims);
         match o.get("rope_scaling") {
@@ -248,14 +243,18 @@ impl LlamaConfig {
             "qwen2" => true,
             _ => hf_flag(o, "attention_bias", false)?,
         };
+        let token_id = |what: &str, v: &Json| -> Result<u32> {
+            v.as_u64()
+                .and_then(|x| u32::try_from(x).ok())
+                .ok_or_else(|| Error::invalid(format!("{at}: {what} {v} is not a token id")))
+        };
         let eos_token_ids = match o.get("eos_token_id") {
             Some(Json::Array(a)) => a
                 .iter()
-                .filter_map(|x| x.as_u64())
-                .map(|x| x as u32)
-                .collect(),
-            Some(x) => x.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-            None => Vec::new(),
+                .map(|x| token_id("eos_token_id", x))
+                .collect::<Result<_>>()?,
+            None | Some(Json::Null) => Vec::new(),
+            Some(x) => vec![token_id("eos_token_id", x)?],
         };
         let c = LlamaConfig {
             arch,
@@ -267,16 +266,16 @@ impl LlamaConfig {
             n_ff: hf_uint(o, "intermediate_size")?,
             vocab_size: hf_uint(o, "vocab_size")?,
             n_ctx,
-            rms_eps: o.get("rms_norm_eps").and_then(Json::as_f64).unwrap_or(1e-6) as f32,
+            rms_eps: hf_float(o, "rms_norm_eps", 1e-6)? as f32,
             rope_style: RopeStyle::Half,
             rope_dims,
             inv_freq,
             qkv_bias,
             tie_word_embeddings: hf_flag(o, "tie_word_embeddings", false)?,
-            bos_token_id: o
-                .get("bos_token_id")
-                .and_then(Json::as_u64)
-                .map(|x| x as u32),
+            bos_token_id: match o.get("bos_token_id") {
+                None | Some(Json::Null) => None,
+                Some(x) => Some(token_id("bos_token_id", x)?),
+            },
             eos_token_ids,
         };
         c.validate(at)?;
@@ -421,14 +420,15 @@ fn check_rope(at: &str, head_dim: usize, rope_dims: usize, theta: f64, field: &s
             "{at}: a head size of {head_dim} (1 to {MAX_HEAD_DIM} are read)"
         )));
     }
-    if rope_dims > head_dim || !rope_dims.is_multiple_of(2) {
+    // Every supported architecture rotates at least one pair of each head.
+    if rope_dims == 0 || rope_dims > head_dim || !rope_dims.is_multiple_of(2) {
         return Err(Error::invalid(format!(
             "{at}: {rope_dims} rotary dimensions do not fit heads of {head_dim}"
         )));
     }
     if !(theta.is_finite() && theta > 0.0) {
         return Err(Error::invalid(format!(
-            "{at}: {field} {theta} is not a positive number"
+            "{at}: {field} {theta:?} is not a positive number"
         )));
     }
     Ok(())
@@ -469,6 +469,16 @@ fn hf_uint(o: &Map<String, Json>, name: &str) -> Result<usize> {
             .ok_or_else(|| {
                 Error::invalid(format!("config.json: {name} {v} is not a positive integer"))
             }),
+    }
+}
+
+/// An optional number (`default` when absent or null).
+fn hf_float(o: &Map<String, Json>, name: &str, default: f64) -> Result<f64> {
+    match o.get(name) {
+        None | Some(Json::Null) => Ok(default),
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| Error::invalid(format!("config.json: {name} {v} is not a number"))),
     }
 }
 

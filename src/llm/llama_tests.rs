@@ -300,6 +300,40 @@ fn configs_name_what_they_cannot_serve() {
             Code::InvalidArgument,
             "rope_theta",
         ),
+        // Fewer than one rotary pair per head (once a panic in every step).
+        (
+            "partial_rotary_factor",
+            serde_json::json!(1e-300),
+            Code::InvalidArgument,
+            "0 rotary dimensions",
+        ),
+        // Values of the wrong kind are refused, not replaced by defaults.
+        (
+            "rms_norm_eps",
+            serde_json::json!("x"),
+            Code::InvalidArgument,
+            "rms_norm_eps \"x\" is not a number",
+        ),
+        (
+            "rope_theta",
+            serde_json::json!("1e4"),
+            Code::InvalidArgument,
+            "rope_theta",
+        ),
+        // A token id past 32 bits (once truncated to token 0, which then ended every
+        // generation).
+        (
+            "eos_token_id",
+            serde_json::json!(1u64 << 32),
+            Code::InvalidArgument,
+            "eos_token_id 4294967296",
+        ),
+        (
+            "bos_token_id",
+            serde_json::json!(-1),
+            Code::InvalidArgument,
+            "bos_token_id -1",
+        ),
         (
             "rope_scaling",
             serde_json::json!({"rope_type": "linear", "factor": 0.0}),
@@ -334,6 +368,9 @@ fn configs_name_what_they_cannot_serve() {
     j["model_type"] = serde_json::json!("mistral");
     j["sliding_window"] = serde_json::json!(32);
     assert_eq!(LlamaConfig::from_hf_json(&j.to_string()).unwrap().n_ctx, 32);
+    j["sliding_window"] = serde_json::json!("32");
+    let e = LlamaConfig::from_hf_json(&j.to_string()).unwrap_err();
+    assert!(e.message.contains("sliding_window"), "{e}");
 }
 
 #[test]
