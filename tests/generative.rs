@@ -566,12 +566,57 @@ fn bad_requests_are_refused_at_enqueue_with_the_reason() {
             "top_p",
         ),
         ((0..128).collect(), max_tokens(1), "no room"),
+        // Messages stay short whatever the value: floats as Rust writes them, long
+        // strings with their middle cut out.
+        (
+            vec![1],
+            Params {
+                temperature: Some(-1e300),
+                ..max_tokens(1)
+            },
+            "got -1e300",
+        ),
+        (
+            vec![1],
+            Params {
+                strings: vec![("logit_bias", "x".repeat(100_000))],
+                ..max_tokens(1)
+            },
+            "(100000 bytes) is not a JSON object",
+        ),
+        (
+            vec![1],
+            Params {
+                strings: vec![(
+                    "stop",
+                    format!("[\"a\", {{\"k\": \"{}\"}}]", "y".repeat(1000)),
+                )],
+                ..max_tokens(1)
+            },
+            "is not a string",
+        ),
     ];
     for (prompt, p, want) in cases {
         let (st, msg) = try_enqueue(&s, "gpt", &prompt, &p).err().expect("refused");
         assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{want}: {msg}");
         assert!(msg.contains(want) && msg.contains("gpt"), "{want}: {msg}");
+        assert!(msg.len() < 300, "{want}: a message of {} bytes", msg.len());
     }
+    // A top_k past the vocabulary keeps every token (as one just past it would).
+    let p = Params {
+        top_k: Some(1 << 40),
+        temperature: Some(1.0),
+        seed: Some(5),
+        ..max_tokens(2)
+    };
+    let q = Params {
+        top_k: Some(256),
+        ..p.clone()
+    };
+    assert_eq!(
+        run(&s, "gpt", &[1], &p).tokens(),
+        run(&s, "gpt", &[1], &q).tokens()
+    );
     // INT32 [n] only: a 2-D prompt is refused when added.
     let r = s.request("gpt");
     let st = unsafe {

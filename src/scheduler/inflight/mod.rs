@@ -496,7 +496,7 @@ impl Engine {
                 Ok(x)
             } else {
                 Err(Error::invalid(format!(
-                    "model '{m}': parameter '{k}' must be in [{lo}, {hi}], got {x}"
+                    "model '{m}': parameter '{k}' must be in [{lo}, {hi}], got {x:?}"
                 )))
             }
         };
@@ -521,24 +521,26 @@ impl Engine {
                     let t = float(k, v)?;
                     if !(t.is_finite() && t >= 0.0) {
                         return Err(Error::invalid(format!(
-                            "model '{m}': parameter 'temperature' must be a finite number >= 0, got {t}"
+                            "model '{m}': parameter 'temperature' must be a finite number >= 0, got {t:?}"
                         )));
                     }
                     temperature = Some(t);
                 }
                 "top_k" => {
                     let n = int(k, v)?;
-                    top_k = u32::try_from(n).map_err(|_| {
-                        Error::invalid(format!(
+                    if n < 0 {
+                        return Err(Error::invalid(format!(
                             "model '{m}': parameter 'top_k' must be >= 0 (0 = off), got {n}"
-                        ))
-                    })?;
+                        )));
+                    }
+                    // Past the vocabulary every token is kept, as with the largest u32.
+                    top_k = u32::try_from(n).unwrap_or(u32::MAX);
                 }
                 "top_p" => {
                     let p = float(k, v)?;
                     if !(p > 0.0 && p <= 1.0) {
                         return Err(Error::invalid(format!(
-                            "model '{m}': parameter 'top_p' must be in (0, 1], got {p}"
+                            "model '{m}': parameter 'top_p' must be in (0, 1], got {p:?}"
                         )));
                     }
                     top_p = p;
@@ -548,7 +550,7 @@ impl Engine {
                     let r = float(k, v)?;
                     if !(r.is_finite() && r > 0.0) {
                         return Err(Error::invalid(format!(
-                            "model '{m}': parameter 'repetition_penalty' must be a finite number > 0 (1 = off), got {r}"
+                            "model '{m}': parameter 'repetition_penalty' must be a finite number > 0 (1 = off), got {r:?}"
                         )));
                     }
                     penalties.repetition = r as f32;
@@ -1837,6 +1839,18 @@ fn one_text(m: &str, t: &crate::tensor::Tensor) -> Result<String> {
     })
 }
 
+/// `v` quoted for a message, its middle cut out past 60 characters (a parameter may hold
+/// megabytes).
+fn quoted(v: &str) -> String {
+    let n = v.chars().count();
+    if n <= 60 {
+        return format!("{v:?}");
+    }
+    let head: String = v.chars().take(40).collect();
+    let tail: String = v.chars().skip(n - 12).collect();
+    format!("{head:?} ... {tail:?} ({} bytes)", v.len())
+}
+
 /// Parameter `stop`: one stop string, or a JSON array of them.
 fn parse_stop(m: &str, v: &str) -> Result<Vec<String>> {
     let list = match serde_json::from_str::<serde_json::Value>(v) {
@@ -1845,7 +1859,8 @@ fn parse_stop(m: &str, v: &str) -> Result<Vec<String>> {
             .map(|x| match x {
                 serde_json::Value::String(s) => Ok(s),
                 other => Err(Error::invalid(format!(
-                    "model '{m}': parameter 'stop': {other} is not a string"
+                    "model '{m}': parameter 'stop': {} is not a string",
+                    quoted(&other.to_string())
                 ))),
             })
             .collect::<Result<Vec<_>>>()?,
@@ -1867,7 +1882,8 @@ fn parse_logit_bias(m: &str, v: &str, vocab: usize) -> Result<Vec<(u32, f32)>> {
         Ok(serde_json::Value::Object(o)) => o,
         _ => {
             return Err(bad(format!(
-                "{v:?} is not a JSON object of token id to bias"
+                "{} is not a JSON object of token id to bias",
+                quoted(v)
             )))
         }
     };
@@ -1878,11 +1894,17 @@ fn parse_logit_bias(m: &str, v: &str, vocab: usize) -> Result<Vec<(u32, f32)>> {
             .parse()
             .ok()
             .filter(|&i: &u32| (i as usize) < vocab)
-            .ok_or_else(|| bad(format!("\"{k}\" is not a token id (0 to {})", vocab - 1)))?;
+            .ok_or_else(|| {
+                bad(format!(
+                    "{} is not a token id (0 to {})",
+                    quoted(&k),
+                    vocab - 1
+                ))
+            })?;
         let b = b
             .as_f64()
             .filter(|b| b.is_finite() && (-100.0..=100.0).contains(b))
-            .ok_or_else(|| bad(format!("the bias of {k} must be a number in [-100, 100]")))?;
+            .ok_or_else(|| bad(format!("the bias of {id} must be a number in [-100, 100]")))?;
         out.push((id, b as f32));
     }
     Ok(out)
