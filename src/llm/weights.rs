@@ -87,6 +87,14 @@ impl Gpt2 {
                 bias: t.get(&format!("{name}.bias"), &[e])?,
             })
         };
+        // The last block's first tensor, before anything is sized by the layer count.
+        let last = format!("h.{}.ln_1.weight", c.n_layer - 1);
+        t.get(&last, &[e]).map_err(|err| {
+            Error::invalid(format!(
+                "GPT-2 config: n_layer {}, but the weights do not hold {last}: {}",
+                c.n_layer, err.message
+            ))
+        })?;
         let mut blocks = Vec::with_capacity(c.n_layer);
         for l in 0..c.n_layer {
             let p = format!("h.{l}");

@@ -223,6 +223,20 @@ fn bad_configs_are_refused_with_the_path() {
     c["activation_function"] = "mish".into();
     std::fs::write(dir.0.join("config.json"), c.to_string()).unwrap();
     assert_eq!(load_err(&dir.0).code, Code::Unsupported);
+    // A layer count the weights do not have is refused before anything is sized by it
+    // (10^9 layers once reserved room for them and aborted the process).
+    for n in [3u64, 1_000_000_000] {
+        let mut c = serde_json::from_str::<serde_json::Value>(&small().to_json()).unwrap();
+        c["n_layer"] = n.into();
+        std::fs::write(dir.0.join("config.json"), c.to_string()).unwrap();
+        let e = load_err(&dir.0);
+        assert_eq!(e.code, Code::InvalidArgument, "{e}");
+        let last = format!("h.{}.ln_1.weight", n - 1);
+        assert!(
+            e.message.contains(&format!("n_layer {n}")) && e.message.contains(&last),
+            "{e}"
+        );
+    }
     c["activation_function"] = "gelu_new".into();
     c["n_head"] = 3.into();
     std::fs::write(dir.0.join("config.json"), c.to_string()).unwrap();
