@@ -926,6 +926,21 @@ parameters { key: "max_num_sequences" value { string_value: "4" } }"#;
         assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{msg}");
         assert!(msg.contains("vocabulary"), "{msg}");
         drop(s);
+        // The same GGUF file with bytes after its last tensor (what a tensor whose type
+        // or shape was changed to a smaller one leaves) is refused, naming the tensor.
+        if !src.is_dir() {
+            let f = version.join(file);
+            let mut bytes = std::fs::read(&f).unwrap();
+            bytes.extend([0u8; 64]);
+            std::fs::write(&f, bytes).unwrap();
+            let s = Server::new();
+            let st = unsafe {
+                infer_server_load_model(s.0, cs("lm").as_ptr(), cs(config).as_ptr(), d.as_ptr())
+            };
+            let msg = last_error();
+            assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{model}/{file}: {msg}");
+            assert!(msg.contains("64 bytes follow the last tensor"), "{msg}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
