@@ -157,7 +157,7 @@ impl Packed {
                         let fits = |r: &[&[u8]; 8]| !r.iter().any(|r| panel::q8_0_has_min(r));
                         pack(rows, cols, row_bytes, data, fits)?.map(Packed::Q8_0Sm)
                     }
-                    panel::Isa::Vnni => None,
+                    panel::Isa::AvxVnni | panel::Isa::Vnni => None,
                 };
                 match sm {
                     Some(p) => Some(p),
@@ -1271,11 +1271,11 @@ mod tests {
         assert!(!combines(&q8, &q4, 8));
         assert!(!combines(&q8, &matrix(WeightType::Q8_0, 24, 3, false), 8));
         // One Q8_0 matrix with a weight of -128 and one without: packed alike only where
-        // the fastest kernels are VNNI's.
+        // the fastest kernels are VNNI's (either form).
         let sm = matrix(WeightType::Q8_0, 16, 4, true);
         assert_eq!(
             combines(&q8, &sm, 8),
-            panel::Isa::best() == panel::Isa::Vnni
+            panel::Isa::best() != panel::Isa::Avx2
         );
         let data = random_row(WeightType::Q8_0, k, 9).repeat(16);
         let plain =

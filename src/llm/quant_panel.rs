@@ -30,7 +30,8 @@
 //!
 //! Each kernel is written twice: in AVX2 (`maddubs` into 16-bit sums) and in AVX-512
 //! VNNI (`vpdpbusd`, which multiplies 4 byte pairs and adds them into a 32-bit lane in
-//! one instruction). The VNNI kernels also run two panels at once (16 rows, a row to a
+//! one instruction); the 256-bit VNNI kernels are also built for AVX-VNNI (the VEX form
+//! of `vpdpbusd`, on CPUs without AVX-512). The VNNI kernels also run two panels at once (16 rows, a row to a
 //! lane of a 512-bit vector) for 4 or more tokens: on Zen 4 a 512-bit `vpdpbusd`
 //! issues as often as a 256-bit one, so it does twice the multiply-adds per cycle. The
 //! AVX2 Q8_0 kernel runs two panels at once too, each token's 4 activations broadcast
@@ -124,6 +125,9 @@ fn interleave(src: [&[u8]; 8], dst: &mut [[u32; 8]; 8]) {
 pub(crate) enum Isa {
     /// AVX2 with FMA and F16C: `maddubs` into 16-bit sums.
     Avx2,
+    /// AVX-VNNI: `vpdpbusd` in its VEX form, on 256-bit vectors only, as client cores
+    /// without AVX-512 have it (Alder Lake and later). One panel at a time.
+    AvxVnni,
     /// AVX-512 VNNI (with BW and VL): `vpdpbusd` multiplies 4 byte pairs and adds
     /// them into a 32-bit lane in one instruction, on 256-bit vectors for one panel
     /// and 512-bit ones for two.
@@ -131,37 +135,54 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    /// The fastest kernels this CPU runs: VNNI where it has it, unless the environment
-    /// variable `INFER_CPU_MAX_ISA` is `avx2`. Every kernel gives the same bits, so the
-    /// choice changes speed only.
+    /// Every kernel set, slowest first.
+    pub(crate) const ALL: [Isa; 3] = [Isa::Avx2, Isa::AvxVnni, Isa::Vnni];
+
+    /// The fastest kernels this CPU runs, up to the one the environment variable
+    /// `INFER_CPU_MAX_ISA` names (`avx2`, `avxvnni` or `avx512`). Every kernel gives
+    /// the same bits, so the choice changes speed only.
     pub(crate) fn best() -> Isa {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            let capped = std::env::var("INFER_CPU_MAX_ISA")
-                .is_ok_and(|v| v.trim().eq_ignore_ascii_case("avx2"));
-            if !capped && Isa::Vnni.runs() {
-                Isa::Vnni
-            } else {
-                Isa::Avx2
-            }
+            let cap = Isa::cap_of(std::env::var("INFER_CPU_MAX_ISA").ok().as_deref());
+            Isa::ALL
+                .into_iter()
+                .rev()
+                .find(|isa| isa.runs() && cap.is_none_or(|c| *isa as u8 <= c as u8))
+                .unwrap_or(Isa::Avx2)
         })
+    }
+
+    /// The kernel set an `INFER_CPU_MAX_ISA` value caps at (`None`: no cap, or a value
+    /// that names none, which [`Isa::setting_problem`] reports).
+    pub(crate) fn cap_of(v: Option<&str>) -> Option<Isa> {
+        match v?.trim().to_ascii_lowercase().as_str() {
+            "avx2" => Some(Isa::Avx2),
+            "avxvnni" => Some(Isa::AvxVnni),
+            "avx512" => Some(Isa::Vnni),
+            _ => None,
+        }
     }
 
     /// Which kernels quantized products run on this CPU, in words (for the log).
     pub(crate) fn describe() -> &'static str {
         if !available() {
-            "portable kernels (no AVX2)"
-        } else if Isa::best() == Isa::Vnni {
-            "AVX-512 VNNI kernels"
-        } else if Isa::Vnni.runs() {
-            "AVX2 kernels (INFER_CPU_MAX_ISA=avx2)"
-        } else {
-            "AVX2 kernels"
+            return "portable kernels (no AVX2)";
+        }
+        let capped = Isa::ALL
+            .into_iter()
+            .any(|i| i.runs() && i as u8 > Isa::best() as u8);
+        match (Isa::best(), capped) {
+            (Isa::Vnni, _) => "AVX-512 VNNI kernels",
+            (Isa::AvxVnni, false) => "AVX-VNNI kernels",
+            (Isa::AvxVnni, true) => "AVX-VNNI kernels (INFER_CPU_MAX_ISA=avxvnni)",
+            (Isa::Avx2, false) => "AVX2 kernels",
+            (Isa::Avx2, true) => "AVX2 kernels (INFER_CPU_MAX_ISA=avx2)",
         }
     }
 
-    /// A warning when `INFER_CPU_MAX_ISA` is set to something other than `avx2` or
-    /// `avx512` (it is then ignored).
+    /// A warning when `INFER_CPU_MAX_ISA` is set to something other than `avx2`,
+    /// `avxvnni` or `avx512` (it is then ignored).
     pub(crate) fn setting_problem() -> Option<String> {
         Isa::problem_of(std::env::var("INFER_CPU_MAX_ISA").ok().as_deref())
     }
@@ -169,12 +190,12 @@ impl Isa {
     /// [`Isa::setting_problem`] for the variable's value.
     pub(crate) fn problem_of(v: Option<&str>) -> Option<String> {
         let v = v?;
-        match v.trim().to_ascii_lowercase().as_str() {
-            "" | "avx2" | "avx512" => None,
-            _ => Some(format!(
-                "INFER_CPU_MAX_ISA={v:?} is neither avx2 nor avx512, so it is ignored"
-            )),
+        if v.trim().is_empty() || Isa::cap_of(Some(v)).is_some() {
+            return None;
         }
+        Some(format!(
+            "INFER_CPU_MAX_ISA={v:?} is none of avx2, avxvnni and avx512, so it is ignored"
+        ))
     }
 
     /// Whether this CPU runs kernels in `self`.
@@ -184,6 +205,7 @@ impl Isa {
             let avx2 = super::avx2::available();
             match self {
                 Isa::Avx2 => avx2,
+                Isa::AvxVnni => avx2 && is_x86_feature_detected!("avxvnni"),
                 Isa::Vnni => {
                     avx2 && is_x86_feature_detected!("avx512f")
                         && is_x86_feature_detected!("avx512bw")
@@ -253,6 +275,7 @@ macro_rules! by_fours {
                 unsafe {
                     match isa {
                         Isa::Avx2 => avx2::$kernel::<4>(panel, &acts[i..i + 4], dst),
+                        Isa::AvxVnni => avxvnni::$kernel::<4>(panel, &acts[i..i + 4], dst),
                         Isa::Vnni => vnni::$kernel::<4>(panel, &acts[i..i + 4], dst),
                     }
                 };
@@ -264,6 +287,7 @@ macro_rules! by_fours {
                 unsafe {
                     match isa {
                         Isa::Avx2 => avx2::$kernel::<1>(panel, &acts[i..i + 1], dst),
+                        Isa::AvxVnni => avxvnni::$kernel::<1>(panel, &acts[i..i + 1], dst),
                         Isa::Vnni => vnni::$kernel::<1>(panel, &acts[i..i + 1], dst),
                     }
                 };
@@ -279,8 +303,8 @@ macro_rules! by_fours {
 }
 
 /// [`Panel::gemm_pair_with`] through `vnni::$kernel` (4 activation rows at a time,
-/// then 1), and through `avx2::$kernel` too where the AVX2 kernels have a pair kernel
-/// (`both`); else one panel after the other for AVX2.
+/// then 1), and through `avx2::$kernel` and `avxvnni::$kernel` too where the 256-bit
+/// kernels have a pair kernel (`both`); else one panel after the other for those.
 macro_rules! pairs_by_fours {
     ($kernel:ident, $isa:expr, $a:expr, $b:expr, $acts:expr, $out:expr) => {{
         let (isa, a, b, acts, out) = ($isa, $a, $b, $acts, $out);
@@ -296,6 +320,7 @@ macro_rules! pairs_by_fours {
         #[cfg(target_arch = "x86_64")]
         match isa {
             Isa::Vnni => pairs_by_fours!(@run vnni::$kernel, isa, a, b, acts, out),
+            Isa::AvxVnni => pairs_by_fours!(@run avxvnni::$kernel, isa, a, b, acts, out),
             Isa::Avx2 => pairs_by_fours!(@run avx2::$kernel, isa, a, b, acts, out),
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -1027,6 +1052,192 @@ mod avx2 {
     }
 }
 
+/// The one-panel kernels of `super::avx2` with the 256-bit `vpdpbusd` (`$dpbusd`), for
+/// the target features `$feat`: AVX-512 VNNI's EVEX form and AVX-VNNI's VEX form are
+/// the same instruction on the same vectors, so the two modules share one text.
+#[cfg(target_arch = "x86_64")]
+macro_rules! dpbusd_kernels_256 {
+    ($feat:literal, $dpbusd:ident) => {
+        /// 8 bytes widened to the 8 lanes of a vector.
+        #[target_feature(enable = $feat)]
+        #[inline]
+        fn bytes8(v: &[u8; 8]) -> __m256i {
+            // SAFETY: `v` is 8 bytes; the load is unaligned.
+            _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(v.as_ptr() as *const __m128i) })
+        }
+
+        #[target_feature(enable = $feat)]
+        pub(super) fn gemm_q4k<const N: usize>(
+            panel: &[Q4KPanel],
+            a: &[ActRow<'_>],
+            out: &mut [[f32; 8]; N],
+        ) {
+            let xs: [&[Q8K]; N] = q8ks_n(a);
+            let low = _mm256_set1_epi8(0xf);
+            let mut acc = [_mm256_setzero_ps(); N];
+            let mut acc_m = [_mm256_setzero_ps(); N];
+            for (b, p) in panel.iter().enumerate() {
+                let mut sums = [_mm256_setzero_si256(); N];
+                // Chunk `c`: sub-block 2c in the low nibbles, 2c + 1 in the high ones.
+                for c in 0..4 {
+                    let mut lo = [_mm256_setzero_si256(); N];
+                    let mut hi = [_mm256_setzero_si256(); N];
+                    for j in 0..8 {
+                        let v = lanes(&p.qs[c][j]);
+                        let wl = _mm256_and_si256(v, low);
+                        let wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                        for t in 0..N {
+                            let x = &xs[t][b].qs;
+                            lo[t] = $dpbusd(lo[t], wl, spread4(x, 64 * c + 4 * j));
+                            hi[t] = $dpbusd(hi[t], wh, spread4(x, 64 * c + 32 + 4 * j));
+                        }
+                    }
+                    let (sl, sh) = (bytes8(&p.sc[2 * c]), bytes8(&p.sc[2 * c + 1]));
+                    for t in 0..N {
+                        let part = _mm256_add_epi32(
+                            _mm256_mullo_epi32(lo[t], sl),
+                            _mm256_mullo_epi32(hi[t], sh),
+                        );
+                        sums[t] = _mm256_add_epi32(sums[t], part);
+                    }
+                }
+                for t in 0..N {
+                    q4k_block_end(p, &xs[t][b], sums[t], &mut acc[t], &mut acc_m[t]);
+                }
+            }
+            rows_out(
+                std::array::from_fn(|t| _mm256_sub_ps(acc[t], acc_m[t])),
+                out,
+            )
+        }
+
+        #[target_feature(enable = $feat)]
+        pub(super) fn gemm_q6k<const N: usize>(
+            panel: &[Q6KPanel],
+            a: &[ActRow<'_>],
+            out: &mut [[f32; 8]; N],
+        ) {
+            let xs: [&[Q8K]; N] = q8ks_n(a);
+            let mut acc = [_mm256_setzero_ps(); N];
+            for (b, p) in panel.iter().enumerate() {
+                let mut sums = [_mm256_setzero_si256(); N];
+                for s in 0..16 {
+                    let w: [__m256i; 4] = std::array::from_fn(|j| lanes(&p.q[s][j]));
+                    // The scale sits in both 16-bit halves: the high one, sign-extended.
+                    let sc = _mm256_srai_epi32(lanes(&p.sc[s]), 16);
+                    for t in 0..N {
+                        let x = &xs[t][b];
+                        let d = |acc, j: usize| $dpbusd(acc, w[j], spread4(&x.qs, 16 * s + 4 * j));
+                        // The weights are stored plus 32: the sub-block's sum starts at -32
+                        // times its activations' sum, and is then the sum of the weights'.
+                        let init = _mm256_set1_epi32(-32 * x.bsums[s] as i32);
+                        let zero = _mm256_setzero_si256();
+                        let part = _mm256_add_epi32(d(d(init, 0), 1), d(d(zero, 2), 3));
+                        sums[t] = _mm256_add_epi32(sums[t], _mm256_mullo_epi32(part, sc));
+                    }
+                }
+                let d = lanes_f(&p.d);
+                for t in 0..N {
+                    let xd = _mm256_set1_ps(xs[t][b].d);
+                    acc[t] =
+                        _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sums[t]), acc[t]);
+                }
+            }
+            rows_out(acc, out)
+        }
+
+        #[target_feature(enable = $feat)]
+        pub(super) fn gemm_q8_0<const N: usize>(
+            panel: &[Q8Panel],
+            a: &[ActRow<'_>],
+            out: &mut [[f32; 8]; N],
+        ) {
+            let xs: [&[Q8]; N] = q8s_n(a);
+            let mut acc = [_mm256_setzero_ps(); N];
+            for (b, p) in panel.iter().enumerate() {
+                for k in 0..8 {
+                    // The weights are stored plus 128 (unsigned, as `vpdpbusd` takes its
+                    // first operand): the sums start at -128 times the activations' sum.
+                    let mut sums: [__m256i; N] =
+                        std::array::from_fn(|t| _mm256_set1_epi32(-(xs[t][8 * b + k].sum << 7)));
+                    for j in 0..8 {
+                        let w = lanes(&p.qs[k][j]);
+                        for t in 0..N {
+                            let x = spread4(&xs[t][8 * b + k].qs, 4 * j);
+                            sums[t] = $dpbusd(sums[t], w, x);
+                        }
+                    }
+                    let d = f16s(&p.d[k]);
+                    for t in 0..N {
+                        let xd = _mm256_set1_ps(xs[t][8 * b + k].d);
+                        acc[t] = _mm256_fmadd_ps(
+                            _mm256_mul_ps(d, xd),
+                            _mm256_cvtepi32_ps(sums[t]),
+                            acc[t],
+                        );
+                    }
+                }
+            }
+            rows_out(acc, out)
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avxvnni {
+    //! The one-panel kernels of `super::vnni` in AVX-VNNI (VEX-encoded `vpdpbusd`, 256-bit
+    //! vectors only), and a two-panel Q8_0 kernel that broadcasts each token's
+    //! activations once for both panels, as `super::avx2`'s does.
+
+    use super::super::{q8ks_n, q8s_n, Q8, Q8K};
+    // The AVX2 module's loads: callable here, where AVX2, FMA and F16C are enabled too.
+    use super::avx2::{f16s, lanes, lanes_f, q4k_block_end, rows_out, rows_out2, spread4};
+    use super::{ActRow, Q4KPanel, Q6KPanel, Q8Panel};
+    use std::arch::x86_64::*;
+
+    dpbusd_kernels_256!("avx2,fma,f16c,avxvnni", _mm256_dpbusd_avx_epi32);
+
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub(super) fn gemm2_q8_0<const N: usize>(
+        pa: &[Q8Panel],
+        pb: &[Q8Panel],
+        a: &[ActRow<'_>],
+        out: &mut [[f32; 16]; N],
+    ) {
+        let xs: [&[Q8]; N] = q8s_n(a);
+        let mut acc = [[_mm256_setzero_ps(); N]; 2];
+        for (b, (p, q)) in pa.iter().zip(pb).enumerate() {
+            for k in 0..8 {
+                // Weights plus 128, as in the one-panel kernel.
+                let init: [__m256i; N] =
+                    std::array::from_fn(|t| _mm256_set1_epi32(-(xs[t][8 * b + k].sum << 7)));
+                let mut sums = [init, init];
+                for j in 0..8 {
+                    let w = [lanes(&p.qs[k][j]), lanes(&q.qs[k][j])];
+                    for t in 0..N {
+                        let x = spread4(&xs[t][8 * b + k].qs, 4 * j);
+                        for h in 0..2 {
+                            sums[h][t] = _mm256_dpbusd_avx_epi32(sums[h][t], w[h], x);
+                        }
+                    }
+                }
+                let d = [f16s(&p.d[k]), f16s(&q.d[k])];
+                for t in 0..N {
+                    let xd = _mm256_set1_ps(xs[t][8 * b + k].d);
+                    for h in 0..2 {
+                        acc[h][t] = _mm256_fmadd_ps(
+                            _mm256_mul_ps(d[h], xd),
+                            _mm256_cvtepi32_ps(sums[h][t]),
+                            acc[h][t],
+                        );
+                    }
+                }
+            }
+        }
+        rows_out2(std::array::from_fn(|t| [acc[0][t], acc[1][t]]), out)
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod vnni {
     //! The kernels of `super::avx2` with `vpdpbusd` (AVX-512 VNNI, on 256-bit vectors):
@@ -1041,126 +1252,10 @@ mod vnni {
     use super::{ActRow, Q4KPanel, Q6KPanel, Q8Panel};
     use std::arch::x86_64::*;
 
-    /// 8 bytes widened to the 8 lanes of a vector.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    #[inline]
-    fn bytes8(v: &[u8; 8]) -> __m256i {
-        // SAFETY: `v` is 8 bytes; the load is unaligned.
-        _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(v.as_ptr() as *const __m128i) })
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) fn gemm_q4k<const N: usize>(
-        panel: &[Q4KPanel],
-        a: &[ActRow<'_>],
-        out: &mut [[f32; 8]; N],
-    ) {
-        let xs: [&[Q8K]; N] = q8ks_n(a);
-        let low = _mm256_set1_epi8(0xf);
-        let mut acc = [_mm256_setzero_ps(); N];
-        let mut acc_m = [_mm256_setzero_ps(); N];
-        for (b, p) in panel.iter().enumerate() {
-            let mut sums = [_mm256_setzero_si256(); N];
-            // Chunk `c`: sub-block 2c in the low nibbles, 2c + 1 in the high ones.
-            for c in 0..4 {
-                let mut lo = [_mm256_setzero_si256(); N];
-                let mut hi = [_mm256_setzero_si256(); N];
-                for j in 0..8 {
-                    let v = lanes(&p.qs[c][j]);
-                    let wl = _mm256_and_si256(v, low);
-                    let wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                    for t in 0..N {
-                        let x = &xs[t][b].qs;
-                        lo[t] = _mm256_dpbusd_epi32(lo[t], wl, spread4(x, 64 * c + 4 * j));
-                        hi[t] = _mm256_dpbusd_epi32(hi[t], wh, spread4(x, 64 * c + 32 + 4 * j));
-                    }
-                }
-                let (sl, sh) = (bytes8(&p.sc[2 * c]), bytes8(&p.sc[2 * c + 1]));
-                for t in 0..N {
-                    let part = _mm256_add_epi32(
-                        _mm256_mullo_epi32(lo[t], sl),
-                        _mm256_mullo_epi32(hi[t], sh),
-                    );
-                    sums[t] = _mm256_add_epi32(sums[t], part);
-                }
-            }
-            for t in 0..N {
-                q4k_block_end(p, &xs[t][b], sums[t], &mut acc[t], &mut acc_m[t]);
-            }
-        }
-        rows_out(
-            std::array::from_fn(|t| _mm256_sub_ps(acc[t], acc_m[t])),
-            out,
-        )
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) fn gemm_q6k<const N: usize>(
-        panel: &[Q6KPanel],
-        a: &[ActRow<'_>],
-        out: &mut [[f32; 8]; N],
-    ) {
-        let xs: [&[Q8K]; N] = q8ks_n(a);
-        let mut acc = [_mm256_setzero_ps(); N];
-        for (b, p) in panel.iter().enumerate() {
-            let mut sums = [_mm256_setzero_si256(); N];
-            for s in 0..16 {
-                let w: [__m256i; 4] = std::array::from_fn(|j| lanes(&p.q[s][j]));
-                // The scale sits in both 16-bit halves: the high one, sign-extended.
-                let sc = _mm256_srai_epi32(lanes(&p.sc[s]), 16);
-                for t in 0..N {
-                    let x = &xs[t][b];
-                    let d = |acc, j: usize| {
-                        _mm256_dpbusd_epi32(acc, w[j], spread4(&x.qs, 16 * s + 4 * j))
-                    };
-                    // The weights are stored plus 32: the sub-block's sum starts at -32
-                    // times its activations' sum, and is then the sum of the weights'.
-                    let init = _mm256_set1_epi32(-32 * x.bsums[s] as i32);
-                    let zero = _mm256_setzero_si256();
-                    let part = _mm256_add_epi32(d(d(init, 0), 1), d(d(zero, 2), 3));
-                    sums[t] = _mm256_add_epi32(sums[t], _mm256_mullo_epi32(part, sc));
-                }
-            }
-            let d = lanes_f(&p.d);
-            for t in 0..N {
-                let xd = _mm256_set1_ps(xs[t][b].d);
-                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sums[t]), acc[t]);
-            }
-        }
-        rows_out(acc, out)
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) fn gemm_q8_0<const N: usize>(
-        panel: &[Q8Panel],
-        a: &[ActRow<'_>],
-        out: &mut [[f32; 8]; N],
-    ) {
-        let xs: [&[Q8]; N] = q8s_n(a);
-        let mut acc = [_mm256_setzero_ps(); N];
-        for (b, p) in panel.iter().enumerate() {
-            for k in 0..8 {
-                // The weights are stored plus 128 (unsigned, as `vpdpbusd` takes its
-                // first operand): the sums start at -128 times the activations' sum.
-                let mut sums: [__m256i; N] =
-                    std::array::from_fn(|t| _mm256_set1_epi32(-(xs[t][8 * b + k].sum << 7)));
-                for j in 0..8 {
-                    let w = lanes(&p.qs[k][j]);
-                    for t in 0..N {
-                        let x = spread4(&xs[t][8 * b + k].qs, 4 * j);
-                        sums[t] = _mm256_dpbusd_epi32(sums[t], w, x);
-                    }
-                }
-                let d = f16s(&p.d[k]);
-                for t in 0..N {
-                    let xd = _mm256_set1_ps(xs[t][8 * b + k].d);
-                    acc[t] =
-                        _mm256_fmadd_ps(_mm256_mul_ps(d, xd), _mm256_cvtepi32_ps(sums[t]), acc[t]);
-                }
-            }
-        }
-        rows_out(acc, out)
-    }
+    dpbusd_kernels_256!(
+        "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+        _mm256_dpbusd_epi32
+    );
 
     /// Rows of two panels' fields side by side: `a`'s 8 lanes, then `b`'s.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]

@@ -305,7 +305,7 @@ fn kernels_give_the_same_bits_on<P: panel::Panel>(
     let mut packed = vec![P::default(); n / 256];
     P::pack(std::array::from_fn(|r| &rows[r][..]), &mut packed);
     // Each kernel set this CPU runs.
-    for isa in [panel::Isa::Avx2, panel::Isa::Vnni] {
+    for isa in panel::Isa::ALL {
         if !isa.runs() {
             continue;
         }
@@ -413,12 +413,30 @@ fn blocks32_kernels_give_the_bits_of_the_portable_ones() {
 }
 
 #[test]
-fn only_avx2_and_avx512_are_instruction_set_caps() {
-    for ok in [None, Some(""), Some("avx2"), Some(" AVX2 "), Some("avx512")] {
+fn only_named_instruction_sets_are_caps() {
+    for ok in [
+        None,
+        Some(""),
+        Some("avx2"),
+        Some(" AVX2 "),
+        Some("avxvnni"),
+        Some("avx512"),
+    ] {
         assert_eq!(panel::Isa::problem_of(ok), None, "{ok:?}");
     }
-    for bad in ["sse4", "avx-512", "off"] {
+    for bad in ["sse4", "avx-512", "avx_vnni", "off"] {
         let why = panel::Isa::problem_of(Some(bad)).expect(bad);
         assert!(why.contains(bad) && why.contains("ignored"), "{why}");
+        assert_eq!(panel::Isa::cap_of(Some(bad)), None, "{bad}");
     }
+    let caps = [
+        ("avx2", panel::Isa::Avx2),
+        ("AvxVnni", panel::Isa::AvxVnni),
+        ("avx512", panel::Isa::Vnni),
+    ];
+    for (v, isa) in caps {
+        assert_eq!(panel::Isa::cap_of(Some(v)), Some(isa), "{v}");
+    }
+    // Whatever the cap, the kernels chosen run here.
+    assert!(!panel::available() || panel::Isa::best().runs());
 }
