@@ -674,8 +674,16 @@ parameters {{ key: "enable_chunked_context" value {{ string_value: "true" }} }}"
 /// Runs `cmd` to the end: its standard output and its own peak resident memory in MiB
 /// (`wait4`'s, for this child alone: `RUSAGE_CHILDREN` keeps the largest of every
 /// child so far).
-#[allow(clippy::zombie_processes)]
 fn run_measured(cmd: &mut std::process::Command) -> (String, f64) {
+    match try_measured(cmd) {
+        Ok(r) => r,
+        Err(why) => panic!("{cmd:?} failed: {why}"),
+    }
+}
+
+/// [`run_measured`], or how the child ended where it did not exit with 0.
+#[allow(clippy::zombie_processes)]
+fn try_measured(cmd: &mut std::process::Command) -> Result<(String, f64), String> {
     use std::io::Read;
     let mut child = cmd
         .stdout(std::process::Stdio::piped())
@@ -691,13 +699,45 @@ fn run_measured(cmd: &mut std::process::Command) -> (String, f64) {
     // not waited for elsewhere.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut ru) };
-    assert!(
-        pid > 0 && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "{cmd:?} failed: {out}"
-    );
+    if pid <= 0 {
+        return Err(format!("wait4: {}", std::io::Error::last_os_error()));
+    }
     // The child is reaped; std's own wait would find no child.
     std::mem::forget(child);
-    (out, ru.ru_maxrss as f64 / 1024.0)
+    if libc::WIFSIGNALED(status) {
+        return Err(format!("killed by signal {}", libc::WTERMSIG(status)));
+    }
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        return Err(format!("exit status {}: {out}", libc::WEXITSTATUS(status)));
+    }
+    Ok((out, ru.ru_maxrss as f64 / 1024.0))
+}
+
+/// Runs one of llama.cpp's tools with `args`; where it dies of a signal (its AMX
+/// kernels raise SIGILL on some hosts that list AMX), once more with its weight
+/// repacking off (`off`: the flag that turns it off), which keeps it to its AVX
+/// kernels. Says so on stderr, once per tool.
+fn run_llama_tool(bin: &Path, args: &[&str], off: &[&str]) -> (String, f64) {
+    static WARNED: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let mut cmd = std::process::Command::new(bin);
+    match try_measured(cmd.args(args)) {
+        Ok(r) => r,
+        Err(why) if why.starts_with("killed") => {
+            let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+            if !warned.iter().any(|b| b == bin) {
+                eprintln!(
+                    "note: {} {why}; its runs that die so are rerun with {} (weight repacking, and with it AMX, off)",
+                    bin.display(),
+                    off.join(" ")
+                );
+                warned.push(bin.to_path_buf());
+            }
+            drop(warned);
+            let mut again = std::process::Command::new(bin);
+            run_measured(again.args(args).args(off))
+        }
+        Err(why) => panic!("{cmd:?} failed: {why}"),
+    }
 }
 
 fn ours(a: &Args, gguf: &str, what: &str) -> Value {
@@ -720,18 +760,22 @@ fn theirs(a: &Args, gguf: &str, what: &str) -> Value {
             } else {
                 ("512", "0")
             };
-            let (out, rss) =
-                run_measured(std::process::Command::new(bin.join("llama-bench")).args([
+            let (out, rss) = run_llama_tool(
+                &bin.join("llama-bench"),
+                &[
                     "-m", gguf, "-p", p, "-n", n, "-t", &t, "-r", "1", "-o", "json",
-                ]));
+                ],
+                &["--repack", "0"],
+            );
             let v: Value = serde_json::from_str(&out).expect("llama-bench JSON");
             let ts = v[0]["avg_ts"].as_f64().unwrap();
             let key = if what == "tg" { "tg_ts" } else { "pp_ts" };
             serde_json::json!({key: ts, "peak_rss_mib": rss})
         }
         s => {
-            let (out, rss) = run_measured(
-                std::process::Command::new(bin.join("llama-batched-bench")).args([
+            let (out, rss) = run_llama_tool(
+                &bin.join("llama-batched-bench"),
+                &[
                     "-m",
                     gguf,
                     "-c",
@@ -750,7 +794,8 @@ fn theirs(a: &Args, gguf: &str, what: &str) -> Value {
                     &t,
                     "--output-format",
                     "jsonl",
-                ]),
+                ],
+                &["--no-repack"],
             );
             let line = out
                 .lines()
