@@ -687,6 +687,7 @@ fn store(o: &mut [f32], v: &[f32], out: Out<'_>, r: usize) {
         }
     }
     match (o.len(), v.len()) {
+        (32, 32) => apply(&mut o[..32], &v[..32], out, r),
         (16, 16) => apply(&mut o[..16], &v[..16], out, r),
         (8, 8) => apply(&mut o[..8], &v[..8], out, r),
         _ => apply(o, v, out, r),
@@ -813,6 +814,7 @@ fn run_panels<P: Panel>(
     };
     let mut outs = [[0.0f32; 8]; TOKENS];
     let mut outs2 = [[0.0f32; 16]; TOKENS];
+    let mut quad = [0.0f32; 32];
     let mut dots = [0.0f32; TOKENS];
     let mut tail = [0.0f32; TOKENS * 8];
     let mut b0 = rows.start;
@@ -870,6 +872,9 @@ fn run_panels<P: Panel>(
             // Sixteen rows at a time (two panels), then a last eight. For fewer than 4
             // tokens (decoding, bound by memory) only where `decode_in_pairs` says.
             let pairs = g >= PAIR_TOKENS || decode_in_pairs();
+            // Where decoding runs in pairs, four panels a call keep four streams in
+            // flight (a token at a time).
+            let quads = g < PAIR_TOKENS && decode_in_pairs();
             let mut panels = mine.chunks_exact(nb.max(1)).enumerate();
             while let Some((p, a)) = panels.next() {
                 if !ahead.0.is_empty() || !ahead.1.is_empty() {
@@ -877,6 +882,18 @@ fn run_panels<P: Panel>(
                     prefetch_l2(ahead.0.get(share(ahead.0.len())).unwrap_or(&[]));
                     prefetch_l2(ahead.1.get(share(ahead.1.len())).unwrap_or(&[]));
                     call += 1;
+                }
+                if quads && p + 4 <= whole {
+                    let mut more = [a; 3];
+                    for m in &mut more {
+                        *m = panels.next().map_or(a, |(_, q)| q);
+                    }
+                    let [b, c, d] = more;
+                    for (j, &act) in group.iter().enumerate() {
+                        P::gemm_quad_with(panel::Isa::best(), [a, b, c, d], act, &mut quad);
+                        put(i0 + j, b0 + 8 * p, &quad);
+                    }
+                    continue;
                 }
                 let next = if pairs { panels.next() } else { None };
                 if let Some((_, b)) = next {

@@ -78,6 +78,24 @@ pub(crate) trait Panel: Copy + Default + Send + 'static {
     fn gemm_pair(a: &[Self], b: &[Self], acts: &[ActRow<'_>], out: &mut [[f32; 16]]) {
         Self::gemm_pair_with(Isa::best(), a, b, acts, out)
     }
+
+    /// Thirty-two rows of one token row: the eight of each of `p`'s four panels (as
+    /// many panel blocks each), in order, as [`Panel::gemm_with`] gives them. For
+    /// decoding: a kernel that reads the four panels side by side keeps four streams of
+    /// weights in flight. Here two [`Panel::gemm_pair_with`] calls; Q8_0 in AVX-512 VNNI
+    /// has the kernel. Call only when `isa.runs()`.
+    fn gemm_quad_with(isa: Isa, p: [&[Self]; 4], act: ActRow<'_>, out: &mut [f32; 32]) {
+        quad_by_pairs(isa, p, act, out)
+    }
+}
+
+/// [`Panel::gemm_quad_with`] as two pair calls.
+fn quad_by_pairs<P: Panel>(isa: Isa, p: [&[P]; 4], act: ActRow<'_>, out: &mut [f32; 32]) {
+    let mut half = [[0.0f32; 16]; 1];
+    for (h, o) in out.chunks_exact_mut(16).enumerate() {
+        P::gemm_pair_with(isa, p[2 * h], p[2 * h + 1], &[act], &mut half);
+        o.copy_from_slice(&half[0]);
+    }
 }
 
 /// [`Panel::gemm_pair_with`] as one panel after the other.
@@ -529,6 +547,19 @@ impl Panel for Q8Panel {
         out: &mut [[f32; 16]],
     ) {
         pairs_by_fours!(gemm2_q8_0, isa, a, b, acts, out, both)
+    }
+
+    fn gemm_quad_with(isa: Isa, p: [&[Q8Panel]; 4], act: ActRow<'_>, out: &mut [f32; 32]) {
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Vnni {
+            assert!(
+                isa.runs(),
+                "this CPU does not run the {isa:?} panel kernels"
+            );
+            // SAFETY: the CPU runs AVX-512 VNNI (asserted above).
+            return unsafe { vnni::gemm4_q8_0(p, act, out) };
+        }
+        quad_by_pairs(isa, p, act, out)
     }
 }
 
@@ -1451,6 +1482,42 @@ mod vnni {
         }
         for t in 0..N {
             store16(acc[t], &mut out[t]);
+        }
+    }
+
+    /// [`gemm2_q8_0`] of one token row over four panels (32 rows, two 512-bit
+    /// vectors), reading the four side by side.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) fn gemm4_q8_0(p: [&[Q8Panel]; 4], a: ActRow<'_>, out: &mut [f32; 32]) {
+        let [xs]: [&[Q8]; 1] = q8s_n(&[a]);
+        let n = p.iter().map(|p| p.len()).min().unwrap_or(0);
+        let mut acc = [_mm512_setzero_ps(); 2];
+        for b in 0..n {
+            let q = [&p[0][b], &p[1][b], &p[2][b], &p[3][b]];
+            for k in 0..8 {
+                let x = &xs[8 * b + k];
+                // Weights plus 128, as in the 256-bit kernel.
+                let init = _mm512_set1_epi32(-(x.sum << 7));
+                let mut sums = [init; 2];
+                for j in 0..8 {
+                    let xv = spread4_16(&x.qs, 4 * j);
+                    for (h, sum) in sums.iter_mut().enumerate() {
+                        let w = lanes2(&q[2 * h].qs[k][j], &q[2 * h + 1].qs[k][j]);
+                        *sum = _mm512_dpbusd_epi32(*sum, w, xv);
+                    }
+                }
+                let xd = _mm512_set1_ps(x.d);
+                for (h, (acc, sum)) in acc.iter_mut().zip(sums).enumerate() {
+                    let d = f16s2(&q[2 * h].d[k], &q[2 * h + 1].d[k]);
+                    *acc = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(sum), *acc);
+                }
+            }
+        }
+        for (h, acc) in acc.into_iter().enumerate() {
+            let Ok(o) = <&mut [f32; 16]>::try_from(&mut out[16 * h..16 * h + 16]) else {
+                unreachable!("sixteen are sixteen")
+            };
+            store16(acc, o);
         }
     }
 }

@@ -21,7 +21,9 @@ pub(crate) fn random_row(t: WeightType, n: usize, seed: u64) -> Vec<u8> {
     };
     let bb = t.block_bytes();
     for (i, b) in (0..row.len() / bb).map(|i| (i, i * bb)) {
-        let v = 0.002 + (i % 7) as f32 * 0.001;
+        // Rows of other seeds have other scales in the same block, so that a kernel
+        // that takes a row's scale for another's fails.
+        let v = 0.002 + ((i as u64 + seed) % 7) as f32 * 0.001;
         match t {
             WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q5_0 => put(&mut row, b, v),
             WeightType::Q4K => {
@@ -338,6 +340,29 @@ fn kernels_give_the_same_bits_on<P: panel::Panel>(
                         t.name(),
                     );
                 }
+            }
+            // Four panels of one token: the rows, reversed, reversed, the rows.
+            let mut quad = [0.0f32; 32];
+            P::gemm_quad_with(
+                isa,
+                [&packed, &rev, &rev, &packed],
+                acts[count - 1],
+                &mut quad,
+            );
+            for (r, v) in quad.iter().enumerate() {
+                let row = if (8..24).contains(&r) {
+                    7 - r % 8
+                } else {
+                    r % 8
+                };
+                let e = expect[row][count - 1];
+                assert_eq!(
+                    v.to_bits(),
+                    e.to_bits(),
+                    "{}: {isa:?} four panels, token {}: row {r}: {v} against {e}",
+                    t.name(),
+                    count - 1
+                );
             }
         }
     }
