@@ -930,9 +930,10 @@ fn run_panels<P: Panel>(
 /// Two panels are two streams of reads a panel's row of blocks apart, where one panel at
 /// a time is one long stream. On an Intel Xeon (Emerald Rapids, 2 cores) the two
 /// streams came in faster: one stream of a Q8_0 model generated 1.05-1.26x the tokens a
-/// second in pairs (Q4_K_M 1.02-1.18x). On AMD Zen 4 a 65536-row product of one token
-/// ran 2.5x slower in pairs (the prefetcher lost them), so there, and on other CPUs,
-/// one panel at a time.
+/// second in pairs (Q4_K_M 1.02-1.18x), and four Q8_0 panels side by side
+/// ([`Panel::gemm_quad_with`]) 1.11-1.39x more again. On AMD Zen 4 a 65536-row product
+/// of one token ran 2.5x slower in pairs (the prefetcher lost them), so there, and on
+/// other CPUs, one panel at a time.
 fn decode_in_pairs() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
