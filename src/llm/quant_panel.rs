@@ -976,20 +976,34 @@ mod avx2 {
                         }
                     }
                 }
-                let d = [f16s(&p.d[k]), f16s(&q.d[k])];
-                for t in 0..N {
-                    let xd = _mm256_set1_ps(xs[t][8 * b + k].d);
-                    for h in 0..2 {
-                        acc[h][t] = _mm256_fmadd_ps(
-                            _mm256_mul_ps(d[h], xd),
-                            _mm256_cvtepi32_ps(sums[h][t]),
-                            acc[h][t],
-                        );
-                    }
-                }
+                pair_block_end([&p.d[k], &q.d[k]], xs, 8 * b + k, sums, &mut acc);
             }
         }
         rows_out2(std::array::from_fn(|t| [acc[0][t], acc[1][t]]), out)
+    }
+
+    /// The end of Q8_0 block `at` of two panels (row scales `d`): each token's integer
+    /// sums, times the rows' and the token's scales, into its accumulators.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) fn pair_block_end<const N: usize>(
+        d: [&[u16; 8]; 2],
+        xs: [&[Q8]; N],
+        at: usize,
+        sums: [[__m256i; N]; 2],
+        acc: &mut [[__m256; N]; 2],
+    ) {
+        let d = [f16s(d[0]), f16s(d[1])];
+        for t in 0..N {
+            let xd = _mm256_set1_ps(xs[t][at].d);
+            for h in 0..2 {
+                acc[h][t] = _mm256_fmadd_ps(
+                    _mm256_mul_ps(d[h], xd),
+                    _mm256_cvtepi32_ps(sums[h][t]),
+                    acc[h][t],
+                );
+            }
+        }
     }
 
     /// Each pair of vectors as a token's outputs of two panels' rows.
@@ -1222,7 +1236,9 @@ mod avxvnni {
 
     use super::super::{q8ks_n, q8s_n, Q8, Q8K};
     // The AVX2 module's loads: callable here, where AVX2, FMA and F16C are enabled too.
-    use super::avx2::{f16s, lanes, lanes_f, q4k_block_end, rows_out, rows_out2, spread4};
+    use super::avx2::{
+        f16s, lanes, lanes_f, pair_block_end, q4k_block_end, rows_out, rows_out2, spread4,
+    };
     use super::{ActRow, Q4KPanel, Q6KPanel, Q8Panel};
     use std::arch::x86_64::*;
 
@@ -1252,17 +1268,7 @@ mod avxvnni {
                         }
                     }
                 }
-                let d = [f16s(&p.d[k]), f16s(&q.d[k])];
-                for t in 0..N {
-                    let xd = _mm256_set1_ps(xs[t][8 * b + k].d);
-                    for h in 0..2 {
-                        acc[h][t] = _mm256_fmadd_ps(
-                            _mm256_mul_ps(d[h], xd),
-                            _mm256_cvtepi32_ps(sums[h][t]),
-                            acc[h][t],
-                        );
-                    }
-                }
+                pair_block_end([&p.d[k], &q.d[k]], xs, 8 * b + k, sums, &mut acc);
             }
         }
         rows_out2(std::array::from_fn(|t| [acc[0][t], acc[1][t]]), out)
