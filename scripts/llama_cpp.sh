@@ -58,6 +58,7 @@ stamp_text="llama-cpp-python $LLAMA_CPP_PY_VERSION
 llama.cpp $LLAMA_CPP_COMMIT
 targets ${LLAMA_CPP_TARGETS[*]}
 cmake ${cmake_flags[*]}
+patch amx-tilecfg-barrier
 cpu $(uname -m) $cpu_flags"
 
 up_to_date() {
@@ -114,6 +115,20 @@ if [[ ! -f "$src/CMakeLists.txt" ]]; then
     mv "$src.tmp" "$src"
 fi
 export GIT_CEILING_DIRECTORIES="$root"
+
+# 2b. GCC 12's `_tile_loadconfig` (amxtileintrin.h) tells the compiler that `ldtilecfg`
+# reads 8 bytes of its 64-byte operand, so the stores of the tiles' rows and widths are
+# dropped as dead: every tile is configured empty, and llama.cpp's AMX kernels (built
+# with -march=native on a CPU with AMX) die of SIGILL at their first `tileloadd`. A
+# compiler barrier before the call keeps the stores, as clang and later GCC headers do by
+# themselves; nothing else in llama.cpp changes. Applied once, idempotently.
+amx_mmq="$src/ggml/src/ggml-cpu/amx/mmq.cpp"
+amx_fix='__asm__ volatile("" : : "r"(\&tc) : "memory"); _tile_loadconfig(\&tc);'
+if [[ -f "$amx_mmq" ]] && ! grep -q '__asm__ volatile("" : : "r"(&tc)' "$amx_mmq"; then
+    sed -i "s|^\( *\)_tile_loadconfig(&tc);|\1$amx_fix|" "$amx_mmq"
+    grep -q '__asm__ volatile("" : : "r"(&tc)' "$amx_mmq" ||
+        { echo "error: could not patch the tile configuration in $amx_mmq" >&2; exit 1; }
+fi
 
 # 3. Configure and build only the wanted targets.
 gen="Unix Makefiles"

@@ -157,7 +157,7 @@ impl Packed {
                         let fits = |r: &[&[u8]; 8]| !r.iter().any(|r| panel::q8_0_has_min(r));
                         pack(rows, cols, row_bytes, data, fits)?.map(Packed::Q8_0Sm)
                     }
-                    panel::Isa::AvxVnni | panel::Isa::Vnni => None,
+                    panel::Isa::AvxVnni | panel::Isa::Vnni | panel::Isa::Amx => None,
                 };
                 match sm {
                     Some(p) => Some(p),
@@ -628,7 +628,11 @@ pub(crate) fn matmuls(
             let (first, end) = ((s - starts[p]) * TILE, ((e - starts[p]) * TILE).min(w.rows));
             let (yp, ldy) = ys[target];
             let kind = w.wtype.act();
-            let group = (blocking.group_bytes / acts.row_bytes(kind)).clamp(4, TOKENS) & !3;
+            let group = if on_tiles(w) {
+                TOKENS
+            } else {
+                (blocking.group_bytes / acts.row_bytes(kind)).clamp(4, TOKENS) & !3
+            };
             let block = (blocking.block_bytes / w.row_bytes).max(TILE) / TILE * TILE;
             run_rows(
                 w,
@@ -660,6 +664,15 @@ pub(crate) fn matmuls(
         Some(pool) if parts > 1 => pool.run(parts, &run),
         _ => (0..parts).for_each(run),
     }
+}
+
+/// Whether `w`'s products of 8 or more token rows run on AMX tiles (Q8_0 packed at load,
+/// where [`panel::Isa::best`] is AMX): those take token groups of [`TOKENS`] (two tiles'
+/// rows), whatever their size. The tiles read a block of each token row at a time,
+/// from the L2 cache as much as from L1, and a kernel call's fixed work (its tile
+/// configuration, the weights' tiles) is then shared by more tokens.
+fn on_tiles(w: &Matrix) -> bool {
+    matches!(w.packed.as_deref(), Some(Packed::Q8_0(_))) && panel::Isa::best() == panel::Isa::Amx
 }
 
 /// `o (op)= v` as `out` says, for outputs `r..` of a matrix. A pair kernel call's 16

@@ -150,23 +150,30 @@ pub(crate) enum Isa {
     /// them into a 32-bit lane in one instruction, on 256-bit vectors for one panel
     /// and 512-bit ones for two.
     Vnni,
+    /// AVX-512 VNNI, and AMX tiles for Q8_0 products of 8 or more token rows (the
+    /// `amx` module): a tile instruction multiplies a block of 16 token rows by two
+    /// panels' block. Chosen only where `INFER_CPU_MAX_ISA=amx` asks for it.
+    Amx,
 }
 
 impl Isa {
     /// Every kernel set, slowest first.
-    pub(crate) const ALL: [Isa; 3] = [Isa::Avx2, Isa::AvxVnni, Isa::Vnni];
+    pub(crate) const ALL: [Isa; 4] = [Isa::Avx2, Isa::AvxVnni, Isa::Vnni, Isa::Amx];
 
     /// The fastest kernels this CPU runs, up to the one the environment variable
-    /// `INFER_CPU_MAX_ISA` names (`avx2`, `avxvnni` or `avx512`). Every kernel gives
-    /// the same bits, so the choice changes speed only.
+    /// `INFER_CPU_MAX_ISA` names (`avx2`, `avxvnni`, `avx512` or `amx`); AMX tiles only
+    /// where it names `amx` (they are not yet faster end to end: docs/PERFORMANCE.md).
+    /// Every kernel gives the same bits, so the choice changes speed only. The tiles
+    /// are asked of the OS here, only when the cap allows them.
     pub(crate) fn best() -> Isa {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            let cap = Isa::cap_of(std::env::var("INFER_CPU_MAX_ISA").ok().as_deref());
+            let cap =
+                Isa::cap_of(std::env::var("INFER_CPU_MAX_ISA").ok().as_deref()).or(Some(Isa::Vnni));
             Isa::ALL
                 .into_iter()
                 .rev()
-                .find(|isa| isa.runs() && cap.is_none_or(|c| *isa as u8 <= c as u8))
+                .find(|isa| cap.is_none_or(|c| *isa as u8 <= c as u8) && isa.runs())
                 .unwrap_or(Isa::Avx2)
         })
     }
@@ -178,6 +185,7 @@ impl Isa {
             "avx2" => Some(Isa::Avx2),
             "avxvnni" => Some(Isa::AvxVnni),
             "avx512" => Some(Isa::Vnni),
+            "amx" => Some(Isa::Amx),
             _ => None,
         }
     }
@@ -189,9 +197,22 @@ impl Isa {
         }
         let capped = Isa::ALL
             .into_iter()
-            .any(|i| i.runs() && i as u8 > Isa::best() as u8);
+            .any(|i| i as u8 > Isa::best() as u8 && i.on_cpu());
+        let cap = Isa::cap_of(std::env::var("INFER_CPU_MAX_ISA").ok().as_deref());
         match (Isa::best(), capped) {
-            (Isa::Vnni, _) => "AVX-512 VNNI kernels",
+            (Isa::Amx, _) => {
+                "AVX-512 VNNI kernels and AMX tiles for Q8_0 products of 8 or more tokens \
+                 (INFER_CPU_MAX_ISA=amx)"
+            }
+            (Isa::Vnni, false) => "AVX-512 VNNI kernels",
+            (Isa::Vnni, true) => match cap {
+                Some(Isa::Amx) => {
+                    "AVX-512 VNNI kernels (INFER_CPU_MAX_ISA=amx, but the OS did not grant \
+                     this process the AMX tiles)"
+                }
+                Some(_) => "AVX-512 VNNI kernels (INFER_CPU_MAX_ISA=avx512)",
+                None => "AVX-512 VNNI kernels (AMX tiles with INFER_CPU_MAX_ISA=amx)",
+            },
             (Isa::AvxVnni, false) => "AVX-VNNI kernels",
             (Isa::AvxVnni, true) => "AVX-VNNI kernels (INFER_CPU_MAX_ISA=avxvnni)",
             (Isa::Avx2, false) => "AVX2 kernels",
@@ -200,7 +221,7 @@ impl Isa {
     }
 
     /// A warning when `INFER_CPU_MAX_ISA` is set to something other than `avx2`,
-    /// `avxvnni` or `avx512` (it is then ignored).
+    /// `avxvnni`, `avx512` or `amx` (it is then ignored).
     pub(crate) fn setting_problem() -> Option<String> {
         Isa::problem_of(std::env::var("INFER_CPU_MAX_ISA").ok().as_deref())
     }
@@ -212,11 +233,22 @@ impl Isa {
             return None;
         }
         Some(format!(
-            "INFER_CPU_MAX_ISA={v:?} is none of avx2, avxvnni and avx512, so it is ignored"
+            "INFER_CPU_MAX_ISA={v:?} is none of avx2, avxvnni, avx512 and amx, so it is ignored"
         ))
     }
 
-    /// Whether this CPU runs kernels in `self`.
+    /// Whether this CPU has the instructions of `self` (for [`Isa::Amx`], without asking
+    /// the OS for the tiles).
+    fn on_cpu(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => Isa::Vnni.runs() && amx::on_cpu(),
+            _ => self.runs(),
+        }
+    }
+
+    /// Whether this CPU runs kernels in `self` (for [`Isa::Amx`], asking the OS for the
+    /// tiles the first time).
     pub(crate) fn runs(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
@@ -230,6 +262,7 @@ impl Isa {
                         && is_x86_feature_detected!("avx512vl")
                         && is_x86_feature_detected!("avx512vnni")
                 }
+                Isa::Amx => Isa::Vnni.runs() && amx::granted(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -294,7 +327,7 @@ macro_rules! by_fours {
                     match isa {
                         Isa::Avx2 => avx2::$kernel::<4>(panel, &acts[i..i + 4], dst),
                         Isa::AvxVnni => avxvnni::$kernel::<4>(panel, &acts[i..i + 4], dst),
-                        Isa::Vnni => vnni::$kernel::<4>(panel, &acts[i..i + 4], dst),
+                        Isa::Vnni | Isa::Amx => vnni::$kernel::<4>(panel, &acts[i..i + 4], dst),
                     }
                 };
                 i += 4;
@@ -306,7 +339,7 @@ macro_rules! by_fours {
                     match isa {
                         Isa::Avx2 => avx2::$kernel::<1>(panel, &acts[i..i + 1], dst),
                         Isa::AvxVnni => avxvnni::$kernel::<1>(panel, &acts[i..i + 1], dst),
-                        Isa::Vnni => vnni::$kernel::<1>(panel, &acts[i..i + 1], dst),
+                        Isa::Vnni | Isa::Amx => vnni::$kernel::<1>(panel, &acts[i..i + 1], dst),
                     }
                 };
                 i += 1;
@@ -327,7 +360,7 @@ macro_rules! pairs_by_fours {
     ($kernel:ident, $isa:expr, $a:expr, $b:expr, $acts:expr, $out:expr) => {{
         let (isa, a, b, acts, out) = ($isa, $a, $b, $acts, $out);
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Vnni {
+        if matches!(isa, Isa::Vnni | Isa::Amx) {
             pairs_by_fours!(@run vnni::$kernel, isa, a, b, acts, out);
             return;
         }
@@ -337,7 +370,7 @@ macro_rules! pairs_by_fours {
         let (isa, a, b, acts, out) = ($isa, $a, $b, $acts, $out);
         #[cfg(target_arch = "x86_64")]
         match isa {
-            Isa::Vnni => pairs_by_fours!(@run vnni::$kernel, isa, a, b, acts, out),
+            Isa::Vnni | Isa::Amx => pairs_by_fours!(@run vnni::$kernel, isa, a, b, acts, out),
             Isa::AvxVnni => pairs_by_fours!(@run avxvnni::$kernel, isa, a, b, acts, out),
             Isa::Avx2 => pairs_by_fours!(@run avx2::$kernel, isa, a, b, acts, out),
         }
@@ -546,12 +579,25 @@ impl Panel for Q8Panel {
         acts: &[ActRow<'_>],
         out: &mut [[f32; 16]],
     ) {
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Amx {
+            assert!(
+                isa.runs(),
+                "this CPU does not run the {isa:?} panel kernels"
+            );
+            // SAFETY: the CPU runs AVX-512 VNNI and the OS granted the tiles (asserted
+            // above).
+            let done = unsafe { amx::gemm2_q8_0(a, b, acts, out) };
+            let (acts, out) = (&acts[done..], &mut out[done..]);
+            pairs_by_fours!(@run vnni::gemm2_q8_0, isa, a, b, acts, out);
+            return;
+        }
         pairs_by_fours!(gemm2_q8_0, isa, a, b, acts, out, both)
     }
 
     fn gemm_quad_with(isa: Isa, p: [&[Q8Panel]; 4], act: ActRow<'_>, out: &mut [f32; 32]) {
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Vnni {
+        if matches!(isa, Isa::Vnni | Isa::Amx) {
             assert!(
                 isa.runs(),
                 "this CPU does not run the {isa:?} panel kernels"
@@ -1314,7 +1360,7 @@ mod vnni {
     /// 16 f16 values (bits), `a`'s then `b`'s, as f32 (exact).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    fn f16s2(a: &[u16; 8], b: &[u16; 8]) -> __m512 {
+    pub(super) fn f16s2(a: &[u16; 8], b: &[u16; 8]) -> __m512 {
         // SAFETY: `a` and `b` are 8 u16s (16 bytes) each; the loads are unaligned.
         let (a, b) = unsafe {
             (
@@ -1351,7 +1397,7 @@ mod vnni {
     /// Stores each of `v`'s 16 lanes.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    fn store16(v: __m512, out: &mut [f32; 16]) {
+    pub(super) fn store16(v: __m512, out: &mut [f32; 16]) {
         // SAFETY: `out` holds 16 f32s; the store is unaligned.
         unsafe { _mm512_storeu_ps(out.as_mut_ptr(), v) }
     }
@@ -1527,6 +1573,10 @@ mod vnni {
         }
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+#[path = "quant_amx.rs"]
+mod amx;
 
 #[cfg(test)]
 mod tests {

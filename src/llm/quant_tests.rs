@@ -270,17 +270,19 @@ fn kernels_give_the_same_bits_on<P: panel::Panel>(
     rows.iter_mut()
         .for_each(|r| r.chunks_exact_mut(t.block_bytes()).for_each(fix));
     rows[5].chunks_exact_mut(t.block_bytes()).for_each(extreme);
-    let mut xs: Vec<Vec<f32>> = (0..11).map(|i| act(n, 60 + i)).collect();
+    // More token rows than a kernel call takes (two AMX tiles' 16), each row's blocks
+    // right after the previous row's, as a prepared matrix lays them out.
+    let mut xs: Vec<Vec<f32>> = (0..35).map(|i| act(n, 60 + i)).collect();
     xs[3] = vec![1.0; n];
     xs[4] = (0..n)
         .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
         .collect();
     xs[5] = vec![-2.5; n];
-    let q = q8k_rows(&xs);
-    let q8 = q8_rows(&xs);
+    let q: Vec<Q8K> = q8k_rows(&xs).concat();
+    let q8: Vec<Q8> = q8_rows(&xs).concat();
     let acts: Vec<ActRow<'_>> = match t.act() {
-        ActKind::Q8K => q.iter().map(|q| ActRow::Q8K(q)).collect(),
-        _ => q8.iter().map(|q| ActRow::Q8(q)).collect(),
+        ActKind::Q8K => q.chunks_exact(n / 256).map(ActRow::Q8K).collect(),
+        _ => q8.chunks_exact(n / 32).map(ActRow::Q8).collect(),
     };
     let expect: Vec<Vec<f32>> = rows
         .iter()
@@ -339,6 +341,27 @@ fn kernels_give_the_same_bits_on<P: panel::Panel>(
                         "{}: {isa:?} panel pair of {count} tokens: row {r} token {i}: {v} against {e}",
                         t.name(),
                     );
+                }
+            }
+            // The token rows in reverse order (evenly apart, backwards), and with the
+            // first two swapped (not evenly apart, which the AMX kernel leaves to VNNI).
+            if count == acts.len() {
+                let mut swapped: Vec<usize> = (0..count).collect();
+                swapped.swap(0, 1);
+                for order in [(0..count).rev().collect::<Vec<_>>(), swapped] {
+                    let acts: Vec<ActRow<'_>> = order.iter().map(|&i| acts[i]).collect();
+                    P::gemm_pair_with(isa, &packed, &rev, &acts, &mut out);
+                    for (i, o) in out.iter().enumerate() {
+                        for (r, v) in o.iter().enumerate() {
+                            let e = expect[if r < 8 { r } else { 15 - r }][order[i]];
+                            assert_eq!(
+                                v.to_bits(),
+                                e.to_bits(),
+                                "{}: {isa:?} panel pair, tokens in the order {order:?}: row {r} token {i}",
+                                t.name(),
+                            );
+                        }
+                    }
                 }
             }
             // Four panels of one token: the rows, reversed, reversed, the rows.
@@ -446,6 +469,7 @@ fn only_named_instruction_sets_are_caps() {
         Some(" AVX2 "),
         Some("avxvnni"),
         Some("avx512"),
+        Some("amx"),
     ] {
         assert_eq!(panel::Isa::problem_of(ok), None, "{ok:?}");
     }
@@ -458,6 +482,7 @@ fn only_named_instruction_sets_are_caps() {
         ("avx2", panel::Isa::Avx2),
         ("AvxVnni", panel::Isa::AvxVnni),
         ("avx512", panel::Isa::Vnni),
+        ("AMX", panel::Isa::Amx),
     ];
     for (v, isa) in caps {
         assert_eq!(panel::Isa::cap_of(Some(v)), Some(isa), "{v}");
