@@ -10,12 +10,12 @@
 //! block's scales exactly as the VNNI kernel does (`vnni::gemm2_q8_0`): the same float
 //! operations on the same integers, so the same bits.
 //!
-//! On an Emerald Rapids core a 512-token product ran 1.1-1.35x the VNNI kernels' speed,
-//! and a 512-token prompt no faster end to end (docs/PERFORMANCE.md), so the tiles are
-//! not the default. Each block's sums stored from the tiles and loaded back into
-//! vectors, and the token rows' blocks loaded 1,280 bytes apart, are where the time
-//! goes; a layout of the activations by block, and panels of 16 rows packed at load,
-//! are what would take it.
+//! On an Emerald Rapids core the kernel ran 1.1-1.2x the VNNI kernel's speed for 32
+//! token rows, about even for 16, and a 512-token prompt no faster end to end
+//! (docs/PERFORMANCE.md), so the tiles are not the default. The scale step costs about
+//! what the VNNI kernel's own does, and the tiles read the token rows' blocks from L2,
+//! 1,280 bytes apart; panels of 16 rows packed at load and the activations laid out
+//! block by block for the tiles are what would take more.
 //!
 //! Tiles are instructions Rust has no stable intrinsics for, so they are written in
 //! inline assembly. A process must ask Linux for the tile state first
@@ -24,7 +24,7 @@
 //! in the caller's thread between calls.
 
 use super::super::{q8s, Q8};
-use super::vnni::{f16s2, store16};
+use super::vnni::f16s2;
 use super::{ActRow, Q8Panel};
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -178,10 +178,10 @@ unsafe fn tiles_q8_0<const T: usize, const R: usize>(
     debug_assert!(xs.len() == m && out.len() == m && pa.len() == pb.len());
     let cfg = const { config(R as u8) };
     // Written before they are read (the weights a panel block at a time, the sums of
-    // rows `0..m` by the tiles): not cleared at each call.
-    let mut w = std::mem::MaybeUninit::<Weights>::uninit();
-    let mut sums = std::mem::MaybeUninit::<Sums>::uninit();
-    let (w, sums) = (w.as_mut_ptr(), sums.as_mut_ptr());
+    // rows `0..m` by the tiles): not cleared at each call. Two of each: the tiles of
+    // one block run while the scales of the one before are applied.
+    let mut w = [const { std::mem::MaybeUninit::<Weights>::uninit() }; 2];
+    let mut sums = [const { std::mem::MaybeUninit::<Sums>::uninit() }; 2];
     let flip = _mm512_set1_epi32(0x8080_8080u32 as i32);
     for o in out.iter_mut() {
         *o = [0.0; 16];
@@ -189,41 +189,45 @@ unsafe fn tiles_q8_0<const T: usize, const R: usize>(
     // SAFETY: `cfg` is a 64-byte tile configuration; the CPU has tiles (the caller).
     unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly, preserves_flags)) };
     let first = xs[0].as_ptr() as *const u8;
-    for (b, (p, q)) in pa.iter().zip(pb).enumerate() {
-        // The two panels' weights side by side, so that one tile holds the 16 rows,
-        // back from plus 128 to signed bytes (so no sum of the activations comes off).
-        for k in 0..8 {
-            for j in 0..8 {
-                // SAFETY: `p.qs[k][j]` and `q.qs[k][j]` are 32 bytes each; `w[k][j]` is
-                // 64 bytes, 64-byte aligned, inside `w`.
-                unsafe {
-                    let a = _mm256_loadu_si256(p.qs[k][j].as_ptr().cast());
-                    let b = _mm256_loadu_si256(q.qs[k][j].as_ptr().cast());
-                    let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b);
-                    let to = (&raw mut (*w).0[k][j]).cast::<__m512i>();
-                    _mm512_store_si512(to.cast(), _mm512_xor_si512(v, flip));
+    let blocks = 8 * pa.len();
+    // Panel block `b`'s tiles, then panel block `b - 1`'s scales: the tile unit
+    // multiplies while the vectors scale, where a block's scales straight after its
+    // tiles would wait for its sums to come back through memory.
+    for i in 0..blocks {
+        {
+            let (b, k) = (i / 8, i % 8);
+            let wb = w[b % 2].as_mut_ptr();
+            if k == 0 {
+                // The two panels' weights side by side, so that one tile holds the 16
+                // rows, back from plus 128 to signed bytes (so no sum of the
+                // activations comes off).
+                let (p, q) = (&pa[b], &pb[b]);
+                for k in 0..8 {
+                    for j in 0..8 {
+                        // SAFETY: `p.qs[k][j]` and `q.qs[k][j]` are 32 bytes each;
+                        // `wb[k][j]` is 64 bytes, 64-byte aligned, inside `w[b % 2]`.
+                        unsafe {
+                            let a = _mm256_loadu_si256(p.qs[k][j].as_ptr().cast());
+                            let b = _mm256_loadu_si256(q.qs[k][j].as_ptr().cast());
+                            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b);
+                            let to = (&raw mut (*wb).0[k][j]).cast::<__m512i>();
+                            _mm512_store_si512(to.cast(), _mm512_xor_si512(v, flip));
+                        }
+                    }
                 }
             }
-        }
-        // The tiles of the panel block's 8 blocks first, into `sums`; then their
-        // scales. (A block's scales straight after its tiles would wait for its sums
-        // to come back through memory, block after block.)
-        for k in 0..8 {
-            let at = (8 * b + k) * size_of::<Q8>() + std::mem::offset_of!(Q8, qs);
+            let at = i * size_of::<Q8>() + std::mem::offset_of!(Q8, qs);
             let x = first.wrapping_add(at);
-            // SAFETY: in bounds of `w` and `sums` (block `k < 8`).
-            let (wk, o) = unsafe {
-                (
-                    (&raw const (*w).0[k]).cast::<u8>(),
-                    (&raw mut (*sums).0[k]).cast::<[i32; 16]>(),
-                )
-            };
+            // SAFETY: in bounds of `w[b % 2]` (block `k < 8`).
+            let wk = unsafe { (&raw const (*wb).0[k]).cast::<u8>() };
+            // SAFETY: in bounds of `sums[b % 2]` (block `k < 8`).
+            let o = unsafe { (&raw mut (*sums[b % 2].as_mut_ptr()).0[k]).cast::<[i32; 16]>() };
             if T == 2 {
                 // SAFETY: tiles 0 and 1 read R rows of 32 bytes each, row `t` at `x + t
-                // stride` and `x + (R + t) stride`: block `8b + k` of token row `t`'s
-                // (`R + t`'s) quants, inside `xs` (the caller's promise); tile 2 reads
-                // the 512 bytes of `w[k]`; tiles 3 and 4 are stored into rows `0..2R`
-                // of `sums[k]` (64 bytes each). The tiles are configured above.
+                // stride` and `x + (R + t) stride`: block `i` of token row `t`'s (`R +
+                // t`'s) quants, inside `xs` (the caller's promise); tile 2 reads the 512
+                // bytes of `wk`; tiles 3 and 4 are stored into rows `0..2R` of `sums[i %
+                // 2]` (64 bytes each). The tiles are configured above.
                 unsafe {
                     asm!(
                         "tilezero tmm3",
@@ -264,20 +268,49 @@ unsafe fn tiles_q8_0<const T: usize, const R: usize>(
                 };
             }
         }
-        let d: [__m512; 8] = std::array::from_fn(|k| f16s2(&p.d[k], &q.d[k]));
-        for (t, o) in out.iter_mut().enumerate() {
-            // SAFETY: `o` is 16 f32s.
-            let mut acc = unsafe { _mm512_loadu_ps(o.as_ptr()) };
-            for (k, d) in d.iter().enumerate() {
-                let xd = _mm512_set1_ps(xs[t][8 * b + k].d);
-                // SAFETY: row `t` of `sums[k]` is 16 i32s, 64-byte aligned, stored by the
-                // tiles above (`t < m`).
-                let s = unsafe { _mm512_load_si512((&raw const (*sums).0[k][t]).cast()) };
-                acc = _mm512_fmadd_ps(_mm512_mul_ps(*d, xd), _mm512_cvtepi32_ps(s), acc);
-            }
-            store16(acc, o);
+        // After a panel block's last tiles, the scales of the panel block before (its
+        // sums were stored a panel block ago), a token at a time over its 8 blocks.
+        if i % 8 == 7 && i >= 8 {
+            let b = i / 8 - 1;
+            // SAFETY: panel block `b`'s tiles stored its sums of every token row.
+            unsafe { scale_block(&pa[b], &pb[b], b, xs, sums[b % 2].as_ptr(), out) };
         }
+    }
+    if blocks > 0 {
+        let b = blocks / 8 - 1;
+        // SAFETY: as above, for the last panel block.
+        unsafe { scale_block(&pa[b], &pb[b], b, xs, sums[b % 2].as_ptr(), out) };
     }
     // SAFETY: releases the tiles this call configured.
     unsafe { asm!("tilerelease", options(nostack, nomem, preserves_flags)) };
+}
+
+/// Panel block `b`'s scales (`p`, `q`) applied to its sums (`sums`, stored by its
+/// tiles), into `out`, a token at a time over the 8 blocks, as `vnni::gemm2_q8_0` does.
+///
+/// # Safety
+/// `sums` holds the panel block's sums of `out.len()` token rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn scale_block(
+    p: &Q8Panel,
+    q: &Q8Panel,
+    b: usize,
+    xs: &[&[Q8]],
+    sums: *const Sums,
+    out: &mut [[f32; 16]],
+) {
+    let d: [__m512; 8] = std::array::from_fn(|k| f16s2(&p.d[k], &q.d[k]));
+    for (t, o) in out.iter_mut().enumerate() {
+        // SAFETY: `o` is 16 f32s.
+        let mut acc = unsafe { _mm512_loadu_ps(o.as_ptr()) };
+        for (k, d) in d.iter().enumerate() {
+            let xd = _mm512_set1_ps(xs[t][8 * b + k].d);
+            // SAFETY: row `t` of block `k`'s sums is 16 i32s, 64-byte aligned, stored by
+            // the tiles (the caller's promise).
+            let s = unsafe { _mm512_load_si512((&raw const (*sums).0[k][t]).cast()) };
+            acc = _mm512_fmadd_ps(_mm512_mul_ps(*d, xd), _mm512_cvtepi32_ps(s), acc);
+        }
+        // SAFETY: as above.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), acc) };
+    }
 }

@@ -490,3 +490,54 @@ fn only_named_instruction_sets_are_caps() {
     // Whatever the cap, the kernels chosen run here.
     assert!(!panel::available() || panel::Isa::best().runs());
 }
+
+/// The Q8_0 pair kernel of each instruction set this CPU runs, alternated in rounds:
+/// `cargo test --release --lib pair_kernel_speed -- --ignored --nocapture`
+/// (`INFER_PAIR_SHAPE="pairs,k,tokens"`, default 44 pairs of panels, 1024 columns, 32
+/// tokens: a block of rows as `linear` walks it, one token group).
+#[test]
+#[ignore]
+fn pair_kernel_speed() {
+    use panel::Panel;
+    if !panel::available() {
+        return;
+    }
+    let shape = std::env::var("INFER_PAIR_SHAPE").unwrap_or("44,1024,32".into());
+    let d: Vec<usize> = shape
+        .split(',')
+        .map(|v| v.trim().parse().unwrap())
+        .collect();
+    let (pairs, k, t) = (d[0], d[1], d[2]);
+    let rows: Vec<Vec<u8>> = (0..16 * pairs)
+        .map(|r| random_row(WeightType::Q8_0, k, r as u64))
+        .collect();
+    let panels: Vec<Vec<panel::Q8Panel>> = rows
+        .chunks_exact(8)
+        .map(|r| {
+            let mut p = vec![panel::Q8Panel::default(); k / 256];
+            panel::Q8Panel::pack(std::array::from_fn(|i| &r[i][..]), &mut p);
+            p
+        })
+        .collect();
+    let xs: Vec<Vec<f32>> = (0..t).map(|i| act(k, 500 + i as u64)).collect();
+    let q8: Vec<Q8> = q8_rows(&xs).concat();
+    let acts: Vec<ActRow<'_>> = q8.chunks_exact(k / 32).map(ActRow::Q8).collect();
+    let mut out = vec![[0.0f32; 16]; t];
+    let reps = (1usize << 30) / (16 * pairs * k * t) + 1;
+    let isas: Vec<panel::Isa> = panel::Isa::ALL.into_iter().filter(|i| i.runs()).collect();
+    for round in 0..4 {
+        let mut line = format!("round {round}:");
+        for &isa in &isas {
+            let t0 = std::time::Instant::now();
+            for _ in 0..reps {
+                for p in panels.chunks_exact(2) {
+                    panel::Q8Panel::gemm_pair_with(isa, &p[0], &p[1], &acts, &mut out);
+                }
+            }
+            let s = t0.elapsed().as_secs_f64();
+            let macs = (reps * 16 * pairs * k * t) as f64;
+            line += &format!(" {isa:?} {:.1}", macs / s / 1e9);
+        }
+        println!("{line} G multiply-adds/s");
+    }
+}
