@@ -10,8 +10,8 @@
 //! block's scales exactly as the VNNI kernel does (`vnni::gemm2_q8_0`): the same float
 //! operations on the same integers, so the same bits.
 //!
-//! On an Emerald Rapids core the kernel ran 1.1-1.2x the VNNI kernel's speed for 32
-//! token rows, about even for 16, and a 512-token prompt no faster end to end
+//! On an Emerald Rapids core the kernel ran 0.95-1.2x the VNNI kernel's speed for 32
+//! token rows (as the hour went), about even for 16, and a 512-token prompt no faster end to end
 //! (docs/PERFORMANCE.md), so the tiles are not the default. The scale step costs about
 //! what the VNNI kernel's own does, and the tiles read the token rows' blocks from L2,
 //! 1,280 bytes apart; panels of 16 rows packed at load and the activations laid out
@@ -20,8 +20,9 @@
 //! Tiles are instructions Rust has no stable intrinsics for, so they are written in
 //! inline assembly. A process must ask Linux for the tile state first
 //! (`arch_prctl(ARCH_REQ_XCOMP_PERM)`, once: [`granted`]); each kernel call loads its
-//! tile configuration and releases the tiles at its end, so nothing is left configured
-//! in the caller's thread between calls.
+//! tile configuration and at its end puts back the one the thread had (or releases the
+//! tiles where it had none), so another library's tiles on the caller's thread keep
+//! their shapes across a product.
 
 use super::super::{q8s, Q8};
 use super::vnni::f16s2;
@@ -186,6 +187,12 @@ unsafe fn tiles_q8_0<const T: usize, const R: usize>(
     for o in out.iter_mut() {
         *o = [0.0; 16];
     }
+    // The caller's tile configuration, put back at the end: another library on the
+    // same thread (oneDNN, llama.cpp) may have configured the tiles once for all its
+    // calls. All zeros where none is loaded.
+    let mut saved = Config([0; 64]);
+    // SAFETY: stores the 64-byte configuration into `saved`; the CPU has tiles.
+    unsafe { asm!("sttilecfg [{}]", in(reg) &mut saved, options(nostack, preserves_flags)) };
     // SAFETY: `cfg` is a 64-byte tile configuration; the CPU has tiles (the caller).
     unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly, preserves_flags)) };
     let first = xs[0].as_ptr() as *const u8;
@@ -281,8 +288,15 @@ unsafe fn tiles_q8_0<const T: usize, const R: usize>(
         // SAFETY: as above, for the last panel block.
         unsafe { scale_block(&pa[b], &pb[b], b, xs, sums[b % 2].as_ptr(), out) };
     }
-    // SAFETY: releases the tiles this call configured.
-    unsafe { asm!("tilerelease", options(nostack, nomem, preserves_flags)) };
+    if saved.0[0] == 0 {
+        // SAFETY: releases the tiles this call configured (none were before).
+        unsafe { asm!("tilerelease", options(nostack, nomem, preserves_flags)) };
+    } else {
+        // SAFETY: `saved` is the configuration the CPU held at entry.
+        unsafe {
+            asm!("ldtilecfg [{}]", in(reg) &saved, options(nostack, readonly, preserves_flags))
+        };
+    }
 }
 
 /// Panel block `b`'s scales (`p`, `q`) applied to its sums (`sums`, stored by its
@@ -312,5 +326,65 @@ unsafe fn scale_block(
         }
         // SAFETY: as above.
         unsafe { _mm512_storeu_ps(o.as_mut_ptr(), acc) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Isa, Panel, Q8Panel};
+    use super::*;
+
+    /// A configuration loaded before a product is the one loaded after it; with none
+    /// loaded before, none is after.
+    #[test]
+    fn the_callers_tile_configuration_is_kept() {
+        if !Isa::Amx.runs() {
+            return;
+        }
+        let rows: Vec<Vec<u8>> = (0..16)
+            .map(|r| {
+                (0..8)
+                    .flat_map(|b| {
+                        let mut block = vec![0x00, 0x3c]; // scale 1.0 (f16)
+                        block.extend((0..32).map(|i| ((r * 7 + b * 3 + i) % 200) as u8));
+                        block
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut a = vec![Q8Panel::default(); 1];
+        let mut b = vec![Q8Panel::default(); 1];
+        Q8Panel::pack(std::array::from_fn(|i| &rows[i][..]), &mut a);
+        Q8Panel::pack(std::array::from_fn(|i| &rows[8 + i][..]), &mut b);
+        let q8: Vec<Q8> = (0..16 * 8)
+            .map(|i| Q8 {
+                d: 0.5,
+                qs: std::array::from_fn(|j| ((i + j) % 50) as i8 - 25),
+                sum: 0,
+            })
+            .collect();
+        let acts: Vec<ActRow<'_>> = q8.chunks_exact(8).map(ActRow::Q8).collect();
+        let mut out = vec![[0.0f32; 16]; 16];
+        let stored = || {
+            let mut c = Config([0; 64]);
+            // SAFETY: stores 64 bytes into `c`; the CPU has tiles (checked above).
+            unsafe { asm!("sttilecfg [{}]", in(reg) &mut c, options(nostack, preserves_flags)) };
+            c.0
+        };
+        // None before: none after.
+        // SAFETY: the CPU runs AVX-512 VNNI and the tiles are granted (checked above).
+        assert_eq!(unsafe { gemm2_q8_0(&a, &b, &acts, &mut out) }, 16);
+        assert_eq!(stored(), [0; 64]);
+        // One of another shape before: the same after.
+        let mine = config(3);
+        // SAFETY: loads a valid configuration.
+        unsafe {
+            asm!("ldtilecfg [{}]", in(reg) &mine, options(nostack, readonly, preserves_flags))
+        };
+        // SAFETY: as above.
+        assert_eq!(unsafe { gemm2_q8_0(&a, &b, &acts, &mut out) }, 16);
+        assert_eq!(stored(), mine.0);
+        // SAFETY: releases the tiles this test configured.
+        unsafe { asm!("tilerelease", options(nostack, nomem, preserves_flags)) };
     }
 }
