@@ -714,7 +714,8 @@ fn try_measured(cmd: &mut std::process::Command) -> Result<(String, f64), String
 }
 
 /// Runs one of llama.cpp's tools with `args`; where it dies of a signal (its AMX
-/// kernels raise SIGILL on some hosts that list AMX), once more with its weight
+/// kernels raised SIGILL when a compiler dropped their tile configuration, which
+/// `scripts/llama_cpp.sh` now prevents for GCC 12), once more with its weight
 /// repacking off (`off`: the flag that turns it off), which keeps it to its AVX
 /// kernels. Says so on stderr, once per tool.
 fn run_llama_tool(bin: &Path, args: &[&str], off: &[&str]) -> (String, f64) {
