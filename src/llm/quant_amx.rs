@@ -196,33 +196,28 @@ unsafe fn tiles_q8_0<const T: usize, const R: usize>(
     // SAFETY: `cfg` is a 64-byte tile configuration; the CPU has tiles (the caller).
     unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly, preserves_flags)) };
     let first = xs[0].as_ptr() as *const u8;
-    let blocks = 8 * pa.len();
     // Panel block `b`'s tiles, then panel block `b - 1`'s scales: the tile unit
     // multiplies while the vectors scale, where a block's scales straight after its
     // tiles would wait for its sums to come back through memory.
-    for i in 0..blocks {
-        {
-            let (b, k) = (i / 8, i % 8);
-            let wb = w[b % 2].as_mut_ptr();
-            if k == 0 {
-                // The two panels' weights side by side, so that one tile holds the 16
-                // rows, back from plus 128 to signed bytes (so no sum of the
-                // activations comes off).
-                let (p, q) = (&pa[b], &pb[b]);
-                for k in 0..8 {
-                    for j in 0..8 {
-                        // SAFETY: `p.qs[k][j]` and `q.qs[k][j]` are 32 bytes each;
-                        // `wb[k][j]` is 64 bytes, 64-byte aligned, inside `w[b % 2]`.
-                        unsafe {
-                            let a = _mm256_loadu_si256(p.qs[k][j].as_ptr().cast());
-                            let b = _mm256_loadu_si256(q.qs[k][j].as_ptr().cast());
-                            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b);
-                            let to = (&raw mut (*wb).0[k][j]).cast::<__m512i>();
-                            _mm512_store_si512(to.cast(), _mm512_xor_si512(v, flip));
-                        }
-                    }
+    for (b, (p, q)) in pa.iter().zip(pb).enumerate() {
+        // The two panels' weights side by side, so that one tile holds the 16 rows,
+        // back from plus 128 to signed bytes (so no sum of the activations comes off).
+        let wb = w[b % 2].as_mut_ptr();
+        for k in 0..8 {
+            for j in 0..8 {
+                // SAFETY: `p.qs[k][j]` and `q.qs[k][j]` are 32 bytes each; `wb[k][j]` is
+                // 64 bytes, 64-byte aligned, inside `w[b % 2]`.
+                unsafe {
+                    let a = _mm256_loadu_si256(p.qs[k][j].as_ptr().cast());
+                    let b = _mm256_loadu_si256(q.qs[k][j].as_ptr().cast());
+                    let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b);
+                    let to = (&raw mut (*wb).0[k][j]).cast::<__m512i>();
+                    _mm512_store_si512(to.cast(), _mm512_xor_si512(v, flip));
                 }
             }
+        }
+        for k in 0..8 {
+            let i = 8 * b + k;
             let at = i * size_of::<Q8>() + std::mem::offset_of!(Q8, qs);
             let x = first.wrapping_add(at);
             // SAFETY: in bounds of `w[b % 2]` (block `k < 8`).
@@ -233,8 +228,8 @@ unsafe fn tiles_q8_0<const T: usize, const R: usize>(
                 // SAFETY: tiles 0 and 1 read R rows of 32 bytes each, row `t` at `x + t
                 // stride` and `x + (R + t) stride`: block `i` of token row `t`'s (`R +
                 // t`'s) quants, inside `xs` (the caller's promise); tile 2 reads the 512
-                // bytes of `wk`; tiles 3 and 4 are stored into rows `0..2R` of `sums[i %
-                // 2]` (64 bytes each). The tiles are configured above.
+                // bytes of `wk`; tiles 3 and 4 are stored into rows `0..2R` of block `k`
+                // of `sums[b % 2]` (64 bytes each). The tiles are configured above.
                 unsafe {
                     asm!(
                         "tilezero tmm3",
@@ -275,16 +270,16 @@ unsafe fn tiles_q8_0<const T: usize, const R: usize>(
                 };
             }
         }
-        // After a panel block's last tiles, the scales of the panel block before (its
-        // sums were stored a panel block ago), a token at a time over its 8 blocks.
-        if i % 8 == 7 && i >= 8 {
-            let b = i / 8 - 1;
+        // After a panel block's tiles, the scales of the panel block before (its sums
+        // were stored a panel block ago), a token at a time over its 8 blocks.
+        if b > 0 {
+            let b = b - 1;
             // SAFETY: panel block `b`'s tiles stored its sums of every token row.
             unsafe { scale_block(&pa[b], &pb[b], b, xs, sums[b % 2].as_ptr(), out) };
         }
     }
-    if blocks > 0 {
-        let b = blocks / 8 - 1;
+    if !pa.is_empty() {
+        let b = pa.len() - 1;
         // SAFETY: as above, for the last panel block.
         unsafe { scale_block(&pa[b], &pb[b], b, xs, sums[b % 2].as_ptr(), out) };
     }
