@@ -491,14 +491,15 @@ fn only_named_instruction_sets_are_caps() {
     assert!(!panel::available() || panel::Isa::best().runs());
 }
 
-/// The Q8_0 pair kernel of each instruction set this CPU runs, alternated in rounds:
+/// The pair kernel of each instruction set this CPU runs, alternated in rounds:
 /// `cargo test --release --lib pair_kernel_speed -- --ignored --nocapture`
 /// (`INFER_PAIR_SHAPE="pairs,k,tokens"`, default 44 pairs of panels, 1024 columns, 32
-/// tokens: a block of rows as `linear` walks it, one token group).
+/// tokens: a block of rows as `linear` walks it, one token group; `INFER_PAIR_TYPE`
+/// `q8_0`, the default, `q4_k` or `q6_k`). The best round of each is printed last: on
+/// a shared host it is the steadiest figure.
 #[test]
 #[ignore]
 fn pair_kernel_speed() {
-    use panel::Panel;
     if !panel::available() {
         return;
     }
@@ -507,37 +508,67 @@ fn pair_kernel_speed() {
         .split(',')
         .map(|v| v.trim().parse().unwrap())
         .collect();
-    let (pairs, k, t) = (d[0], d[1], d[2]);
+    match std::env::var("INFER_PAIR_TYPE").as_deref() {
+        Ok("q4_k") => pair_speed::<panel::Q4KPanel>(WeightType::Q4K, d[0], d[1], d[2]),
+        Ok("q6_k") => pair_speed::<panel::Q6KPanel>(WeightType::Q6K, d[0], d[1], d[2]),
+        _ => pair_speed::<panel::Q8Panel>(WeightType::Q8_0, d[0], d[1], d[2]),
+    }
+}
+
+fn pair_speed<P: panel::Panel>(wt: WeightType, pairs: usize, k: usize, t: usize) {
     let rows: Vec<Vec<u8>> = (0..16 * pairs)
-        .map(|r| random_row(WeightType::Q8_0, k, r as u64))
+        .map(|r| random_row(wt, k, r as u64))
         .collect();
-    let panels: Vec<Vec<panel::Q8Panel>> = rows
+    let panels: Vec<Vec<P>> = rows
         .chunks_exact(8)
         .map(|r| {
-            let mut p = vec![panel::Q8Panel::default(); k / 256];
-            panel::Q8Panel::pack(std::array::from_fn(|i| &r[i][..]), &mut p);
+            let mut p = vec![P::default(); k / 256];
+            P::pack(std::array::from_fn(|i| &r[i][..]), &mut p);
             p
         })
         .collect();
     let xs: Vec<Vec<f32>> = (0..t).map(|i| act(k, 500 + i as u64)).collect();
     let q8: Vec<Q8> = q8_rows(&xs).concat();
-    let acts: Vec<ActRow<'_>> = q8.chunks_exact(k / 32).map(ActRow::Q8).collect();
+    let q8k: Vec<Q8K> = q8k_rows(&xs).concat();
+    let acts: Vec<ActRow<'_>> = match wt.act() {
+        ActKind::Q8K => q8k.chunks_exact(k / 256).map(ActRow::Q8K).collect(),
+        _ => q8.chunks_exact(k / 32).map(ActRow::Q8).collect(),
+    };
     let mut out = vec![[0.0f32; 16]; t];
-    let reps = (1usize << 30) / (16 * pairs * k * t) + 1;
-    let isas: Vec<panel::Isa> = panel::Isa::ALL.into_iter().filter(|i| i.runs()).collect();
-    for round in 0..4 {
+    // Short rounds, alternated: the host's speed drifts over seconds.
+    let reps = (1usize << 28) / (16 * pairs * k * t) + 1;
+    // `INFER_PAIR_ISA=avx512,amx` runs those instruction sets only;
+    // `INFER_PAIR_ROUNDS` sets the rounds (4).
+    let only: Option<Vec<panel::Isa>> = std::env::var("INFER_PAIR_ISA").ok().map(|v| {
+        v.split(',')
+            .filter_map(|i| panel::Isa::cap_of(Some(i)))
+            .collect()
+    });
+    let isas: Vec<panel::Isa> = panel::Isa::ALL
+        .into_iter()
+        .filter(|i| i.runs() && only.as_ref().is_none_or(|o| o.contains(i)))
+        .collect();
+    let rounds = std::env::var("INFER_PAIR_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let mut best = std::collections::BTreeMap::new();
+    for round in 0..rounds {
         let mut line = format!("round {round}:");
         for &isa in &isas {
             let t0 = std::time::Instant::now();
             for _ in 0..reps {
                 for p in panels.chunks_exact(2) {
-                    panel::Q8Panel::gemm_pair_with(isa, &p[0], &p[1], &acts, &mut out);
+                    P::gemm_pair_with(isa, &p[0], &p[1], &acts, &mut out);
                 }
             }
             let s = t0.elapsed().as_secs_f64();
             let macs = (reps * 16 * pairs * k * t) as f64;
             line += &format!(" {isa:?} {:.1}", macs / s / 1e9);
+            let e = best.entry(format!("{isa:?}")).or_insert(0.0f64);
+            *e = e.max(macs / s / 1e9);
         }
         println!("{line} G multiply-adds/s");
     }
+    println!("best: {best:?}");
 }
