@@ -389,21 +389,28 @@ macro_rules! pairs_by_fours {
             isa.runs(),
             "this CPU does not run the {isa:?} panel kernels"
         );
-        let mut i = 0;
-        while i + 4 <= acts.len() {
-            // The kernel stores into `out` itself, as in `by_fours`.
-            let Ok(dst) = <&mut [[f32; 16]; 4]>::try_from(&mut out[i..i + 4]) else {
-                unreachable!("four rows are four rows")
-            };
-            // SAFETY: the CPU runs `isa`'s instructions (asserted above).
-            unsafe { $($kernel)::+::<4>(a, b, &acts[i..i + 4], dst) };
-            i += 4;
-        }
+        let mut i = pairs_by_fours!(@rows 4, $($kernel)::+, a, b, acts, &mut *out);
         while i < acts.len() {
-            // SAFETY: as above.
+            // SAFETY: the CPU runs `isa`'s instructions (asserted above).
             unsafe { $($kernel)::+::<1>(a, b, &acts[i..i + 1], std::array::from_mut(&mut out[i])) };
             i += 1;
         }
+    }};
+    // `$kernel::<$n>` over the first whole groups of `$n` rows; the rows done. The
+    // caller has asserted that the CPU runs the kernel's instructions.
+    (@rows $n:literal, $($kernel:ident)::+, $a:expr, $b:expr, $acts:expr, $out:expr) => {{
+        let (a, b, acts, out) = ($a, $b, $acts, $out);
+        let mut i = 0;
+        while i + $n <= acts.len() {
+            // The kernel stores into `out` itself, as in `by_fours`.
+            let Ok(dst) = <&mut [[f32; 16]; $n]>::try_from(&mut out[i..i + $n]) else {
+                unreachable!("{} rows are {} rows", $n, $n)
+            };
+            // SAFETY: the CPU runs the kernel's instructions (the caller asserted it).
+            unsafe { $($kernel)::+::<$n>(a, b, &acts[i..i + $n], dst) };
+            i += $n;
+        }
+        i
     }};
 }
 
@@ -417,15 +424,7 @@ macro_rules! pairs_by_eights {
             isa.runs() && matches!(isa, Isa::Vnni | Isa::Amx),
             "this CPU does not run the {isa:?} panel kernels"
         );
-        let mut i = 0;
-        while i + 8 <= acts.len() {
-            let Ok(dst) = <&mut [[f32; 16]; 8]>::try_from(&mut out[i..i + 8]) else {
-                unreachable!("eight rows are eight rows")
-            };
-            // SAFETY: the CPU runs AVX-512 VNNI (asserted above).
-            unsafe { $($kernel)::+::<8>(a, b, &acts[i..i + 8], dst) };
-            i += 8;
-        }
+        let i = pairs_by_fours!(@rows 8, $($kernel)::+, a, b, acts, &mut *out);
         let (acts, out) = (&acts[i..], &mut out[i..]);
         pairs_by_fours!(@run $($kernel)::+, isa, a, b, acts, out);
     }};
