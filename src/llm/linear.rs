@@ -671,9 +671,7 @@ fn group_rows(w: &Matrix, acts: &Acts, blocking: Blocking) -> usize {
     if on_tiles(w) {
         return TOKENS;
     }
-    let eights = matches!(w.wtype, WeightType::Q4K | WeightType::Q6K)
-        && matches!(panel::Isa::best(), panel::Isa::Vnni | panel::Isa::Amx);
-    let least = if eights { 8 } else { 4 };
+    let least = panel::rows_per_call(w.wtype, panel::Isa::best());
     (blocking.group_bytes / acts.row_bytes(w.wtype.act())).clamp(least, TOKENS) & !3
 }
 

@@ -369,6 +369,16 @@ macro_rules! pairs_by_fours {
         }
         pair_by_halves(isa, a, b, acts, out)
     }};
+    // As the first arm, with `vnni::$kernel` taking 8 rows a call where there are.
+    ($kernel:ident, $isa:expr, $a:expr, $b:expr, $acts:expr, $out:expr, eights) => {{
+        let (isa, a, b, acts, out) = ($isa, $a, $b, $acts, $out);
+        #[cfg(target_arch = "x86_64")]
+        if matches!(isa, Isa::Vnni | Isa::Amx) {
+            pairs_by_eights!(vnni::$kernel, isa, a, b, acts, out);
+            return;
+        }
+        pair_by_halves(isa, a, b, acts, out)
+    }};
     ($kernel:ident, $isa:expr, $a:expr, $b:expr, $acts:expr, $out:expr, both) => {{
         let (isa, a, b, acts, out) = ($isa, $a, $b, $acts, $out);
         #[cfg(target_arch = "x86_64")]
@@ -421,13 +431,25 @@ macro_rules! pairs_by_eights {
     ($($kernel:ident)::+, $isa:expr, $a:expr, $b:expr, $acts:expr, $out:expr) => {{
         let (isa, a, b, acts, out) = ($isa, $a, $b, $acts, $out);
         assert!(
-            isa.runs() && matches!(isa, Isa::Vnni | Isa::Amx),
+            isa.runs(),
             "this CPU does not run the {isa:?} panel kernels"
         );
         let i = pairs_by_fours!(@rows 8, $($kernel)::+, a, b, acts, &mut *out);
         let (acts, out) = (&acts[i..], &mut out[i..]);
         pairs_by_fours!(@run $($kernel)::+, isa, a, b, acts, out);
     }};
+}
+
+/// The token rows a pair kernel of `w`'s panels takes a call in the kernels of `isa`
+/// (those that `pairs_by_eights` runs take 8, the others 4).
+pub(crate) fn rows_per_call(w: super::WeightType, isa: Isa) -> usize {
+    let eights = matches!(w, super::WeightType::Q4K | super::WeightType::Q6K)
+        && matches!(isa, Isa::Vnni | Isa::Amx);
+    if eights {
+        8
+    } else {
+        4
+    }
 }
 
 /// One 256-column block of eight Q4_K rows, interleaved: 1,184 bytes against the
@@ -492,12 +514,7 @@ impl Panel for Q4KPanel {
         acts: &[ActRow<'_>],
         out: &mut [[f32; 16]],
     ) {
-        #[cfg(target_arch = "x86_64")]
-        if matches!(isa, Isa::Vnni | Isa::Amx) {
-            pairs_by_eights!(vnni::gemm2_q4k, isa, a, b, acts, out);
-            return;
-        }
-        pairs_by_fours!(gemm2_q4k, isa, a, b, acts, out)
+        pairs_by_fours!(gemm2_q4k, isa, a, b, acts, out, eights)
     }
 }
 
@@ -550,12 +567,7 @@ impl Panel for Q6KPanel {
         acts: &[ActRow<'_>],
         out: &mut [[f32; 16]],
     ) {
-        #[cfg(target_arch = "x86_64")]
-        if matches!(isa, Isa::Vnni | Isa::Amx) {
-            pairs_by_eights!(vnni::gemm2_q6k, isa, a, b, acts, out);
-            return;
-        }
-        pairs_by_fours!(gemm2_q6k, isa, a, b, acts, out)
+        pairs_by_fours!(gemm2_q6k, isa, a, b, acts, out, eights)
     }
 }
 
