@@ -712,12 +712,21 @@ mod tests {
     /// Decoding-shaped attention (32 sequences at position 191, 24 layers of 8 F16 KV
     /// heads of 64, 16 query heads, blocks of 16 tokens spread over the cache) on 2
     /// threads: bytes of K and V read per second, the best of several rounds.
+    /// `INFER_ATTENTION_PROMPT=N`: one sequence's prompt of N tokens instead (positions
+    /// 0 to N - 1 in one step), timed the same way.
     /// `cargo test --release --lib llm::attention::tests::speed -- --ignored --nocapture`
     #[test]
     #[ignore]
     fn speed() {
         use crate::llm::step::{Logits, StepSeq};
-        let (n_layer, n_kv, hd, nh, tpb, seqs_n, pos) = (24, 8, 64, 16, 16, 32, 191);
+        let prompt: Option<usize> = std::env::var("INFER_ATTENTION_PROMPT")
+            .ok()
+            .and_then(|v| v.parse().ok());
+        let (n_layer, n_kv, hd, nh, tpb) = (24, 8, 64, 16, 16);
+        let (seqs_n, pos) = match prompt {
+            Some(n) => (1, n.max(1) - 1),
+            None => (32, 191),
+        };
         let per_seq = (pos + 1usize).div_ceil(tpb);
         let cached = std::env::var_os("INFER_ATTENTION_CACHED").is_some();
         let mut kv = KvCache::new(
@@ -755,19 +764,27 @@ mod tests {
             .iter()
             .map(|t| StepSeq {
                 tokens: &[],
-                start: pos,
+                start: if prompt.is_some() { 0 } else { pos },
                 blocks: t,
                 logits: Logits::None,
             })
             .collect();
-        let tokens: Vec<TokenSlot> = (0..seqs_n)
-            .map(|s| TokenSlot {
-                seq: s as u32,
-                pos: pos as u32,
-            })
-            .collect();
-        let q: Vec<f32> = (0..seqs_n * nh * hd).map(|i| val(i + 99)).collect();
-        let mut out = vec![0.0f32; seqs_n * nh * hd];
+        let tokens: Vec<TokenSlot> = match prompt {
+            Some(_) => (0..=pos)
+                .map(|p| TokenSlot {
+                    seq: 0,
+                    pos: p as u32,
+                })
+                .collect(),
+            None => (0..seqs_n)
+                .map(|s| TokenSlot {
+                    seq: s as u32,
+                    pos: pos as u32,
+                })
+                .collect(),
+        };
+        let q: Vec<f32> = (0..tokens.len() * nh * hd).map(|i| val(i + 99)).collect();
+        let mut out = vec![0.0f32; tokens.len() * nh * hd];
         let threads = 2;
         let pool = crate::llm::pool::Pool::new(threads, "test").unwrap();
         let exec = Exec {
@@ -803,7 +820,9 @@ mod tests {
             }
             best = best.min(t0.elapsed().as_secs_f64());
         }
-        let bytes = (seqs_n * (pos + 1) * n_layer * 2 * n_kv * hd * 2) as f64;
+        // Every token reads the keys and values up to its position.
+        let positions: usize = tokens.iter().map(|t| t.pos as usize + 1).sum();
+        let bytes = (positions * n_layer * 2 * n_kv * hd * 2) as f64;
         println!(
             "attention: {:.2} ms a step, {:.1} GB/s of K and V",
             best * 1e3,
