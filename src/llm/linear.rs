@@ -663,10 +663,10 @@ pub(crate) fn matmuls(
 
 /// Token rows of a group for `w`: as many prepared activation rows as
 /// `blocking.group_bytes` holds, in fours, from the rows a kernel call takes to
-/// [`TOKENS`]. The AVX-512 VNNI pair kernels of Q4_K and Q6_K take 8 rows a call where
-/// there are (their weights' shared work then serves twice the multiplies: 5-10 %
+/// [`TOKENS`]. The AVX-512 VNNI pair kernels of Q4_K, Q6_K and Q8_0 take 8 rows a call
+/// where there are (their weights' shared work then serves twice the multiplies: 5-19 %
 /// faster for 4,096 columns, where 4 rows fill the bytes), so their groups hold 8 at
-/// least; Q8_0's take 4 (8 rows of 4,096 columns ran 4-7 % slower than 4).
+/// least.
 fn group_rows(w: &Matrix, acts: &Acts, blocking: Blocking) -> usize {
     if on_tiles(w) {
         return TOKENS;

@@ -357,8 +357,9 @@ macro_rules! by_fours {
 }
 
 /// [`Panel::gemm_pair_with`] through `vnni::$kernel` (4 activation rows at a time,
-/// then 1), and through `avx2::$kernel` and `avxvnni::$kernel` too where the 256-bit
-/// kernels have a pair kernel (`both`); else one panel after the other for those.
+/// then 1; 8, then 4, then 1 with `eights`), and through `avx2::$kernel` and
+/// `avxvnni::$kernel` too where the 256-bit kernels have a pair kernel (`both`, where
+/// the VNNI kernel takes 8 rows a call); else one panel after the other for those.
 macro_rules! pairs_by_fours {
     ($kernel:ident, $isa:expr, $a:expr, $b:expr, $acts:expr, $out:expr) => {{
         let (isa, a, b, acts, out) = ($isa, $a, $b, $acts, $out);
@@ -383,7 +384,7 @@ macro_rules! pairs_by_fours {
         let (isa, a, b, acts, out) = ($isa, $a, $b, $acts, $out);
         #[cfg(target_arch = "x86_64")]
         match isa {
-            Isa::Vnni | Isa::Amx => pairs_by_fours!(@run vnni::$kernel, isa, a, b, acts, out),
+            Isa::Vnni | Isa::Amx => pairs_by_eights!(vnni::$kernel, isa, a, b, acts, out),
             Isa::AvxVnni => pairs_by_fours!(@run avxvnni::$kernel, isa, a, b, acts, out),
             Isa::Avx2 => pairs_by_fours!(@run avx2::$kernel, isa, a, b, acts, out),
         }
@@ -443,8 +444,8 @@ macro_rules! pairs_by_eights {
 /// The token rows a pair kernel of `w`'s panels takes a call in the kernels of `isa`
 /// (those that `pairs_by_eights` runs take 8, the others 4).
 pub(crate) fn rows_per_call(w: super::WeightType, isa: Isa) -> usize {
-    let eights = matches!(w, super::WeightType::Q4K | super::WeightType::Q6K)
-        && matches!(isa, Isa::Vnni | Isa::Amx);
+    use super::WeightType::{Q4K, Q6K, Q8_0};
+    let eights = matches!(w, Q4K | Q6K | Q8_0) && matches!(isa, Isa::Vnni | Isa::Amx);
     if eights {
         8
     } else {
@@ -637,7 +638,7 @@ impl Panel for Q8Panel {
             // above).
             let done = unsafe { amx::gemm2_q8_0(a, b, acts, out) };
             let (acts, out) = (&acts[done..], &mut out[done..]);
-            pairs_by_fours!(@run vnni::gemm2_q8_0, isa, a, b, acts, out);
+            pairs_by_eights!(vnni::gemm2_q8_0, isa, a, b, acts, out);
             return;
         }
         pairs_by_fours!(gemm2_q8_0, isa, a, b, acts, out, both)
