@@ -356,22 +356,12 @@ macro_rules! by_fours {
     }};
 }
 
-/// [`Panel::gemm_pair_with`] through `vnni::$kernel` (4 activation rows at a time,
-/// then 1; 8, then 4, then 1 with `eights`), and through `avx2::$kernel` and
-/// `avxvnni::$kernel` too where the 256-bit kernels have a pair kernel (`both`, where
-/// the VNNI kernel takes 8 rows a call); else one panel after the other for those.
+/// [`Panel::gemm_pair_with`] through `vnni::$kernel` (8 activation rows a call, then 4,
+/// then 1: `pairs_by_eights`), and through `avx2::$kernel` and `avxvnni::$kernel` (4 rows
+/// a call, then 1) too where the 256-bit kernels have a pair kernel (`both`); else one
+/// panel after the other for those.
 macro_rules! pairs_by_fours {
     ($kernel:ident, $isa:expr, $a:expr, $b:expr, $acts:expr, $out:expr) => {{
-        let (isa, a, b, acts, out) = ($isa, $a, $b, $acts, $out);
-        #[cfg(target_arch = "x86_64")]
-        if matches!(isa, Isa::Vnni | Isa::Amx) {
-            pairs_by_fours!(@run vnni::$kernel, isa, a, b, acts, out);
-            return;
-        }
-        pair_by_halves(isa, a, b, acts, out)
-    }};
-    // As the first arm, with `vnni::$kernel` taking 8 rows a call where there are.
-    ($kernel:ident, $isa:expr, $a:expr, $b:expr, $acts:expr, $out:expr, eights) => {{
         let (isa, a, b, acts, out) = ($isa, $a, $b, $acts, $out);
         #[cfg(target_arch = "x86_64")]
         if matches!(isa, Isa::Vnni | Isa::Amx) {
@@ -515,7 +505,7 @@ impl Panel for Q4KPanel {
         acts: &[ActRow<'_>],
         out: &mut [[f32; 16]],
     ) {
-        pairs_by_fours!(gemm2_q4k, isa, a, b, acts, out, eights)
+        pairs_by_fours!(gemm2_q4k, isa, a, b, acts, out)
     }
 }
 
@@ -568,7 +558,7 @@ impl Panel for Q6KPanel {
         acts: &[ActRow<'_>],
         out: &mut [[f32; 16]],
     ) {
-        pairs_by_fours!(gemm2_q6k, isa, a, b, acts, out, eights)
+        pairs_by_fours!(gemm2_q6k, isa, a, b, acts, out)
     }
 }
 
