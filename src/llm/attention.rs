@@ -105,9 +105,9 @@ pub(crate) fn attention(
 
 /// One token at `pos` attends over positions `0..=pos` of its block table.
 ///
-/// Compiled twice on x86-64: for the baseline and for AVX2, picked at run time. Both
-/// run the same operations in the same order (AVX2 only widens the vectors; no FMA), so
-/// they give the same bits.
+/// Compiled three times on x86-64: for the baseline, for AVX2 and for AVX-512, picked
+/// at run time. All run the same operations in the same order (the wider copies only
+/// widen the vectors; no FMA), so they give the same bits.
 fn attend(
     shape: &AttentionShape,
     q: &[f32],
@@ -118,11 +118,29 @@ fn attend(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2.
-        return unsafe { attend_avx2(shape, q, kv, blocks, pos, scores, out) };
+    {
+        if wide() {
+            // SAFETY: the CPU has AVX2, F16C and AVX-512 (F, BW, VL).
+            return unsafe { attend_avx512(shape, q, kv, blocks, pos, scores, out) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { attend_avx2(shape, q, kv, blocks, pos, scores, out) };
+        }
     }
     attend_body(shape, q, kv, blocks, pos, scores, out, dot, None::<F16Fns>)
+}
+
+/// Whether attention runs its AVX-512 copy: where the quantized products run AVX-512
+/// (so `INFER_CPU_MAX_ISA=avx2` or `avxvnni` keeps both to 256-bit vectors) and the
+/// CPU has F16C.
+#[cfg(target_arch = "x86_64")]
+fn wide() -> bool {
+    use super::quant::panel::Isa;
+    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WIDE.get_or_init(|| {
+        matches!(Isa::best(), Isa::Vnni | Isa::Amx) && std::arch::is_x86_feature_detected!("f16c")
+    })
 }
 
 /// Products with an F16 cache's keys and values read as they lie (no widened copy), in
@@ -189,6 +207,118 @@ fn attend_avx2(
         },
     });
     attend_body(shape, q, kv, blocks, pos, scores, out, dot, f16)
+}
+
+/// [`attend_avx2`] with 512-bit vectors where a lane is an output of its own: the
+/// products with an F16 cache's values ([`axpy_f16_avx512`]) and the element-wise
+/// steps of the softmax, which the compiler widens. The scores keep the AVX2 kernels
+/// (their sums go 8 lanes wide). Every lane takes the same operations in the same
+/// order as in [`attend_avx2`], so the bits are the same.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+fn attend_avx512(
+    shape: &AttentionShape,
+    q: &[f32],
+    kv: &KvCache,
+    blocks: &[u32],
+    pos: usize,
+    scores: &mut Scratch,
+    out: &mut [f32],
+) {
+    let dot = |a: &[f32], b: &[f32]| dot_avx2(a, b);
+    let f16 = F16Ops {
+        scores: |q: &[f32], k: &[u16], div: f32, out: &mut [f32], ahead: &[u16]| {
+            scores_f16([q], k, div, [out], ahead)
+        },
+        axpy: |o: &mut [f32], p: &[f32], v: &[u16], ahead: &[u16]| {
+            axpy_f16_wide([o], [p], v, ahead)
+        },
+        scores2: |q: [&[f32]; 2], k: &[u16], div: f32, out: [&mut [f32]; 2], ahead: &[u16]| {
+            scores_f16(q, k, div, out, ahead)
+        },
+        axpy2: |o: [&mut [f32]; 2], p: [&[f32]; 2], v: &[u16], ahead: &[u16]| {
+            axpy_f16_wide(o, p, v, ahead)
+        },
+    };
+    attend_body(shape, q, kv, blocks, pos, scores, out, dot, Some(f16))
+}
+
+/// [`axpy_f16_avx512`] for the head width, compiled for the common widths (see
+/// [`scores_f16`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+#[inline]
+fn axpy_f16_wide<const H: usize>(
+    o: [&mut [f32]; H],
+    probs: [&[f32]; H],
+    values: &[u16],
+    ahead: &[u16],
+) {
+    match o[0].len() {
+        64 => axpy_f16_avx512::<H, 64>(o, probs, values, ahead),
+        128 => axpy_f16_avx512::<H, 128>(o, probs, values, ahead),
+        _ => axpy_f16_avx512::<H, 0>(o, probs, values, ahead),
+    }
+}
+
+/// [`axpy_f16_avx2`] with 16 outputs to a vector: `o[h] += probs[h][i] · value i` for
+/// each value in turn (a multiply, then an add), `256 / H` outputs of each head at a
+/// time held in registers over all the values (a head of 128 in one sweep of the
+/// values for two heads). Heads whose width is not whole 16s go to
+/// [`axpy_f16_avx2`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+#[inline]
+fn axpy_f16_avx512<const H: usize, const HD: usize>(
+    mut o: [&mut [f32]; H],
+    probs: [&[f32]; H],
+    values: &[u16],
+    ahead: &[u16],
+) {
+    use std::arch::x86_64::*;
+    let hd = if HD > 0 { HD } else { o[0].len() };
+    if hd == 0 || !hd.is_multiple_of(16) || o.iter().any(|o| o.len() != hd) {
+        return axpy_f16_avx2::<H, HD>(o, probs, values, ahead);
+    }
+    let count = probs.iter().map(|p| p.len()).min().unwrap_or(0);
+    // Vectors of each head's outputs in registers.
+    let per = 16 / H;
+    let mut d0 = 0;
+    while d0 < hd {
+        let width = ((hd - d0) / 16).min(per);
+        // acc[h · per + c]: head h, outputs d0 + 16c ..+ 16.
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for (h, o) in o.iter().enumerate() {
+            for c in 0..width {
+                let s = &o[d0 + 16 * c..d0 + 16 * c + 16];
+                // SAFETY: `s` is 16 f32s.
+                acc[h * per + c] = unsafe { _mm512_loadu_ps(s.as_ptr()) };
+            }
+        }
+        for (i, v) in values.chunks_exact(hd).take(count).enumerate() {
+            if d0 == 0 {
+                prefetch_part(ahead, i * hd..(i + 1) * hd);
+            }
+            let p: [__m512; H] = std::array::from_fn(|h| _mm512_set1_ps(probs[h][i]));
+            for c in 0..width {
+                let v = &v[d0 + 16 * c..d0 + 16 * c + 16];
+                // SAFETY: `v` is 16 u16s (32 bytes).
+                let w = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(v.as_ptr().cast())) };
+                for (h, p) in p.iter().enumerate() {
+                    let a = &mut acc[h * per + c];
+                    *a = _mm512_add_ps(*a, _mm512_mul_ps(*p, w));
+                }
+            }
+        }
+        for (h, o) in o.iter_mut().enumerate() {
+            for c in 0..width {
+                let s = &mut o[d0 + 16 * c..d0 + 16 * c + 16];
+                // SAFETY: `s` is 16 f32s.
+                unsafe { _mm512_storeu_ps(s.as_mut_ptr(), acc[h * per + c]) };
+            }
+        }
+        d0 += 16 * width;
+    }
 }
 
 /// [`scores_f16_avx2`] for the head width: compiled for the common widths (64 and 128)
@@ -656,9 +786,10 @@ mod tests {
         }
     }
 
-    /// Heads of whole 8s (the 8-key and register-held paths, the widths 64 and 128
-    /// compiled on their own), grouped-query attention, blocks of more than 8 tokens:
-    /// the AVX2 path on an F16 cache gives the bits of the baseline over a widened copy.
+    /// Heads of whole 8s and 16s (the 8-key and register-held paths, the widths 64
+    /// and 128 compiled on their own), grouped-query attention, blocks of more than 8
+    /// tokens: the path this CPU takes (AVX2 or AVX-512) on an F16 cache gives the
+    /// bits of the baseline over a widened copy.
     #[test]
     fn eight_keys_at_a_time_give_the_same_bits() {
         let val = |i: usize| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0;
@@ -673,6 +804,8 @@ mod tests {
             (2, 2, 64, 16),
             (3, 1, 128, 16),
             (2, 2, 128, 5),
+            // Two sweeps of the values for each pair of heads on 512-bit vectors.
+            (4, 2, 256, 3),
         ] {
             let kv_width = n_kv_head * hd;
             let shape = AttentionShape {

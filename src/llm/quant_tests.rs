@@ -195,7 +195,7 @@ fn the_fast_quantizer_equals_the_portable_one() {
     quantize_q8(&x, &mut a);
     portable_quantize_q8(&x, &mut b);
     for (a, b) in a.iter().zip(&b) {
-        assert_eq!((a.d.to_bits(), a.qs), (b.d.to_bits(), b.qs));
+        assert_eq!((a.d.to_bits(), a.qs, a.sum), (b.d.to_bits(), b.qs, b.sum));
     }
     let (mut a, mut b) = (vec![Q8K::default(); 8], vec![Q8K::default(); 8]);
     quantize_q8k(&x, &mut a);
