@@ -217,6 +217,12 @@ fn portable_quantize_q8(x: &[f32], out: &mut [Q8]) {
 /// Quantizes `x` (a multiple of 256 long) into `out`.
 pub(crate) fn quantize_q8k(x: &[f32], out: &mut [Q8K]) {
     #[cfg(target_arch = "x86_64")]
+    if matches!(panel::Isa::best(), panel::Isa::Vnni | panel::Isa::Amx) {
+        // SAFETY: the CPU runs the AVX-512 VNNI kernels: it has AVX-512 F, BW and VL,
+        // and AVX2, FMA and F16C.
+        return unsafe { avx512::quantize_q8k(x, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if avx2::available() {
         // SAFETY: the CPU has AVX2, FMA and F16C.
         return unsafe { avx2::quantize_q8k(x, out) };
@@ -1152,7 +1158,7 @@ mod avx2 {
 mod avx512 {
     //! Quantizing activations with 512-bit vectors, where the products run AVX-512.
 
-    use super::Q8;
+    use super::{Q8, Q8K};
     use std::arch::x86_64::*;
 
     /// [`super::portable_quantize_q8`] a block (two vectors) at a time: the same
@@ -1160,46 +1166,73 @@ mod avx512 {
     /// as `f32::round`) and their sum, as `avx2::quantize_q8`'s.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
     pub(super) fn quantize_q8(x: &[f32], out: &mut [Q8]) {
+        for (b, o) in x.chunks_exact(32).zip(out.iter_mut()) {
+            let mut sum = _mm512_setzero_si512();
+            o.d = quantize_block::<2>(b, &mut o.qs, |_, q| sum = _mm512_add_epi32(sum, q));
+            o.sum = _mm512_reduce_add_epi32(sum);
+        }
+    }
+
+    /// [`super::portable_quantize_q8k`] in 512-bit vectors, as [`quantize_q8`]: each
+    /// vector's 16 integers are a sub-block, summed as they are made.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    pub(super) fn quantize_q8k(x: &[f32], out: &mut [Q8K]) {
+        for (b, o) in x.chunks_exact(256).zip(out.iter_mut()) {
+            let bsums = &mut o.bsums;
+            o.d = quantize_block::<16>(b, &mut o.qs, |c, q| {
+                // 16 integers of -127..=127: the sum fits an i16.
+                bsums[c] = _mm512_reduce_add_epi32(q) as i16;
+            });
+        }
+    }
+
+    /// The first `16 V` values of `b` to i8 in `qs` with one scale (their largest
+    /// magnitude maps to 127), as the portable `quantize_block`; returns the scale.
+    /// `each(c, q)` gets vector `c`'s 16 integers as i32s.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    #[inline]
+    fn quantize_block<const V: usize>(
+        b: &[f32],
+        qs: &mut [i8],
+        mut each: impl FnMut(usize, __m512i),
+    ) -> f32 {
+        let (b, qs) = (&b[..16 * V], &mut qs[..16 * V]);
+        let load = |c: usize| {
+            // SAFETY: `b` holds `16 V` f32s and `c < V`; the load is unaligned.
+            unsafe { _mm512_loadu_ps(b.as_ptr().add(16 * c)) }
+        };
+        // `max(|v|, m)`: a NaN is passed over, as `f32::max` does; `m` holds none, so
+        // the order of the lanes' maximum does not matter.
+        let mut m = _mm512_setzero_ps();
+        for c in 0..V {
+            m = _mm512_max_ps(_mm512_abs_ps(load(c)), m);
+        }
+        let d = _mm512_reduce_max_ps(m) / 127.0;
+        let id = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
         let sign = _mm512_set1_epi32(i32::MIN);
         let (half, one) = (_mm512_set1_ps(0.5), _mm512_set1_ps(1.0));
         let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
-        for (b, o) in x.chunks_exact(32).zip(out.iter_mut()) {
-            // SAFETY: `b` is 32 f32s; the loads are unaligned.
-            let v = unsafe {
-                [
-                    _mm512_loadu_ps(b.as_ptr()),
-                    _mm512_loadu_ps(b.as_ptr().add(16)),
-                ]
-            };
-            // `max(|v|, m)`: a NaN is passed over, as `f32::max` does; `m` holds none,
-            // so the order of the lanes' maximum does not matter.
-            let m = _mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_setzero_ps());
-            let m = _mm512_max_ps(_mm512_abs_ps(v[1]), m);
-            let amax = _mm512_reduce_max_ps(m);
-            let d = amax / 127.0;
-            let id = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
-            let int = |v: __m512| {
-                let v = _mm512_mul_ps(v, id);
-                // Round half away from zero: truncate, then step away from zero where
-                // the part cut off was at least a half (`v - t` is exact).
-                let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
-                let cut = _mm512_abs_ps(_mm512_sub_ps(v, t));
-                let away = _mm512_castsi512_ps(_mm512_or_si512(
-                    _mm512_castps_si512(one),
-                    _mm512_and_si512(_mm512_castps_si512(v), sign),
-                ));
-                let step = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(cut, half);
-                let r = _mm512_mask_add_ps(t, step, t, away);
-                _mm512_cvttps_epi32(_mm512_min_ps(_mm512_max_ps(r, lo), hi))
-            };
-            let (i0, i1) = (int(v[0]), int(v[1]));
+        for c in 0..V {
+            let v = _mm512_mul_ps(load(c), id);
+            // Round half away from zero: truncate, then step away from zero where the
+            // part cut off was at least a half (`v - t` is exact).
+            let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
+            let cut = _mm512_abs_ps(_mm512_sub_ps(v, t));
+            let away = _mm512_castsi512_ps(_mm512_or_si512(
+                _mm512_castps_si512(one),
+                _mm512_and_si512(_mm512_castps_si512(v), sign),
+            ));
+            let step = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(cut, half);
+            let r = _mm512_mask_add_ps(t, step, t, away);
+            let q = _mm512_cvttps_epi32(_mm512_min_ps(_mm512_max_ps(r, lo), hi));
             // In -127..=127: narrowing saturates nothing.
-            let bytes = _mm256_set_m128i(_mm512_cvtsepi32_epi8(i1), _mm512_cvtsepi32_epi8(i0));
-            // SAFETY: `o.qs` holds 32 bytes; the store is unaligned.
-            unsafe { _mm256_storeu_si256(o.qs.as_mut_ptr().cast(), bytes) };
-            o.d = d;
-            o.sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+            let bytes = _mm512_cvtsepi32_epi8(q);
+            let to = &mut qs[16 * c..16 * c + 16];
+            // SAFETY: `to` holds 16 bytes; the store is unaligned.
+            unsafe { _mm_storeu_si128(to.as_mut_ptr().cast(), bytes) };
+            each(c, q);
         }
+        d
     }
 }
 
