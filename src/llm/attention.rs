@@ -81,17 +81,28 @@ pub(crate) fn attention(
         rest = tail;
         chunks.push((w[0], head, sc));
     }
+    // A layer's keys and values of one position, in bytes.
+    let per_pos = KvCache::bytes_per_block(kv.shape(), 1) / kv.shape().n_layer.max(1);
     let part = |(first, out, scores): (usize, &mut [f32], &mut Scratch)| {
         for (r, o) in out.chunks_exact_mut(e).enumerate() {
             let ti = first + r;
             let slot = tokens[ti];
             let q = &q[ti * shape.q_stride..ti * shape.q_stride + e];
+            // A token right after one of its own sequence on this thread (a prompt's)
+            // reads the keys and values that one just read, all but its own: where they
+            // fit in half of a core's L2 (1 MiB), they are there, and asking for them
+            // again only costs. Elsewhere (decoding, a long prompt) they are asked for
+            // ahead of their reads.
+            let warm = r > 0
+                && tokens[ti - 1].seq == slot.seq
+                && (slot.pos as usize + 1).saturating_mul(per_pos) <= 1 << 20;
             attend(
                 shape,
                 q,
                 kv,
                 seqs[slot.seq as usize].blocks,
                 slot.pos as usize,
+                !warm,
                 scores,
                 o,
             );
@@ -103,7 +114,9 @@ pub(crate) fn attention(
     }
 }
 
-/// One token at `pos` attends over positions `0..=pos` of its block table.
+/// One token at `pos` attends over positions `0..=pos` of its block table; with
+/// `ahead`, asking for each next head's keys and values while it reads one (for a
+/// cache that is not in the core's caches already).
 ///
 /// Compiled three times on x86-64: for the baseline, for AVX2 and for AVX-512, picked
 /// at run time. All run the same operations in the same order (the wider copies only
@@ -114,6 +127,7 @@ fn attend(
     kv: &KvCache,
     blocks: &[u32],
     pos: usize,
+    ahead: bool,
     scores: &mut Scratch,
     out: &mut [f32],
 ) {
@@ -121,14 +135,25 @@ fn attend(
     {
         if wide() {
             // SAFETY: the CPU has AVX2, F16C and AVX-512 (F, BW, VL).
-            return unsafe { attend_avx512(shape, q, kv, blocks, pos, scores, out) };
+            return unsafe { attend_avx512(shape, q, kv, blocks, pos, ahead, scores, out) };
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2.
-            return unsafe { attend_avx2(shape, q, kv, blocks, pos, scores, out) };
+            return unsafe { attend_avx2(shape, q, kv, blocks, pos, ahead, scores, out) };
         }
     }
-    attend_body(shape, q, kv, blocks, pos, scores, out, dot, None::<F16Fns>)
+    attend_body(
+        shape,
+        q,
+        kv,
+        blocks,
+        pos,
+        ahead,
+        scores,
+        out,
+        dot,
+        None::<F16Fns>,
+    )
 }
 
 /// Whether attention runs its AVX-512 copy: where the quantized products run AVX-512
@@ -182,6 +207,7 @@ fn attend_avx2(
     kv: &KvCache,
     blocks: &[u32],
     pos: usize,
+    ahead: bool,
     scores: &mut Scratch,
     out: &mut [f32],
 ) {
@@ -206,7 +232,7 @@ fn attend_avx2(
             axpy_f16(o, p, v, ahead)
         },
     });
-    attend_body(shape, q, kv, blocks, pos, scores, out, dot, f16)
+    attend_body(shape, q, kv, blocks, pos, ahead, scores, out, dot, f16)
 }
 
 /// [`attend_avx2`] with 512-bit vectors where a lane is an output of its own: the
@@ -222,6 +248,7 @@ fn attend_avx512(
     kv: &KvCache,
     blocks: &[u32],
     pos: usize,
+    ahead: bool,
     scores: &mut Scratch,
     out: &mut [f32],
 ) {
@@ -240,7 +267,18 @@ fn attend_avx512(
             axpy_f16_wide(o, p, v, ahead)
         },
     };
-    attend_body(shape, q, kv, blocks, pos, scores, out, dot, Some(f16))
+    attend_body(
+        shape,
+        q,
+        kv,
+        blocks,
+        pos,
+        ahead,
+        scores,
+        out,
+        dot,
+        Some(f16),
+    )
 }
 
 /// [`axpy_f16_avx512`] for the head width, compiled for the common widths (see
@@ -573,6 +611,7 @@ fn attend_body(
     kv: &KvCache,
     blocks: &[u32],
     pos: usize,
+    ahead: bool,
     scratch: &mut Scratch,
     out: &mut [f32],
     dot: impl Fn(&[f32], &[f32]) -> f32,
@@ -597,7 +636,10 @@ fn attend_body(
     let used = &blocks[..n_ctx.div_ceil(tpb)];
     // The head after the one being read: the next of the block, or the next block's
     // first.
+    // (None where the caller says the cache is warm: `ahead` false.)
+    let prefetch = ahead;
     let ahead = |bi: usize, g: usize| match g + 1 < shape.n_kv_head {
+        _ if !prefetch => None,
         true => Some((used[bi] as usize, g + 1)),
         false => used.get(bi + 1).map(|&b| (b as usize, 0)),
     };
@@ -651,7 +693,7 @@ fn attend_body(
             }
         }
     }
-    if let Some(&b) = used.first() {
+    if let Some(&b) = used.first().filter(|_| prefetch) {
         kv.prefetch(b as usize, shape.layer, true, 0);
     }
     for row in scores.chunks_exact_mut(n_ctx) {
@@ -725,9 +767,31 @@ mod tests {
         let e = shape.n_head * shape.head_dim;
         let (mut a, mut b) = (vec![0.0; e], vec![0.0; e]);
         let mut scratch = Scratch::default();
-        attend(shape, q, kv, blocks, pos, &mut scratch, &mut a);
+        // Asking ahead or not changes no bits: both ways, by the position.
+        attend(
+            shape,
+            q,
+            kv,
+            blocks,
+            pos,
+            pos % 2 == 0,
+            &mut scratch,
+            &mut a,
+        );
         let none = None::<F16Fns>;
-        attend_body(shape, q, kv, blocks, pos, &mut scratch, &mut b, dot, none);
+        let ahead = pos % 3 == 0;
+        attend_body(
+            shape,
+            q,
+            kv,
+            blocks,
+            pos,
+            ahead,
+            &mut scratch,
+            &mut b,
+            dot,
+            none,
+        );
         (a, b)
     }
 
