@@ -133,7 +133,7 @@ fn attend(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if wide() {
+        if super::kernels::avx512() {
             // SAFETY: the CPU has AVX2, F16C and AVX-512 (F, BW, VL).
             return unsafe { attend_avx512(shape, q, kv, blocks, pos, ahead, scores, out) };
         }
@@ -154,18 +154,6 @@ fn attend(
         dot,
         None::<F16Fns>,
     )
-}
-
-/// Whether attention runs its AVX-512 copy: where the quantized products run AVX-512
-/// (so `INFER_CPU_MAX_ISA=avx2` or `avxvnni` keeps both to 256-bit vectors) and the
-/// CPU has F16C.
-#[cfg(target_arch = "x86_64")]
-fn wide() -> bool {
-    use super::quant::panel::Isa;
-    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WIDE.get_or_init(|| {
-        matches!(Isa::best(), Isa::Vnni | Isa::Amx) && std::arch::is_x86_feature_detected!("f16c")
-    })
 }
 
 /// Products with an F16 cache's keys and values read as they lie (no widened copy), in

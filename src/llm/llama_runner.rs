@@ -278,13 +278,24 @@ impl LlamaRunner {
 
 /// `g[i] = silu(g[i]) · u[i]`, where `silu(g) = g / (1 + e^-g)`: computed as
 /// `g · n / (1 + a)` with `a = e^-|g|` ([`exp_nonpositive`], a loop that vectorizes)
-/// and `n` 1 for `g >= 0`, `a` below (0 below -100). On x86-64 with AVX2 the same loop compiled for
-/// AVX2 runs: the same operations (no fused multiply-add), so the same bits.
+/// and `n` 1 for `g >= 0`, `a` below (0 below -100). On x86-64 with AVX2 (or AVX-512)
+/// the same loop compiled for it runs: the same operations (no fused multiply-add), so
+/// the same bits.
 fn silu_mul(g: &mut [f32], u: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     fn avx2(g: &mut [f32], u: &[f32]) {
         silu_mul_portable(g, u)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+    fn avx512(g: &mut [f32], u: &[f32]) {
+        silu_mul_portable(g, u)
+    }
+    #[cfg(target_arch = "x86_64")]
+    if super::kernels::avx512() {
+        // SAFETY: the CPU has AVX-512 F, BW and VL.
+        return unsafe { avx512(g, u) };
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {

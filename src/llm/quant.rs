@@ -194,9 +194,8 @@ fn quantize_block(b: &[f32], qs: &mut [i8]) -> f32 {
 /// Quantizes `x` (a multiple of 32 long) into `out`.
 pub(crate) fn quantize_q8(x: &[f32], out: &mut [Q8]) {
     #[cfg(target_arch = "x86_64")]
-    if matches!(panel::Isa::best(), panel::Isa::Vnni | panel::Isa::Amx) {
-        // SAFETY: the CPU runs the AVX-512 VNNI kernels: it has AVX-512 F, BW and VL,
-        // and AVX2, FMA and F16C.
+    if super::kernels::avx512() {
+        // SAFETY: the CPU has AVX-512 F, BW and VL, and AVX2, FMA and F16C.
         return unsafe { avx512::quantize_q8(x, out) };
     }
     #[cfg(target_arch = "x86_64")]
@@ -217,9 +216,8 @@ fn portable_quantize_q8(x: &[f32], out: &mut [Q8]) {
 /// Quantizes `x` (a multiple of 256 long) into `out`.
 pub(crate) fn quantize_q8k(x: &[f32], out: &mut [Q8K]) {
     #[cfg(target_arch = "x86_64")]
-    if matches!(panel::Isa::best(), panel::Isa::Vnni | panel::Isa::Amx) {
-        // SAFETY: the CPU runs the AVX-512 VNNI kernels: it has AVX-512 F, BW and VL,
-        // and AVX2, FMA and F16C.
+    if super::kernels::avx512() {
+        // SAFETY: the CPU has AVX-512 F, BW and VL, and AVX2, FMA and F16C.
         return unsafe { avx512::quantize_q8k(x, out) };
     }
     #[cfg(target_arch = "x86_64")]

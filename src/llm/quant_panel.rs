@@ -251,8 +251,13 @@ impl Isa {
     }
 
     /// Whether this CPU runs kernels in `self` (for [`Isa::Amx`], asking the OS for the
-    /// tiles the first time).
+    /// tiles the first time). Found once for each set: kernels assert it at every call.
     pub(crate) fn runs(self) -> bool {
+        static RUNS: [std::sync::OnceLock<bool>; 4] = [const { std::sync::OnceLock::new() }; 4];
+        *RUNS[self as usize].get_or_init(|| self.finds_it_runs())
+    }
+
+    fn finds_it_runs(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             let avx2 = super::avx2::available();
