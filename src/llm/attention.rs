@@ -121,6 +121,7 @@ pub(crate) fn attention(
 /// Compiled three times on x86-64: for the baseline, for AVX2 and for AVX-512, picked
 /// at run time. All run the same operations in the same order (the wider copies only
 /// widen the vectors; no FMA), so they give the same bits.
+#[allow(clippy::too_many_arguments)]
 fn attend(
     shape: &AttentionShape,
     q: &[f32],
@@ -189,6 +190,7 @@ type F16Fns = F16Ops<
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
 fn attend_avx2(
     shape: &AttentionShape,
     q: &[f32],
@@ -230,6 +232,7 @@ fn attend_avx2(
 /// order as in [`attend_avx2`], so the bits are the same.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+#[allow(clippy::too_many_arguments)]
 fn attend_avx512(
     shape: &AttentionShape,
     q: &[f32],
