@@ -765,12 +765,12 @@ mod tests {
             kv,
             blocks,
             pos,
-            pos % 2 == 0,
+            pos.is_multiple_of(2),
             &mut scratch,
             &mut a,
         );
         let none = None::<F16Fns>;
-        let ahead = pos % 3 == 0;
+        let ahead = pos.is_multiple_of(3);
         attend_body(
             shape,
             q,
