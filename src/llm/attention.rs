@@ -134,7 +134,7 @@ fn attend(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if super::kernels::avx512() {
+        if super::quant::avx512() {
             // SAFETY: the CPU has AVX2, F16C and AVX-512 (F, BW, VL).
             return unsafe { attend_avx512(shape, q, kv, blocks, pos, ahead, scores, out) };
         }

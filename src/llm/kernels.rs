@@ -225,19 +225,6 @@ pub(crate) fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f
     }
 }
 
-/// Whether the element-wise loops and attention run their AVX-512 copies: where the
-/// quantized products run AVX-512 (so `INFER_CPU_MAX_ISA=avx2` or `avxvnni` keeps
-/// everything to 256-bit vectors). Such a CPU has AVX2, FMA, F16C and AVX-512 F, BW
-/// and VL. Every copy gives the same bits; only the speed differs.
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn avx512() -> bool {
-    use super::quant::panel::Isa;
-    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WIDE.get_or_init(|| {
-        matches!(Isa::best(), Isa::Vnni | Isa::Amx) && std::arch::is_x86_feature_detected!("f16c")
-    })
-}
-
 /// Asks the CPU to start loading the memory `v` takes into its caches, a line at a
 /// time, for data read soon that the hardware prefetcher would not see coming (a
 /// stream that starts elsewhere than where the last one ended). A hint: never a fault,

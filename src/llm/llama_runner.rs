@@ -293,7 +293,7 @@ fn silu_mul(g: &mut [f32], u: &[f32]) {
         silu_mul_portable(g, u)
     }
     #[cfg(target_arch = "x86_64")]
-    if super::kernels::avx512() {
+    if super::quant::avx512() {
         // SAFETY: the CPU has AVX-512 F, BW and VL.
         return unsafe { avx512(g, u) };
     }

@@ -191,10 +191,23 @@ fn quantize_block(b: &[f32], qs: &mut [i8]) -> f32 {
     d
 }
 
+/// Whether the element-wise loops and attention run their AVX-512 copies: where the
+/// quantized products run AVX-512 (so `INFER_CPU_MAX_ISA=avx2` or `avxvnni` keeps
+/// everything to 256-bit vectors). Such a CPU has AVX2, FMA, F16C and AVX-512 F, BW
+/// and VL. Every copy gives the same bits; only the speed differs.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx512() -> bool {
+    use panel::Isa;
+    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WIDE.get_or_init(|| {
+        matches!(Isa::best(), Isa::Vnni | Isa::Amx) && std::arch::is_x86_feature_detected!("f16c")
+    })
+}
+
 /// Quantizes `x` (a multiple of 32 long) into `out`.
 pub(crate) fn quantize_q8(x: &[f32], out: &mut [Q8]) {
     #[cfg(target_arch = "x86_64")]
-    if super::kernels::avx512() {
+    if avx512() {
         // SAFETY: the CPU has AVX-512 F, BW and VL, and AVX2, FMA and F16C.
         return unsafe { avx512::quantize_q8(x, out) };
     }
@@ -216,7 +229,7 @@ fn portable_quantize_q8(x: &[f32], out: &mut [Q8]) {
 /// Quantizes `x` (a multiple of 256 long) into `out`.
 pub(crate) fn quantize_q8k(x: &[f32], out: &mut [Q8K]) {
     #[cfg(target_arch = "x86_64")]
-    if super::kernels::avx512() {
+    if avx512() {
         // SAFETY: the CPU has AVX-512 F, BW and VL, and AVX2, FMA and F16C.
         return unsafe { avx512::quantize_q8k(x, out) };
     }
