@@ -194,14 +194,11 @@ fn quantize_block(b: &[f32], qs: &mut [i8]) -> f32 {
 /// Whether the element-wise loops and attention run their AVX-512 copies: where the
 /// quantized products run AVX-512 (so `INFER_CPU_MAX_ISA=avx2` or `avxvnni` keeps
 /// everything to 256-bit vectors). Such a CPU has AVX2, FMA, F16C and AVX-512 F, BW
-/// and VL. Every copy gives the same bits; only the speed differs.
+/// and VL ([`panel::Isa::runs`]). Every copy gives the same bits; only the speed
+/// differs.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn avx512() -> bool {
-    use panel::Isa;
-    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WIDE.get_or_init(|| {
-        matches!(Isa::best(), Isa::Vnni | Isa::Amx) && std::arch::is_x86_feature_detected!("f16c")
-    })
+    matches!(panel::Isa::best(), panel::Isa::Vnni | panel::Isa::Amx)
 }
 
 /// Quantizes `x` (a multiple of 32 long) into `out`.
