@@ -487,23 +487,6 @@ fn build_fake_driver(dir: &std::path::Path, only_version: bool) -> Result<(), St
     Ok(())
 }
 
-/// Builds the stand-ins of tests/fixtures/build_fakes.sh into `dir`: the driver (of CUDA
-/// `driver_major`) with the kernels built for the host, NVRTC and cuBLAS.
-fn build_fakes(dir: &std::path::Path, driver_major: u32) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/build_fakes.sh");
-    let out = std::process::Command::new("sh")
-        .arg(script)
-        .arg(dir)
-        .env("FAKE_DRIVER_MAJOR", driver_major.to_string())
-        .output()
-        .map_err(|e| format!("sh: {e}"))?;
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-    }
-    Ok(())
-}
-
 /// Runs `fake_driver_child` in a fresh process with the stand-in driver first on the
 /// loader's path; returns its output.
 fn run_with_fake_driver(dir: &std::path::Path, scenario: &str) -> String {

@@ -404,3 +404,111 @@ fn tract_with_a_thread_pool_answers_as_without() {
         last_error()
     );
 }
+
+/// `parameters { key: "gpu_executor" }` picks the engine of an ONNX model's GPU
+/// instances, on a machine with a GPU (the stand-in CUDA libraries) where the loaded ONNX
+/// Runtime has no CUDA provider (the CPU wheel's): "libinfer" serves on libinfer's own
+/// executor, as the default does there; "onnxruntime" is UNAVAILABLE on KIND_GPU naming
+/// the provider and the library, and KIND_AUTO then serves on ONNX Runtime on the CPU; a
+/// value that names no engine is INVALID_ARGUMENT; tract, a CPU engine, refuses it.
+#[test]
+fn gpu_executor_picks_the_engine_of_gpu_instances() {
+    if !have_ort() || std::env::var_os("INFER_FAKE_CUDA").is_some() {
+        return; // no ONNX Runtime; or a child, or a run against the stand-ins already
+    }
+    let dir = std::env::temp_dir().join(format!("infer-ort-fakes-{}", std::process::id()));
+    if let Err(why) = build_fakes(&dir, 13) {
+        println!("SKIP: cannot build the stand-in CUDA libraries ({why})");
+        return;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args(["--exact", "gpu_executor_child", "--nocapture"])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("INFER_FAKE_CUDA", "one")
+        .env("INFER_GPU_EXECUTOR_CHILD", "1")
+        .output()
+        .expect("running the test binary again");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success() && all.contains("gpu_executor: checked"),
+        "{all}"
+    );
+}
+
+/// The child of `gpu_executor_picks_the_engine_of_gpu_instances`.
+#[test]
+fn gpu_executor_child() {
+    if std::env::var_os("INFER_GPU_EXECUTOR_CHILD").is_none() {
+        return;
+    }
+    let s = server_with(None);
+    let dir = model_dir("mlp");
+    let with = |name: &str, kind: &str, value: Option<&str>| {
+        let mut c = config("mlp", name, &[("KIND_CPU", kind)]);
+        if let Some(v) = value {
+            c += &format!(
+                "\nparameters {{ key: \"gpu_executor\" value: {{ string_value: \"{v}\" }} }}\n"
+            );
+        }
+        c
+    };
+    let on_gpu = |name: &str| s.stats(name)["models"][0].get("gpu").is_some();
+    let x = features(3, 2);
+    let answer = |name: &str| {
+        let r = s.infer(s.request(name).input_f32("FEATURES", &[2, 64], &x));
+        assert_eq!(r.status(), INFER_STATUS_OK, "{name}: {}", r.error());
+        r.output_f32("LOGITS")
+    };
+    load_ok(&s, "cpu", &config("mlp", "cpu", &[]), &dir);
+    let want = answer("cpu");
+    // The CPU wheel's ONNX Runtime has no CUDA provider: GPU instances run on libinfer's
+    // executor by default, and when the config picks it.
+    for (name, value) in [("default", None), ("own", Some("libinfer"))] {
+        load_ok(&s, name, &with(name, "KIND_GPU", value), &dir);
+        assert!(on_gpu(name), "{name}: {}", s.stats(name));
+        close(&answer(name), &want, name);
+    }
+    // ONNX Runtime's CUDA provider, asked for where it is missing.
+    let c = with("ort", "KIND_GPU", Some("onnxruntime"));
+    assert_eq!(s.try_load_dir("ort", &c, &dir), INFER_STATUS_UNAVAILABLE);
+    let e = last_error();
+    assert!(
+        e.contains("'ort'")
+            && e.contains("parameters.gpu_executor is \"onnxruntime\"")
+            && e.contains("no CUDA execution provider")
+            && e.contains("libonnxruntime.so"),
+        "{e}"
+    );
+    load_ok(
+        &s,
+        "ort_auto",
+        &with("ort_auto", "KIND_AUTO", Some("onnxruntime")),
+        &dir,
+    );
+    assert!(!on_gpu("ort_auto"), "{}", s.stats("ort_auto"));
+    close(&answer("ort_auto"), &want, "ort_auto");
+    let log = LOG.lock().unwrap().join("\n");
+    assert!(
+        log.contains("model 'ort_auto': instance_group") && log.contains("runs on the CPU"),
+        "{log}"
+    );
+    // Values that name no engine, and tract.
+    let c = with("bad", "KIND_GPU", Some("cuda"));
+    assert_eq!(
+        s.try_load_dir("bad", &c, &dir),
+        INFER_STATUS_INVALID_ARGUMENT
+    );
+    let e = last_error();
+    assert!(e.contains("parameters.gpu_executor: 'cuda'"), "{e}");
+    let c = with("t", "KIND_AUTO", Some("libinfer")).replace(TRACT.0, TRACT.1);
+    assert_eq!(s.try_load_dir("t", &c, &dir), INFER_STATUS_UNSUPPORTED);
+    let e = last_error();
+    assert!(e.contains("backend \"tract\" runs on the CPU only"), "{e}");
+    println!("gpu_executor: checked");
+}

@@ -17,22 +17,131 @@ pub enum Engine {
     Tract,
 }
 
+/// The model parameter that picks the engine of an ONNX model's GPU instances.
+pub const GPU_EXECUTOR_PARAMETER: &str = "gpu_executor";
+
+/// The parameters only libinfer's GPU executor reads.
+const EXECUTOR_PARAMETERS: &[&str] = &["allow_tf32", "precision", "cuda_graph_max_batch"];
+
+/// Which engine runs an ONNX model's GPU instances (`parameters { key: "gpu_executor" }`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuExecutor {
+    /// No parameter: ONNX Runtime's CUDA provider where the loaded ONNX Runtime has it,
+    /// else libinfer's own executor.
+    Default,
+    /// `"onnxruntime"`: ONNX Runtime's CUDA provider; UNAVAILABLE where it is missing.
+    OnnxRuntime,
+    /// `"libinfer"`: libinfer's own CUDA executor, whatever ONNX Runtime offers.
+    Libinfer,
+}
+
+impl GpuExecutor {
+    /// The choice of `parameters`; a value that names no engine is INVALID_ARGUMENT.
+    pub fn of(
+        model: &str,
+        parameters: &std::collections::BTreeMap<String, String>,
+    ) -> Result<GpuExecutor> {
+        let Some(v) = parameters.get(GPU_EXECUTOR_PARAMETER) else {
+            return Ok(GpuExecutor::Default);
+        };
+        match v.trim() {
+            "onnxruntime" => Ok(GpuExecutor::OnnxRuntime),
+            "libinfer" => Ok(GpuExecutor::Libinfer),
+            other => Err(Error::invalid(format!(
+                "model '{model}': parameters.{GPU_EXECUTOR_PARAMETER}: '{other}' (GPU instances run on \"onnxruntime\", ONNX Runtime's CUDA provider, or \"libinfer\", libinfer's own CUDA executor)"
+            ))),
+        }
+    }
+
+    /// Whether GPU instances run on ONNX Runtime's CUDA provider, where the loaded ONNX
+    /// Runtime has it (`has_cuda`) or not.
+    fn takes_ort_cuda(self, has_cuda: bool) -> bool {
+        has_cuda && self != GpuExecutor::Libinfer
+    }
+}
+
 /// ONNX models: on ONNX Runtime when it is loaded (CPU instances, and GPU instances when
-/// it has the CUDA provider), else on tract; GPU instances without ONNX Runtime's CUDA
-/// provider run on the library's own GPU executor (`onnx::gpu`).
+/// it has the CUDA provider and the config does not pick libinfer's executor), else on
+/// tract; other GPU instances run on the library's own GPU executor (`onnx::gpu`).
 pub struct OnnxBackend {
-    pub engine: Engine,
+    engine: Engine,
     /// Whether instances may run on a GPU: not for `backend: "tract"`, which names a CPU
     /// engine (KIND_AUTO places it on the CPU, KIND_GPU is refused).
-    pub gpu: bool,
+    gpu: bool,
+    gpu_executor: GpuExecutor,
 }
 
 impl OnnxBackend {
+    /// The backend of `config` on `engine`; `tract` when the config names tract
+    /// (`backend: "tract"`), whose instances stay on the CPU. Refused here, at load:
+    /// `gpu_executor` with tract, and the GPU executor's settings where ONNX Runtime's
+    /// CUDA provider runs the GPU instances (they would never apply).
+    pub fn new(config: &ModelConfig, engine: Engine, tract: bool) -> Result<OnnxBackend> {
+        let gpu_executor = GpuExecutor::of(&config.name, &config.parameters)?;
+        if tract && gpu_executor != GpuExecutor::Default {
+            return Err(Error::unsupported(format!(
+                "model '{}': parameters.{GPU_EXECUTOR_PARAMETER}: backend \"tract\" runs on the CPU only (for GPU instances use platform \"onnxruntime_onnx\")",
+                config.name
+            )));
+        }
+        let b = OnnxBackend {
+            engine,
+            gpu: !tract,
+            gpu_executor,
+        };
+        if let Some(rt) = b.ort_gpu() {
+            refuse_executor_settings(config, &rt.path)?;
+        }
+        Ok(b)
+    }
+
+    /// ONNX Runtime, where its CUDA provider runs the GPU instances.
     fn ort_gpu(&self) -> Option<&'static onnxruntime::Runtime> {
         match self.engine {
-            Engine::OnnxRuntime(rt) if rt.cuda => Some(rt),
+            Engine::OnnxRuntime(rt) if self.gpu_executor.takes_ort_cuda(rt.cuda) => Some(rt),
             _ => None,
         }
+    }
+
+    /// Why ONNX Runtime's CUDA provider cannot run the GPU instances the config gives it.
+    fn no_ort_gpu(&self, what: &str) -> Error {
+        let why = match self.engine {
+            Engine::OnnxRuntime(rt) => format!(
+                "the loaded ONNX Runtime ('{}', version {}) has no CUDA execution provider (it has {}; onnxruntime-gpu's library has it)",
+                rt.path.display(),
+                rt.version,
+                rt.providers.join(", ")
+            ),
+            Engine::Tract => "ONNX Runtime is not loaded (see the log's line on which engine runs ONNX models)".to_owned(),
+        };
+        Error::unavailable(format!(
+            "{what}: parameters.{GPU_EXECUTOR_PARAMETER} is \"onnxruntime\", but {why}"
+        ))
+    }
+}
+
+/// The settings only libinfer's GPU executor reads, refused where ONNX Runtime's CUDA
+/// provider runs a model's GPU instances: they would be read and never applied.
+fn refuse_executor_settings(config: &ModelConfig, library: &Path) -> Result<()> {
+    let field = EXECUTOR_PARAMETERS
+        .iter()
+        .find(|k| config.parameters.contains_key(**k))
+        .map(|k| format!("parameters.{k}"))
+        .or_else(|| {
+            let graphs = config
+                .optimization
+                .as_ref()
+                .and_then(|o| o.cuda.as_ref())
+                .is_some_and(|c| c.graphs);
+            graphs.then(|| "optimization.cuda.graphs".to_owned())
+        });
+    match field {
+        None => Ok(()),
+        Some(f) => Err(Error::unsupported(format!(
+            "model '{}': {f} is a setting of libinfer's GPU executor, and this model's GPU instances run on ONNX Runtime's CUDA provider ('{}'); set parameters.{GPU_EXECUTOR_PARAMETER}: \"libinfer\" to run them on the executor (ONNX Runtime takes its own settings through gpu_execution_accelerator: \"cuda\" options, or \"tensorrt\" with precision_mode)",
+            config.name,
+            library.display()
+        ))),
     }
 }
 
@@ -77,6 +186,9 @@ impl Backend for OnnxBackend {
         let what = format!("model '{}' version {}", config.name, at.version);
         let file = model_file(dir, at.version, &config.default_model_filename, &what)?;
         if at.gpu >= 0 {
+            if self.gpu_executor == GpuExecutor::OnnxRuntime && self.ort_gpu().is_none() {
+                return Err(self.no_ort_gpu(&what));
+            }
             if let Some(rt) = self.ort_gpu() {
                 return Ok(Box::new(OrtInstance::new(
                     rt,
@@ -224,5 +336,93 @@ fn ort_declared(
             }
         }
         Ok((inputs, outputs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> ModelConfig {
+        let text = format!(
+            "name: \"m\" platform: \"onnxruntime_onnx\" max_batch_size: 4\n\
+             input [ {{ name: \"X\" data_type: TYPE_FP32 dims: [ 4 ] }} ]\n\
+             output [ {{ name: \"Y\" data_type: TYPE_FP32 dims: [ 4 ] }} ]\n{extra}"
+        );
+        match crate::config::parse_config(&text) {
+            Ok(c) => c,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+
+    fn param(k: &str, v: &str) -> String {
+        format!("parameters {{ key: \"{k}\" value: {{ string_value: \"{v}\" }} }}\n")
+    }
+
+    #[test]
+    fn gpu_executor_parameter() {
+        let of = |extra: &str| GpuExecutor::of("m", &config(extra).parameters);
+        assert_eq!(of("").unwrap(), GpuExecutor::Default);
+        let ort = of(&param("gpu_executor", "onnxruntime")).unwrap();
+        let own = of(&param("gpu_executor", " libinfer ")).unwrap();
+        assert_eq!(
+            (ort, own),
+            (GpuExecutor::OnnxRuntime, GpuExecutor::Libinfer)
+        );
+        let e = of(&param("gpu_executor", "tensorrt")).unwrap_err();
+        assert_eq!(e.code, crate::status::Code::InvalidArgument);
+        assert!(
+            e.message.contains("'m'")
+                && e.message.contains("parameters.gpu_executor: 'tensorrt'")
+                && e.message.contains("\"libinfer\""),
+            "{}",
+            e.message
+        );
+        // ONNX Runtime's CUDA provider runs the GPU instances where it is present, unless
+        // the config picks libinfer's executor; never where it is absent.
+        assert!(GpuExecutor::Default.takes_ort_cuda(true));
+        assert!(GpuExecutor::OnnxRuntime.takes_ort_cuda(true));
+        assert!(!GpuExecutor::Libinfer.takes_ort_cuda(true));
+        for g in [
+            GpuExecutor::Default,
+            GpuExecutor::OnnxRuntime,
+            GpuExecutor::Libinfer,
+        ] {
+            assert!(!g.takes_ort_cuda(false), "{g:?}");
+        }
+    }
+
+    #[test]
+    fn executor_settings_are_refused_where_onnxruntime_runs_the_gpu_instances() {
+        let lib = Path::new("/x/libonnxruntime.so.1.32.0");
+        assert!(refuse_executor_settings(&config(""), lib).is_ok());
+        assert!(
+            refuse_executor_settings(&config(&param("intra_op_thread_count", "2")), lib).is_ok()
+        );
+        for (extra, field) in [
+            (param("precision", "FP16"), "parameters.precision"),
+            (param("allow_tf32", "true"), "parameters.allow_tf32"),
+            (
+                param("cuda_graph_max_batch", "8"),
+                "parameters.cuda_graph_max_batch",
+            ),
+            (
+                "optimization { cuda { graphs: true } }".to_owned(),
+                "optimization.cuda.graphs",
+            ),
+        ] {
+            let e = refuse_executor_settings(&config(&extra), lib).unwrap_err();
+            assert_eq!(e.code, crate::status::Code::Unsupported);
+            assert!(
+                e.message.contains(field)
+                    && e.message.contains("'m'")
+                    && e.message.contains("libonnxruntime.so.1.32.0")
+                    && e.message.contains("gpu_executor: \"libinfer\""),
+                "{}",
+                e.message
+            );
+        }
+        let off = "optimization { cuda { graphs: false } }";
+        assert!(refuse_executor_settings(&config(off), lib).is_ok());
     }
 }

@@ -6,7 +6,7 @@
 //! - `cpu`: tract, the pure-Rust engine: `backend: "tract"`, and the fallback when ONNX
 //!   Runtime cannot be loaded;
 //! - `gpu`: libinfer's own CUDA executor, for GPU instances when ONNX Runtime has no CUDA
-//!   provider.
+//!   provider, or when the config picks it (`parameters.gpu_executor: "libinfer"`).
 //!
 //! `backend` picks the engine; `model` is what the engines share about a model and its
 //! config (auto-complete, checks); `graph` is the file reader the GPU executor uses.

@@ -312,11 +312,12 @@ impl Server {
             return Ok(b);
         }
         if onnx::is_onnx(key) {
-            return Ok(Arc::new(onnx::OnnxBackend {
-                engine: self.onnx_engine(config.name.as_str(), key, &config.parameters)?,
-                // `backend: "tract"` names a CPU engine: its instances stay on the CPU.
-                gpu: key != onnx::TRACT,
-            }));
+            let engine = self.onnx_engine(config.name.as_str(), key, &config.parameters)?;
+            return Ok(Arc::new(onnx::OnnxBackend::new(
+                config,
+                engine,
+                key == onnx::TRACT,
+            )?));
         }
         Err(Error::unsupported(format!(
             "model '{}': no backend '{key}' (built in: onnxruntime_onnx / onnxruntime, tract, gpt2, llama, identity, add_sub, accumulator; register custom backends before loading)",

@@ -483,3 +483,20 @@ pub fn temp_dir(tag: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// Builds the stand-ins of tests/fixtures/build_fakes.sh into `dir`: the driver (of CUDA
+/// `driver_major`) with the kernels built for the host, NVRTC and cuBLAS.
+pub fn build_fakes(dir: &std::path::Path, driver_major: u32) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/build_fakes.sh");
+    let out = std::process::Command::new("sh")
+        .arg(script)
+        .arg(dir)
+        .env("FAKE_DRIVER_MAJOR", driver_major.to_string())
+        .output()
+        .map_err(|e| format!("sh: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(())
+}

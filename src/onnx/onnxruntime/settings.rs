@@ -56,10 +56,16 @@ pub struct Settings {
     pub required: bool,
 }
 
-/// The parameters other parts of the library read from an ONNX model's config.
-/// (The GPU executor's `allow_tf32`, `precision` and `cuda_graph_max_batch` apply where
-/// it runs the model's GPU instances.)
-const SHARED_PARAMETERS: &[&str] = &["allow_tf32", "precision", "cuda_graph_max_batch"];
+/// The parameters other parts of the library read from an ONNX model's config: the
+/// GPU executor's `allow_tf32`, `precision` and `cuda_graph_max_batch` (which apply
+/// where it runs the model's GPU instances), and `gpu_executor`, which picks the engine
+/// of the GPU instances (`onnx::backend`).
+const SHARED_PARAMETERS: &[&str] = &[
+    "allow_tf32",
+    "precision",
+    "cuda_graph_max_batch",
+    "gpu_executor",
+];
 
 /// The older CUDA provider keys Triton still takes as model parameters.
 const CUDA_PARAMETERS: &[&str] = &[
@@ -163,8 +169,9 @@ impl Settings {
                 k if SHARED_PARAMETERS.contains(&k) => {}
                 k => {
                     return Err(Error::unsupported(format!(
-                        "{what}: parameters.{k}: not a setting of the ONNX Runtime engine (it takes intra_op_thread_count, inter_op_thread_count, execution_mode, enable_mem_arena, enable_mem_pattern, memory.enable_memory_arena_shrinkage, session.* entries, {}, {REQUIRED_PARAMETER})",
-                        CUDA_PARAMETERS.join(", ")
+                        "{what}: parameters.{k}: not a setting of the ONNX Runtime engine (it takes intra_op_thread_count, inter_op_thread_count, execution_mode, enable_mem_arena, enable_mem_pattern, memory.enable_memory_arena_shrinkage, session.* entries, {}, {REQUIRED_PARAMETER}; the GPU instances' engine and its settings: {})",
+                        CUDA_PARAMETERS.join(", "),
+                        SHARED_PARAMETERS.join(", ")
                     )))
                 }
             }
