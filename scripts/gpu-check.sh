@@ -4,14 +4,17 @@
 # (and under compute-sanitizer's memcheck, racecheck and synccheck where it is installed),
 # real packaged models and random-weight ResNet-50- and BERT-base-shaped networks against
 # onnxruntime, a GEMM under each precision (FP32, TF32, FP16, BF16) against float64 within
-# the precision's error bound (scripts/random_models.py), and the ONNX suites a default
-# server runs (GPU use AUTO) on a machine that has a GPU.
+# the precision's error bound (scripts/random_models.py), the ONNX suites a default
+# server runs (GPU use AUTO) on a machine that has a GPU, and the throughput of those
+# networks at batch 1, 8 and 64 against ONNX Runtime's CUDA execution provider where the
+# onnxruntime package here has it (scripts/gpu_throughput.py).
 #
 #   scripts/gpu-check.sh                       build here (cargo) and run here
 #   scripts/gpu-check.sh --pack DIR            build here, write to DIR what a GPU machine
-#                                              without Rust needs (stripped test binaries in
-#                                              one archive, the prepared ONNX cases and the
-#                                              packaged models, compressed: about 40 MiB)
+#                                              without Rust needs (stripped test binaries and
+#                                              infer-perf in one archive, the prepared ONNX
+#                                              cases, the packaged models and the stand-in
+#                                              run's conformance report: about 40 MiB)
 #   scripts/gpu-check.sh --prebuilt DIR        run what --pack wrote to DIR
 #   scripts/gpu-check.sh --stand-in DIR        build here, run against the stand-in CUDA
 #                                              libraries of tests/fixtures/build_fakes.sh DIR
@@ -22,11 +25,19 @@
 # Options: --out DIR (logs and reports; default target/gpu-check), --quick (the GPU suite
 # and the conformance only), --bench (also benches/gpu.rs and benches/torch_reference.py,
 # interleaved, two rounds; GPU_CHECK_TORCH=0 leaves PyTorch out), --bench-only (the
-# benchmarks alone). Needs on the GPU machine: the NVIDIA driver (CUDA 13 or newer),
+# benchmarks alone). Needs on the GPU machine: the NVIDIA driver (CUDA 12 or newer),
 # NVRTC and cuBLAS (found by the loader, or in the CUDA toolkit's or the nvidia-* Python
 # wheels' folders, which this script adds), a C compiler for the stand-in checks, a Python
 # with numpy, onnx and onnxruntime for the random-weight models (GPU_CHECK_PYTHON names
-# one; without onnxruntime only the GEMMs run, without onnx none).
+# one; without onnxruntime only the GEMMs run, without onnx none; with onnxruntime-gpu,
+# the throughput step also times ONNX Runtime's CUDA provider).
+#
+# Steps, smallest first: the machine (driver, compute capability, the CUDA files found);
+# gpu (the probe, NVRTC for the device's architecture, timed, and the GPU suite);
+# conformance_gpu (every node case) and conformance_diff (by kernel family, and each case
+# against the stand-in run's outcome); memcheck, racecheck, synccheck; packaged_gpu;
+# random_models_* (the GEMM precisions, ResNet-50 and BERT-base against onnxruntime);
+# throughput; onnx_backend and onnx_models.
 # Exit status 0 only when every step passed; the summary names each step's outcome.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -89,6 +100,18 @@ for line in sys.stdin:
         print(m["executable"])'
 }
 
+# infer-perf (tools/infer-perf), which the throughput step drives.
+build_perf() {
+    cargo build --release --workspace --bin infer-perf --message-format=json 2>/dev/null |
+        python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "infer-perf":
+        print(m["executable"])'
+}
+
 # The ONNX node cases, prepared as scripts/test.sh prepares them.
 prepare_conformance() {
     # shellcheck source=scripts/lib.sh
@@ -114,6 +137,8 @@ if [[ $MODE == pack ]]; then
     done
     bench=$(build_bench)
     [[ -n $bench ]] && strip -o "$bins/bench_gpu" "$bench"
+    perf=$(build_perf)
+    [[ -n $perf ]] && strip -o "$bins/infer_perf" "$perf"
     rm -f "$PACK_DIR"/*.xz
     (cd "$bins" && tar -cf - ./*) | xz -T1 --lzma2=preset=6,dict=96MiB >"$PACK_DIR/binaries.tar.xz"
     rm -rf "$bins"
@@ -127,6 +152,15 @@ if [[ $MODE == pack ]]; then
     else
         echo "-- no $packaged (run scripts/test.sh first): the packaged models stay behind"
     fi
+    # The node cases' outcomes against the stand-in (scripts/test.sh's gpu-check step), for
+    # the device run to be compared with.
+    standin_report="$ROOT/${CARGO_TARGET_DIR:-target}/gpu-check-standin/report_gpu.tsv"
+    rm -f "$PACK_DIR/standin_report_gpu.tsv"
+    if [[ -f $standin_report ]]; then
+        cp "$standin_report" "$PACK_DIR/standin_report_gpu.tsv"
+    else
+        echo "-- no $standin_report (run scripts/test.sh first): the device run's conformance is not compared with the stand-in's"
+    fi
     # The test binaries read fixtures and models from the checkout they were built in.
     echo "$ROOT" >"$PACK_DIR/manifest_dir"
     du -sh "$PACK_DIR"/*
@@ -135,15 +169,16 @@ fi
 
 mkdir -p "$OUT"
 declare -A BIN
-CASES="" MODELS=""
+CASES="" MODELS="" STANDIN_REPORT=""
 if [[ $MODE == prebuilt ]]; then
     PREBUILT=$(cd "$PREBUILT" && pwd)
     work=$(mktemp -d)
     tar -C "$work" -xJf "$PREBUILT/binaries.tar.xz" || echo "gpu-check: cannot unpack $PREBUILT/binaries.tar.xz"
-    for s in "${SUITES[@]}" bench_gpu; do
+    for s in "${SUITES[@]}" bench_gpu infer_perf; do
         [[ -f $work/$s ]] && chmod +x "$work/$s" && BIN[$s]=$work/$s
     done
     tar -C "$work" -xJf "$PREBUILT/onnx-conformance.tar.xz" && CASES=$work/onnx-conformance
+    [[ -f $PREBUILT/standin_report_gpu.tsv ]] && STANDIN_REPORT=$PREBUILT/standin_report_gpu.tsv
     if [[ -f $PREBUILT/packaged.tar.xz ]]; then
         mkdir -p "$work/packaged" && tar -C "$work/packaged" -xJf "$PREBUILT/packaged.tar.xz" &&
             MODELS=$work/packaged
@@ -156,6 +191,11 @@ if [[ $MODE == prebuilt ]]; then
 else
     while read -r name exe; do BIN[$name]=$exe; done < <(build_suites)
     [[ $BENCH == 1 ]] && BIN[bench_gpu]=$(build_bench)
+    BIN[infer_perf]=$(build_perf)
+    if [[ -z $STAND_IN ]]; then
+        r="$ROOT/${CARGO_TARGET_DIR:-target}/gpu-check-standin/report_gpu.tsv"
+        [[ -f $r ]] && STANDIN_REPORT=$r
+    fi
     CASES=$(prepare_conformance)
     packaged="$ROOT/${CARGO_TARGET_DIR:-target}/packaged/models"
     if [[ -d $packaged && -n $STAND_IN ]]; then
@@ -247,6 +287,12 @@ if [[ -n $CASES ]]; then
     step conformance_gpu 300 env INFER_ONNX_CONFORMANCE_GPU=1 INFER_ONNX_CONFORMANCE_DIR="$CASES" \
         INFER_ONNX_CONFORMANCE_TIMEOUT_S=10 "${BIN[onnx_conformance]}" --nocapture
     cp "$CASES/report_gpu.tsv" "$OUT/" 2>/dev/null
+    # The cases by kernel family, and each case's outcome against the stand-in run's.
+    if [[ -f $OUT/report_gpu.tsv ]]; then
+        step conformance_diff 60 python3 scripts/gpu_conformance.py "$OUT/report_gpu.tsv" \
+            ${STANDIN_REPORT:+--stand-in "$STANDIN_REPORT"}
+        grep -E '^\| \(all\)|differ|^  test_|failed here|no stand-in' "$OUT/conformance_diff.log" | head -30
+    fi
 fi
 # compute-sanitizer's memcheck over the node cases of the kernel families (where the
 # CUDA toolkit is installed): out-of-bounds and misaligned accesses, which the GPU may
@@ -289,6 +335,16 @@ if [[ $QUICK == 0 && -n $RANDOM_PY ]]; then
     if [[ ${RESULT[random_models_prepare]} == "rc 0,"* ]]; then
         step random_models_gpu 300 env INFER_PACKAGED_ENGINE=gpu INFER_PACKAGED_ALL_LOAD=1 \
             INFER_PACKAGED_MODELS_DIR="$random_dir" "${BIN[onnx_packaged]}" --nocapture
+        # The two networks at batch 1, 8 and 64: libinfer's executor, and ONNX Runtime's
+        # CUDA provider (in Python, and under libinfer) where onnxruntime-gpu is here.
+        if [[ -n ${BIN[infer_perf]:-} && -f $random_dir/resnet50/1/model.onnx ]]; then
+            tput=(--batches 1,8,64 --rounds 2 --window-ms 500)
+            [[ -n $STAND_IN ]] && tput=(--batches 1,8 --rounds 1 --window-ms 300 --stand-in)
+            step throughput 600 "$RANDOM_PY" scripts/gpu_throughput.py \
+                --infer-perf "${BIN[infer_perf]}" --models "$random_dir" --out "$OUT/throughput" \
+                "${tput[@]}"
+            sed -n '/^Samples\/s/,$p' "$OUT/throughput.log"
+        fi
     fi
 fi
 if [[ $QUICK == 0 ]]; then
