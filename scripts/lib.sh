@@ -72,6 +72,20 @@ build_cpp_examples() {
 # ships libonnxruntime.so.$ORT_VERSION; nothing of it is needed to build libinfer).
 ORT_VERSION=1.32.0
 
+# python_with_pip DIR: prints a Python that has pip: python3, else a venv made in DIR/venv
+# (Debian and Ubuntu ship pip separately: a venv brings its own).
+python_with_pip() {
+    local dir="$1"
+    ensure_tool python3 python3 >&2
+    if python3 -m pip --version >/dev/null 2>&1; then
+        echo python3
+        return
+    fi
+    [[ -x "$dir/venv/bin/python" ]] || python3 -m venv "$dir/venv" >/dev/null 2>&1 ||
+        { apt_install python3-venv >&2 && python3 -m venv "$dir/venv" >&2; }
+    echo "$dir/venv/bin/python"
+}
+
 # ensure_onnxruntime DIR: extracts libonnxruntime.so.$ORT_VERSION from the pinned wheel
 # into DIR (once; the wheel is kept in DIR/wheel) and sets ORT_LIB to its path. Returns 1,
 # with a line saying so, where PyPI cannot be reached.
@@ -80,14 +94,8 @@ ensure_onnxruntime() {
     case "$dir" in /*) ;; *) dir="$PWD/$dir" ;; esac
     ORT_LIB="$dir/libonnxruntime.so.$ORT_VERSION"
     [[ -f "$ORT_LIB" ]] && return 0
-    ensure_tool python3 python3
-    local py=python3
-    if ! python3 -m pip --version >/dev/null 2>&1; then
-        # Debian and Ubuntu ship pip separately: a venv brings its own.
-        [[ -x "$dir/venv/bin/python" ]] || python3 -m venv "$dir/venv" >/dev/null 2>&1 ||
-            { apt_install python3-venv && python3 -m venv "$dir/venv"; }
-        py="$dir/venv/bin/python"
-    fi
+    local py
+    py=$(python_with_pip "$dir")
     echo "-- downloading onnxruntime==$ORT_VERSION (its libonnxruntime.so) into $dir"
     mkdir -p "$dir/wheel"
     if ! "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
@@ -105,6 +113,48 @@ with zipfile.ZipFile(wheel) as z, open(os.path.join(dir, f"libonnxruntime.so.{ve
     out.write(z.read(member))
 os.replace(os.path.join(dir, f"libonnxruntime.so.{version}.tmp"), os.path.join(dir, f"libonnxruntime.so.{version}"))
 PY
+}
+
+# onnxruntime-gpu, whose library lists ONNX Runtime's CUDA and TensorRT providers: the
+# tests load it where CUDA is the stand-in's (its CUDA provider cannot start there, for
+# want of cuDNN, cuBLASLt and the CUDA runtime), to check which engine runs GPU instances.
+ORT_GPU_VERSION=1.31.1
+
+# ensure_onnxruntime_gpu DIR: extracts libonnxruntime.so.$ORT_GPU_VERSION and its provider
+# libraries from the pinned onnxruntime-gpu wheel (255 MB) into DIR (once; the wheel is
+# not kept) and sets ORT_GPU_LIB to the library's path. Returns 1, with a line saying so,
+# where PyPI cannot be reached.
+ensure_onnxruntime_gpu() {
+    local dir="$1"
+    case "$dir" in /*) ;; *) dir="$PWD/$dir" ;; esac
+    ORT_GPU_LIB="$dir/libonnxruntime.so.$ORT_GPU_VERSION"
+    [[ -f "$ORT_GPU_LIB" ]] && return 0
+    local py
+    py=$(python_with_pip "$dir")
+    echo "-- downloading onnxruntime-gpu==$ORT_GPU_VERSION (its libraries) into $dir"
+    mkdir -p "$dir/wheel"
+    if ! "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+        -d "$dir/wheel" "onnxruntime-gpu==$ORT_GPU_VERSION"; then
+        echo "onnxruntime-gpu==$ORT_GPU_VERSION could not be downloaded from PyPI"
+        ORT_GPU_LIB=""
+        return 1
+    fi
+    "$py" - "$dir" "$ORT_GPU_VERSION" <<'PY'
+import glob, os, sys, zipfile
+dir, version = sys.argv[1], sys.argv[2]
+wheel = sorted(glob.glob(os.path.join(dir, "wheel", f"onnxruntime_gpu-{version}-*.whl")))[-1]
+names = ["libonnxruntime_providers_shared.so", "libonnxruntime_providers_cuda.so",
+         f"libonnxruntime.so.{version}"]  # the library last: its presence says all is there
+with zipfile.ZipFile(wheel) as z:
+    for n in names:
+        with z.open(f"onnxruntime/capi/{n}") as src, open(os.path.join(dir, n + ".tmp"), "wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+        os.replace(os.path.join(dir, n + ".tmp"), os.path.join(dir, n))
+PY
+    local rc=$?
+    rm -rf "$dir/wheel"
+    [[ $rc == 0 ]] || { ORT_GPU_LIB=""; return 1; }
 }
 
 # The onnx release whose node test cases tests/onnx_conformance.rs runs (its wheel ships

@@ -206,7 +206,15 @@ onnxruntime_tests() {
         echo "SKIP: no ONNX Runtime; the ONNX backend tests ran on tract only"
         return 0
     fi
-    INFER_ONNXRUNTIME_LIBRARY="$ORT_LIB" cargo test --release --workspace --test onnx_backend --test onnx_models --test onnxruntime
+    # onnxruntime-gpu's library too, for which engine runs GPU instances where it loads.
+    local gpu_env=()
+    if ensure_onnxruntime_gpu "$TARGET_DIR/onnxruntime-gpu"; then
+        gpu_env=(INFER_ONNXRUNTIME_GPU_LIBRARY="$ORT_GPU_LIB")
+    else
+        echo "SKIP: no onnxruntime-gpu; its engine choice is not checked"
+    fi
+    env "${gpu_env[@]}" INFER_ONNXRUNTIME_LIBRARY="$ORT_LIB" \
+        cargo test --release --workspace --test onnx_backend --test onnx_models --test onnxruntime
 }
 
 summary() {

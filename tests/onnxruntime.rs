@@ -406,11 +406,15 @@ fn tract_with_a_thread_pool_answers_as_without() {
 }
 
 /// `parameters { key: "gpu_executor" }` picks the engine of an ONNX model's GPU
-/// instances, on a machine with a GPU (the stand-in CUDA libraries) where the loaded ONNX
-/// Runtime has no CUDA provider (the CPU wheel's): "libinfer" serves on libinfer's own
-/// executor, as the default does there; "onnxruntime" is UNAVAILABLE on KIND_GPU naming
-/// the provider and the library, and KIND_AUTO then serves on ONNX Runtime on the CPU; a
-/// value that names no engine is INVALID_ARGUMENT; tract, a CPU engine, refuses it.
+/// instances, on a machine with a GPU (the stand-in CUDA libraries), each case in a
+/// process of its own (ONNX Runtime loads once per process):
+/// * with the CPU wheel's ONNX Runtime (no CUDA provider), `gpu_executor_child`:
+///   "libinfer" serves on libinfer's own executor, as the default does there;
+///   "onnxruntime" is UNAVAILABLE on KIND_GPU naming the provider and the library, and
+///   KIND_AUTO then serves on ONNX Runtime on the CPU; a value that names no engine is
+///   INVALID_ARGUMENT; tract, a CPU engine, refuses it;
+/// * with onnxruntime-gpu's library (`INFER_ONNXRUNTIME_GPU_LIBRARY`, which scripts/test.sh
+///   sets), `onnxruntime_gpu_child`.
 #[test]
 fn gpu_executor_picks_the_engine_of_gpu_instances() {
     if !have_ort() || std::env::var_os("INFER_FAKE_CUDA").is_some() {
@@ -421,12 +425,45 @@ fn gpu_executor_picks_the_engine_of_gpu_instances() {
         println!("SKIP: cannot build the stand-in CUDA libraries ({why})");
         return;
     }
+    let stand_in = [
+        ("LD_LIBRARY_PATH", dir.as_os_str()),
+        ("INFER_FAKE_CUDA", "one".as_ref()),
+    ];
+    let child = |test: &str, extra: (&str, &std::ffi::OsStr)| {
+        let mut envs = stand_in.to_vec();
+        envs.push(extra);
+        envs.push(("INFER_ENGINE_CHILD", test.as_ref()));
+        let all = run_child(test, &envs);
+        assert!(all.contains(&format!("{test}: checked")), "{all}");
+        all
+    };
+    let lib = std::env::var_os("INFER_ONNXRUNTIME_LIBRARY").unwrap_or_default();
+    child("gpu_executor_child", ("INFER_ONNXRUNTIME_LIBRARY", &lib));
+    match std::env::var_os("INFER_ONNXRUNTIME_GPU_LIBRARY") {
+        Some(gpu_lib) => {
+            let all = child(
+                "onnxruntime_gpu_child",
+                ("INFER_ONNXRUNTIME_LIBRARY", &gpu_lib),
+            );
+            for line in all.lines().filter(|l| l.starts_with("onnxruntime-gpu:")) {
+                println!("{line}");
+            }
+        }
+        None => println!(
+            "SKIP: INFER_ONNXRUNTIME_GPU_LIBRARY is not set: onnxruntime-gpu's engine choice is not checked"
+        ),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs the test `test` of this binary alone in a fresh process with `envs` added (ONNX
+/// Runtime and the CUDA driver are loaded once per process); asserts that it passed and
+/// returns all it printed.
+fn run_child(test: &str, envs: &[(&str, &std::ffi::OsStr)]) -> String {
     let exe = std::env::current_exe().expect("the test binary's path");
     let out = std::process::Command::new(exe)
-        .args(["--exact", "gpu_executor_child", "--nocapture"])
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("INFER_FAKE_CUDA", "one")
-        .env("INFER_GPU_EXECUTOR_CHILD", "1")
+        .args(["--exact", test, "--nocapture"])
+        .envs(envs.iter().copied())
         .output()
         .expect("running the test binary again");
     let all = format!(
@@ -434,81 +471,175 @@ fn gpu_executor_picks_the_engine_of_gpu_instances() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(
-        out.status.success() && all.contains("gpu_executor: checked"),
-        "{all}"
-    );
+    assert!(out.status.success(), "{test}: {all}");
+    all
 }
 
-/// The child of `gpu_executor_picks_the_engine_of_gpu_instances`.
-#[test]
-fn gpu_executor_child() {
-    if std::env::var_os("INFER_GPU_EXECUTOR_CHILD").is_none() {
-        return;
+/// The mlp served under several names and engine choices, and what a CPU instance of
+/// ONNX Runtime answers (the children's common part).
+struct Engines {
+    s: Server,
+    dir: PathBuf,
+    x: Vec<f32>,
+    want: Vec<f32>,
+}
+
+impl Engines {
+    fn new() -> Engines {
+        let s = server_with(None);
+        let dir = model_dir("mlp");
+        load_ok(&s, "cpu", &config("mlp", "cpu", &[]), &dir);
+        let mut e = Engines {
+            s,
+            dir,
+            x: features(3, 2),
+            want: Vec::new(),
+        };
+        e.want = e.answer("cpu");
+        e
     }
-    let s = server_with(None);
-    let dir = model_dir("mlp");
-    let with = |name: &str, kind: &str, value: Option<&str>| {
+
+    /// The mlp's config as `name`, its instances of `kind`, with `extra` parameters.
+    fn config(&self, name: &str, kind: &str, extra: &[(&str, &str)]) -> String {
         let mut c = config("mlp", name, &[("KIND_CPU", kind)]);
-        if let Some(v) = value {
-            c += &format!(
-                "\nparameters {{ key: \"gpu_executor\" value: {{ string_value: \"{v}\" }} }}\n"
-            );
+        for (k, v) in extra {
+            c += &format!("\nparameters {{ key: \"{k}\" value: {{ string_value: \"{v}\" }} }}\n");
         }
         c
-    };
-    let on_gpu = |name: &str| s.stats(name)["models"][0].get("gpu").is_some();
-    let x = features(3, 2);
-    let answer = |name: &str| {
-        let r = s.infer(s.request(name).input_f32("FEATURES", &[2, 64], &x));
+    }
+
+    /// Loads the model; Err has the status and the message.
+    fn load(&self, name: &str, kind: &str, extra: &[(&str, &str)]) -> Result<(), (u32, String)> {
+        let c = self.config(name, kind, extra);
+        match self.s.try_load_dir(name, &c, &self.dir) {
+            INFER_STATUS_OK => Ok(()),
+            st => Err((st, last_error())),
+        }
+    }
+
+    fn on_gpu(&self, name: &str) -> bool {
+        self.s.stats(name)["models"][0].get("gpu").is_some()
+    }
+
+    fn answer(&self, name: &str) -> Vec<f32> {
+        let r = self.s.infer(
+            self.s
+                .request(name)
+                .input_f32("FEATURES", &[2, 64], &self.x),
+        );
         assert_eq!(r.status(), INFER_STATUS_OK, "{name}: {}", r.error());
         r.output_f32("LOGITS")
-    };
-    load_ok(&s, "cpu", &config("mlp", "cpu", &[]), &dir);
-    let want = answer("cpu");
-    // The CPU wheel's ONNX Runtime has no CUDA provider: GPU instances run on libinfer's
-    // executor by default, and when the config picks it.
-    for (name, value) in [("default", None), ("own", Some("libinfer"))] {
-        load_ok(&s, name, &with(name, "KIND_GPU", value), &dir);
-        assert!(on_gpu(name), "{name}: {}", s.stats(name));
-        close(&answer(name), &want, name);
     }
+
+    /// The model serves on a GPU (`gpu`) or the CPU, answering as the CPU instance does.
+    #[track_caller]
+    fn serves(&self, name: &str, gpu: bool) {
+        assert_eq!(self.on_gpu(name), gpu, "{name}: {}", self.s.stats(name));
+        close(&self.answer(name), &self.want, name);
+    }
+}
+
+/// The child of `gpu_executor_picks_the_engine_of_gpu_instances` with the CPU wheel's
+/// ONNX Runtime.
+#[test]
+fn gpu_executor_child() {
+    if std::env::var_os("INFER_ENGINE_CHILD").is_none_or(|t| t != "gpu_executor_child") {
+        return;
+    }
+    let e = Engines::new();
+    // No CUDA provider: GPU instances run on libinfer's executor by default, and when the
+    // config picks it.
+    e.load("default", "KIND_GPU", &[]).unwrap();
+    e.serves("default", true);
+    e.load("own", "KIND_GPU", &[("gpu_executor", "libinfer")])
+        .unwrap();
+    e.serves("own", true);
     // ONNX Runtime's CUDA provider, asked for where it is missing.
-    let c = with("ort", "KIND_GPU", Some("onnxruntime"));
-    assert_eq!(s.try_load_dir("ort", &c, &dir), INFER_STATUS_UNAVAILABLE);
-    let e = last_error();
+    let (st, msg) = e
+        .load("ort", "KIND_GPU", &[("gpu_executor", "onnxruntime")])
+        .unwrap_err();
+    assert_eq!(st, INFER_STATUS_UNAVAILABLE, "{msg}");
     assert!(
-        e.contains("'ort'")
-            && e.contains("parameters.gpu_executor is \"onnxruntime\"")
-            && e.contains("no CUDA execution provider")
-            && e.contains("libonnxruntime.so"),
-        "{e}"
+        msg.contains("'ort'")
+            && msg.contains("parameters.gpu_executor is \"onnxruntime\"")
+            && msg.contains("no CUDA execution provider")
+            && msg.contains("libonnxruntime.so"),
+        "{msg}"
     );
-    load_ok(
-        &s,
-        "ort_auto",
-        &with("ort_auto", "KIND_AUTO", Some("onnxruntime")),
-        &dir,
-    );
-    assert!(!on_gpu("ort_auto"), "{}", s.stats("ort_auto"));
-    close(&answer("ort_auto"), &want, "ort_auto");
+    e.load("ort_auto", "KIND_AUTO", &[("gpu_executor", "onnxruntime")])
+        .unwrap();
+    e.serves("ort_auto", false);
     let log = LOG.lock().unwrap().join("\n");
     assert!(
         log.contains("model 'ort_auto': instance_group") && log.contains("runs on the CPU"),
         "{log}"
     );
     // Values that name no engine, and tract.
-    let c = with("bad", "KIND_GPU", Some("cuda"));
-    assert_eq!(
-        s.try_load_dir("bad", &c, &dir),
-        INFER_STATUS_INVALID_ARGUMENT
+    let (st, msg) = e
+        .load("bad", "KIND_GPU", &[("gpu_executor", "cuda")])
+        .unwrap_err();
+    assert_eq!(st, INFER_STATUS_INVALID_ARGUMENT, "{msg}");
+    assert!(msg.contains("parameters.gpu_executor: 'cuda'"), "{msg}");
+    let c = e
+        .config("t", "KIND_AUTO", &[("gpu_executor", "libinfer")])
+        .replace(TRACT.0, TRACT.1);
+    assert_eq!(e.s.try_load_dir("t", &c, &e.dir), INFER_STATUS_UNSUPPORTED);
+    let msg = last_error();
+    assert!(
+        msg.contains("backend \"tract\" runs on the CPU only"),
+        "{msg}"
     );
-    let e = last_error();
-    assert!(e.contains("parameters.gpu_executor: 'cuda'"), "{e}");
-    let c = with("t", "KIND_AUTO", Some("libinfer")).replace(TRACT.0, TRACT.1);
-    assert_eq!(s.try_load_dir("t", &c, &dir), INFER_STATUS_UNSUPPORTED);
-    let e = last_error();
-    assert!(e.contains("backend \"tract\" runs on the CPU only"), "{e}");
-    println!("gpu_executor: checked");
+    println!("gpu_executor_child: checked");
+}
+
+/// The child of `gpu_executor_picks_the_engine_of_gpu_instances` with onnxruntime-gpu's
+/// library, on the stand-in CUDA: ONNX Runtime lists its CUDA provider, so it runs GPU
+/// instances by default, but the provider cannot start here (no CUDA runtime, cuBLASLt or
+/// cuDNN: a machine whose CUDA does not match the wheel's): KIND_GPU is UNAVAILABLE
+/// saying why, KIND_AUTO serves on the CPU, and `gpu_executor: "libinfer"` serves on the
+/// GPU. The executor's own settings are refused by default (ONNX Runtime would ignore
+/// them) and taken with "libinfer".
+#[test]
+fn onnxruntime_gpu_child() {
+    if std::env::var_os("INFER_ENGINE_CHILD").is_none_or(|t| t != "onnxruntime_gpu_child") {
+        return;
+    }
+    let e = Engines::new();
+    let log = LOG.lock().unwrap().join("\n");
+    assert!(log.contains("CUDAExecutionProvider"), "{log}");
+    for extra in [vec![], vec![("gpu_executor", "onnxruntime")]] {
+        let (st, msg) = e.load("ort", "KIND_GPU", &extra).unwrap_err();
+        assert_eq!(st, INFER_STATUS_UNAVAILABLE, "{msg}");
+        assert!(
+            msg.contains("model 'ort'")
+                && msg.contains("cannot start on GPU 0")
+                && msg.contains("libonnxruntime_providers_cuda.so")
+                && msg.contains("gpu_executor: \"libinfer\""),
+            "{msg}"
+        );
+        println!("onnxruntime-gpu: KIND_GPU {extra:?}: {msg}");
+    }
+    e.load("auto", "KIND_AUTO", &[]).unwrap();
+    e.serves("auto", false);
+    e.load("own", "KIND_GPU", &[("gpu_executor", "libinfer")])
+        .unwrap();
+    e.serves("own", true);
+    let (st, msg) = e
+        .load("fp16", "KIND_AUTO", &[("precision", "FP16")])
+        .unwrap_err();
+    assert_eq!(st, INFER_STATUS_UNSUPPORTED, "{msg}");
+    assert!(
+        msg.contains("parameters.precision")
+            && msg.contains("ONNX Runtime's CUDA provider")
+            && msg.contains("gpu_executor: \"libinfer\""),
+        "{msg}"
+    );
+    e.load(
+        "fp16_own",
+        "KIND_GPU",
+        &[("precision", "FP32"), ("gpu_executor", "libinfer")],
+    )
+    .unwrap();
+    e.serves("fp16_own", true);
+    println!("onnxruntime_gpu_child: checked");
 }

@@ -254,10 +254,13 @@ fn builder(rt: &Runtime, s: &Settings, place: Place, what: &str) -> Result<Sessi
         cpu = cpu.with_arena_allocator(true);
     }
     eps.push(cpu.build().error_on_failure());
-    b = b.with_execution_providers(eps).map_err(|e| {
-        Error::unavailable(format!(
+    b = b.with_execution_providers(eps).map_err(|e| match place {
+        Place::Cpu => Error::unavailable(format!(
             "{what}: ONNX Runtime cannot use the execution providers: {e}"
-        ))
+        )),
+        Place::Gpu(device) => Error::unavailable(format!(
+            "{what}: ONNX Runtime's GPU execution providers cannot start on GPU {device}: {e} (parameters.gpu_executor: \"libinfer\" runs the GPU instances on libinfer's own CUDA executor)"
+        )),
     })?;
     Ok(b)
 }
