@@ -986,9 +986,26 @@ fn x_of(i: usize) -> [f32; 4] {
 /// Where output `name` of a response is, and its values (read from the device when it
 /// is there).
 fn read_output(resp: &Resp, name: &str) -> (u32, i64, Vec<f32>) {
+    let (i, data, bytes) = output_bytes(resp, name);
+    let (mut mem, mut dev) = (99u32, 99i64);
+    ok(unsafe { infer_response_output_memory(resp.0, i, &mut mem, &mut dev) });
+    let values = if mem == INFER_MEMORY_GPU {
+        assert_eq!(driver().place(data as u64), (2, dev as i32));
+        driver().bind(dev as i32);
+        driver().download(data as u64, bytes / 4)
+    } else {
+        // SAFETY: the response holds `bytes` bytes of host memory at `data`.
+        bytemuck::pod_collect_to_vec(unsafe {
+            std::slice::from_raw_parts(data as *const u8, bytes)
+        })
+    };
+    (mem, dev, values)
+}
+
+/// Output `name` of `resp`: its index, where its bytes lie, and how many there are.
+fn output_bytes(resp: &Resp, name: &str) -> (usize, *const c_void, usize) {
     unsafe {
-        let n = infer_response_output_count(resp.0);
-        for i in 0..n {
+        for i in 0..infer_response_output_count(resp.0) {
             let (mut oname, mut data, mut bytes) = (null(), null(), 0usize);
             ok(infer_response_output(
                 resp.0,
@@ -1000,22 +1017,12 @@ fn read_output(resp: &Resp, name: &str) -> (u32, i64, Vec<f32>) {
                 &mut data,
                 &mut bytes,
             ));
-            if std::ffi::CStr::from_ptr(oname).to_str() != Ok(name) {
-                continue;
+            if std::ffi::CStr::from_ptr(oname).to_str() == Ok(name) {
+                return (i, data, bytes);
             }
-            let (mut mem, mut dev) = (99u32, 99i64);
-            ok(infer_response_output_memory(resp.0, i, &mut mem, &mut dev));
-            let values = if mem == INFER_MEMORY_GPU {
-                assert_eq!(driver().place(data as u64), (2, dev as i32));
-                driver().bind(dev as i32);
-                driver().download(data as u64, bytes / 4)
-            } else {
-                bytemuck::pod_collect_to_vec(std::slice::from_raw_parts(data as *const u8, bytes))
-            };
-            return (mem, dev, values);
         }
     }
-    panic!("no output {name}: {}", resp.error());
+    panic!("no output {name}: {}", resp.error())
 }
 
 fn affine_request(s: &Server, model: &str, x: [f32; 4], on_gpu: Option<i64>) -> Req {
@@ -1620,11 +1627,51 @@ fn data_path_two_gpus() {
     check_affine(&resp, x, INFER_MEMORY_CPU_PINNED);
     drop(resp);
     host_outputs_on_the_asked_gpu(&s);
+    pinned_outputs_lent_to_the_other_gpu(&s);
     drop(s);
     assert_eq!(unsafe { (d.mem_free)(p) }, 0);
     let c = d.counters();
     assert_eq!((c.live_device_bytes, c.live_host_bytes), (0, 0), "{c:?}");
     assert_eq!(c.pageable_async_copies, 0, "{c:?}");
+}
+
+/// A page-locked output of an instance on GPU 0, lent as input to an instance on GPU 1,
+/// goes up from where it lies in one asynchronous copy: the instances' pinned buffers
+/// are page-locked for every context (CU_MEMHOSTALLOC_PORTABLE), where the driver would
+/// otherwise treat GPU 0's buffer as pageable in GPU 1's context and stage the copy.
+fn pinned_outputs_lent_to_the_other_gpu(s: &Server) {
+    let d = driver();
+    s.load("w0", &wide_config("w0"));
+    s.load(
+        "w1",
+        &wide_config("w1").replace("gpus: [ 0 ]", "gpus: [ 1 ]"),
+    );
+    let x = wide_row(4, 100_000);
+    let first = s.infer(s.request("w0").input_f32("X", &[1, x.len() as i64], &x));
+    assert_eq!(check_wide(&first, &x), [INFER_MEMORY_CPU_PINNED; 2]);
+    let (_, data, bytes) = output_bytes(&first, "X_COPY");
+    assert_eq!(bytes, x.len() * 4);
+    let pageable = (!d.real()).then(|| d.counters().pageable_async_copies);
+    let before = h2d_of(s, "w1");
+    let r = s.request("w1");
+    ok(lend_row(&r, data, x.len(), INFER_MEMORY_CPU_PINNED));
+    assert_eq!(check_wide(&s.infer(r), &x), [INFER_MEMORY_CPU_PINNED; 2]);
+    let after = h2d_of(s, "w1");
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (1, bytes as u64),
+        "GPU 0's page-locked output did not go up to GPU 1 in one copy from where it is"
+    );
+    if let Some(pageable) = pageable {
+        assert_eq!(
+            d.counters().pageable_async_copies,
+            pageable,
+            "GPU 0's pinned buffer is not page-locked in GPU 1's context (allocated without CU_MEMHOSTALLOC_PORTABLE)"
+        );
+    }
+    drop(first);
+    s.unload("w0");
+    s.unload("w1");
 }
 
 // ---- host outputs delivered on the GPU a request asked for ----

@@ -864,10 +864,14 @@ impl MemoryPool {
             None => {
                 let alloc = || {
                     let mut p: *mut c_void = std::ptr::null_mut();
-                    // SAFETY: valid out-pointer; the caller bound the context. Flags 0:
-                    // portable to this context only, not mapped.
+                    // SAFETY: valid out-pointer; the caller bound the context. PORTABLE:
+                    // page-locked for every context, so that an output lent from here
+                    // goes up to another GPU from where it lies (without it, the driver
+                    // treats it as pageable there and stages the copy); not mapped.
                     check(
-                        unsafe { sys::cuMemHostAlloc(&mut p, class, 0) },
+                        unsafe {
+                            sys::cuMemHostAlloc(&mut p, class, sys::CU_MEMHOSTALLOC_PORTABLE)
+                        },
                         "cuMemHostAlloc",
                     )
                     .map(|()| p as usize)
