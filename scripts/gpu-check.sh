@@ -274,7 +274,8 @@ step() { # name timeout command...
     local rc=$?
     RESULT[$name]="rc $rc, $((SECONDS - t0)) s"
     [[ $rc == 124 || $rc == 137 ]] && RESULT[$name]+=" (timed out)"
-    grep -E '^test result|SKIP|passed|FAILED|panicked|\(gpu\)' "$OUT/$name.log" | cut -c1-300 | tail -25
+    grep -E '^test result|SKIP|passed|FAILED|panicked|\(gpu\)|CUBIN of|^kernels compiled' "$OUT/$name.log" |
+        cut -c1-300 | tail -25
     return 0
 }
 
