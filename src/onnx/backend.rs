@@ -17,12 +17,6 @@ pub enum Engine {
     Tract,
 }
 
-/// The model parameter that picks the engine of an ONNX model's GPU instances.
-pub const GPU_EXECUTOR_PARAMETER: &str = "gpu_executor";
-
-/// The parameters only libinfer's GPU executor reads.
-const EXECUTOR_PARAMETERS: &[&str] = &["allow_tf32", "precision", "cuda_graph_max_batch"];
-
 /// Which engine runs an ONNX model's GPU instances (`parameters { key: "gpu_executor" }`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GpuExecutor {

@@ -20,6 +20,14 @@ pub fn is_onnx(key: &str) -> bool {
 /// The backend name that asks for tract.
 pub const TRACT: &str = "tract";
 
+/// The model parameter that picks the engine of an ONNX model's GPU instances
+/// (`backend::GpuExecutor`).
+pub const GPU_EXECUTOR_PARAMETER: &str = "gpu_executor";
+
+/// The parameters only libinfer's GPU executor reads (`gpu::Options`); the other engines
+/// accept them where the executor runs the model's GPU instances.
+pub const EXECUTOR_PARAMETERS: &[&str] = &["allow_tf32", "precision", "cuda_graph_max_batch"];
+
 /// The model file of a version: `<version>/<default_model_filename or model.onnx>`,
 /// a regular file inside the model folder's root.
 pub(super) fn model_file(

@@ -6,6 +6,7 @@
 //! engine cannot use is UNSUPPORTED naming it.
 
 use crate::config::ModelConfig;
+use crate::onnx::model::{EXECUTOR_PARAMETERS, GPU_EXECUTOR_PARAMETER};
 use crate::status::{Error, Result};
 
 /// The model parameter that makes ONNX Runtime required for this model.
@@ -55,17 +56,6 @@ pub struct Settings {
     /// The model must run on ONNX Runtime (no tract fallback).
     pub required: bool,
 }
-
-/// The parameters other parts of the library read from an ONNX model's config: the
-/// GPU executor's `allow_tf32`, `precision` and `cuda_graph_max_batch` (which apply
-/// where it runs the model's GPU instances), and `gpu_executor`, which picks the engine
-/// of the GPU instances (`onnx::backend`).
-const SHARED_PARAMETERS: &[&str] = &[
-    "allow_tf32",
-    "precision",
-    "cuda_graph_max_batch",
-    "gpu_executor",
-];
 
 /// The older CUDA provider keys Triton still takes as model parameters.
 const CUDA_PARAMETERS: &[&str] = &[
@@ -166,12 +156,13 @@ impl Settings {
                 REQUIRED_PARAMETER => s.required = flag(what, key, v)?,
                 k if k.starts_with("session.") => s.session_entries.push((k.to_owned(), v.clone())),
                 k if CUDA_PARAMETERS.contains(&k) => s.cuda_options.push((k.to_owned(), v.clone())),
-                k if SHARED_PARAMETERS.contains(&k) => {}
+                // The GPU instances' engine, and libinfer's executor's settings.
+                k if k == GPU_EXECUTOR_PARAMETER || EXECUTOR_PARAMETERS.contains(&k) => {}
                 k => {
                     return Err(Error::unsupported(format!(
-                        "{what}: parameters.{k}: not a setting of the ONNX Runtime engine (it takes intra_op_thread_count, inter_op_thread_count, execution_mode, enable_mem_arena, enable_mem_pattern, memory.enable_memory_arena_shrinkage, session.* entries, {}, {REQUIRED_PARAMETER}; the GPU instances' engine and its settings: {})",
+                        "{what}: parameters.{k}: not a setting of the ONNX Runtime engine (it takes intra_op_thread_count, inter_op_thread_count, execution_mode, enable_mem_arena, enable_mem_pattern, memory.enable_memory_arena_shrinkage, session.* entries, {}, {REQUIRED_PARAMETER}; {GPU_EXECUTOR_PARAMETER}, and libinfer's GPU executor's {})",
                         CUDA_PARAMETERS.join(", "),
-                        SHARED_PARAMETERS.join(", ")
+                        EXECUTOR_PARAMETERS.join(", ")
                     )))
                 }
             }
