@@ -61,12 +61,33 @@ def make_repo(models, names, repo, max_batch, with_ort):
         variants = [(name, "libinfer")] + ([(name + "_ort", "onnxruntime")] if with_ort else [])
         for served_as, executor in variants:
             os.makedirs(os.path.join(repo, served_as, "1"))
-            # A copy: a model folder is read through itself, links out of it are refused.
-            shutil.copyfile(src, os.path.join(repo, served_as, "1", "model.onnx"))
+            # A hard link (else a copy): a model folder is read through itself, and
+            # symbolic links out of it are refused.
+            dst = os.path.join(repo, served_as, "1", "model.onnx")
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copyfile(src, dst)
             with open(os.path.join(repo, served_as, "config.pbtxt"), "w") as f:
                 f.write(config_text(served_as, max_batch, executor))
         served[name] = src
     return served
+
+
+def nvidia_wheel_libs():
+    """The library folders of the nvidia-* wheels this Python has (cuDNN, cuBLAS, the CUDA
+    runtime: what onnxruntime-gpu's CUDA provider loads), for infer-perf's loader path."""
+    try:
+        import nvidia
+    except ImportError:
+        return []
+    out = []
+    for root in nvidia.__path__:
+        for sub in sorted(os.listdir(root)):
+            for lib in (os.path.join(root, sub, "lib"), os.path.join(root, sub, "lib64")):
+                if os.path.isdir(lib):
+                    out.append(lib)
+    return out
 
 
 def infer_perf(args, repo, model, batch, ort_library, log):
@@ -77,11 +98,18 @@ def infer_perf(args, repo, model, batch, ort_library, log):
            "-p", str(args.window_ms), "--max-trials", "4", "-f", out_csv]
     if ort_library:
         cmd += ["--onnxruntime-library", ort_library]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    env = None
+    if ort_library:
+        libs = nvidia_wheel_libs() + [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+        env = dict(os.environ, LD_LIBRARY_PATH=":".join(libs))
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     log.write(f"$ {' '.join(cmd)}\n{p.stdout}{p.stderr}\n")
     if p.returncode != 0:
+        # Its error may span lines (ONNX Runtime's messages do): from its start, folded.
+        err = p.stderr[p.stderr.find("infer-perf: error"):] if "infer-perf: error" in p.stderr \
+            else p.stderr
         raise RuntimeError(f"infer-perf {model} batch {batch}: exit {p.returncode}: "
-                           + (p.stderr.strip().splitlines() or ["?"])[-1])
+                           + " ".join(err.split())[:600])
     with open(out_csv) as f:
         rows = list(csv.DictReader(f))
     if not rows or int(rows[0].get("Errors", "0") or 0) != 0:
@@ -167,6 +195,9 @@ def main():
     ort_cuda = ort is not None and "CUDAExecutionProvider" in ort.get_available_providers()
     ort_library = None
     if ort_cuda and not args.stand_in:
+        # onnxruntime-gpu loads the CUDA libraries of the nvidia-* wheels where they are.
+        if hasattr(ort, "preload_dlls"):
+            ort.preload_dlls()
         capi = os.path.join(os.path.dirname(ort.__file__), "capi")
         libs = sorted(f for f in os.listdir(capi) if f.startswith("libonnxruntime.so"))
         ort_library = os.path.join(capi, libs[-1]) if libs else None
