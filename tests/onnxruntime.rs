@@ -433,7 +433,7 @@ fn gpu_executor_picks_the_engine_of_gpu_instances() {
         let mut envs = stand_in.to_vec();
         envs.push(extra);
         envs.push(("INFER_ENGINE_CHILD", test.as_ref()));
-        let all = run_child(test, &envs);
+        let all = run_test_child(test, &envs);
         assert!(all.contains(&format!("{test}: checked")), "{all}");
         all
     };
@@ -454,25 +454,6 @@ fn gpu_executor_picks_the_engine_of_gpu_instances() {
         ),
     }
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Runs the test `test` of this binary alone in a fresh process with `envs` added (ONNX
-/// Runtime and the CUDA driver are loaded once per process); asserts that it passed and
-/// returns all it printed.
-fn run_child(test: &str, envs: &[(&str, &std::ffi::OsStr)]) -> String {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let out = std::process::Command::new(exe)
-        .args(["--exact", test, "--nocapture"])
-        .envs(envs.iter().copied())
-        .output()
-        .expect("running the test binary again");
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{test}: {all}");
-    all
 }
 
 /// The mlp served under several names and engine choices, and what a CPU instance of

@@ -500,3 +500,22 @@ pub fn build_fakes(dir: &std::path::Path, driver_major: u32) -> Result<(), Strin
     }
     Ok(())
 }
+
+/// Runs the test `test` of the current test binary alone in a fresh process with `envs`
+/// added (for what a process loads once: the CUDA driver, ONNX Runtime); asserts that it
+/// passed and returns all it printed.
+pub fn run_test_child(test: &str, envs: &[(&str, &std::ffi::OsStr)]) -> String {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args(["--exact", test, "--nocapture"])
+        .envs(envs.iter().copied())
+        .output()
+        .expect("running the test binary again");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{test}: {all}");
+    all
+}
