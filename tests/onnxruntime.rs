@@ -512,6 +512,15 @@ impl Engines {
         r.output_f32("LOGITS")
     }
 
+    /// Loads the model (it must load), then checks that it serves where `gpu` says.
+    #[track_caller]
+    fn load_serving(&self, name: &str, kind: &str, extra: &[(&str, &str)], gpu: bool) {
+        if let Err((st, msg)) = self.load(name, kind, extra) {
+            panic!("{name}: status {st}: {msg}");
+        }
+        self.serves(name, gpu);
+    }
+
     /// The model serves on a GPU (`gpu`) or the CPU, answering as the CPU instance does.
     #[track_caller]
     fn serves(&self, name: &str, gpu: bool) {
@@ -530,11 +539,8 @@ fn gpu_executor_child() {
     let e = Engines::new();
     // No CUDA provider: GPU instances run on libinfer's executor by default, and when the
     // config picks it.
-    e.load("default", "KIND_GPU", &[]).unwrap();
-    e.serves("default", true);
-    e.load("own", "KIND_GPU", &[("gpu_executor", "libinfer")])
-        .unwrap();
-    e.serves("own", true);
+    e.load_serving("default", "KIND_GPU", &[], true);
+    e.load_serving("own", "KIND_GPU", &[("gpu_executor", "libinfer")], true);
     // ONNX Runtime's CUDA provider, asked for where it is missing.
     let (st, msg) = e
         .load("ort", "KIND_GPU", &[("gpu_executor", "onnxruntime")])
@@ -547,9 +553,12 @@ fn gpu_executor_child() {
             && msg.contains("libonnxruntime.so"),
         "{msg}"
     );
-    e.load("ort_auto", "KIND_AUTO", &[("gpu_executor", "onnxruntime")])
-        .unwrap();
-    e.serves("ort_auto", false);
+    e.load_serving(
+        "ort_auto",
+        "KIND_AUTO",
+        &[("gpu_executor", "onnxruntime")],
+        false,
+    );
     let log = LOG.lock().unwrap().join("\n");
     assert!(
         log.contains("model 'ort_auto': instance_group") && log.contains("runs on the CPU"),
@@ -600,11 +609,8 @@ fn onnxruntime_gpu_child() {
         );
         println!("onnxruntime-gpu: KIND_GPU {extra:?}: {msg}");
     }
-    e.load("auto", "KIND_AUTO", &[]).unwrap();
-    e.serves("auto", false);
-    e.load("own", "KIND_GPU", &[("gpu_executor", "libinfer")])
-        .unwrap();
-    e.serves("own", true);
+    e.load_serving("auto", "KIND_AUTO", &[], false);
+    e.load_serving("own", "KIND_GPU", &[("gpu_executor", "libinfer")], true);
     let (st, msg) = e
         .load("fp16", "KIND_AUTO", &[("precision", "FP16")])
         .unwrap_err();
@@ -615,12 +621,11 @@ fn onnxruntime_gpu_child() {
             && msg.contains("gpu_executor: \"libinfer\""),
         "{msg}"
     );
-    e.load(
+    e.load_serving(
         "fp16_own",
         "KIND_GPU",
         &[("precision", "FP32"), ("gpu_executor", "libinfer")],
-    )
-    .unwrap();
-    e.serves("fp16_own", true);
+        true,
+    );
     println!("onnxruntime_gpu_child: checked");
 }
